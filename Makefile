@@ -1,0 +1,20 @@
+# The two commands of the README: `make demo` and `make test`. Each sets up what it needs first.
+.PHONY: setup demo test test-slow lint fixtures
+
+setup:
+	bash scripts/setup.sh
+
+demo: setup
+	.venv/bin/driftscope run parameters/demo_shapes.yaml --no-gate
+
+test: setup
+	.venv/bin/python -m pytest
+
+test-slow: setup
+	.venv/bin/python -m pytest -m slow
+
+lint: setup
+	.venv/bin/ruff check lib tests fixtures benchmarks
+	.venv/bin/ruff format --check lib tests fixtures benchmarks
+
+fixtures: setup

@@ -1,0 +1,41 @@
+"""Atomic file writes: a reader sees the old file or the new one, never half of one."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json_atomic(path: Path, data: Any) -> Path:
+    """``data`` as indented JSON, written atomically (NaN and infinities become null)."""
+    return write_text_atomic(path, json.dumps(_finite(data), indent=1, sort_keys=False) + "\n")
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value

@@ -1,0 +1,75 @@
+"""Checkpoint directories: validation (safetensors only) and family detection."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import CheckpointError
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+#: config.json ``model_type`` -> driftscope family name.
+MODEL_TYPES = {"qwen2_5_vl": "qwen2_5_vl"}
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A validated local checkpoint directory."""
+
+    path: Path
+    config: dict
+    family: str
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def open_checkpoint(path: str | Path, family: str | None = None) -> Checkpoint:
+    """Validate ``path`` as a safetensors checkpoint and detect (or check) its family."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise CheckpointError(
+            f"checkpoint path {path} does not exist",
+            "point 'checkpoint' at a local directory with config.json and *.safetensors "
+            "(for the tiny fixture run `make fixtures`)",
+        )
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint path {path} is a file, not a directory", "pass the directory that holds it")
+    config_path = path / "config.json"
+    safetensors = sorted(path.glob("*.safetensors"))
+    pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if not safetensors:
+        if pickles:
+            raise CheckpointError(
+                f"checkpoint {path} has only pickle weights ({', '.join(pickles[:3])}); driftscope loads safetensors only",
+                "convert once with transformers: model = AutoModel...from_pretrained(dir); "
+                "model.save_pretrained(new_dir, safe_serialization=True)",
+            )
+        raise CheckpointError(
+            f"checkpoint {path} has no *.safetensors weights",
+            "save the model with save_pretrained(..., safe_serialization=True) into this directory",
+        )
+    if not config_path.exists():
+        raise CheckpointError(f"checkpoint {path} has no config.json", "save the model's config with save_pretrained")
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{config_path} is not valid JSON: {err}", "re-save the config") from err
+    model_type = config.get("model_type")
+    detected = MODEL_TYPES.get(model_type)
+    if family is None:
+        if detected is None:
+            raise CheckpointError(
+                f"checkpoint model_type {model_type!r} is not a supported family",
+                f"supported model types: {', '.join(sorted(MODEL_TYPES))}",
+            )
+        family = detected
+    elif detected is not None and detected != family:
+        raise CheckpointError(
+            f"parameter family {family!r} does not match the checkpoint's model_type {model_type!r}",
+            f"set family: {detected}",
+        )
+    return Checkpoint(path.resolve(), config, family)

@@ -1,0 +1,99 @@
+"""The ``driftscope`` command: run an investigation, re-judge a report, print a report's summary."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .errors import DriftscopeError
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .investigation import REPO_ROOT, default_out_dir, log
+    from .params import load_parameters
+    from .render import execute, to_html
+    from .report import Report
+
+    params = load_parameters(args.params)
+    out = Path(args.out).resolve() if args.out else default_out_dir(params)
+    out.mkdir(parents=True, exist_ok=True)
+    log(f"run {params.name} -> {out}")
+    status = 0
+    for name in params.notebooks:
+        executed = out / f"{name}.ipynb"
+        try:
+            execute(name, out, {"params_path": str(Path(args.params).resolve()), "out_dir": str(out),
+                                "reuse": not args.force}, cwd=Path.cwd())
+        except Exception as err:  # papermill raises PapermillExecutionError with the cell's traceback
+            log(f"notebook {name} failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+            status = 2
+        if executed.exists():
+            html, nocode = to_html(executed)
+            log(f"rendered {html.name} and {nocode.name}")
+    report_path = out / "report.json"
+    if not report_path.exists():
+        log("no report.json was written")
+        return 2
+    report = Report.load(report_path)
+    log(f"report: {report_path} (verdict {report.verdict})")
+    if status:
+        return status
+    return 0 if report.verdict == "pass" or args.no_gate else 1
+
+
+def _rejudge(args: argparse.Namespace) -> int:
+    from .contract import load_contract
+    from .report import rejudge
+    from .views import summary_markdown
+
+    report = rejudge(args.report, load_contract(args.contract), args.out)
+    print(summary_markdown(report))
+    print(f"\nwritten: {report.path}")
+    return 0 if report.verdict == "pass" else 1
+
+
+def _show(args: argparse.Namespace) -> int:
+    from .report import Report
+    from .views import summary_markdown
+
+    report = Report.load(args.report)
+    print(summary_markdown(report))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    main = argparse.ArgumentParser(prog="driftscope", description="Where, and why, two runtimes of a VLM disagree.")
+    sub = main.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run an investigation from a parameter file and render its notebooks")
+    run.add_argument("params", help="parameter YAML (see parameters/)")
+    run.add_argument("--out", help="output directory (default: outputs/<commit>/<name>/)")
+    run.add_argument("--force", action="store_true", help="re-run even if a finished report of these parameters exists")
+    run.add_argument("--no-gate", action="store_true", help="exit 0 even when the verdict fails")
+    run.set_defaults(func=_run)
+    again = sub.add_parser("rejudge", help="re-apply another contract to a saved run (no runtime is re-run)")
+    again.add_argument("report", help="report.json or its directory")
+    again.add_argument("--contract", required=True, help="contract YAML")
+    again.add_argument("--out", help="where to write the re-judged report (default: overwrite)")
+    again.set_defaults(func=_rejudge)
+    show = sub.add_parser("show", help="print a report's verdict and first divergences")
+    show.add_argument("report", help="report.json or its directory")
+    show.set_defaults(func=_show)
+    return main
+
+
+def main(argv: list[str] | None = None) -> int:
+    import logging
+
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("papermill").setLevel(logging.INFO)  # the notebook's own progress lines
+    try:
+        return int(args.func(args))
+    except DriftscopeError as err:
+        print(f"driftscope: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

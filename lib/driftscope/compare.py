@@ -1,0 +1,296 @@
+"""Stage-by-stage comparison of two TapSets under a contract: metrics as plain rows.
+
+Metrics live here; orchestration lives in ``investigation``. Rows can be recomputed from saved
+TapSets under another contract without re-running any runtime (``compare_tapsets`` again).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .contract import Contract, Tolerance
+from .stages import StagePlan
+from .tapset import TapSet
+
+#: Rows read at a time when both sides are already in the same order (bounds memory on big taps).
+CHUNK_ELEMENTS = 1 << 22
+
+
+@dataclass
+class ComparisonRow:
+    """One stage compared between a reference and a candidate runtime."""
+
+    stage: str
+    reference: str
+    candidate: str
+    position: int
+    status: str  # pass | fail | shape_mismatch | missing | skipped
+    failures: int = 0
+    elements: int = 0
+    failure_fraction: float = 0.0
+    max_abs: float = 0.0
+    rms: float = 0.0
+    mean_abs: float = 0.0
+    cosine: float = 1.0
+    reference_rms: float = 0.0
+    relative_rms: float = 0.0
+    nonfinite_reference: int = 0
+    nonfinite_candidate: int = 0
+    max_index: int | None = None
+    max_coords: list[int] | None = None
+    max_reference_value: float | None = None
+    max_candidate_value: float | None = None
+    atol: float = 0.0
+    rtol: float = 0.0
+    integer: bool = False
+    reference_shape: list[int] | None = None
+    candidate_shape: list[int] | None = None
+    note: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return self.status in ("fail", "shape_mismatch")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ComparisonRow:
+        return cls(**data)
+
+
+class _Accumulator:
+    """Streaming sums for the metrics of one stage."""
+
+    def __init__(self, tolerance: Tolerance):
+        self.tol = tolerance
+        self.failures = 0
+        self.elements = 0
+        self.sum_sq = 0.0
+        self.sum_abs = 0.0
+        self.dot = 0.0
+        self.norm_a = 0.0
+        self.norm_e = 0.0
+        self.nonfinite_a = 0
+        self.nonfinite_e = 0
+        self.max_abs = -1.0
+        self.max_index: int | None = None
+        self.max_values: tuple[float, float] | None = None
+
+    def add(self, expected: np.ndarray, actual: np.ndarray, offset: int) -> None:
+        e = expected.astype(np.float64, copy=False).ravel()
+        a = actual.astype(np.float64, copy=False).ravel()
+        finite_e = np.isfinite(e)
+        finite_a = np.isfinite(a)
+        self.nonfinite_e += int(e.size - finite_e.sum())
+        self.nonfinite_a += int(a.size - finite_a.sum())
+        both = finite_e & finite_a
+        # A non-finite value on either side fails unless both sides hold the same non-finite value.
+        same_nonfinite = ~both & ((np.isnan(e) & np.isnan(a)) | (e == a))
+        self.failures += int((~both & ~same_nonfinite).sum())
+        self.elements += int(e.size)
+        ef = np.where(both, e, 0.0)
+        af = np.where(both, a, 0.0)
+        diff = np.abs(af - ef)
+        self.failures += int((diff > self.tol.atol + self.tol.rtol * np.abs(ef)).sum())
+        self.sum_sq += float(np.dot(diff, diff))
+        self.sum_abs += float(diff.sum())
+        self.dot += float(np.dot(af, ef))
+        self.norm_a += float(np.dot(af, af))
+        self.norm_e += float(np.dot(ef, ef))
+        if diff.size:
+            local = int(np.argmax(diff))
+            if diff[local] > self.max_abs:
+                self.max_abs = float(diff[local])
+                self.max_index = offset + local
+                self.max_values = (float(e[local]), float(a[local]))
+
+
+def _restore_raster(array: np.ndarray, window_index: np.ndarray, unit: str | None, merge_unit: int) -> np.ndarray:
+    """Rows of a window-ordered array put back in raster order using that runtime's own window index."""
+    reverse = np.argsort(window_index, kind="stable")
+    if unit == "merged":
+        return array[reverse]
+    grouped = array.reshape(len(window_index), merge_unit, *array.shape[1:])
+    return grouped[reverse].reshape(array.shape)
+
+
+def _active_slice(declaration: dict, length: int) -> list[tuple[int, int]]:
+    ranges = declaration.get("active_rows")
+    if not ranges:
+        return [(0, length)]
+    return [(int(start), int(stop)) for start, stop in ranges]
+
+
+def compare_stage(
+    stage_id: str,
+    reference: TapSet,
+    candidate: TapSet,
+    tolerance: Tolerance,
+    position: int,
+    merge_unit: int = 4,
+) -> ComparisonRow:
+    """Compare one stage of two TapSets; never raises for data problems (they go in the row)."""
+    row = ComparisonRow(stage_id, reference.label, candidate.label, position, "pass",
+                        atol=tolerance.atol, rtol=tolerance.rtol)
+    if tolerance.skip:
+        row.status, row.note = "skipped", "skipped by the contract"
+        return row
+    if stage_id not in reference or stage_id not in candidate:
+        side = "reference" if stage_id not in reference else "candidate"
+        row.status, row.note = "missing", f"not captured by the {side}"
+        return row
+    declaration = reference.declaration(stage_id)
+    cand_declaration = candidate.declaration(stage_id)
+    row.integer = bool(declaration.get("integer") or cand_declaration.get("integer"))
+    ref_shape, cand_shape = reference.shape(stage_id), candidate.shape(stage_id)
+    row.reference_shape, row.candidate_shape = list(ref_shape), list(cand_shape)
+    if ref_shape != cand_shape:
+        row.status = "shape_mismatch"
+        row.note = f"shapes differ: reference {list(ref_shape)} vs candidate {list(cand_shape)}"
+        row.failures = row.elements = int(max(np.prod(ref_shape), np.prod(cand_shape)))
+        row.failure_fraction = 1.0
+        return row
+    if row.integer:
+        return _compare_integer(row, reference[stage_id], candidate[stage_id])
+
+    accumulator = _Accumulator(tolerance)
+    reorder = _needs_reorder(stage_id, declaration, reference, candidate)
+    if reorder is not None:
+        ref_index, cand_index = reorder
+        unit = declaration.get("token_unit")
+        expected = _restore_raster(reference[stage_id], ref_index, unit, merge_unit)
+        actual = _restore_raster(candidate[stage_id], cand_index, unit, merge_unit)
+        row.note = "window orders differ: both sides restored to raster order with their own window index"
+        for start, stop in _active_slice(declaration, ref_shape[0]):
+            inner = int(np.prod(ref_shape[1:]))
+            accumulator.add(expected[start:stop], actual[start:stop], start * inner)
+    else:
+        inner = int(np.prod(ref_shape[1:])) if len(ref_shape) > 1 else 1
+        step = max(1, CHUNK_ELEMENTS // max(inner, 1))
+        if len(ref_shape) == 0:
+            accumulator.add(reference[stage_id], candidate[stage_id], 0)
+        else:
+            for start, stop in _active_slice(declaration, ref_shape[0]):
+                for chunk in range(start, stop, step):
+                    end = min(stop, chunk + step)
+                    accumulator.add(reference.rows(stage_id, chunk, end), candidate.rows(stage_id, chunk, end),
+                                    chunk * inner)
+    return _finish(row, accumulator, ref_shape, tolerance)
+
+
+def _needs_reorder(stage_id: str, declaration: dict, reference: TapSet, candidate: TapSet):
+    if declaration.get("token_order") != "window":
+        return None
+    key = "vision.window_index"
+    if key not in reference or key not in candidate:
+        return None
+    ref_index, cand_index = reference[key], candidate[key]
+    if ref_index.shape == cand_index.shape and np.array_equal(ref_index, cand_index):
+        return None
+    if sorted(ref_index.tolist()) != list(range(len(ref_index))) or sorted(cand_index.tolist()) != list(
+        range(len(cand_index))
+    ):
+        return None
+    return ref_index, cand_index
+
+
+def _compare_integer(row: ComparisonRow, expected: np.ndarray, actual: np.ndarray) -> ComparisonRow:
+    diff = expected.astype(np.int64) != actual.astype(np.int64)
+    row.elements = int(expected.size)
+    row.failures = int(diff.sum())
+    row.failure_fraction = row.failures / row.elements if row.elements else 0.0
+    delta = np.abs(expected.astype(np.int64) - actual.astype(np.int64)).ravel()
+    row.max_abs = float(delta.max()) if delta.size else 0.0
+    row.rms = float(np.sqrt(np.mean(delta.astype(np.float64) ** 2))) if delta.size else 0.0
+    row.mean_abs = float(delta.mean()) if delta.size else 0.0
+    row.cosine = 1.0 if row.failures == 0 else float("nan")
+    if row.failures:
+        flat = int(np.flatnonzero(diff.ravel())[0])
+        row.max_index = flat
+        row.max_coords = [int(c) for c in np.unravel_index(flat, expected.shape)]
+        row.max_reference_value = float(expected.ravel()[flat])
+        row.max_candidate_value = float(actual.ravel()[flat])
+        row.status = "fail"
+        row.note = "integer stage must be equal"
+    return row
+
+
+def _finish(row: ComparisonRow, acc: _Accumulator, shape: tuple[int, ...], tol: Tolerance) -> ComparisonRow:
+    row.elements = acc.elements
+    row.failures = acc.failures
+    row.failure_fraction = acc.failures / acc.elements if acc.elements else 0.0
+    row.max_abs = max(acc.max_abs, 0.0)
+    row.rms = float(np.sqrt(acc.sum_sq / acc.elements)) if acc.elements else 0.0
+    row.mean_abs = acc.sum_abs / acc.elements if acc.elements else 0.0
+    row.reference_rms = float(np.sqrt(acc.norm_e / acc.elements)) if acc.elements else 0.0
+    row.relative_rms = row.rms / row.reference_rms if row.reference_rms > 0 else (0.0 if row.rms == 0 else float("inf"))
+    denominator = np.sqrt(acc.norm_a) * np.sqrt(acc.norm_e)
+    if denominator > 0:
+        row.cosine = float(acc.dot / denominator)
+    else:
+        row.cosine = 1.0 if acc.norm_a == acc.norm_e else 0.0
+    row.nonfinite_reference, row.nonfinite_candidate = acc.nonfinite_e, acc.nonfinite_a
+    if acc.max_index is not None and shape:
+        row.max_index = acc.max_index
+        row.max_coords = [int(c) for c in np.unravel_index(acc.max_index, shape)]
+        row.max_reference_value, row.max_candidate_value = acc.max_values
+    row.status = "fail" if row.failure_fraction > tol.max_failure_fraction else "pass"
+    if row.status == "pass" and acc.failures and tol.max_failure_fraction:
+        row.note = f"{acc.failures} failures within the allowed fraction {tol.max_failure_fraction}"
+    return row
+
+
+def compare_tapsets(
+    reference: TapSet, candidate: TapSet, contract: Contract, plan: StagePlan | None = None
+) -> list[ComparisonRow]:
+    """Every stage either side captured, compared in execution order."""
+    stage_ids = set(reference.stage_ids()) | set(candidate.stage_ids())
+    ordered = plan.ordered(stage_ids) if plan is not None else sorted(stage_ids)
+    merge = int((plan.meta if plan else {}).get("spatial_merge_size", 2)) ** 2
+    return [
+        compare_stage(stage_id, reference, candidate, contract.tolerance(stage_id), position, merge)
+        for position, stage_id in enumerate(ordered)
+    ]
+
+
+def first_divergence(rows: list[ComparisonRow]) -> ComparisonRow | None:
+    """The first row, in execution order, that fails the contract."""
+    return next((row for row in rows if row.failed), None)
+
+
+def growth_stages(rows: list[ComparisonRow], factor: float = 10.0, floor: float = 1e-4,
+                  side: set[str] | frozenset[str] = frozenset()) -> list[dict]:
+    """Stages whose relative RMS error is ``factor`` times the previous compared float stage's.
+
+    Only stages whose ``max_abs`` exceeds ``floor`` count, so float32 round-off does not show up;
+    ``side`` stages (inputs such as RoPE tables, off the activation path) are skipped.
+    """
+    found = []
+    previous: ComparisonRow | None = None
+    for row in rows:
+        if row.integer or row.status not in ("pass", "fail") or row.stage in side:
+            continue
+        if previous is not None and row.max_abs > floor and previous.relative_rms > 0:
+            ratio = row.relative_rms / previous.relative_rms
+            if ratio >= factor:
+                found.append({"stage": row.stage, "previous": previous.stage, "factor": ratio,
+                              "relative_rms": row.relative_rms, "max_abs": row.max_abs})
+        elif previous is not None and row.max_abs > floor and previous.relative_rms == 0 and row.relative_rms > 0:
+            found.append({"stage": row.stage, "previous": previous.stage, "factor": float("inf"),
+                          "relative_rms": row.relative_rms, "max_abs": row.max_abs})
+        previous = row
+    return found
+
+
+def rows_frame(rows: list[ComparisonRow]):
+    """The rows as a pandas DataFrame (one row per stage and runtime pair)."""
+    import pandas as pd
+
+    columns = ["stage", "reference", "candidate", "status", "failures", "elements", "max_abs", "rms",
+               "mean_abs", "relative_rms", "cosine", "nonfinite_reference", "nonfinite_candidate",
+               "max_coords", "max_reference_value", "max_candidate_value", "note"]
+    return pd.DataFrame([{key: getattr(row, key) for key in columns} for row in rows], columns=columns)

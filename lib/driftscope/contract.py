@@ -1,0 +1,125 @@
+"""Tolerance contracts: per-stage-pattern tolerances, the failure rule and the verdict rule.
+
+Failure rule (elementwise): ``|a - e| > atol + rtol * |e|`` with ``e`` the reference.
+Integer stages must be equal. A stage passes when its failures do not exceed
+``max_failure_fraction`` of its elements and no side has non-finite values the other lacks.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .errors import ContractError
+
+DEFAULT_ATOL = 0.08
+DEFAULT_RTOL = 0.08
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float = DEFAULT_ATOL
+    rtol: float = DEFAULT_RTOL
+    max_failure_fraction: float = 0.0
+    skip: bool = False
+
+
+@dataclass(frozen=True)
+class StageRule:
+    pattern: str
+    tolerance: Tolerance
+
+
+@dataclass(frozen=True)
+class Contract:
+    """Tolerances per stage pattern; the first matching rule wins, else ``default``."""
+
+    name: str = "default"
+    default: Tolerance = Tolerance()
+    rules: tuple[StageRule, ...] = ()
+    growth_factor: float = 10.0
+    source: str | None = None
+
+    def tolerance(self, stage_id: str) -> Tolerance:
+        for rule in self.rules:
+            if fnmatch.fnmatchcase(stage_id, rule.pattern):
+                return rule.tolerance
+        return self.default
+
+    def to_dict(self) -> dict:
+        def tol(t: Tolerance) -> dict:
+            return {
+                "atol": t.atol,
+                "rtol": t.rtol,
+                "max_failure_fraction": t.max_failure_fraction,
+                "skip": t.skip,
+            }
+
+        return {
+            "name": self.name,
+            "source": self.source,
+            "rule": "|a - e| > atol + rtol * |e|",
+            "default": tol(self.default),
+            "stages": [{"pattern": r.pattern, **tol(r.tolerance)} for r in self.rules],
+            "growth_factor": self.growth_factor,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str | None = None) -> Contract:
+        where = source or "contract"
+        if not isinstance(data, dict):
+            raise ContractError(f"{where} must be a mapping", "see parameters/contracts/default.yaml")
+        known = {"name", "default", "stages", "growth_factor", "rule"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ContractError(f"{where} has unknown keys {unknown}", f"use only: {sorted(known)}")
+        default = _tolerance(data.get("default") or {}, Tolerance(), f"{where}: default")
+        rules = []
+        for position, entry in enumerate(data.get("stages") or []):
+            if not isinstance(entry, dict) or "pattern" not in entry:
+                raise ContractError(
+                    f"{where}: stages[{position}] needs a 'pattern'", "write e.g. {pattern: 'vision.block.*', atol: 0.1}"
+                )
+            body = {k: v for k, v in entry.items() if k != "pattern"}
+            rules.append(StageRule(str(entry["pattern"]), _tolerance(body, default, f"{where}: stages[{position}]")))
+        growth = data.get("growth_factor", 10.0)
+        if not isinstance(growth, (int, float)) or growth <= 1:
+            raise ContractError(f"{where}: growth_factor must be a number > 1, got {growth!r}", "use e.g. 10")
+        return cls(str(data.get("name", Path(source).stem if source else "contract")), default, tuple(rules),
+                   float(growth), source)
+
+
+def _tolerance(data: dict, base: Tolerance, where: str) -> Tolerance:
+    if not isinstance(data, dict):
+        raise ContractError(f"{where} must be a mapping", "write e.g. {atol: 0.08, rtol: 0.08}")
+    fields = {"atol": float, "rtol": float, "max_failure_fraction": float, "skip": bool}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ContractError(f"{where} has unknown keys {unknown}", f"use only: {sorted(fields)}")
+    values = {"atol": base.atol, "rtol": base.rtol, "max_failure_fraction": base.max_failure_fraction, "skip": False}
+    for key, kind in fields.items():
+        if key in data:
+            value = data[key]
+            if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+                raise ContractError(f"{where}: {key} must be a non-negative number, got {value!r}", f"set {key}: 0.08")
+            if kind is bool and not isinstance(value, bool):
+                raise ContractError(f"{where}: {key} must be true or false, got {value!r}", f"set {key}: true")
+            values[key] = kind(value)
+    return Tolerance(**values)
+
+
+def load_contract(path: str | Path | None) -> Contract:
+    """Read a contract YAML; ``None`` gives the default contract (atol 0.08, rtol 0.08)."""
+    if path is None:
+        return Contract()
+    path = Path(path)
+    if not path.exists():
+        raise ContractError(f"contract file {path} does not exist", "point 'contract' at a YAML file or remove it")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ContractError(f"contract {path} is not valid YAML: {err}", "fix the YAML syntax") from err
+    return Contract.from_dict(data, str(path))

@@ -1,0 +1,44 @@
+"""One exception hierarchy: every error a user can cause names the problem and the fix."""
+
+from __future__ import annotations
+
+
+class DriftscopeError(Exception):
+    """Base class. ``str(err)`` is a complete message: what is wrong and what to do."""
+
+    def __init__(self, problem: str, fix: str | None = None):
+        self.problem = problem
+        self.fix = fix
+        super().__init__(problem if fix is None else f"{problem}\n  fix: {fix}")
+
+
+class CheckpointError(DriftscopeError):
+    """The checkpoint directory is missing, incomplete or not in safetensors."""
+
+
+class InputError(DriftscopeError):
+    """An input image is missing, unreadable or outside what the processor accepts."""
+
+
+class ParameterError(DriftscopeError):
+    """A parameter file has unknown keys, wrong types or bad values."""
+
+
+class ContractError(DriftscopeError):
+    """A tolerance contract cannot be read or is malformed."""
+
+
+class RegistryError(DriftscopeError):
+    """An unknown name was asked of a registry (runtime, family, policy)."""
+
+
+class RuntimeUnavailableError(DriftscopeError):
+    """A runtime's package is not installed."""
+
+
+class TapFileError(DriftscopeError):
+    """A TapSet on disk is missing, truncated or inconsistent with its sidecar."""
+
+
+class HypothesisPatchError(DriftscopeError):
+    """A hypothesis patch's dotted path cannot be imported or is not callable."""

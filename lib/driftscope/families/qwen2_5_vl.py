@@ -1,0 +1,101 @@
+"""Qwen2.5-VL vision tower: the stage plan in execution order."""
+
+from __future__ import annotations
+
+from ..stages import Stage, StagePlan
+
+FAMILY = "qwen2_5_vl"
+
+#: Substages of one vision block, in execution order: (name, axes).
+BLOCK_SUBSTAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("norm1", ("tokens", "hidden")),
+    ("attn.q", ("tokens", "heads", "head_dim")),
+    ("attn.k", ("tokens", "heads", "head_dim")),
+    ("attn.v", ("tokens", "heads", "head_dim")),
+    ("attn.context", ("tokens", "hidden")),
+    ("attn.out", ("tokens", "hidden")),
+    ("residual1", ("tokens", "hidden")),
+    ("norm2", ("tokens", "hidden")),
+    ("mlp.gate", ("tokens", "intermediate")),
+    ("mlp.act", ("tokens", "intermediate")),
+    ("mlp.up", ("tokens", "intermediate")),
+    ("mlp.product", ("tokens", "intermediate")),
+    ("mlp.down", ("tokens", "hidden")),
+)
+
+SUBSTAGE_MEANING = {
+    "norm1": "RMSNorm before attention",
+    "attn.q": "query after RoPE",
+    "attn.k": "key after RoPE",
+    "attn.v": "value",
+    "attn.context": "attention context, heads concatenated, before the output projection",
+    "attn.out": "attention output projection",
+    "residual1": "block input + attention output",
+    "norm2": "RMSNorm before the MLP",
+    "mlp.gate": "gate projection",
+    "mlp.act": "SiLU(gate)",
+    "mlp.up": "up projection",
+    "mlp.product": "SiLU(gate) * up",
+    "mlp.down": "down projection",
+}
+
+
+def block_stage_id(block: int, substage: str | None = None) -> str:
+    return f"vision.block.{block}" if substage is None else f"vision.block.{block}.{substage}"
+
+
+def vision_config(config: dict) -> dict:
+    """The vision settings of a checkpoint config (transformers 5 nests them under vision_config)."""
+    return dict(config.get("vision_config") or {})
+
+
+def vision_plan(config: dict) -> StagePlan:
+    """Every stage of the Qwen2.5-VL vision tower for this checkpoint config, in execution order."""
+    vision = vision_config(config)
+    depth = int(vision.get("depth", 32))
+    full = sorted(int(i) for i in vision.get("fullatt_block_indexes", []))
+    stages = [
+        Stage("inputs.pixel_values", ("patches", "channels"), "raster", "patch", description="processor output"),
+        Stage("inputs.grid_thw", ("images", "thw"), integer=True, description="processor grid per image"),
+        Stage("inputs.image_tokens", ("images",), integer=True, description="merged tokens per image"),
+        Stage("vision.patch_embed", ("tokens", "hidden"), "raster", "patch", description="Conv3d patch embedding"),
+        Stage("vision.rotary.cos", ("tokens", "head_dim"), "raster", "patch", side=True,
+              description="RoPE cos table"),
+        Stage("vision.rotary.sin", ("tokens", "head_dim"), "raster", "patch", side=True,
+              description="RoPE sin table"),
+        Stage("vision.window_index", ("merged_tokens",), integer=True, description="window permutation"),
+        Stage("vision.cu_window_seqlens", ("windows+1",), integer=True, description="window attention bounds (empty windows dropped)"),
+        Stage("vision.cu_seqlens", ("images+1",), integer=True, description="full attention bounds"),
+    ]
+    for block in range(depth):
+        kind = "full" if block in full else "window"
+        for name, axes in BLOCK_SUBSTAGES:
+            stages.append(
+                Stage(
+                    block_stage_id(block, name),
+                    axes,
+                    "window",
+                    "patch",
+                    block=block,
+                    substage=name,
+                    description=f"{SUBSTAGE_MEANING[name]} ({kind} attention block)",
+                )
+            )
+        stages.append(
+            Stage(
+                block_stage_id(block),
+                ("tokens", "hidden"),
+                "window",
+                "patch",
+                block=block,
+                description=f"block output ({kind} attention)",
+            )
+        )
+    stages += [
+        Stage("vision.merger.norm", ("tokens", "hidden"), "window", "patch", description="merger RMSNorm"),
+        Stage("vision.merger.hidden", ("merged_tokens", "merged_hidden"), "window", "merged", description="GELU(fc1)"),
+        Stage("vision.merger.window", ("merged_tokens", "out_hidden"), "window", "merged", description="merger output"),
+        Stage("vision.merger", ("merged_tokens", "out_hidden"), "raster", "merged", description="restored to raster"),
+    ]
+    meta = {"fullatt_block_indexes": full, "spatial_merge_size": int(vision.get("spatial_merge_size", 2))}
+    return StagePlan(FAMILY, stages, depth, meta)

@@ -1,0 +1,117 @@
+"""Orchestration: parameters -> inputs -> each runtime's capture -> compare -> report.json.
+
+The report is written after every step, so a crash leaves a report that says where it stopped.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from .checkpoint import open_checkpoint
+from .contract import load_contract
+from .environment import current_commit, fingerprint
+from .families import stage_plan
+from .inputs import prepare_inputs
+from .params import Parameters, load_parameters
+from .report import Report, judge
+from .runtimes import get_runtime
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def log(message: str) -> None:
+    print(f"[driftscope {time.strftime('%H:%M:%S')}] {message}", file=sys.stdout, flush=True)
+
+
+def default_out_dir(params: Parameters, root: Path | None = None) -> Path:
+    """``outputs/<commit>/<name>/`` under the repository root."""
+    root = REPO_ROOT if root is None else root
+    return root / "outputs" / current_commit(root) / params.name
+
+
+def investigate(params: Parameters | str | Path, out_dir: str | Path | None = None, reuse: bool = False) -> Report:
+    """Run the investigation; with ``reuse``, return a finished report of the same parameters instead."""
+    if not isinstance(params, Parameters):
+        params = load_parameters(params)
+    out = Path(out_dir) if out_dir else default_out_dir(params)
+    report_path = out / "report.json"
+    if reuse and report_path.exists():
+        previous = Report.load(report_path)
+        if previous.data.get("status") == "complete" and previous.data.get("parameters_digest") == params.digest:
+            log(f"reusing the finished run in {out}")
+            return previous
+    out.mkdir(parents=True, exist_ok=True)
+    report = Report.start(
+        report_path,
+        name=params.name,
+        description=params.description,
+        commit=current_commit(REPO_ROOT),
+        parameters=params.to_dict(),
+        parameters_file=params.source,
+        parameters_digest=params.digest,
+        environment=fingerprint(),
+    )
+    try:
+        _run(params, report, out)
+    except BaseException as err:
+        report.fail(err)
+        log(f"stopped at {report.data['stopped_at']}: {type(err).__name__}: {err}")
+        raise
+    return report
+
+
+def _run(params: Parameters, report: Report, out: Path) -> None:
+    report.step("checkpoint")
+    checkpoint = open_checkpoint(params.checkpoint, params.family)
+    contract = load_contract(params.contract)
+    plan = stage_plan(checkpoint.family, checkpoint.config).select(params.stages)
+    report.data.update(
+        family=checkpoint.family,
+        checkpoint=str(checkpoint.path),
+        contract=contract.to_dict(),
+        reference=params.reference_label,
+        stage_plan=[stage.to_dict() for stage in plan],
+        plan_meta={"depth": plan.depth, **plan.meta},
+        runtimes=[],
+    )
+    runtimes = []
+    for spec in params.runtimes:  # resolve every runtime before the slow work starts
+        runtimes.append((spec, get_runtime(spec.runtime)(
+            checkpoint, spec.policy, spec.patch, {**spec.options, "label": spec.display})))
+    report.step("inputs")
+    inputs = prepare_inputs(checkpoint, params.images)
+    report.data["inputs"] = inputs.summary()
+    log(f"inputs: {len(params.images)} image(s), grid {inputs.grid_thw.tolist()}, {inputs.pixel_values.shape[0]} patches")
+
+    tapsets = {}
+    for spec, runtime in runtimes:
+        report.step(f"capture:{spec.display}")
+        log(f"capture {spec.display}: {len(plan)} stages")
+        safe = spec.display.replace(":", "-").replace("/", "-")
+        tapset = runtime.capture(inputs, plan, out / "taps" / safe,
+                                 progress=lambda message, label=spec.display: log(f"  {label}: {message}"))
+        tapsets[spec.display] = tapset
+        report.data["runtimes"].append({
+            "label": spec.display,
+            "runtime": spec.runtime,
+            "policy": runtime.policy.to_dict(),
+            "patch": tapset.meta.get("patch"),
+            "versions": tapset.meta.get("versions"),
+            "options": spec.options,
+            "tapset": str(tapset.tensor_path.relative_to(out)),
+            "timings": tapset.meta.get("timings", {}),
+            "stages": len(tapset.stage_ids()),
+        })
+        report.save()
+        log(f"  {spec.display}: done in {runtime.timings.get('capture_s', 0.0):.1f}s")
+
+    report.step("compare")
+    reference = tapsets[params.reference_label]
+    candidates = [tapset for label, tapset in tapsets.items() if label != params.reference_label]
+    report.data.update(judge(reference, candidates, contract, plan))
+    report.data["status"] = "complete"
+    report.step("done")
+    verdict = report.data["verdict"]
+    log(f"verdict: {verdict['status']}" + "".join(f"\n  {reason}" for reason in verdict["reasons"]))

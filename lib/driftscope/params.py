@@ -1,0 +1,207 @@
+"""Parameter files: one investigation each, validated with errors that list the valid keys."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ParameterError
+from .patches import HypothesisPatch, parse_patch
+from .stages import StageSelection
+
+TOP_KEYS = {
+    "name": "run name (default: the file's stem)",
+    "description": "one line saying what this investigation asks",
+    "family": "model family (default: detected from the checkpoint's config.json)",
+    "checkpoint": "local checkpoint directory (safetensors)",
+    "images": "list of image paths shared by every runtime",
+    "runtimes": "list of {runtime, policy, patch, label, options}; the first is the reference",
+    "reference": "label of the reference runtime (default: the first)",
+    "stages": "{blocks: bool, substages: [block indices] | all, include: [globs], exclude: [globs]}",
+    "contract": "tolerance contract YAML path (default: atol 0.08, rtol 0.08)",
+    "notebooks": "notebooks to render for this run (default: [01_stage_parity])",
+}
+RUNTIME_KEYS = {"runtime", "policy", "patch", "label", "options"}
+STAGE_KEYS = {"blocks", "substages", "include", "exclude"}
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    runtime: str
+    policy: str = "f32"
+    patch: HypothesisPatch | None = None
+    label: str | None = None
+    options: dict = field(default_factory=dict)
+
+    @property
+    def display(self) -> str:
+        return self.label or f"{self.runtime}:{self.policy}"
+
+    def to_dict(self) -> dict:
+        return {
+            "runtime": self.runtime,
+            "policy": self.policy,
+            "patch": None if self.patch is None else {"callable": self.patch.target, "kwargs": self.patch.kwargs},
+            "label": self.display,
+            "options": self.options,
+        }
+
+
+@dataclass(frozen=True)
+class Parameters:
+    name: str
+    checkpoint: Path
+    images: list[Path]
+    runtimes: list[RuntimeSpec]
+    stages: StageSelection
+    family: str | None = None
+    contract: Path | None = None
+    reference: str | None = None
+    description: str = ""
+    notebooks: tuple[str, ...] = ("01_stage_parity",)
+    source: str | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "family": self.family,
+            "checkpoint": str(self.checkpoint),
+            "images": [str(p) for p in self.images],
+            "runtimes": [spec.to_dict() for spec in self.runtimes],
+            "reference": self.reference_label,
+            "stages": self.stages.to_dict(),
+            "contract": None if self.contract is None else str(self.contract),
+            "notebooks": list(self.notebooks),
+        }
+
+    @property
+    def reference_label(self) -> str:
+        return self.reference or self.runtimes[0].display
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _expect(value: Any, kind: type | tuple[type, ...], where: str, example: str) -> Any:
+    kinds = _as_tuple(kind)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        names = " or ".join(k.__name__ for k in kinds)
+        raise ParameterError(f"{where} must be {names}, got {type(value).__name__} {value!r}", f"write e.g. {example}")
+    return value
+
+
+def _as_tuple(kind):
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def _unknown(data: dict, valid: set[str] | dict, where: str) -> None:
+    unknown = sorted(set(data) - set(valid))
+    if unknown:
+        raise ParameterError(f"{where} has unknown keys {unknown}", f"valid keys: {', '.join(sorted(valid))}")
+
+
+def _stages(data: Any) -> StageSelection:
+    if data is None:
+        return StageSelection()
+    if data == "all":
+        return StageSelection.everything()
+    if data == "blocks":
+        return StageSelection()
+    _expect(data, dict, "stages", "{substages: [3, 7]} or 'all' or 'blocks'")
+    _unknown(data, STAGE_KEYS, "stages")
+    substages = data.get("substages", [])
+    if substages != "all":
+        _expect(substages, list, "stages.substages", "[3, 7] or all")
+        for index in substages:
+            _expect(index, int, "stages.substages entries", "block indices like 3 or -1")
+        substages = tuple(substages)
+    include = tuple(_expect(data.get("include", []), list, "stages.include", "['vision.merger*']"))
+    exclude = tuple(_expect(data.get("exclude", []), list, "stages.exclude", "['vision.rotary.*']"))
+    return StageSelection(bool(_expect(data.get("blocks", True), bool, "stages.blocks", "true")), substages, include, exclude)
+
+
+def _runtime(entry: Any, position: int) -> RuntimeSpec:
+    where = f"runtimes[{position}]"
+    if isinstance(entry, str):
+        runtime, _, policy = entry.partition(":")
+        return RuntimeSpec(runtime, policy or "f32")
+    _expect(entry, dict, where, "{runtime: mlx, policy: f16}")
+    _unknown(entry, RUNTIME_KEYS, where)
+    if "runtime" not in entry:
+        raise ParameterError(f"{where} has no 'runtime'", "write e.g. {runtime: mlx, policy: f16}")
+    options = _expect(entry.get("options", {}) or {}, dict, f"{where}.options", "{threads: 2}")
+    label = entry.get("label")
+    if label is not None:
+        _expect(label, str, f"{where}.label", "mlx-f16-norm2-f32")
+    return RuntimeSpec(
+        _expect(entry["runtime"], str, f"{where}.runtime", "mlx"),
+        _expect(entry.get("policy", "f32"), str, f"{where}.policy", "f16"),
+        parse_patch(entry.get("patch")),
+        label,
+        dict(options),
+    )
+
+
+def parse_parameters(data: Any, source: str | None = None, base: Path | None = None) -> Parameters:
+    """Validate a parameter mapping; relative paths resolve against ``base`` (default: the cwd)."""
+    where = source or "parameters"
+    base = Path.cwd() if base is None else Path(base)
+    _expect(data, dict, where, "a YAML mapping with checkpoint, images and runtimes")
+    _unknown(data, TOP_KEYS, where)
+    for key in ("checkpoint", "images", "runtimes"):
+        if key not in data:
+            raise ParameterError(f"{where} has no {key!r} ({TOP_KEYS[key]})", f"add {key}: ...")
+
+    def path(value: Any, key: str) -> Path:
+        _expect(value, str, key, "fixtures/images/shapes_448.png")
+        candidate = Path(value).expanduser()
+        return candidate if candidate.is_absolute() else base / candidate
+
+    images = _expect(data["images"], list, "images", "[fixtures/images/shapes_448.png]")
+    runtimes = _expect(data["runtimes"], list, "runtimes", "[{runtime: transformers}, {runtime: mlx, policy: f16}]")
+    if len(runtimes) < 2:
+        raise ParameterError("runtimes lists fewer than two runtimes; nothing to compare",
+                             "list a reference and at least one candidate")
+    specs = [_runtime(entry, i) for i, entry in enumerate(runtimes)]
+    labels = [spec.display for spec in specs]
+    duplicates = sorted({label for label in labels if labels.count(label) > 1})
+    if duplicates:
+        raise ParameterError(f"runtime labels repeat: {duplicates}", "give repeated runtimes distinct 'label's")
+    reference = data.get("reference")
+    if reference is not None and reference not in labels:
+        raise ParameterError(f"reference {reference!r} is not one of the runtimes {labels}", "name one of them")
+    notebooks = data.get("notebooks", ["01_stage_parity"])
+    _expect(notebooks, list, "notebooks", "[01_stage_parity]")
+    name = data.get("name") or (Path(source).stem if source else "run")
+    return Parameters(
+        name=_expect(name, str, "name", "shapes-mlx-f16"),
+        description=_expect(data.get("description", ""), str, "description", "'one line'"),
+        family=data.get("family") and _expect(data["family"], str, "family", "qwen2_5_vl"),
+        checkpoint=path(data["checkpoint"], "checkpoint"),
+        images=[path(image, "images entries") for image in images],
+        runtimes=specs,
+        reference=reference,
+        stages=_stages(data.get("stages")),
+        contract=None if data.get("contract") is None else path(data["contract"], "contract"),
+        notebooks=tuple(notebooks),
+        source=source,
+    )
+
+
+def load_parameters(path: str | Path, base: Path | None = None) -> Parameters:
+    """Read and validate a parameter YAML file."""
+    path = Path(path)
+    if not path.exists():
+        raise ParameterError(f"parameter file {path} does not exist", "pass a YAML file from parameters/")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ParameterError(f"parameter file {path} is not valid YAML: {err}", "fix the YAML syntax") from err
+    return parse_parameters(data, str(path), base)

@@ -1,0 +1,121 @@
+"""Figures the notebooks show. Each returns a matplotlib Figure built without pyplot's global state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from .report import Report
+
+COLORS = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2"]
+
+
+def _candidates(report: Report) -> list[str]:
+    reference = report.data.get("reference")
+    return [r["label"] for r in report.data.get("runtimes", []) if r["label"] != reference]
+
+
+def _stage_axis(report: Report, activations_only: bool = False) -> tuple[list[str], dict[str, int]]:
+    """Stage ids in execution order (optionally only activation-path float stages) and their positions."""
+    ordered = [
+        stage["id"] for stage in report.data.get("stage_plan", [])
+        if not activations_only or not (stage.get("integer") or stage.get("side") or stage["id"].startswith("inputs."))
+    ]
+    return ordered, {stage_id: position for position, stage_id in enumerate(ordered)}
+
+
+def _block_ticks(ordered: list[str]) -> tuple[list[int], list[str]]:
+    ticks, labels = [], []
+    for position, stage_id in enumerate(ordered):
+        parts = stage_id.split(".")
+        if len(parts) == 3 and parts[1] == "block":
+            ticks.append(position)
+            labels.append(f"b{parts[2]}")
+        elif stage_id in ("vision.patch_embed", "vision.merger"):
+            ticks.append(position)
+            labels.append(stage_id.split(".")[-1])
+    return ticks, labels
+
+
+def error_curves(report: Report, metrics: tuple[str, ...] = ("max_abs", "rms", "failures")) -> Figure:
+    """Per-stage error against execution order, log scale, one line per runtime pair, tolerance marked."""
+    ordered, position = _stage_axis(report, activations_only=True)
+    rows = [row for row in report.rows if row.stage in position and row.status in ("pass", "fail")]
+    figure = Figure(figsize=(12, 2.8 * len(metrics)), layout="constrained")
+    axes = figure.subplots(len(metrics), 1, sharex=True, squeeze=False)[:, 0]
+    reference = report.data.get("reference")
+    atol = report.data.get("contract", {}).get("default", {}).get("atol")
+    first = report.data.get("first_divergence", {})
+    for color, label in zip(COLORS, _candidates(report)):
+        pair = sorted((row for row in rows if row.candidate == label), key=lambda row: position.get(row.stage, 0))
+        xs = [position.get(row.stage, 0) for row in pair]
+        for axis, metric in zip(axes, metrics):
+            values = np.array([getattr(row, metric) for row in pair], dtype=float)
+            if metric == "failures":
+                values = values + 1.0  # log axis: 1 means no failure
+            axis.plot(xs, np.maximum(values, 1e-9), marker=".", markersize=3, linewidth=1, color=color,
+                      label=f"{label} vs {reference}")
+            divergence = first.get(label)
+            if divergence and divergence["stage"] in position:
+                axis.axvline(position[divergence["stage"]], color=color, linestyle="--", linewidth=1)
+    for axis, metric in zip(axes, metrics):
+        axis.set_yscale("log")
+        axis.set_ylabel("failures + 1" if metric == "failures" else f"{metric} (floor 1e-9)")
+        axis.grid(True, which="major", alpha=0.3)
+        if metric == "max_abs" and atol:
+            axis.axhline(atol, color="black", linestyle=":", linewidth=1, label=f"atol {atol}")
+    ticks, labels = _block_ticks(ordered)
+    axes[-1].set_xticks(ticks, labels, rotation=90, fontsize=7)
+    axes[-1].set_xlabel("stage (execution order; dashed: first divergence)")
+    axes[0].legend(loc="upper left", fontsize=8)
+    axes[0].set_title(f"{report.data.get('name')}: error per stage against {reference}")
+    return figure
+
+
+def input_images(report: Report, window_px: int = 112) -> Figure:
+    """The input images as the processor resized them, with the attention-window grid drawn over."""
+    from PIL import Image
+
+    inputs = report.data.get("inputs", {})
+    paths = inputs.get("images", [])
+    figure = Figure(figsize=(3.2 * max(len(paths), 1), 3.4), layout="constrained")
+    axes = figure.subplots(1, max(len(paths), 1), squeeze=False)[0]
+    for axis, path, size, grid in zip(axes, paths, inputs.get("resized", []), inputs.get("grid_thw", [])):
+        height, width = size
+        with Image.open(path) as image:
+            axis.imshow(np.asarray(image.convert("RGB").resize((width, height))))
+        for x in range(window_px, width, window_px):
+            axis.axvline(x, color="white", linewidth=0.8)
+        for y in range(window_px, height, window_px):
+            axis.axhline(y, color="white", linewidth=0.8)
+        windows = -(-height // window_px) * -(-width // window_px)
+        axis.set_title(f"{Path(path).name}\n{height}x{width}, grid {grid}, {windows} window(s)", fontsize=8)
+        axis.set_axis_off()
+    return figure
+
+
+def stage_table(report: Report, only_failing: bool = False):
+    """Stage x candidate table of status, max_abs and failures (a pandas Styler, failures in red)."""
+    import pandas as pd
+
+    frame = report.frame()
+    if frame.empty:
+        return frame
+    ordered, position = _stage_axis(report)
+    frame["order"] = frame["stage"].map(position)
+    wide = frame.pivot_table(index=["order", "stage"], columns="candidate",
+                             values=["max_abs", "failures"], aggfunc="first")
+    status = frame.pivot_table(index=["order", "stage"], columns="candidate", values="status", aggfunc="first")
+    wide.columns = [f"{candidate} {metric}" for metric, candidate in wide.columns]
+    status.columns = [f"{candidate} status" for candidate in status.columns]
+    table = pd.concat([status, wide], axis=1).sort_index(axis=1).droplevel("order")
+    if only_failing:
+        table = table[(status != "pass").any(axis=1).to_numpy()]
+
+    def highlight(value):
+        return "background-color: #f8d0d0" if value in ("fail", "shape_mismatch") else ""
+
+    formats = {column: "{:.3g}" for column in table.columns if column.endswith("max_abs")}
+    return table.style.map(highlight).format(formats, na_rep="")

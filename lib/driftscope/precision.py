@@ -1,0 +1,59 @@
+"""Precision policies: named, hashable descriptions of dtypes and where rounding happens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .registry import Registry
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    """Where a runtime keeps which dtype.
+
+    ``weights`` and ``activations`` name the storage dtype; ``accumulate`` the dtype of dot
+    products; ``norm`` and ``softmax`` where normalization happens. Part of every report.
+    """
+
+    name: str
+    weights: str
+    activations: str
+    accumulate: str = "float32"
+    norm: str = "float32"
+    softmax: str = "float32"
+    description: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return {
+            "name": self.name,
+            "weights": self.weights,
+            "activations": self.activations,
+            "accumulate": self.accumulate,
+            "norm": self.norm,
+            "softmax": self.softmax,
+            "description": self.description,
+        }
+
+
+POLICIES: Registry[PrecisionPolicy] = Registry("precision policy")
+POLICIES.register("f32", PrecisionPolicy("f32", "float32", "float32", description="everything in float32"))
+POLICIES.register(
+    "f64", PrecisionPolicy("f64", "float64", "float64", "float64", "float64", "float64", "float64 oracle")
+)
+POLICIES.register(
+    "f16",
+    PrecisionPolicy(
+        "f16", "float16", "float16", "float16", "float16", "float16", "weights and activations in float16 (eager)"
+    ),
+)
+POLICIES.register(
+    "bf16",
+    PrecisionPolicy(
+        "bf16", "bfloat16", "bfloat16", "bfloat16", "bfloat16", "bfloat16", "weights and activations in bfloat16"
+    ),
+)
+
+
+def get_policy(name: str) -> PrecisionPolicy:
+    """The registered policy called ``name`` (an unknown name lists the valid ones)."""
+    return POLICIES.get(name)

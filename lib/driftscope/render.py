@@ -1,0 +1,61 @@
+"""Execute notebooks with papermill and render them to HTML with nbconvert (with and without code)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import DriftscopeError
+
+NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
+KERNEL_NAME = "driftscope"
+
+
+def kernel_name() -> str:
+    """The project's registered kernel, or the current interpreter's own kernel when it is missing."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    specs = KernelSpecManager().find_kernel_specs()
+    if KERNEL_NAME in specs:
+        return KERNEL_NAME
+    if "python3" in specs:
+        return "python3"
+    raise DriftscopeError("no Jupyter kernel to run notebooks with",
+                          "run `make setup` (it registers the 'driftscope' kernel)")
+
+
+def notebook_path(name: str) -> Path:
+    path = NOTEBOOK_DIR / (name if name.endswith(".ipynb") else f"{name}.ipynb")
+    if not path.exists():
+        known = sorted(p.stem for p in NOTEBOOK_DIR.glob("*.ipynb"))
+        raise DriftscopeError(f"notebook {name!r} does not exist", f"use one of: {', '.join(known)}")
+    return path
+
+
+def execute(name: str, out_dir: Path, parameters: dict, cwd: Path, log_output: bool = True) -> Path:
+    """Run one notebook into ``out_dir/<name>.ipynb``; the executed copy is written even if it fails."""
+    import papermill
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    source = notebook_path(name)
+    target = out_dir / source.name
+    papermill.execute_notebook(
+        str(source), str(target), parameters=parameters, kernel_name=kernel_name(), cwd=str(cwd),
+        log_output=log_output, progress_bar=False, report_mode=False,
+    )
+    return target
+
+
+def to_html(executed: Path) -> tuple[Path, Path]:
+    """``<name>.html`` (with code) and ``<name>.nocode.html`` next to the executed notebook."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    notebook = nbformat.read(str(executed), as_version=4)
+    written = []
+    for suffix, exclude in ((".html", False), (".nocode.html", True)):
+        exporter = HTMLExporter(exclude_input=exclude, exclude_input_prompt=exclude, exclude_output_prompt=exclude)
+        body, _ = exporter.from_notebook_node(notebook)
+        target = executed.with_name(executed.stem + suffix)
+        target.write_text(body, encoding="utf-8")
+        written.append(target)
+    return written[0], written[1]

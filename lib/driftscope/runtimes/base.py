@@ -1,0 +1,161 @@
+"""The Runtime interface: load a checkpoint under a precision policy, capture a TapSet."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..checkpoint import Checkpoint
+from ..errors import RuntimeUnavailableError
+from ..inputs import VisionInputs
+from ..patches import HypothesisPatch
+from ..precision import PrecisionPolicy, get_policy
+from ..stages import StagePlan
+from ..tapset import TapSet, TapWriter
+
+Progress = Callable[[str], None]
+
+
+def require(module: str, package: str, runtime: str) -> Any:
+    """Import ``module`` or raise a clear error naming the package to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise RuntimeUnavailableError(
+            f"runtime {runtime!r} needs the package {package!r}, which is not importable ({err})",
+            f"install it (`make setup` installs every runtime's packages) or drop {runtime!r} from 'runtimes'",
+        ) from err
+
+
+def package_versions(*names: str) -> dict[str, str]:
+    versions = {}
+    for name in names:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "missing"
+    return versions
+
+
+def unique_consecutive(bounds: np.ndarray) -> np.ndarray:
+    """Window bounds without repeats: an empty window (a repeated bound) attends to nothing."""
+    bounds = np.asarray(bounds)
+    if bounds.size == 0:
+        return bounds
+    keep = np.concatenate([[True], bounds[1:] != bounds[:-1]])
+    return bounds[keep]
+
+
+class StageSink:
+    """What a runtime writes captured stages into: only stages of the selected plan are kept."""
+
+    def __init__(self, writer: TapWriter, plan: StagePlan, progress: Progress | None = None):
+        self.writer = writer
+        self.plan = plan
+        self.progress = progress
+        self.count = 0
+        self._last_report = time.monotonic()
+
+    def put_bounds(self, stage_id: str, bounds: np.ndarray) -> None:
+        """Attention bounds as segments (repeats dropped), recording how many empty windows there were."""
+        raw = np.asarray(bounds)
+        canonical = unique_consecutive(raw)
+        self.put(stage_id, canonical, raw_length=int(raw.size), empty_windows=int(raw.size - canonical.size))
+
+    def wants(self, stage_id: str) -> bool:
+        return stage_id in self.plan and stage_id not in self.writer
+
+    def put(self, stage_id: str, value: Any, **declaration: Any) -> None:
+        """Write a stage now; ``declaration`` adds facts to its sidecar entry."""
+        if not self.wants(stage_id):
+            return
+        self.writer.add(self.plan[stage_id], np.asarray(value), **declaration)
+        self.count += 1
+        now = time.monotonic()
+        if self.progress is not None and (now - self._last_report > 2.0 or self.count == len(self.plan)):
+            self.progress(f"{self.count}/{len(self.plan)} stages, last {stage_id}")
+            self._last_report = now
+
+
+class Runtime(ABC):
+    """Loads one checkpoint under one precision policy and captures stages of its vision tower."""
+
+    name: str = ""
+    policies: tuple[str, ...] = ("f32",)
+
+    def __init__(self, checkpoint: Checkpoint, policy: str = "f32", patch: HypothesisPatch | None = None,
+                 options: dict | None = None):
+        if policy not in self.policies:
+            get_policy(policy)  # unknown names list every registered policy
+            raise RuntimeUnavailableError(
+                f"runtime {self.name!r} does not offer policy {policy!r}", f"use one of: {', '.join(self.policies)}"
+            )
+        self.checkpoint = checkpoint
+        self.policy: PrecisionPolicy = get_policy(policy)
+        self.patch = patch
+        self.options = dict(options or {})
+        self.model: Any = None
+        self.timings: dict[str, float] = {}
+
+    def load(self) -> None:
+        """Load the model (once) and apply the hypothesis patch."""
+        if self.model is not None:
+            return
+        start = time.perf_counter()
+        self.model = self._load()
+        if self.patch is not None:
+            self.model = self.patch.apply(self.model)
+        self.timings["load_s"] = time.perf_counter() - start
+
+    @abstractmethod
+    def _load(self) -> Any: ...
+
+    @abstractmethod
+    def _capture(self, inputs: VisionInputs, sink: StageSink) -> None: ...
+
+    @abstractmethod
+    def versions(self) -> dict[str, str]: ...
+
+    def metadata(self, inputs: VisionInputs) -> dict:
+        return {
+            "runtime": self.name,
+            "label": self.label,
+            "policy": self.policy.to_dict(),
+            "patch": self.patch.describe() if self.patch else None,
+            "versions": self.versions(),
+            "inputs_digest": inputs.digest,
+            "checkpoint": str(self.checkpoint.path),
+            "family": self.checkpoint.family,
+            "options": self.options,
+        }
+
+    @property
+    def label(self) -> str:
+        return str(self.options.get("label") or f"{self.name}:{self.policy.name}")
+
+    def capture(self, inputs: VisionInputs, plan: StagePlan, out_base: Path, progress: Progress | None = None) -> TapSet:
+        """Run the vision tower once on ``inputs``, streaming the planned stages to ``out_base``."""
+        self.load()
+        writer = TapWriter(out_base, self.metadata(inputs))
+        sink = StageSink(writer, plan, progress)
+        start = time.perf_counter()
+        try:
+            self._capture(inputs, sink)
+        except BaseException as err:
+            writer.close(complete=False, error=f"{type(err).__name__}: {err}")
+            raise
+        self.timings["capture_s"] = time.perf_counter() - start
+        writer.meta["timings"] = dict(self.timings)
+        return writer.close()
+
+    def put_inputs(self, inputs: VisionInputs, sink: StageSink) -> None:
+        sink.put("inputs.pixel_values", inputs.pixel_values)
+        sink.put("inputs.grid_thw", inputs.grid_thw)
+        sink.put("inputs.image_tokens", inputs.image_tokens)

@@ -1,0 +1,226 @@
+"""Eager MLX through mlx-vlm's Qwen2.5-VL model code, captured by wrappers that do not change results.
+
+Wrappers call the original module or function and record what it returned; q/k are recorded from
+mlx-vlm's own RoPE function and SiLU from the activation call inside its MLP, so every tap is the
+value the model actually computed.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import numpy as np
+
+from ..families.qwen2_5_vl import block_stage_id
+from ..inputs import VisionInputs
+from ..mlx_loader import load_mlx_model
+from .base import Runtime, StageSink, package_versions, require
+
+DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
+
+
+def to_numpy(array: Any) -> np.ndarray:
+    """An MLX array as numpy (bfloat16 and float16 widened to float32, which is exact)."""
+    import mlx.core as mx
+
+    if array.dtype in (mx.bfloat16, mx.float16):
+        array = array.astype(mx.float32)
+    return np.array(array)
+
+
+class _Recording:
+    """Calls ``inner`` and hands its inputs and output to ``record``."""
+
+    def __init__(self, inner: Any, record):
+        self.inner = inner
+        self.record = record
+
+    def __call__(self, *args, **kwargs):
+        out = self.inner(*args, **kwargs)
+        self.record(args, kwargs, out)
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@contextmanager
+def _shadow(owner: Any, name: str, value: Any):
+    """Make ``owner.name`` resolve to ``value`` (an instance attribute), then remove it."""
+    object.__setattr__(owner, name, value)
+    try:
+        yield
+    finally:
+        object.__delattr__(owner, name)
+
+
+@contextmanager
+def _list_item(items: list, index: int, value: Any):
+    original = items[index]
+    items[index] = value
+    try:
+        yield
+    finally:
+        items[index] = original
+
+
+@contextmanager
+def _module_attr(module: Any, name: str, value: Any):
+    original = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+class _NNProxy:
+    """Stands in for ``mlx.nn`` inside mlx-vlm's vision module: ``silu`` records, the rest delegates."""
+
+    def __init__(self, nn: Any, silu):
+        self._nn = nn
+        self.silu = silu
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._nn, name)
+
+
+class MLXRuntime(Runtime):
+    """mlx-vlm's eager Qwen2.5-VL on MLX (CPU here; Metal on a Mac)."""
+
+    name = "mlx"
+    policies = ("f32", "f16", "bf16")
+
+    def _load(self) -> Any:
+        mx = require("mlx.core", "mlx", self.name)
+        require("mlx_vlm", "mlx-vlm", self.name)
+        model = load_mlx_model(self.checkpoint.path, self.checkpoint.config)
+        if self.policy.name != "f32":
+            model.set_dtype(getattr(mx, DTYPES[self.policy.name]))
+            mx.eval(model.parameters())
+        return model
+
+    def versions(self) -> dict[str, str]:
+        return package_versions("mlx", "mlx-vlm")
+
+    @property
+    def tower(self) -> Any:
+        return self.model.vision_tower
+
+    def _pixels(self, inputs: VisionInputs):
+        import mlx.core as mx
+
+        dtype = self.tower.patch_embed.proj.weight.dtype
+        return mx.array(inputs.pixel_values).astype(dtype), mx.array(inputs.grid_thw)
+
+    def run_vision(self, inputs: VisionInputs):
+        """The plain vision forward (no taps): merged features in raster order."""
+        import mlx.core as mx
+
+        self.load()
+        out = self.tower(*self._pixels(inputs))
+        mx.eval(out)
+        return out
+
+    def _capture(self, inputs: VisionInputs, sink: StageSink) -> None:
+        import mlx.core as mx
+        import mlx.nn as nn
+        from mlx_vlm.models.qwen2_5_vl import vision as vision_module
+
+        tower = self.tower
+        state: dict[str, Any] = {"block": None, "rope_calls": 0}
+        full = set(tower.fullatt_block_indexes)
+
+        def put(stage_id: str, value: Any) -> None:
+            if sink.wants(stage_id):
+                sink.put(stage_id, to_numpy(value))
+
+        def out_to(stage_id: str):
+            return lambda args, kwargs, out: put(stage_id, out)
+
+        def in_to(stage_id: str):
+            return lambda args, kwargs, out: put(stage_id, args[0])
+
+        def both_to(in_id: str, out_id: str):
+            return lambda args, kwargs, out: (put(in_id, args[0]), put(out_id, out))
+
+        def put_bounds(cu_window_seqlens):
+            if sink.wants("vision.cu_window_seqlens"):
+                sink.put_bounds("vision.cu_window_seqlens", to_numpy(cu_window_seqlens))
+
+        def rotary(args, kwargs, freqs):
+            cos, sin = mx.cos(freqs), mx.sin(freqs)
+            put("vision.rotary.cos", mx.concatenate([cos, cos], axis=-1))
+            put("vision.rotary.sin", mx.concatenate([sin, sin], axis=-1))
+
+        def window(args, kwargs, out):
+            put("vision.window_index", out[0])
+
+        original_rope = vision_module.apply_rotary_pos_emb_vision
+
+        def rope(tensor, freqs):
+            out = original_rope(tensor, freqs)
+            name = "attn.q" if state["rope_calls"] % 2 == 0 else "attn.k"
+            state["rope_calls"] += 1
+            put(block_stage_id(state["block"], name), out.reshape(out.shape[-3:]))  # (tokens, heads, head_dim)
+            return out
+
+        def silu(x):
+            out = nn.silu(x)
+            if state["block"] is not None:
+                put(block_stage_id(state["block"], "mlp.act"), out)
+            return out
+
+        with ExitStack() as stack:
+            enter = stack.enter_context
+            enter(_shadow(tower, "patch_embed", _Recording(tower.patch_embed, out_to("vision.patch_embed"))))
+            enter(_shadow(tower, "rot_pos_emb", _Recording(tower.rot_pos_emb, rotary)))
+            enter(_shadow(tower, "get_window_index", _Recording(tower.get_window_index, window)))
+            enter(_module_attr(vision_module, "apply_rotary_pos_emb_vision", rope))
+            enter(_module_attr(vision_module, "nn", _NNProxy(nn, silu)))
+            for index, block in enumerate(tower.blocks):
+                enter(_list_item(tower.blocks, index, self._block_recorder(index, block, full, state, put, put_bounds)))
+                if any(sink.wants(block_stage_id(index, s)) for s in ("norm1", "attn.q", "mlp.gate", "norm2")):
+                    self._wrap_substages(enter, index, block, put, in_to, out_to, both_to)
+            merger = tower.merger
+            enter(_shadow(merger, "ln_q", _Recording(merger.ln_q, out_to("vision.merger.norm"))))
+            enter(_list_item(merger.mlp, 1, _Recording(merger.mlp[1], out_to("vision.merger.hidden"))))
+            enter(_shadow(tower, "merger", _Recording(merger, out_to("vision.merger.window"))))
+            self.put_inputs(inputs, sink)
+            out = tower(*self._pixels(inputs))
+            put("vision.merger", out)
+            state["block"] = None
+
+    @staticmethod
+    def _block_recorder(index: int, block: Any, full: set[int], state: dict, put, put_bounds):
+        def call(hidden_states, cu_seqlens, rotary_pos_emb):
+            state["block"], state["rope_calls"] = index, 0
+            if index in full:
+                put("vision.cu_seqlens", cu_seqlens)
+            else:
+                put_bounds(cu_seqlens)
+            out = block(hidden_states, cu_seqlens=cu_seqlens, rotary_pos_emb=rotary_pos_emb)
+            put(block_stage_id(index), out)
+            return out
+
+        return call
+
+    @staticmethod
+    def _wrap_substages(enter, index: int, block: Any, put, in_to, out_to, both_to) -> None:
+        attn, mlp = block.attn, block.mlp
+        heads = attn.num_heads
+
+        def qkv(args, kwargs, out):
+            put(block_stage_id(index, "attn.v"), out.reshape(out.shape[0], 3, heads, -1)[:, 2])
+
+        enter(_shadow(block, "norm1", _Recording(block.norm1, out_to(block_stage_id(index, "norm1")))))
+        enter(_shadow(attn, "qkv", _Recording(attn.qkv, qkv)))
+        enter(_shadow(attn, "proj", _Recording(attn.proj, in_to(block_stage_id(index, "attn.context")))))
+        enter(_shadow(block, "attn", _Recording(attn, out_to(block_stage_id(index, "attn.out")))))
+        enter(_shadow(block, "norm2", _Recording(
+            block.norm2, both_to(block_stage_id(index, "residual1"), block_stage_id(index, "norm2")))))
+        enter(_shadow(mlp, "gate_proj", _Recording(mlp.gate_proj, out_to(block_stage_id(index, "mlp.gate")))))
+        enter(_shadow(mlp, "up_proj", _Recording(mlp.up_proj, out_to(block_stage_id(index, "mlp.up")))))
+        enter(_shadow(mlp, "down_proj", _Recording(
+            mlp.down_proj, both_to(block_stage_id(index, "mlp.product"), block_stage_id(index, "mlp.down")))))

@@ -1,0 +1,53 @@
+"""The ``tapfile`` runtime: a TapSet written by any other engine, compared like a capture."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ..errors import ParameterError
+from ..inputs import VisionInputs
+from ..stages import StagePlan
+from ..tapset import TapSet, tap_paths
+from .base import Progress, Runtime, StageSink
+
+
+class TapfileRuntime(Runtime):
+    """Loads taps from ``options.path`` (see docs/tapfile.md) instead of running a model."""
+
+    name = "tapfile"
+    policies = ("f32", "f64", "f16", "bf16")
+
+    def _load(self) -> Any:
+        path = self.options.get("path")
+        if not path:
+            raise ParameterError("runtime 'tapfile' needs options.path", "set options: {path: taps/engine.safetensors}")
+        return TapSet(Path(path))
+
+    def versions(self) -> dict[str, str]:
+        return dict(self.model.meta.get("versions", {})) if self.model is not None else {}
+
+    @property
+    def label(self) -> str:
+        return str(self.options.get("label") or f"tapfile:{Path(self.options.get('path', '?')).stem}")
+
+    def _capture(self, inputs: VisionInputs, sink: StageSink) -> None:  # pragma: no cover - capture() is overridden
+        raise NotImplementedError
+
+    def capture(self, inputs: VisionInputs, plan: StagePlan, out_base: Path, progress: Progress | None = None) -> TapSet:
+        """Copy the external TapSet next to the run's other taps, labelled for this run."""
+        self.load()
+        digest = self.model.meta.get("inputs_digest")
+        tensor_path, sidecar_path = tap_paths(out_base)
+        tensor_path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(self.model.tensor_path, tensor_path)
+        meta = dict(self.model.meta)
+        meta.update(label=self.label, imported_from=str(self.model.tensor_path),
+                    inputs_digest_matches=(digest is None or digest == inputs.digest))
+        from ..atomic import write_json_atomic
+
+        write_json_atomic(sidecar_path, meta)
+        if progress:
+            progress(f"imported {len(self.model.stage_ids())} stages from {self.model.tensor_path}")
+        return TapSet(tensor_path)

@@ -1,0 +1,148 @@
+"""The ``transformers`` oracle: float32 on CPU (float64 on request), captured through hooks."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import numpy as np
+
+from ..families.qwen2_5_vl import block_stage_id
+from ..inputs import VisionInputs
+from .base import Runtime, StageSink, package_versions, require
+
+
+def _np(tensor) -> np.ndarray:
+    return tensor.detach().cpu().numpy()
+
+
+@contextmanager
+def _replaced(module: Any, name: str, value: Any):
+    original = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield original
+    finally:
+        setattr(module, name, original)
+
+
+class TransformersRuntime(Runtime):
+    """Hugging Face transformers' own Qwen2.5-VL code, eager attention, on the CPU."""
+
+    name = "transformers"
+    policies = ("f32", "f64")
+
+    def _load(self) -> Any:
+        torch = require("torch", "torch", self.name)
+        transformers = require("transformers", "transformers", self.name)
+        dtype = torch.float64 if self.policy.name == "f64" else torch.float32
+        torch.set_num_threads(int(self.options.get("threads", torch.get_num_threads())))
+        model = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(
+            str(self.checkpoint.path),
+            dtype=dtype,
+            attn_implementation=self.options.get("attn_implementation", "eager"),
+            use_safetensors=True,
+        )
+        return model.eval()
+
+    def versions(self) -> dict[str, str]:
+        return package_versions("torch", "transformers")
+
+    @property
+    def visual(self) -> Any:
+        return self.model.model.visual
+
+    def run_vision(self, inputs: VisionInputs):
+        """The plain vision forward (no taps): merged features in raster order."""
+        import torch
+
+        self.load()
+        dtype = next(self.visual.parameters()).dtype
+        with torch.no_grad():
+            out = self.visual(torch.from_numpy(inputs.pixel_values).to(dtype), torch.from_numpy(inputs.grid_thw))
+        return out.pooler_output
+
+    def _capture(self, inputs: VisionInputs, sink: StageSink) -> None:
+        import torch
+        from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as modeling
+
+        visual = self.visual
+        state: dict[str, Any] = {"block": None}
+        hooks = []
+
+        def hook(module, stage_id: str, kind: str = "out", index: int = 0):
+            if not sink.wants(stage_id):
+                return
+            if kind == "out":
+                hooks.append(module.register_forward_hook(lambda m, a, o: sink.put(stage_id, _np(o))))
+            else:
+                hooks.append(module.register_forward_pre_hook(lambda m, a: sink.put(stage_id, _np(a[index]))))
+
+        hook(visual.patch_embed, "vision.patch_embed")
+
+        def rotary(module, args, out) -> None:  # a hook that returns a value would replace the output
+            sink.put("vision.rotary.cos", _np(out[0]))
+            sink.put("vision.rotary.sin", _np(out[1]))
+
+        hooks.append(visual.rotary_pos_emb.register_forward_hook(rotary))
+        full = set(visual.fullatt_block_indexes)
+        for index, block in enumerate(visual.blocks):
+
+            def before_block(module, args, kwargs, index=index):
+                state["block"] = index
+                if index in full:
+                    sink.put("vision.cu_seqlens", _np(kwargs["cu_seqlens"]))
+                elif sink.wants("vision.cu_window_seqlens"):
+                    sink.put_bounds("vision.cu_window_seqlens", _np(kwargs["cu_seqlens"]))
+
+            hooks.append(block.register_forward_pre_hook(before_block, with_kwargs=True))
+            hook(block, block_stage_id(index))
+            hook(block.norm1, block_stage_id(index, "norm1"))
+            hook(block.attn.proj, block_stage_id(index, "attn.context"), "in")
+            hook(block.attn, block_stage_id(index, "attn.out"))
+            hook(block.norm2, block_stage_id(index, "residual1"), "in")
+            hook(block.norm2, block_stage_id(index, "norm2"))
+            hook(block.mlp.gate_proj, block_stage_id(index, "mlp.gate"))
+            hook(block.mlp.act_fn, block_stage_id(index, "mlp.act"))
+            hook(block.mlp.up_proj, block_stage_id(index, "mlp.up"))
+            hook(block.mlp.down_proj, block_stage_id(index, "mlp.product"), "in")
+            hook(block.mlp.down_proj, block_stage_id(index, "mlp.down"))
+            heads = block.attn.num_heads
+
+            def qkv_out(module, args, out, index=index, heads=heads):
+                stage_id = block_stage_id(index, "attn.v")
+                if sink.wants(stage_id):
+                    sink.put(stage_id, _np(out.reshape(out.shape[0], 3, heads, -1)[:, 2]))
+
+            hooks.append(block.attn.qkv.register_forward_hook(qkv_out))
+        hook(visual.merger.ln_q, "vision.merger.norm")
+        hook(visual.merger.mlp[1], "vision.merger.hidden")
+        hook(visual.merger, "vision.merger.window")
+
+        original_rope = modeling.apply_rotary_pos_emb_vision
+
+        def rope(q, k, cos, sin):
+            q_out, k_out = original_rope(q, k, cos, sin)
+            block = state["block"]
+            sink.put(block_stage_id(block, "attn.q"), _np(q_out))
+            sink.put(block_stage_id(block, "attn.k"), _np(k_out))
+            return q_out, k_out
+
+        original_window = modeling.get_vision_window_index
+
+        def window_index(*args, **kwargs):
+            index, cu_window = original_window(*args, **kwargs)
+            sink.put("vision.window_index", _np(index))
+            return index, cu_window
+
+        self.put_inputs(inputs, sink)
+        dtype = next(visual.parameters()).dtype
+        try:
+            with ExitStack() as stack, torch.no_grad():
+                stack.enter_context(_replaced(modeling, "apply_rotary_pos_emb_vision", rope))
+                stack.enter_context(_replaced(modeling, "get_vision_window_index", window_index))
+                out = visual(torch.from_numpy(inputs.pixel_values).to(dtype), torch.from_numpy(inputs.grid_thw))
+            sink.put("vision.merger", _np(out.pooler_output))
+        finally:
+            for handle in hooks:
+                handle.remove()

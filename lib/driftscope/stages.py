@@ -1,0 +1,119 @@
+"""Stage ids, their declarations, and the ordered StagePlan of one model family and config.
+
+A stage declares its axes, its token order (``window`` or ``raster``; ``none`` for tensors without
+tokens), the unit of a token row (``patch`` or ``merged``), and whether its values are integers
+(compared exactly). Two runtimes' taps are compared only through these declarations.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One tappable point of a model, with a declared meaning."""
+
+    id: str
+    axes: tuple[str, ...]
+    token_order: str = "none"  # "raster" | "window" | "none"
+    token_unit: str | None = None  # "patch" | "merged" | None
+    integer: bool = False
+    block: int | None = None
+    substage: str | None = None
+    side: bool = False  # a side input (e.g. RoPE tables), not on the activation path
+    description: str = ""
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["axes"] = list(self.axes)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Stage:
+        data = dict(data)
+        data["axes"] = tuple(data.get("axes", ()))
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class StageSelection:
+    """Which stages a run captures.
+
+    ``blocks``: capture every block's output. ``substages``: block indices whose substages are
+    captured (``"all"`` for every block). ``include``/``exclude``: extra glob patterns.
+    """
+
+    blocks: bool = True
+    substages: tuple[int, ...] | str = ()
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    @classmethod
+    def everything(cls) -> StageSelection:
+        return cls(blocks=True, substages="all")
+
+    def wants(self, stage: Stage, depth: int) -> bool:
+        if any(fnmatch.fnmatchcase(stage.id, pattern) for pattern in self.exclude):
+            return False
+        if any(fnmatch.fnmatchcase(stage.id, pattern) for pattern in self.include):
+            return True
+        if stage.block is None:
+            return True
+        if stage.substage is None:
+            return self.blocks
+        if self.substages == "all":
+            return True
+        wanted = {index % depth for index in self.substages}  # negative indices count from the end
+        return stage.block in wanted
+
+    def to_dict(self) -> dict:
+        return {
+            "blocks": self.blocks,
+            "substages": self.substages if isinstance(self.substages, str) else list(self.substages),
+            "include": list(self.include),
+            "exclude": list(self.exclude),
+        }
+
+
+@dataclass
+class StagePlan:
+    """The stages of one family and config, in execution order."""
+
+    family: str
+    stages: list[Stage]
+    depth: int = 0
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._index = {stage.id: position for position, stage in enumerate(self.stages)}
+
+    def __iter__(self) -> Iterator[Stage]:
+        return iter(self.stages)
+
+    def __len__(self) -> int:
+        return len(self.stages)
+
+    def __contains__(self, stage_id: object) -> bool:
+        return stage_id in self._index
+
+    def __getitem__(self, stage_id: str) -> Stage:
+        return self.stages[self._index[stage_id]]
+
+    def position(self, stage_id: str) -> int:
+        return self._index[stage_id]
+
+    def ids(self) -> list[str]:
+        return [stage.id for stage in self.stages]
+
+    def select(self, selection: StageSelection) -> StagePlan:
+        kept = [stage for stage in self.stages if selection.wants(stage, self.depth)]
+        return StagePlan(self.family, kept, self.depth, dict(self.meta))
+
+    def ordered(self, stage_ids: Iterable[str]) -> list[str]:
+        """``stage_ids`` sorted by execution order; ids not in the plan go last, alphabetically."""
+        known = sorted((i for i in stage_ids if i in self._index), key=self._index.__getitem__)
+        unknown = sorted(i for i in stage_ids if i not in self._index)
+        return known + unknown

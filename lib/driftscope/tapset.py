@@ -1,0 +1,223 @@
+"""TapSet: stage id -> array, plus metadata, stored as safetensors with a JSON sidecar.
+
+``TapWriter`` streams each stage to disk as it is captured (memory holds one stage at a time).
+``TapSet`` opens the pair memory-mapped. The format is documented in ``docs/tapfile.md`` so
+engines outside Python can write it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors import safe_open
+
+from .atomic import write_json_atomic
+from .errors import TapFileError
+from .stages import Stage
+
+FORMAT = "driftscope-tapset"
+FORMAT_VERSION = 1
+_DTYPES = {
+    np.dtype("float64"): "F64",
+    np.dtype("float32"): "F32",
+    np.dtype("float16"): "F16",
+    np.dtype("int64"): "I64",
+    np.dtype("int32"): "I32",
+    np.dtype("bool"): "BOOL",
+}
+_ALIGN = 8
+
+
+def tap_paths(base: Path) -> tuple[Path, Path]:
+    """``(tensor file, sidecar)`` for a TapSet named by ``base`` (``x`` -> ``x.safetensors``, ``x.json``)."""
+    base = Path(base)
+    if base.suffix in (".safetensors", ".json"):
+        base = base.with_suffix("")
+    return base.with_suffix(".safetensors"), base.with_suffix(".json")
+
+
+def storage_array(value: Any) -> tuple[np.ndarray, str]:
+    """A stage value as stored (floats widened to float32 unless float64, ints to int64) and its native dtype."""
+    array = np.asarray(value)
+    native = str(array.dtype)
+    if array.dtype.kind == "f":
+        array = array.astype(np.float64 if array.dtype == np.float64 else np.float32, copy=False)
+    elif array.dtype.kind in "iu":
+        array = array.astype(np.int64, copy=False)
+    elif array.dtype.kind == "b":
+        array = array.astype(np.bool_, copy=False)
+    else:
+        raise TapFileError(f"cannot store a {array.dtype} array", "convert it to a float or integer array")
+    return np.ascontiguousarray(array), native
+
+
+class TapWriter:
+    """Streams stage arrays into ``<base>.safetensors``; writes the sidecar on ``close``.
+
+    Data goes to disk as each stage arrives, after a reserved header region. If the final header
+    outgrows the reservation, the file is rewritten once with a larger header (chunked copy).
+    """
+
+    def __init__(self, base: Path, meta: dict, reserve_header: int = 1 << 16):
+        self.tensor_path, self.sidecar_path = tap_paths(base)
+        self.tensor_path.parent.mkdir(parents=True, exist_ok=True)
+        self.meta = dict(meta)
+        self.stages: dict[str, dict] = {}
+        self._entries: dict[str, dict] = {}
+        self._reserve = reserve_header
+        self._partial = self.tensor_path.with_name(self.tensor_path.name + ".partial")
+        self._handle = open(self._partial, "wb")
+        self._handle.write(b"\0" * (8 + reserve_header))
+        self._offset = 0
+        self.closed = False
+
+    def __contains__(self, stage_id: str) -> bool:
+        return stage_id in self._entries
+
+    def add(self, stage: Stage | str, value: Any, **declaration: Any) -> None:
+        """Write one stage now. ``declaration`` overrides the stage's declared fields."""
+        stage_id = stage if isinstance(stage, str) else stage.id
+        if stage_id in self._entries:
+            raise TapFileError(f"stage {stage_id!r} captured twice", "capture each stage once per run")
+        array, native = storage_array(value)
+        data = array.tobytes()
+        self._handle.write(data)
+        self._entries[stage_id] = {
+            "dtype": _DTYPES[array.dtype],
+            "shape": list(array.shape),
+            "data_offsets": [self._offset, self._offset + len(data)],
+        }
+        self._offset += len(data)
+        info = stage.to_dict() if isinstance(stage, Stage) else {"id": stage_id}
+        info.update(declaration)
+        info["native_dtype"] = native
+        info["shape"] = list(array.shape)
+        self.stages[stage_id] = info
+
+    def close(self, complete: bool = True, error: str | None = None) -> TapSet:
+        """Finish the tensor file, write the sidecar atomically, return the TapSet."""
+        if self.closed:
+            return TapSet(self.tensor_path)
+        self._handle.flush()
+        header = self._header()
+        if len(header) <= self._reserve:
+            self._handle.seek(0)
+            self._handle.write(struct.pack("<Q", self._reserve))
+            self._handle.write(header + b" " * (self._reserve - len(header)))
+            self._handle.close()
+        else:
+            self._handle.close()
+            self._rewrite_with_header(header)
+        os.replace(self._partial, self.tensor_path)
+        self.meta.update(
+            format=FORMAT,
+            format_version=FORMAT_VERSION,
+            tensor_file=self.tensor_path.name,
+            complete=complete,
+            error=error,
+            written=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            stage_order=list(self.stages),
+            stages=self.stages,
+        )
+        write_json_atomic(self.sidecar_path, self.meta)
+        self.closed = True
+        return TapSet(self.tensor_path)
+
+    def _header(self) -> bytes:
+        header = dict(self._entries)
+        header["__metadata__"] = {"format": FORMAT}
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        return raw + b" " * (-(len(raw) + 8) % _ALIGN)
+
+    def _rewrite_with_header(self, header: bytes) -> None:
+        moved = self._partial.with_name(self._partial.name + ".old")
+        os.replace(self._partial, moved)
+        with open(moved, "rb") as source, open(self._partial, "wb") as target:
+            target.write(struct.pack("<Q", len(header)))
+            target.write(header)
+            source.seek(8 + self._reserve)
+            while chunk := source.read(1 << 24):
+                target.write(chunk)
+        moved.unlink()
+
+    def __enter__(self) -> TapWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is None:
+            self.close()
+        else:
+            self.close(complete=False, error=f"{exc_type.__name__}: {exc}")
+
+
+class TapSet:
+    """A TapSet on disk: memory-mapped stage arrays and the sidecar's metadata."""
+
+    def __init__(self, path: Path):
+        self.tensor_path, self.sidecar_path = tap_paths(path)
+        if not self.sidecar_path.exists():
+            raise TapFileError(
+                f"TapSet sidecar {self.sidecar_path} does not exist",
+                "pass the path of a TapSet written by driftscope or by an engine following docs/tapfile.md",
+            )
+        if not self.tensor_path.exists():
+            raise TapFileError(f"TapSet tensors {self.tensor_path} do not exist", "write the .safetensors file")
+        try:
+            self.meta = json.loads(self.sidecar_path.read_text())
+        except json.JSONDecodeError as err:
+            raise TapFileError(f"sidecar {self.sidecar_path} is not JSON: {err}", "rewrite the sidecar") from err
+        try:
+            self._file = safe_open(str(self.tensor_path), framework="numpy")
+        except Exception as err:  # safetensors raises its own error types
+            raise TapFileError(
+                f"{self.tensor_path} is not a readable safetensors file: {err}", "re-capture or rewrite it"
+            ) from err
+        self._keys = set(self._file.keys())
+        declared = self.meta.get("stages", {})
+        missing = sorted(set(declared) - self._keys)
+        if missing:
+            raise TapFileError(
+                f"sidecar declares stages missing from {self.tensor_path.name}: {missing[:5]}",
+                "write every declared stage into the tensor file, or drop it from the sidecar",
+            )
+
+    @property
+    def runtime(self) -> str:
+        return str(self.meta.get("runtime", "unknown"))
+
+    @property
+    def label(self) -> str:
+        return str(self.meta.get("label") or self.runtime)
+
+    def stage_ids(self) -> list[str]:
+        order = self.meta.get("stage_order") or sorted(self._keys)
+        return [stage_id for stage_id in order if stage_id in self._keys]
+
+    def declaration(self, stage_id: str) -> dict:
+        return dict(self.meta.get("stages", {}).get(stage_id, {"id": stage_id}))
+
+    def __contains__(self, stage_id: object) -> bool:
+        return stage_id in self._keys
+
+    def __getitem__(self, stage_id: str) -> np.ndarray:
+        if stage_id not in self._keys:
+            raise KeyError(stage_id)
+        return self._file.get_tensor(stage_id)
+
+    def rows(self, stage_id: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of a stage, read without loading the rest."""
+        return self._file.get_slice(stage_id)[start:stop]
+
+    def shape(self, stage_id: str) -> tuple[int, ...]:
+        return tuple(self._file.get_slice(stage_id).get_shape())
+
+    def items(self) -> Iterator[tuple[str, np.ndarray]]:
+        for stage_id in self.stage_ids():
+            yield stage_id, self[stage_id]

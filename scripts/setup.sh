@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Idempotent set-up: .venv with pinned packages, the `driftscope` command, the notebook kernel, fixtures.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=.venv
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "[setup] creating $VENV"
+    "$PYTHON" -m venv "$VENV"
+fi
+
+STAMP="$VENV/.driftscope-installed"
+WANT=$(cat requirements.txt constraints.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
+    echo "[setup] installing pinned packages into $VENV"
+    "$VENV/bin/python" -m pip install --quiet --upgrade pip
+    # torch first and alone: `torch==2.13.0` is the CPU wheel on this machine's disk; any other
+    # torch request (a range, or one pulled in by another package) would fetch a multi-GB CUDA build.
+    "$VENV/bin/python" -m pip install --quiet torch==2.13.0
+    "$VENV/bin/python" -m pip install --quiet -r requirements.txt -c constraints.txt
+    "$VENV/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e . 2>/dev/null \
+        || "$VENV/bin/python" -m pip install --quiet --no-deps -e .
+    echo "$WANT" > "$STAMP"
+fi
+
+# The notebook kernel papermill runs (inside the venv, so it sees the same packages).
+"$VENV/bin/python" -m ipykernel install --sys-prefix --name driftscope --display-name "driftscope (.venv)" >/dev/null
+
+# Fixtures: both scripts are deterministic and skip work that is already done.
+"$VENV/bin/python" fixtures/make_shapes.py >/dev/null
+"$VENV/bin/python" fixtures/make_tiny_qwen25vl.py
+echo "[setup] ready: $VENV/bin/driftscope"

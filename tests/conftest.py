@@ -1,0 +1,58 @@
+"""Shared fixtures: the tiny checkpoint, the shapes image, and one capture per runtime (session-wide)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "fixtures"))
+
+TINY = ROOT / "fixtures" / "checkpoints" / "tiny-qwen2_5-vl"
+SHAPES = ROOT / "fixtures" / "images" / "shapes_448.png"
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint_dir() -> Path:
+    if not (TINY / "model.safetensors").exists():
+        from make_tiny_qwen25vl import main
+
+        main([str(TINY)])
+    return TINY
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tiny_checkpoint_dir):
+    from driftscope.checkpoint import open_checkpoint
+
+    return open_checkpoint(tiny_checkpoint_dir)
+
+
+@pytest.fixture(scope="session")
+def shapes_inputs(tiny_checkpoint):
+    from driftscope.inputs import prepare_inputs
+
+    return prepare_inputs(tiny_checkpoint, [SHAPES])
+
+
+@pytest.fixture(scope="session")
+def full_plan(tiny_checkpoint):
+    from driftscope.families import stage_plan
+    from driftscope.stages import StageSelection
+
+    return stage_plan(tiny_checkpoint.family, tiny_checkpoint.config).select(StageSelection.everything())
+
+
+@pytest.fixture(scope="session")
+def captures(tmp_path_factory, tiny_checkpoint, shapes_inputs, full_plan):
+    """TapSets of every stage: transformers f32, MLX f32 and MLX f16 on the 448x448 shapes image."""
+    from driftscope.runtimes import get_runtime
+
+    out = tmp_path_factory.mktemp("captures")
+    taps = {}
+    for name, policy in (("transformers", "f32"), ("mlx", "f32"), ("mlx", "f16")):
+        runtime = get_runtime(name)(tiny_checkpoint, policy)
+        taps[f"{name}:{policy}"] = runtime.capture(shapes_inputs, full_plan, out / f"{name}-{policy}")
+    return taps
