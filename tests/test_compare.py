@@ -1,0 +1,103 @@
+import numpy as np
+import pytest
+
+from driftscope import compare
+from driftscope.compare import compare_stage, compare_tapsets, first_divergence, growth_stages
+from driftscope.contract import Contract, Tolerance
+from driftscope.stages import Stage
+from driftscope.tapset import TapWriter
+
+
+def write(tmp_path, name, stages: dict, label=None):
+    writer = TapWriter(tmp_path / name, {"runtime": name, "label": label or name})
+    for stage_id, value in stages.items():
+        declaration = value[1] if isinstance(value, tuple) else None
+        array = value[0] if isinstance(value, tuple) else value
+        writer.add(declaration or stage_id, array)
+    return writer.close()
+
+
+def test_metrics_match_a_direct_numpy_computation(tmp_path):
+    rng = np.random.default_rng(1)
+    expected = rng.standard_normal((64, 16)).astype(np.float32) * 3
+    actual = expected + rng.standard_normal((64, 16)).astype(np.float32) * 0.05
+    actual[10, 3] += 1.0
+    ref = write(tmp_path, "ref", {"s": expected})
+    cand = write(tmp_path, "cand", {"s": actual})
+    row = compare_stage("s", ref, cand, Tolerance(0.08, 0.08), 0)
+    e, a = expected.astype(np.float64), actual.astype(np.float64)
+    diff = np.abs(a - e)
+    assert row.failures == int((diff > 0.08 + 0.08 * np.abs(e)).sum())
+    assert row.elements == e.size
+    assert row.max_abs == pytest.approx(diff.max())
+    assert row.rms == pytest.approx(np.sqrt((diff**2).mean()))
+    assert row.mean_abs == pytest.approx(diff.mean())
+    assert row.cosine == pytest.approx((a * e).sum() / np.linalg.norm(a) / np.linalg.norm(e))
+    assert row.max_coords == [10, 3]
+    assert row.max_reference_value == pytest.approx(e[10, 3]) and row.max_candidate_value == pytest.approx(a[10, 3])
+    assert row.status == "fail"
+
+
+def test_chunked_comparison_equals_whole(tmp_path, monkeypatch):
+    rng = np.random.default_rng(2)
+    expected = rng.standard_normal((100, 7)).astype(np.float32)
+    actual = expected + rng.standard_normal((100, 7)).astype(np.float32) * 0.1
+    ref, cand = write(tmp_path, "ref", {"s": expected}), write(tmp_path, "cand", {"s": actual})
+    whole = compare_stage("s", ref, cand, Tolerance(), 0)
+    monkeypatch.setattr(compare, "CHUNK_ELEMENTS", 13)
+    chunked = compare_stage("s", ref, cand, Tolerance(), 0)
+    for field in ("failures", "elements", "max_abs", "max_index", "max_coords"):
+        assert getattr(chunked, field) == getattr(whole, field), field
+    assert chunked.rms == pytest.approx(whole.rms) and chunked.cosine == pytest.approx(whole.cosine)
+
+
+def test_non_finite_values_are_counted_and_fail(tmp_path):
+    expected = np.ones(8, dtype=np.float32)
+    actual = expected.copy()
+    actual[2] = np.inf
+    actual[5] = np.nan
+    row = compare_stage("s", write(tmp_path, "r", {"s": expected}), write(tmp_path, "c", {"s": actual}),
+                        Tolerance(), 0)
+    assert row.nonfinite_candidate == 2 and row.nonfinite_reference == 0
+    assert row.failures == 2 and row.status == "fail"
+
+
+def test_integer_stages_must_be_equal(tmp_path):
+    integer = Stage("vision.window_index", ("merged_tokens",), integer=True)
+    ref = write(tmp_path, "r", {"i": (np.arange(6), integer)})
+    cand = write(tmp_path, "c", {"i": (np.array([0, 1, 2, 4, 3, 5]), integer)})
+    row = compare_stage("vision.window_index", ref, cand, Tolerance(atol=10), 0)
+    assert row.status == "fail" and row.failures == 2 and row.max_coords == [3]
+
+
+def test_shape_disagreement_is_reported_on_its_row_and_the_rest_compared(tmp_path):
+    ref = write(tmp_path, "r", {"a": np.zeros((4, 2), np.float32), "b": np.ones(3, np.float32)})
+    cand = write(tmp_path, "c", {"a": np.zeros((4, 3), np.float32), "b": np.ones(3, np.float32)})
+    rows = {row.stage: row for row in compare_tapsets(ref, cand, Contract())}
+    assert rows["a"].status == "shape_mismatch" and "[4, 2]" in rows["a"].note and "[4, 3]" in rows["a"].note
+    assert rows["b"].status == "pass"
+
+
+def test_window_ordered_stages_are_restored_with_each_sides_window_index(tmp_path):
+    """Two runtimes with different window orders agree once each is put back in raster order."""
+    rng = np.random.default_rng(3)
+    raster = rng.standard_normal((6 * 4, 3)).astype(np.float32)  # 6 merged tokens x 4 patches
+    index_a, index_b = np.array([0, 2, 4, 1, 3, 5]), np.arange(6)
+    def windowed(index):
+        return raster.reshape(6, 4, 3)[index].reshape(24, 3)
+    stage = Stage("vision.block.0", ("tokens", "hidden"), "window", "patch")
+    integer = Stage("vision.window_index", ("merged_tokens",), integer=True)
+    ref = write(tmp_path, "r", {"w": (index_a, integer), "s": (windowed(index_a), stage)})
+    cand = write(tmp_path, "c", {"w": (index_b, integer), "s": (windowed(index_b), stage)})
+    row = compare_stage("vision.block.0", ref, cand, Tolerance(), 1)
+    assert row.status == "pass" and row.max_abs == 0.0 and "restored to raster" in row.note
+
+
+def test_first_divergence_and_growth(tmp_path):
+    base = np.linspace(1, 2, 50, dtype=np.float32)
+    stages_r = {f"s{i}": base for i in range(4)}
+    stages_c = {"s0": base, "s1": base + 1e-3, "s2": base + 2e-2, "s3": base + 0.5}
+    rows = compare_tapsets(write(tmp_path, "r", stages_r), write(tmp_path, "c", stages_c), Contract())
+    assert first_divergence(rows).stage == "s3"
+    grown = [g["stage"] for g in growth_stages(rows, 10.0)]
+    assert grown == ["s1", "s2", "s3"]

@@ -1,0 +1,65 @@
+import pytest
+
+from driftscope.errors import HypothesisPatchError, ParameterError
+from driftscope.params import load_parameters, parse_parameters
+
+BASE = {"checkpoint": "ck", "images": ["a.png"], "runtimes": ["transformers", {"runtime": "mlx", "policy": "f16"}]}
+
+
+def test_minimal_parameters(tmp_path):
+    params = parse_parameters(BASE, base=tmp_path)
+    assert params.checkpoint == tmp_path / "ck"
+    assert [spec.display for spec in params.runtimes] == ["transformers:f32", "mlx:f16"]
+    assert params.reference_label == "transformers:f32"
+    assert params.stages.blocks is True and params.stages.substages == ()
+
+
+def test_unknown_keys_list_the_valid_ones():
+    with pytest.raises(ParameterError) as err:
+        parse_parameters({**BASE, "checkpont": "x"})
+    assert "checkpont" in str(err.value) and "checkpoint" in err.value.fix and "runtimes" in err.value.fix
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"images": "a.png"}, "images must be list"),
+    ({"runtimes": [{"runtime": "mlx", "policy": 16}, "transformers"]}, "policy must be str"),
+    ({"stages": {"substages": [1.5]}}, "block indices"),
+    ({"stages": {"blocks": "yes"}}, "stages.blocks must be bool"),
+    ({"runtimes": ["transformers"]}, "fewer than two"),
+    ({"runtimes": ["mlx", "mlx"]}, "labels repeat"),
+    ({"reference": "jax:f32"}, "not one of the runtimes"),
+    ({"runtimes": [{"policy": "f32"}, "mlx"]}, "has no 'runtime'"),
+    ({"runtimes": [{"runtime": "mlx", "colour": 1}, "transformers"]}, "unknown keys \\['colour'\\]"),
+])
+def test_wrong_types_and_values(change, message):
+    with pytest.raises(ParameterError, match=message):
+        parse_parameters({**BASE, **change})
+
+
+def test_missing_required_key():
+    with pytest.raises(ParameterError, match="no 'images'"):
+        parse_parameters({"checkpoint": "x", "runtimes": []})
+
+
+def test_patch_entries():
+    params = parse_parameters({**BASE, "runtimes": ["transformers", {
+        "runtime": "mlx", "patch": {"callable": "driftscope.hypotheses:scale_block_output", "kwargs": {"block": 2}}}]})
+    assert params.runtimes[1].patch.kwargs == {"block": 2}
+    with pytest.raises(HypothesisPatchError):
+        parse_parameters({**BASE, "runtimes": ["transformers", {"runtime": "mlx", "patch": 3}]})
+
+
+def test_parameter_files_in_the_repository_are_valid():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for path in (root / "parameters").glob("*.yaml"):
+        load_parameters(path, base=root)
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ParameterError, match="does not exist"):
+        load_parameters(tmp_path / "none.yaml")
+    (tmp_path / "bad.yaml").write_text("checkpoint: [")
+    with pytest.raises(ParameterError, match="not valid YAML"):
+        load_parameters(tmp_path / "bad.yaml")
