@@ -1,0 +1,65 @@
+"""``driftscope run``: the notebook executes through papermill and renders to HTML with its figures."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+from conftest import ROOT, TINY
+
+from driftscope.cli import main
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory, tiny_checkpoint_dir):
+    base = tmp_path_factory.mktemp("cli")
+    params = base / "p.yaml"
+    params.write_text(yaml.safe_dump({
+        "name": "cli-check", "checkpoint": str(TINY),
+        "images": [str(ROOT / "fixtures" / "images" / "checkerboard_140.png")],
+        "runtimes": ["transformers:f32", "mlx:f32", "mlx:bf16"],
+    }))
+    code = main(["run", str(params), "--out", str(base / "out")])
+    return code, base / "out"
+
+
+def test_run_writes_report_notebook_and_html(rendered):
+    code, out = rendered
+    report = json.loads((out / "report.json").read_text())
+    # bf16 diverges on the tiny fixture, so the gate fails the run (exit 1) and says so in the report
+    assert report["verdict"]["per_candidate"] == {"mlx:f32": "pass", "mlx:bf16": "fail"}
+    assert code == 1
+    for name in ("01_stage_parity.ipynb", "01_stage_parity.html", "01_stage_parity.nocode.html"):
+        assert (out / name).exists(), name
+
+
+def test_executed_notebook_has_no_errors_and_shows_the_figures(rendered):
+    _, out = rendered
+    notebook = json.loads((out / "01_stage_parity.ipynb").read_text())
+    outputs = [o for cell in notebook["cells"] if cell["cell_type"] == "code" for o in cell.get("outputs", [])]
+    assert not [o for o in outputs if o["output_type"] == "error"]
+    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 2  # the curves and the inputs
+    html = (out / "01_stage_parity.html").read_text()
+    assert len(re.findall(r"<img[^>]+src=\"data:image/png;base64", html)) >= 2
+    assert "Verdict: FAIL" in html and "first divergence at" in html
+    first = json.loads((out / "report.json").read_text())["first_divergence"]["mlx:bf16"]["stage"]
+    assert first in html
+
+
+def test_nocode_html_hides_the_code(rendered):
+    _, out = rendered
+    with_code = (out / "01_stage_parity.html").read_text()
+    nocode = (out / "01_stage_parity.nocode.html").read_text()
+    assert with_code.count("hl-ipython3") >= 5  # one highlighted block per code cell
+    assert "hl-ipython3" not in nocode
+    assert "<img" in nocode
+
+
+def test_bad_parameter_file_exits_2_with_the_fix(tmp_path, capsys):
+    params = tmp_path / "bad.yaml"
+    params.write_text("checkpoint: x\nimages: []\nruntimes: [transformers, mlx]\ncolour: red\n")
+    assert main(["run", str(params), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown keys ['colour']" in err and "valid keys" in err
