@@ -5,12 +5,11 @@ import sys
 
 import numpy as np
 import pytest
-from PIL import Image
-
 from driftscope.checkpoint import open_checkpoint
 from driftscope.errors import CheckpointError, InputError, RegistryError, RuntimeUnavailableError
 from driftscope.inputs import prepare_inputs
 from driftscope.runtimes import get_runtime
+from PIL import Image
 
 
 def test_checkpoint_path_missing(tmp_path):

@@ -8,7 +8,6 @@ import re
 import pytest
 import yaml
 from conftest import ROOT, TINY
-
 from driftscope.cli import main
 
 
@@ -16,11 +15,16 @@ from driftscope.cli import main
 def rendered(tmp_path_factory, tiny_checkpoint_dir):
     base = tmp_path_factory.mktemp("cli")
     params = base / "p.yaml"
-    params.write_text(yaml.safe_dump({
-        "name": "cli-check", "checkpoint": str(TINY),
-        "images": [str(ROOT / "fixtures" / "images" / "checkerboard_140.png")],
-        "runtimes": ["transformers:f32", "mlx:f32", "mlx:bf16"],
-    }))
+    params.write_text(
+        yaml.safe_dump(
+            {
+                "name": "cli-check",
+                "checkpoint": str(TINY),
+                "images": [str(ROOT / "fixtures" / "images" / "checkerboard_140.png")],
+                "runtimes": ["transformers:f32", "mlx:f32", "mlx:bf16"],
+            }
+        )
+    )
     code = main(["run", str(params), "--out", str(base / "out")])
     return code, base / "out"
 

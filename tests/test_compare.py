@@ -1,6 +1,5 @@
 import numpy as np
 import pytest
-
 from driftscope import compare
 from driftscope.compare import compare_stage, compare_tapsets, first_divergence, growth_stages
 from driftscope.contract import Contract, Tolerance
@@ -56,8 +55,7 @@ def test_non_finite_values_are_counted_and_fail(tmp_path):
     actual = expected.copy()
     actual[2] = np.inf
     actual[5] = np.nan
-    row = compare_stage("s", write(tmp_path, "r", {"s": expected}), write(tmp_path, "c", {"s": actual}),
-                        Tolerance(), 0)
+    row = compare_stage("s", write(tmp_path, "r", {"s": expected}), write(tmp_path, "c", {"s": actual}), Tolerance(), 0)
     assert row.nonfinite_candidate == 2 and row.nonfinite_reference == 0
     assert row.failures == 2 and row.status == "fail"
 
@@ -83,8 +81,10 @@ def test_window_ordered_stages_are_restored_with_each_sides_window_index(tmp_pat
     rng = np.random.default_rng(3)
     raster = rng.standard_normal((6 * 4, 3)).astype(np.float32)  # 6 merged tokens x 4 patches
     index_a, index_b = np.array([0, 2, 4, 1, 3, 5]), np.arange(6)
+
     def windowed(index):
         return raster.reshape(6, 4, 3)[index].reshape(24, 3)
+
     stage = Stage("vision.block.0", ("tokens", "hidden"), "window", "patch")
     integer = Stage("vision.window_index", ("merged_tokens",), integer=True)
     ref = write(tmp_path, "r", {"w": (index_a, integer), "s": (windowed(index_a), stage)})

@@ -1,5 +1,4 @@
 import pytest
-
 from driftscope.contract import Contract, load_contract
 from driftscope.errors import ContractError
 
@@ -12,9 +11,11 @@ def test_default_contract_is_atol_rtol_0_08():
 
 def test_first_matching_pattern_wins(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("default: {atol: 0.1, rtol: 0.1}\nstages:\n"
-                    "  - {pattern: 'vision.block.1*', atol: 0.5}\n  - {pattern: 'vision.*', atol: 0.2, rtol: 0}\n"
-                    "  - {pattern: 'vision.rotary.*', skip: true}\n")
+    path.write_text(
+        "default: {atol: 0.1, rtol: 0.1}\nstages:\n"
+        "  - {pattern: 'vision.block.1*', atol: 0.5}\n  - {pattern: 'vision.*', atol: 0.2, rtol: 0}\n"
+        "  - {pattern: 'vision.rotary.*', skip: true}\n"
+    )
     contract = load_contract(path)
     assert contract.tolerance("vision.block.17.mlp.down").atol == 0.5
     assert contract.tolerance("vision.block.17.mlp.down").rtol == 0.1  # inherits the default's rtol
@@ -23,13 +24,16 @@ def test_first_matching_pattern_wins(tmp_path):
     assert contract.tolerance("text.logits").atol == 0.1
 
 
-@pytest.mark.parametrize("text, message", [
-    ("default: {atol: 0.1, btol: 2}", "unknown keys \\['btol'\\]"),
-    ("default: {atol: -1}", "non-negative"),
-    ("stages: [{atol: 1}]", "needs a 'pattern'"),
-    ("tolerance: 1", "unknown keys \\['tolerance'\\]"),
-    ("default: {atol: 0.1", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("default: {atol: 0.1, btol: 2}", "unknown keys \\['btol'\\]"),
+        ("default: {atol: -1}", "non-negative"),
+        ("stages: [{atol: 1}]", "needs a 'pattern'"),
+        ("tolerance: 1", "unknown keys \\['tolerance'\\]"),
+        ("default: {atol: 0.1", "not valid YAML"),
+    ],
+)
 def test_bad_contracts_name_the_problem(tmp_path, text, message):
     path = tmp_path / "c.yaml"
     path.write_text(text)

@@ -8,14 +8,12 @@ import os
 import numpy as np
 import pytest
 import yaml
-
+from conftest import ROOT, TINY
 from driftscope.contract import Contract, load_contract
 from driftscope.investigation import investigate
 from driftscope.params import parse_parameters
 from driftscope.report import Report, rejudge
 from driftscope.tapset import TapSet, TapWriter
-
-from conftest import ROOT, TINY
 
 CHECKER = ROOT / "fixtures" / "images" / "checkerboard_140.png"
 
@@ -26,8 +24,14 @@ def boom(model, **_):
 
 
 def _params(runtimes, **extra):
-    data = {"name": "t", "checkpoint": str(TINY), "images": [str(CHECKER)], "runtimes": runtimes,
-            "stages": {"blocks": True, "substages": [3]}, **extra}
+    data = {
+        "name": "t",
+        "checkpoint": str(TINY),
+        "images": [str(CHECKER)],
+        "runtimes": runtimes,
+        "stages": {"blocks": True, "substages": [3]},
+        **extra,
+    }
     return parse_parameters(data, "test")
 
 
@@ -41,8 +45,16 @@ def finished(tmp_path_factory, tiny_checkpoint_dir):
 def test_report_has_the_documented_fields(finished):
     report, out = finished
     data = json.loads((out / "report.json").read_text())
-    for key in ("schema_version", "inputs", "environment", "runtimes", "contract", "rows", "first_divergence",
-                "verdict"):
+    for key in (
+        "schema_version",
+        "inputs",
+        "environment",
+        "runtimes",
+        "contract",
+        "rows",
+        "first_divergence",
+        "verdict",
+    ):
         assert key in data, key
     assert data["status"] == "complete" and data["stopped_at"] == "done"
     assert [r["label"] for r in data["runtimes"]] == ["transformers:f32", "mlx:f32", "mlx:f16"]
@@ -77,8 +89,7 @@ def test_rejudging_under_a_stricter_contract_runs_nothing(finished, tmp_path, mo
 
 
 def test_a_crash_leaves_a_report_that_says_where_it_stopped(tmp_path, tiny_checkpoint_dir):
-    params = _params(["transformers:f32", {"runtime": "mlx", "policy": "f32",
-                                           "patch": f"{__file__}:boom"}])
+    params = _params(["transformers:f32", {"runtime": "mlx", "policy": "f32", "patch": f"{__file__}:boom"}])
     with pytest.raises(RuntimeError, match="planted crash"):
         investigate(params, tmp_path)
     data = json.loads((tmp_path / "report.json").read_text())
@@ -94,8 +105,10 @@ def test_a_crash_leaves_a_report_that_says_where_it_stopped(tmp_path, tiny_check
 def test_tapfile_runtime_compares_an_imported_tapset(finished, tmp_path):
     _, out = finished
     mlx = out / "taps" / "mlx-f32.safetensors"
-    report = investigate(_params(["transformers:f32", {"runtime": "tapfile", "label": "engine",
-                                                       "options": {"path": str(mlx)}}]), tmp_path)
+    report = investigate(
+        _params(["transformers:f32", {"runtime": "tapfile", "label": "engine", "options": {"path": str(mlx)}}]),
+        tmp_path,
+    )
     assert report.verdict == "pass"
     rows = [r for r in report.rows if r.candidate == "engine"]
     assert rows and all(r.status == "pass" for r in rows)
@@ -111,11 +124,24 @@ def test_shape_disagreement_end_to_end(finished, tmp_path):
             value = np.asarray(source[stage_id])
             if stage_id == "vision.block.2":
                 value = value[:-4]
-            writer.add(stage_id, value, **{k: v for k, v in source.declaration(stage_id).items()
-                                            if k in ("axes", "token_order", "token_unit", "integer")})
-    report = investigate(_params(["transformers:f32", {"runtime": "tapfile", "label": "engine",
-                                                       "options": {"path": str(tmp_path / "engine.safetensors")}}]),
-                         tmp_path / "run")
+            writer.add(
+                stage_id,
+                value,
+                **{
+                    k: v
+                    for k, v in source.declaration(stage_id).items()
+                    if k in ("axes", "token_order", "token_unit", "integer")
+                },
+            )
+    report = investigate(
+        _params(
+            [
+                "transformers:f32",
+                {"runtime": "tapfile", "label": "engine", "options": {"path": str(tmp_path / "engine.safetensors")}},
+            ]
+        ),
+        tmp_path / "run",
+    )
     rows = {r.stage: r for r in report.rows}
     assert rows["vision.block.2"].status == "shape_mismatch"
     assert "100" in rows["vision.block.2"].note and "96" in rows["vision.block.2"].note

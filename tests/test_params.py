@@ -1,5 +1,4 @@
 import pytest
-
 from driftscope.errors import HypothesisPatchError, ParameterError
 from driftscope.params import load_parameters, parse_parameters
 
@@ -20,17 +19,20 @@ def test_unknown_keys_list_the_valid_ones():
     assert "checkpont" in str(err.value) and "checkpoint" in err.value.fix and "runtimes" in err.value.fix
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"images": "a.png"}, "images must be list"),
-    ({"runtimes": [{"runtime": "mlx", "policy": 16}, "transformers"]}, "policy must be str"),
-    ({"stages": {"substages": [1.5]}}, "block indices"),
-    ({"stages": {"blocks": "yes"}}, "stages.blocks must be bool"),
-    ({"runtimes": ["transformers"]}, "fewer than two"),
-    ({"runtimes": ["mlx", "mlx"]}, "labels repeat"),
-    ({"reference": "jax:f32"}, "not one of the runtimes"),
-    ({"runtimes": [{"policy": "f32"}, "mlx"]}, "has no 'runtime'"),
-    ({"runtimes": [{"runtime": "mlx", "colour": 1}, "transformers"]}, "unknown keys \\['colour'\\]"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"images": "a.png"}, "images must be list"),
+        ({"runtimes": [{"runtime": "mlx", "policy": 16}, "transformers"]}, "policy must be str"),
+        ({"stages": {"substages": [1.5]}}, "block indices"),
+        ({"stages": {"blocks": "yes"}}, "stages.blocks must be bool"),
+        ({"runtimes": ["transformers"]}, "fewer than two"),
+        ({"runtimes": ["mlx", "mlx"]}, "labels repeat"),
+        ({"reference": "jax:f32"}, "not one of the runtimes"),
+        ({"runtimes": [{"policy": "f32"}, "mlx"]}, "has no 'runtime'"),
+        ({"runtimes": [{"runtime": "mlx", "colour": 1}, "transformers"]}, "unknown keys \\['colour'\\]"),
+    ],
+)
 def test_wrong_types_and_values(change, message):
     with pytest.raises(ParameterError, match=message):
         parse_parameters({**BASE, **change})
@@ -42,8 +44,18 @@ def test_missing_required_key():
 
 
 def test_patch_entries():
-    params = parse_parameters({**BASE, "runtimes": ["transformers", {
-        "runtime": "mlx", "patch": {"callable": "driftscope.hypotheses:scale_block_output", "kwargs": {"block": 2}}}]})
+    params = parse_parameters(
+        {
+            **BASE,
+            "runtimes": [
+                "transformers",
+                {
+                    "runtime": "mlx",
+                    "patch": {"callable": "driftscope.hypotheses:scale_block_output", "kwargs": {"block": 2}},
+                },
+            ],
+        }
+    )
     assert params.runtimes[1].patch.kwargs == {"block": 2}
     with pytest.raises(HypothesisPatchError):
         parse_parameters({**BASE, "runtimes": ["transformers", {"runtime": "mlx", "patch": 3}]})

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from driftscope.compare import compare_tapsets, first_divergence
 from driftscope.contract import Contract
 from driftscope.families import stage_plan
 from driftscope.stages import StageSelection
 
-TINY_PLAN_IDS = [s.id for s in stage_plan("qwen2_5_vl", {"vision_config": {"depth": 8}}).select(
-    StageSelection.everything())]
+TINY_PLAN_IDS = [
+    s.id for s in stage_plan("qwen2_5_vl", {"vision_config": {"depth": 8}}).select(StageSelection.everything())
+]
 
 
 @pytest.fixture(scope="module")
@@ -60,11 +60,15 @@ def test_transformers_block_taps_equal_its_own_hidden_states(captures, tiny_chec
     import torch
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(tiny_checkpoint.path), dtype=torch.float32,
-                                                               attn_implementation="eager").eval()
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
+        str(tiny_checkpoint.path), dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     with torch.no_grad():
-        out = model.model.visual(torch.from_numpy(shapes_inputs.pixel_values),
-                                 torch.from_numpy(shapes_inputs.grid_thw), output_hidden_states=True)
+        out = model.model.visual(
+            torch.from_numpy(shapes_inputs.pixel_values),
+            torch.from_numpy(shapes_inputs.grid_thw),
+            output_hidden_states=True,
+        )
     taps = captures["transformers:f32"]
     for index, hidden in enumerate(out.hidden_states[1:]):
         np.testing.assert_array_equal(taps[f"vision.block.{index}"], hidden.numpy())
@@ -89,8 +93,9 @@ def test_substages_compose_like_the_block(captures, tiny_checkpoint, runtime):
     gate = taps[f"vision.block.{block}.mlp.gate"].astype(np.float64)
     act = gate / (1 + np.exp(-gate))
     np.testing.assert_allclose(taps[f"vision.block.{block}.mlp.act"], act, atol=2e-5)
-    np.testing.assert_allclose(taps[f"vision.block.{block}.mlp.product"],
-                               act * taps[f"vision.block.{block}.mlp.up"], atol=2e-5)
+    np.testing.assert_allclose(
+        taps[f"vision.block.{block}.mlp.product"], act * taps[f"vision.block.{block}.mlp.up"], atol=2e-5
+    )
     down_w = weights[f"{prefix}.mlp.down_proj.weight"].astype(np.float64)
     down_b = weights[f"{prefix}.mlp.down_proj.bias"].astype(np.float64)
     expected_down = taps[f"vision.block.{block}.mlp.product"] @ down_w.T + down_b
@@ -104,12 +109,14 @@ def test_tapped_forward_equals_the_plain_forward(tiny_checkpoint, shapes_inputs,
     mlx = get_runtime("mlx")(tiny_checkpoint, "f32")
     np.testing.assert_array_equal(np.array(mlx.run_vision(shapes_inputs)), captures["mlx:f32"]["vision.merger"])
     oracle = get_runtime("transformers")(tiny_checkpoint, "f32")
-    np.testing.assert_array_equal(oracle.run_vision(shapes_inputs).numpy(),
-                                  captures["transformers:f32"]["vision.merger"])
+    np.testing.assert_array_equal(
+        oracle.run_vision(shapes_inputs).numpy(), captures["transformers:f32"]["vision.merger"]
+    )
 
 
-def test_hypothesis_patch_on_one_block_is_the_first_divergence(tmp_path, tiny_checkpoint, shapes_inputs,
-                                                               captures, full_plan):
+def test_hypothesis_patch_on_one_block_is_the_first_divergence(
+    tmp_path, tiny_checkpoint, shapes_inputs, captures, full_plan
+):
     from driftscope.patches import HypothesisPatch
     from driftscope.runtimes import get_runtime
 

@@ -2,11 +2,10 @@ import json
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file, save_file
-
 from driftscope.errors import TapFileError
 from driftscope.stages import Stage
 from driftscope.tapset import TapSet, TapWriter
+from safetensors.numpy import load_file, save_file
 
 
 def test_round_trip_keeps_values_order_and_declarations(tmp_path):
@@ -52,10 +51,16 @@ def test_a_crashed_capture_is_marked_incomplete(tmp_path):
 def test_an_external_engine_file_per_docs_tapfile_md(tmp_path):
     """What docs/tapfile.md tells an engine in another language to write: plain safetensors + JSON."""
     save_file({"vision.merger": np.ones((4, 2), dtype=np.float32)}, str(tmp_path / "engine.safetensors"))
-    (tmp_path / "engine.json").write_text(json.dumps({
-        "format": "driftscope-tapset", "format_version": 1, "runtime": "my-engine",
-        "stages": {"vision.merger": {"token_order": "raster", "token_unit": "merged"}},
-    }))
+    (tmp_path / "engine.json").write_text(
+        json.dumps(
+            {
+                "format": "driftscope-tapset",
+                "format_version": 1,
+                "runtime": "my-engine",
+                "stages": {"vision.merger": {"token_order": "raster", "token_unit": "merged"}},
+            }
+        )
+    )
     taps = TapSet(tmp_path / "engine.safetensors")
     assert taps.runtime == "my-engine"
     assert taps.stage_ids() == ["vision.merger"]

@@ -44,7 +44,8 @@ def open_checkpoint(path: str | Path, family: str | None = None) -> Checkpoint:
     if not safetensors:
         if pickles:
             raise CheckpointError(
-                f"checkpoint {path} has only pickle weights ({', '.join(pickles[:3])}); driftscope loads safetensors only",
+                f"checkpoint {path} has only pickle weights ({', '.join(pickles[:3])}); "
+                "driftscope loads safetensors only",
                 "convert once with transformers: model = AutoModel...from_pretrained(dir); "
                 "model.save_pretrained(new_dir, safe_serialization=True)",
             )

@@ -10,7 +10,7 @@ from .errors import DriftscopeError
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .investigation import REPO_ROOT, default_out_dir, log
+    from .investigation import default_out_dir, log
     from .params import load_parameters
     from .render import execute, to_html
     from .report import Report
@@ -23,8 +23,12 @@ def _run(args: argparse.Namespace) -> int:
     for name in params.notebooks:
         executed = out / f"{name}.ipynb"
         try:
-            execute(name, out, {"params_path": str(Path(args.params).resolve()), "out_dir": str(out),
-                                "reuse": not args.force}, cwd=Path.cwd())
+            execute(
+                name,
+                out,
+                {"params_path": str(Path(args.params).resolve()), "out_dir": str(out), "reuse": not args.force},
+                cwd=Path.cwd(),
+            )
         except Exception as err:  # papermill raises PapermillExecutionError with the cell's traceback
             log(f"notebook {name} failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
             status = 2

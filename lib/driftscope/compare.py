@@ -134,8 +134,9 @@ def compare_stage(
     merge_unit: int = 4,
 ) -> ComparisonRow:
     """Compare one stage of two TapSets; never raises for data problems (they go in the row)."""
-    row = ComparisonRow(stage_id, reference.label, candidate.label, position, "pass",
-                        atol=tolerance.atol, rtol=tolerance.rtol)
+    row = ComparisonRow(
+        stage_id, reference.label, candidate.label, position, "pass", atol=tolerance.atol, rtol=tolerance.rtol
+    )
     if tolerance.skip:
         row.status, row.note = "skipped", "skipped by the contract"
         return row
@@ -177,8 +178,9 @@ def compare_stage(
             for start, stop in _active_slice(declaration, ref_shape[0]):
                 for chunk in range(start, stop, step):
                     end = min(stop, chunk + step)
-                    accumulator.add(reference.rows(stage_id, chunk, end), candidate.rows(stage_id, chunk, end),
-                                    chunk * inner)
+                    accumulator.add(
+                        reference.rows(stage_id, chunk, end), candidate.rows(stage_id, chunk, end), chunk * inner
+                    )
     return _finish(row, accumulator, ref_shape, tolerance)
 
 
@@ -262,8 +264,9 @@ def first_divergence(rows: list[ComparisonRow]) -> ComparisonRow | None:
     return next((row for row in rows if row.failed), None)
 
 
-def growth_stages(rows: list[ComparisonRow], factor: float = 10.0, floor: float = 1e-4,
-                  side: set[str] | frozenset[str] = frozenset()) -> list[dict]:
+def growth_stages(
+    rows: list[ComparisonRow], factor: float = 10.0, floor: float = 1e-4, side: set[str] | frozenset[str] = frozenset()
+) -> list[dict]:
     """Stages whose relative RMS error is ``factor`` times the previous compared float stage's.
 
     Only stages whose ``max_abs`` exceeds ``floor`` count, so float32 round-off does not show up;
@@ -277,11 +280,25 @@ def growth_stages(rows: list[ComparisonRow], factor: float = 10.0, floor: float 
         if previous is not None and row.max_abs > floor and previous.relative_rms > 0:
             ratio = row.relative_rms / previous.relative_rms
             if ratio >= factor:
-                found.append({"stage": row.stage, "previous": previous.stage, "factor": ratio,
-                              "relative_rms": row.relative_rms, "max_abs": row.max_abs})
+                found.append(
+                    {
+                        "stage": row.stage,
+                        "previous": previous.stage,
+                        "factor": ratio,
+                        "relative_rms": row.relative_rms,
+                        "max_abs": row.max_abs,
+                    }
+                )
         elif previous is not None and row.max_abs > floor and previous.relative_rms == 0 and row.relative_rms > 0:
-            found.append({"stage": row.stage, "previous": previous.stage, "factor": float("inf"),
-                          "relative_rms": row.relative_rms, "max_abs": row.max_abs})
+            found.append(
+                {
+                    "stage": row.stage,
+                    "previous": previous.stage,
+                    "factor": float("inf"),
+                    "relative_rms": row.relative_rms,
+                    "max_abs": row.max_abs,
+                }
+            )
         previous = row
     return found
 
@@ -290,7 +307,23 @@ def rows_frame(rows: list[ComparisonRow]):
     """The rows as a pandas DataFrame (one row per stage and runtime pair)."""
     import pandas as pd
 
-    columns = ["stage", "reference", "candidate", "status", "failures", "elements", "max_abs", "rms",
-               "mean_abs", "relative_rms", "cosine", "nonfinite_reference", "nonfinite_candidate",
-               "max_coords", "max_reference_value", "max_candidate_value", "note"]
+    columns = [
+        "stage",
+        "reference",
+        "candidate",
+        "status",
+        "failures",
+        "elements",
+        "max_abs",
+        "rms",
+        "mean_abs",
+        "relative_rms",
+        "cosine",
+        "nonfinite_reference",
+        "nonfinite_candidate",
+        "max_coords",
+        "max_reference_value",
+        "max_candidate_value",
+        "note",
+    ]
     return pd.DataFrame([{key: getattr(row, key) for key in columns} for row in rows], columns=columns)

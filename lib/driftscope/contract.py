@@ -8,7 +8,7 @@ Integer stages must be equal. A stage passes when its failures do not exceed
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -81,15 +81,21 @@ class Contract:
         for position, entry in enumerate(data.get("stages") or []):
             if not isinstance(entry, dict) or "pattern" not in entry:
                 raise ContractError(
-                    f"{where}: stages[{position}] needs a 'pattern'", "write e.g. {pattern: 'vision.block.*', atol: 0.1}"
+                    f"{where}: stages[{position}] needs a 'pattern'",
+                    "write e.g. {pattern: 'vision.block.*', atol: 0.1}",
                 )
             body = {k: v for k, v in entry.items() if k != "pattern"}
             rules.append(StageRule(str(entry["pattern"]), _tolerance(body, default, f"{where}: stages[{position}]")))
         growth = data.get("growth_factor", 10.0)
         if not isinstance(growth, (int, float)) or growth <= 1:
             raise ContractError(f"{where}: growth_factor must be a number > 1, got {growth!r}", "use e.g. 10")
-        return cls(str(data.get("name", Path(source).stem if source else "contract")), default, tuple(rules),
-                   float(growth), source)
+        return cls(
+            str(data.get("name", Path(source).stem if source else "contract")),
+            default,
+            tuple(rules),
+            float(growth),
+            source,
+        )
 
 
 def _tolerance(data: dict, base: Tolerance, where: str) -> Tolerance:

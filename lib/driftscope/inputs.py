@@ -54,7 +54,9 @@ def load_image(path: str | Path):
 
     path = Path(path)
     if not path.exists():
-        raise InputError(f"image {path} does not exist", "check the path in 'images' (relative paths are from the repository root)")
+        raise InputError(
+            f"image {path} does not exist", "check the path in 'images' (relative paths are from the repository root)"
+        )
     try:
         with Image.open(path) as handle:
             return handle.convert("RGB")
@@ -115,7 +117,9 @@ def prepare_inputs(checkpoint: Checkpoint, image_paths: list[str | Path]) -> Vis
         try:
             resized.append(smart_resize(height, width, factor, settings["min_pixels"], settings["max_pixels"]))
         except ValueError as err:
-            raise InputError(f"image {path} ({height}x{width}) cannot be resized: {err}", "use a less extreme aspect ratio") from err
+            raise InputError(
+                f"image {path} ({height}x{width}) cannot be resized: {err}", "use a less extreme aspect ratio"
+            ) from err
         images.append(image)
         sizes.append((height, width))
     out = processor(images=images, return_tensors="np")

@@ -78,32 +78,42 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
     )
     runtimes = []
     for spec in params.runtimes:  # resolve every runtime before the slow work starts
-        runtimes.append((spec, get_runtime(spec.runtime)(
-            checkpoint, spec.policy, spec.patch, {**spec.options, "label": spec.display})))
+        runtimes.append(
+            (
+                spec,
+                get_runtime(spec.runtime)(checkpoint, spec.policy, spec.patch, {**spec.options, "label": spec.display}),
+            )
+        )
     report.step("inputs")
     inputs = prepare_inputs(checkpoint, params.images)
     report.data["inputs"] = inputs.summary()
-    log(f"inputs: {len(params.images)} image(s), grid {inputs.grid_thw.tolist()}, {inputs.pixel_values.shape[0]} patches")
+    log(
+        f"inputs: {len(params.images)} image(s), grid {inputs.grid_thw.tolist()}, "
+        f"{inputs.pixel_values.shape[0]} patches"
+    )
 
     tapsets = {}
     for spec, runtime in runtimes:
         report.step(f"capture:{spec.display}")
         log(f"capture {spec.display}: {len(plan)} stages")
         safe = spec.display.replace(":", "-").replace("/", "-")
-        tapset = runtime.capture(inputs, plan, out / "taps" / safe,
-                                 progress=lambda message, label=spec.display: log(f"  {label}: {message}"))
+        tapset = runtime.capture(
+            inputs, plan, out / "taps" / safe, progress=lambda message, label=spec.display: log(f"  {label}: {message}")
+        )
         tapsets[spec.display] = tapset
-        report.data["runtimes"].append({
-            "label": spec.display,
-            "runtime": spec.runtime,
-            "policy": runtime.policy.to_dict(),
-            "patch": tapset.meta.get("patch"),
-            "versions": tapset.meta.get("versions"),
-            "options": spec.options,
-            "tapset": str(tapset.tensor_path.relative_to(out)),
-            "timings": tapset.meta.get("timings", {}),
-            "stages": len(tapset.stage_ids()),
-        })
+        report.data["runtimes"].append(
+            {
+                "label": spec.display,
+                "runtime": spec.runtime,
+                "policy": runtime.policy.to_dict(),
+                "patch": tapset.meta.get("patch"),
+                "versions": tapset.meta.get("versions"),
+                "options": spec.options,
+                "tapset": str(tapset.tensor_path.relative_to(out)),
+                "timings": tapset.meta.get("timings", {}),
+                "stages": len(tapset.stage_ids()),
+            }
+        )
         report.save()
         log(f"  {spec.display}: done in {runtime.timings.get('capture_s', 0.0):.1f}s")
 

@@ -124,7 +124,9 @@ def _stages(data: Any) -> StageSelection:
         substages = tuple(substages)
     include = tuple(_expect(data.get("include", []), list, "stages.include", "['vision.merger*']"))
     exclude = tuple(_expect(data.get("exclude", []), list, "stages.exclude", "['vision.rotary.*']"))
-    return StageSelection(bool(_expect(data.get("blocks", True), bool, "stages.blocks", "true")), substages, include, exclude)
+    return StageSelection(
+        bool(_expect(data.get("blocks", True), bool, "stages.blocks", "true")), substages, include, exclude
+    )
 
 
 def _runtime(entry: Any, position: int) -> RuntimeSpec:
@@ -167,8 +169,9 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
     images = _expect(data["images"], list, "images", "[fixtures/images/shapes_448.png]")
     runtimes = _expect(data["runtimes"], list, "runtimes", "[{runtime: transformers}, {runtime: mlx, policy: f16}]")
     if len(runtimes) < 2:
-        raise ParameterError("runtimes lists fewer than two runtimes; nothing to compare",
-                             "list a reference and at least one candidate")
+        raise ParameterError(
+            "runtimes lists fewer than two runtimes; nothing to compare", "list a reference and at least one candidate"
+        )
     specs = [_runtime(entry, i) for i, entry in enumerate(runtimes)]
     labels = [spec.display for spec in specs]
     duplicates = sorted({label for label in labels if labels.count(label) > 1})

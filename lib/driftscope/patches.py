@@ -49,7 +49,9 @@ def resolve_callable(target: str) -> Callable[..., Any]:
         if module_name.endswith(".py"):
             path = Path(module_name)
             if not path.exists():
-                raise HypothesisPatchError(f"patch file {path} does not exist", "check the path (relative to the repository root)")
+                raise HypothesisPatchError(
+                    f"patch file {path} does not exist", "check the path (relative to the repository root)"
+                )
             spec = importlib.util.spec_from_file_location(f"driftscope_patch_{path.stem}", path)
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
@@ -75,6 +77,8 @@ def parse_patch(value: Any) -> HypothesisPatch | None:
     if isinstance(value, dict) and isinstance(value.get("callable"), str):
         extra = sorted(set(value) - {"callable", "kwargs"})
         if extra or not isinstance(value.get("kwargs", {}), dict):
-            raise HypothesisPatchError(f"patch entry has unknown keys {extra}", "use {callable: 'pkg.mod:fn', kwargs: {...}}")
+            raise HypothesisPatchError(
+                f"patch entry has unknown keys {extra}", "use {callable: 'pkg.mod:fn', kwargs: {...}}"
+            )
         return HypothesisPatch(value["callable"], dict(value.get("kwargs", {})))
     raise HypothesisPatchError(f"patch must be a string or a mapping, got {value!r}", "write patch: 'pkg.mod:fn'")

@@ -20,7 +20,8 @@ def _candidates(report: Report) -> list[str]:
 def _stage_axis(report: Report, activations_only: bool = False) -> tuple[list[str], dict[str, int]]:
     """Stage ids in execution order (optionally only activation-path float stages) and their positions."""
     ordered = [
-        stage["id"] for stage in report.data.get("stage_plan", [])
+        stage["id"]
+        for stage in report.data.get("stage_plan", [])
         if not activations_only or not (stage.get("integer") or stage.get("side") or stage["id"].startswith("inputs."))
     ]
     return ordered, {stage_id: position for position, stage_id in enumerate(ordered)}
@@ -48,19 +49,26 @@ def error_curves(report: Report, metrics: tuple[str, ...] = ("max_abs", "rms", "
     reference = report.data.get("reference")
     atol = report.data.get("contract", {}).get("default", {}).get("atol")
     first = report.data.get("first_divergence", {})
-    for color, label in zip(COLORS, _candidates(report)):
+    for color, label in zip(COLORS, _candidates(report), strict=False):
         pair = sorted((row for row in rows if row.candidate == label), key=lambda row: position.get(row.stage, 0))
         xs = [position.get(row.stage, 0) for row in pair]
-        for axis, metric in zip(axes, metrics):
+        for axis, metric in zip(axes, metrics, strict=False):
             values = np.array([getattr(row, metric) for row in pair], dtype=float)
             if metric == "failures":
                 values = values + 1.0  # log axis: 1 means no failure
-            axis.plot(xs, np.maximum(values, 1e-9), marker=".", markersize=3, linewidth=1, color=color,
-                      label=f"{label} vs {reference}")
+            axis.plot(
+                xs,
+                np.maximum(values, 1e-9),
+                marker=".",
+                markersize=3,
+                linewidth=1,
+                color=color,
+                label=f"{label} vs {reference}",
+            )
             divergence = first.get(label)
             if divergence and divergence["stage"] in position:
                 axis.axvline(position[divergence["stage"]], color=color, linestyle="--", linewidth=1)
-    for axis, metric in zip(axes, metrics):
+    for axis, metric in zip(axes, metrics, strict=False):
         axis.set_yscale("log")
         axis.set_ylabel("failures + 1" if metric == "failures" else f"{metric} (floor 1e-9)")
         axis.grid(True, which="major", alpha=0.3)
@@ -82,7 +90,7 @@ def input_images(report: Report, window_px: int = 112) -> Figure:
     paths = inputs.get("images", [])
     figure = Figure(figsize=(3.2 * max(len(paths), 1), 3.4), layout="constrained")
     axes = figure.subplots(1, max(len(paths), 1), squeeze=False)[0]
-    for axis, path, size, grid in zip(axes, paths, inputs.get("resized", []), inputs.get("grid_thw", [])):
+    for axis, path, size, grid in zip(axes, paths, inputs.get("resized", []), inputs.get("grid_thw", []), strict=False):
         height, width = size
         with Image.open(path) as image:
             axis.imshow(np.asarray(image.convert("RGB").resize((width, height))))
@@ -105,8 +113,9 @@ def stage_table(report: Report, only_failing: bool = False):
         return frame
     ordered, position = _stage_axis(report)
     frame["order"] = frame["stage"].map(position)
-    wide = frame.pivot_table(index=["order", "stage"], columns="candidate",
-                             values=["max_abs", "failures"], aggfunc="first")
+    wide = frame.pivot_table(
+        index=["order", "stage"], columns="candidate", values=["max_abs", "failures"], aggfunc="first"
+    )
     status = frame.pivot_table(index=["order", "stage"], columns="candidate", values="status", aggfunc="first")
     wide.columns = [f"{candidate} {metric}" for metric, candidate in wide.columns]
     status.columns = [f"{candidate} status" for candidate in status.columns]

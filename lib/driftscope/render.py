@@ -19,8 +19,9 @@ def kernel_name() -> str:
         return KERNEL_NAME
     if "python3" in specs:
         return "python3"
-    raise DriftscopeError("no Jupyter kernel to run notebooks with",
-                          "run `make setup` (it registers the 'driftscope' kernel)")
+    raise DriftscopeError(
+        "no Jupyter kernel to run notebooks with", "run `make setup` (it registers the 'driftscope' kernel)"
+    )
 
 
 def notebook_path(name: str) -> Path:
@@ -39,8 +40,14 @@ def execute(name: str, out_dir: Path, parameters: dict, cwd: Path, log_output: b
     source = notebook_path(name)
     target = out_dir / source.name
     papermill.execute_notebook(
-        str(source), str(target), parameters=parameters, kernel_name=kernel_name(), cwd=str(cwd),
-        log_output=log_output, progress_bar=False, report_mode=False,
+        str(source),
+        str(target),
+        parameters=parameters,
+        kernel_name=kernel_name(),
+        cwd=str(cwd),
+        log_output=log_output,
+        progress_bar=False,
+        report_mode=False,
     )
     return target
 

@@ -32,8 +32,15 @@ class Report:
 
     @classmethod
     def start(cls, path: Path, **fields: Any) -> Report:
-        data = {"schema_version": SCHEMA_VERSION, "status": "running", "stopped_at": None, "error": None,
-                "created": _now(), "updated": _now(), "progress": []}
+        data = {
+            "schema_version": SCHEMA_VERSION,
+            "status": "running",
+            "stopped_at": None,
+            "error": None,
+            "created": _now(),
+            "updated": _now(),
+            "progress": [],
+        }
         data.update(fields)
         report = cls(Path(path), data)
         report.save()
@@ -46,8 +53,10 @@ class Report:
             path = path / "report.json"
         data = json.loads(path.read_text())
         if data.get("schema_version") != SCHEMA_VERSION:
-            raise TapFileError(f"report {path} has schema_version {data.get('schema_version')}",
-                               f"this driftscope reads schema_version {SCHEMA_VERSION}; re-run the investigation")
+            raise TapFileError(
+                f"report {path} has schema_version {data.get('schema_version')}",
+                f"this driftscope reads schema_version {SCHEMA_VERSION}; re-run the investigation",
+            )
         return cls(path, data)
 
     def save(self) -> None:
@@ -90,8 +99,10 @@ class Report:
         for runtime in self.data.get("runtimes", []):
             if runtime["label"] == label:
                 return TapSet(self.directory / runtime["tapset"])
-        raise TapFileError(f"report has no runtime labelled {label!r}",
-                           f"use one of {[r['label'] for r in self.data.get('runtimes', [])]}")
+        raise TapFileError(
+            f"report has no runtime labelled {label!r}",
+            f"use one of {[r['label'] for r in self.data.get('runtimes', [])]}",
+        )
 
     def frame(self):
         from .compare import rows_frame
@@ -111,12 +122,21 @@ def judge(reference: TapSet, candidates: list[TapSet], contract: Contract, plan:
         pair_rows = compare_tapsets(reference, candidate, contract, plan)
         rows.extend(pair_rows)
         divergence = first_divergence(pair_rows)
-        first[candidate.label] = None if divergence is None else {
-            "stage": divergence.stage, "status": divergence.status, "failures": divergence.failures,
-            "elements": divergence.elements, "max_abs": divergence.max_abs, "max_coords": divergence.max_coords,
-            "reference_value": divergence.max_reference_value, "candidate_value": divergence.max_candidate_value,
-            "note": divergence.note,
-        }
+        first[candidate.label] = (
+            None
+            if divergence is None
+            else {
+                "stage": divergence.stage,
+                "status": divergence.status,
+                "failures": divergence.failures,
+                "elements": divergence.elements,
+                "max_abs": divergence.max_abs,
+                "max_coords": divergence.max_coords,
+                "reference_value": divergence.max_reference_value,
+                "candidate_value": divergence.max_candidate_value,
+                "note": divergence.note,
+            }
+        )
         side = {stage.id for stage in plan if stage.side}
         growth[candidate.label] = growth_stages(pair_rows, contract.growth_factor, side=side)
         onset[candidate.label] = next(
@@ -126,8 +146,10 @@ def judge(reference: TapSet, candidates: list[TapSet], contract: Contract, plan:
         failed = divergence is not None
         per_candidate[candidate.label] = "fail" if failed else "pass"
         if failed:
-            reasons.append(f"{candidate.label}: first divergence at {divergence.stage} "
-                           f"({divergence.failures}/{divergence.elements} elements over tolerance)")
+            reasons.append(
+                f"{candidate.label}: first divergence at {divergence.stage} "
+                f"({divergence.failures}/{divergence.elements} elements over tolerance)"
+            )
         if missing:
             reasons.append(f"{candidate.label}: {len(missing)} stages captured by only one side (e.g. {missing[0]})")
     status = "fail" if any(v == "fail" for v in per_candidate.values()) else "pass"

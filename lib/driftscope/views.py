@@ -9,16 +9,21 @@ def summary_markdown(report: Report) -> str:
     """Verdict, first divergence per candidate, drift onset and growth, as Markdown."""
     data = report.data
     verdict = data.get("verdict", {})
-    lines = [f"**Verdict: {verdict.get('status', 'unknown').upper()}** for `{data.get('name')}` "
-             f"(commit `{data.get('commit')}`, reference `{data.get('reference')}`, contract "
-             f"`{data.get('contract', {}).get('name')}`: atol {data.get('contract', {}).get('default', {}).get('atol')}, "
-             f"rtol {data.get('contract', {}).get('default', {}).get('rtol')})", ""]
+    lines = [
+        f"**Verdict: {verdict.get('status', 'unknown').upper()}** for `{data.get('name')}` "
+        f"(commit `{data.get('commit')}`, reference `{data.get('reference')}`, contract "
+        f"`{data.get('contract', {}).get('name')}`: atol {data.get('contract', {}).get('default', {}).get('atol')}, "
+        f"rtol {data.get('contract', {}).get('default', {}).get('rtol')})",
+        "",
+    ]
     if data.get("status") != "complete":
         error = data.get("error") or {}
         lines.append(f"Run **{data.get('status')}**, stopped at `{data.get('stopped_at')}`: {error.get('message', '')}")
         return "\n".join(lines)
-    lines += ["| candidate | verdict | first divergence | failures | max_abs there | drift starts | first 10x growth |",
-              "|---|---|---|---|---|---|---|"]
+    lines += [
+        "| candidate | verdict | first divergence | failures | max_abs there | drift starts | first 10x growth |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for runtime in data.get("runtimes", []):
         label = runtime["label"]
         if label == data.get("reference"):
@@ -30,8 +35,10 @@ def summary_markdown(report: Report) -> str:
         worst = f"{first['max_abs']:.3g}" if first else ""
         grows = f"`{growth[0]['stage']}`" if growth else "none"
         onset = data.get("drift_onset", {}).get(label)
-        lines.append(f"| `{label}` | {verdict.get('per_candidate', {}).get(label)} | {where} | {count} | {worst} | "
-                     f"{'`' + onset + '`' if onset else 'none'} | {grows} |")
+        lines.append(
+            f"| `{label}` | {verdict.get('per_candidate', {}).get(label)} | {where} | {count} | {worst} | "
+            f"{'`' + onset + '`' if onset else 'none'} | {grows} |"
+        )
     for reason in verdict.get("reasons", []):
         lines.append(f"\n- {reason}")
     return "\n".join(lines)
@@ -46,12 +53,22 @@ def divergence_frame(report: Report):
     for row in report.rows:
         divergence = first.get(row.candidate)
         if divergence and divergence["stage"] == row.stage:
-            records.append({
-                "candidate": row.candidate, "stage": row.stage, "status": row.status, "failures": row.failures,
-                "elements": row.elements, "max_abs": row.max_abs, "rms": row.rms, "cosine": row.cosine,
-                "worst at": row.max_coords, "reference value": row.max_reference_value,
-                "candidate value": row.max_candidate_value, "note": row.note,
-            })
+            records.append(
+                {
+                    "candidate": row.candidate,
+                    "stage": row.stage,
+                    "status": row.status,
+                    "failures": row.failures,
+                    "elements": row.elements,
+                    "max_abs": row.max_abs,
+                    "rms": row.rms,
+                    "cosine": row.cosine,
+                    "worst at": row.max_coords,
+                    "reference value": row.max_reference_value,
+                    "candidate value": row.max_candidate_value,
+                    "note": row.note,
+                }
+            )
     return pd.DataFrame(records)
 
 
@@ -62,6 +79,10 @@ def block_frame(report: Report):
         return frame
     parts = frame["stage"].str.split(".")
     is_block = parts.map(lambda p: len(p) == 3 and p[1] == "block")
-    keep = is_block | frame["stage"].str.startswith("vision.merger") | (frame["status"] != "pass") | \
-        frame["stage"].eq("vision.patch_embed")
+    keep = (
+        is_block
+        | frame["stage"].str.startswith("vision.merger")
+        | (frame["status"] != "pass")
+        | frame["stage"].eq("vision.patch_embed")
+    )
     return frame[keep].reset_index(drop=True)

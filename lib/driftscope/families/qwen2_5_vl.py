@@ -59,12 +59,15 @@ def vision_plan(config: dict) -> StagePlan:
         Stage("inputs.grid_thw", ("images", "thw"), integer=True, description="processor grid per image"),
         Stage("inputs.image_tokens", ("images",), integer=True, description="merged tokens per image"),
         Stage("vision.patch_embed", ("tokens", "hidden"), "raster", "patch", description="Conv3d patch embedding"),
-        Stage("vision.rotary.cos", ("tokens", "head_dim"), "raster", "patch", side=True,
-              description="RoPE cos table"),
-        Stage("vision.rotary.sin", ("tokens", "head_dim"), "raster", "patch", side=True,
-              description="RoPE sin table"),
+        Stage("vision.rotary.cos", ("tokens", "head_dim"), "raster", "patch", side=True, description="RoPE cos table"),
+        Stage("vision.rotary.sin", ("tokens", "head_dim"), "raster", "patch", side=True, description="RoPE sin table"),
         Stage("vision.window_index", ("merged_tokens",), integer=True, description="window permutation"),
-        Stage("vision.cu_window_seqlens", ("windows+1",), integer=True, description="window attention bounds (empty windows dropped)"),
+        Stage(
+            "vision.cu_window_seqlens",
+            ("windows+1",),
+            integer=True,
+            description="window attention bounds (empty windows dropped)",
+        ),
         Stage("vision.cu_seqlens", ("images+1",), integer=True, description="full attention bounds"),
     ]
     for block in range(depth):

@@ -90,8 +90,13 @@ class Runtime(ABC):
     name: str = ""
     policies: tuple[str, ...] = ("f32",)
 
-    def __init__(self, checkpoint: Checkpoint, policy: str = "f32", patch: HypothesisPatch | None = None,
-                 options: dict | None = None):
+    def __init__(
+        self,
+        checkpoint: Checkpoint,
+        policy: str = "f32",
+        patch: HypothesisPatch | None = None,
+        options: dict | None = None,
+    ):
         if policy not in self.policies:
             get_policy(policy)  # unknown names list every registered policy
             raise RuntimeUnavailableError(
@@ -140,7 +145,9 @@ class Runtime(ABC):
     def label(self) -> str:
         return str(self.options.get("label") or f"{self.name}:{self.policy.name}")
 
-    def capture(self, inputs: VisionInputs, plan: StagePlan, out_base: Path, progress: Progress | None = None) -> TapSet:
+    def capture(
+        self, inputs: VisionInputs, plan: StagePlan, out_base: Path, progress: Progress | None = None
+    ) -> TapSet:
         """Run the vision tower once on ``inputs``, streaming the planned stages to ``out_base``."""
         self.load()
         writer = TapWriter(out_base, self.metadata(inputs))

@@ -218,9 +218,21 @@ class MLXRuntime(Runtime):
         enter(_shadow(attn, "qkv", _Recording(attn.qkv, qkv)))
         enter(_shadow(attn, "proj", _Recording(attn.proj, in_to(block_stage_id(index, "attn.context")))))
         enter(_shadow(block, "attn", _Recording(attn, out_to(block_stage_id(index, "attn.out")))))
-        enter(_shadow(block, "norm2", _Recording(
-            block.norm2, both_to(block_stage_id(index, "residual1"), block_stage_id(index, "norm2")))))
+        enter(
+            _shadow(
+                block,
+                "norm2",
+                _Recording(block.norm2, both_to(block_stage_id(index, "residual1"), block_stage_id(index, "norm2"))),
+            )
+        )
         enter(_shadow(mlp, "gate_proj", _Recording(mlp.gate_proj, out_to(block_stage_id(index, "mlp.gate")))))
         enter(_shadow(mlp, "up_proj", _Recording(mlp.up_proj, out_to(block_stage_id(index, "mlp.up")))))
-        enter(_shadow(mlp, "down_proj", _Recording(
-            mlp.down_proj, both_to(block_stage_id(index, "mlp.product"), block_stage_id(index, "mlp.down")))))
+        enter(
+            _shadow(
+                mlp,
+                "down_proj",
+                _Recording(
+                    mlp.down_proj, both_to(block_stage_id(index, "mlp.product"), block_stage_id(index, "mlp.down"))
+                ),
+            )
+        )

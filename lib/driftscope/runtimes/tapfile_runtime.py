@@ -35,7 +35,9 @@ class TapfileRuntime(Runtime):
     def _capture(self, inputs: VisionInputs, sink: StageSink) -> None:  # pragma: no cover - capture() is overridden
         raise NotImplementedError
 
-    def capture(self, inputs: VisionInputs, plan: StagePlan, out_base: Path, progress: Progress | None = None) -> TapSet:
+    def capture(
+        self, inputs: VisionInputs, plan: StagePlan, out_base: Path, progress: Progress | None = None
+    ) -> TapSet:
         """Copy the external TapSet next to the run's other taps, labelled for this run."""
         self.load()
         digest = self.model.meta.get("inputs_digest")
@@ -43,8 +45,11 @@ class TapfileRuntime(Runtime):
         tensor_path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(self.model.tensor_path, tensor_path)
         meta = dict(self.model.meta)
-        meta.update(label=self.label, imported_from=str(self.model.tensor_path),
-                    inputs_digest_matches=(digest is None or digest == inputs.digest))
+        meta.update(
+            label=self.label,
+            imported_from=str(self.model.tensor_path),
+            inputs_digest_matches=(digest is None or digest == inputs.digest),
+        )
         from ..atomic import write_json_atomic
 
         write_json_atomic(sidecar_path, meta)
