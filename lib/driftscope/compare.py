@@ -48,6 +48,7 @@ class ComparisonRow:
     reference_shape: list[int] | None = None
     candidate_shape: list[int] | None = None
     note: str = ""
+    pair: str = ""  # the runtime pair's key in the report ("candidate", or "candidate vs reference")
     extra: dict = field(default_factory=dict)
 
     @property
@@ -309,6 +310,7 @@ def rows_frame(rows: list[ComparisonRow]):
 
     columns = [
         "stage",
+        "pair",
         "reference",
         "candidate",
         "status",
@@ -326,4 +328,6 @@ def rows_frame(rows: list[ComparisonRow]):
         "max_candidate_value",
         "note",
     ]
-    return pd.DataFrame([{key: getattr(row, key) for key in columns} for row in rows], columns=columns)
+    frame = pd.DataFrame([{key: getattr(row, key) for key in columns} for row in rows], columns=columns)
+    frame["pair"] = [row.pair or row.candidate for row in rows]
+    return frame

@@ -42,3 +42,7 @@ class TapFileError(DriftscopeError):
 
 class HypothesisPatchError(DriftscopeError):
     """A hypothesis patch's dotted path cannot be imported or is not callable."""
+
+
+class CompileError(DriftscopeError):
+    """A compiler (iree-compile) rejected a lowered graph; the message carries its own diagnostic."""

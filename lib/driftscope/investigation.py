@@ -111,6 +111,8 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
                 "options": spec.options,
                 "tapset": str(tapset.tensor_path.relative_to(out)),
                 "timings": tapset.meta.get("timings", {}),
+            "artifact": tapset.meta.get("artifact"),
+            "bucket": tapset.meta.get("bucket"),
                 "stages": len(tapset.stage_ids()),
             }
         )
@@ -120,7 +122,8 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
     report.step("compare")
     reference = tapsets[params.reference_label]
     candidates = [tapset for label, tapset in tapsets.items() if label != params.reference_label]
-    report.data.update(judge(reference, candidates, contract, plan))
+    extra = [(tapsets[a], tapsets[b]) for a, b in params.pairs if a != params.reference_label]
+    report.data.update(judge(reference, candidates, contract, plan, extra))
     report.data["status"] = "complete"
     report.step("done")
     verdict = report.data["verdict"]

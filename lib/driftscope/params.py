@@ -22,6 +22,7 @@ TOP_KEYS = {
     "images": "list of image paths shared by every runtime",
     "runtimes": "list of {runtime, policy, patch, label, options}; the first is the reference",
     "reference": "label of the reference runtime (default: the first)",
+    "pairs": "extra runtime pairs to judge besides reference-vs-each, e.g. [[mlx:f32, iree:f32]] (reference first)",
     "stages": "{blocks: bool, substages: [block indices] | all, include: [globs], exclude: [globs]}",
     "contract": "tolerance contract YAML path (default: atol 0.08, rtol 0.08)",
     "notebooks": "notebooks to render for this run (default: [01_stage_parity])",
@@ -65,6 +66,7 @@ class Parameters:
     description: str = ""
     notebooks: tuple[str, ...] = ("01_stage_parity",)
     source: str | None = None
+    pairs: tuple[tuple[str, str], ...] = ()
 
     def to_dict(self) -> dict:
         return {
@@ -78,6 +80,7 @@ class Parameters:
             "stages": self.stages.to_dict(),
             "contract": None if self.contract is None else str(self.contract),
             "notebooks": list(self.notebooks),
+            "pairs": [list(pair) for pair in self.pairs],
         }
 
     @property
@@ -180,6 +183,12 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
     reference = data.get("reference")
     if reference is not None and reference not in labels:
         raise ParameterError(f"reference {reference!r} is not one of the runtimes {labels}", "name one of them")
+    pairs = _expect(data.get("pairs", []) or [], list, "pairs", "[[mlx:f32, iree:f32]]")
+    for pair in pairs:
+        _expect(pair, list, "pairs entries", "[mlx:f32, iree:f32]")
+        if len(pair) != 2 or any(label not in labels for label in pair) or pair[0] == pair[1]:
+            raise ParameterError(f"pair {pair} must name two different runtimes of {labels}",
+                                 "write [reference label, candidate label], e.g. [mlx:f32, iree:f32]")
     notebooks = data.get("notebooks", ["01_stage_parity"])
     _expect(notebooks, list, "notebooks", "[01_stage_parity]")
     name = data.get("name") or (Path(source).stem if source else "run")
@@ -195,6 +204,7 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
         contract=None if data.get("contract") is None else path(data["contract"], "contract"),
         notebooks=tuple(notebooks),
         source=source,
+        pairs=tuple((str(a), str(b)) for a, b in pairs),
     )
 
 

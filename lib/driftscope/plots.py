@@ -9,12 +9,7 @@ from matplotlib.figure import Figure
 
 from .report import Report
 
-COLORS = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2"]
-
-
-def _candidates(report: Report) -> list[str]:
-    reference = report.data.get("reference")
-    return [r["label"] for r in report.data.get("runtimes", []) if r["label"] != reference]
+COLORS = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f", "#17becf"]
 
 
 def _stage_axis(report: Report, activations_only: bool = False) -> tuple[list[str], dict[str, int]]:
@@ -46,11 +41,11 @@ def error_curves(report: Report, metrics: tuple[str, ...] = ("max_abs", "rms", "
     rows = [row for row in report.rows if row.stage in position and row.status in ("pass", "fail")]
     figure = Figure(figsize=(12, 2.8 * len(metrics)), layout="constrained")
     axes = figure.subplots(len(metrics), 1, sharex=True, squeeze=False)[:, 0]
-    reference = report.data.get("reference")
     atol = report.data.get("contract", {}).get("default", {}).get("atol")
     first = report.data.get("first_divergence", {})
-    for color, label in zip(COLORS, _candidates(report), strict=False):
-        pair = sorted((row for row in rows if row.candidate == label), key=lambda row: position.get(row.stage, 0))
+    for color, label in zip(COLORS, report.pair_keys(), strict=False):
+        pair = sorted((row for row in rows if (row.pair or row.candidate) == label),
+                      key=lambda row: position.get(row.stage, 0))
         xs = [position.get(row.stage, 0) for row in pair]
         for axis, metric in zip(axes, metrics, strict=False):
             values = np.array([getattr(row, metric) for row in pair], dtype=float)
@@ -63,7 +58,7 @@ def error_curves(report: Report, metrics: tuple[str, ...] = ("max_abs", "rms", "
                 markersize=3,
                 linewidth=1,
                 color=color,
-                label=f"{label} vs {reference}",
+                label=report.pair_title(label),
             )
             divergence = first.get(label)
             if divergence and divergence["stage"] in position:
@@ -78,7 +73,7 @@ def error_curves(report: Report, metrics: tuple[str, ...] = ("max_abs", "rms", "
     axes[-1].set_xticks(ticks, labels, rotation=90, fontsize=7)
     axes[-1].set_xlabel("stage (execution order; dashed: first divergence)")
     axes[0].legend(loc="upper left", fontsize=8)
-    axes[0].set_title(f"{report.data.get('name')}: error per stage against {reference}")
+    axes[0].set_title(f"{report.data.get('name')}: error per stage, one line per runtime pair")
     return figure
 
 
@@ -105,7 +100,7 @@ def input_images(report: Report, window_px: int = 112) -> Figure:
 
 
 def stage_table(report: Report, only_failing: bool = False):
-    """Stage x candidate table of status, max_abs and failures (a pandas Styler, failures in red)."""
+    """Stage x runtime-pair table of status, max_abs and failures (a pandas Styler, failures in red)."""
     import pandas as pd
 
     frame = report.frame()
@@ -114,9 +109,9 @@ def stage_table(report: Report, only_failing: bool = False):
     ordered, position = _stage_axis(report)
     frame["order"] = frame["stage"].map(position)
     wide = frame.pivot_table(
-        index=["order", "stage"], columns="candidate", values=["max_abs", "failures"], aggfunc="first"
+        index=["order", "stage"], columns="pair", values=["max_abs", "failures"], aggfunc="first"
     )
-    status = frame.pivot_table(index=["order", "stage"], columns="candidate", values="status", aggfunc="first")
+    status = frame.pivot_table(index=["order", "stage"], columns="pair", values="status", aggfunc="first")
     wide.columns = [f"{candidate} {metric}" for metric, candidate in wide.columns]
     status.columns = [f"{candidate} status" for candidate in status.columns]
     table = pd.concat([status, wide], axis=1).sort_index(axis=1).droplevel("order")

@@ -12,7 +12,10 @@ class PrecisionPolicy:
     """Where a runtime keeps which dtype.
 
     ``weights`` and ``activations`` name the storage dtype; ``accumulate`` the dtype of dot
-    products; ``norm`` and ``softmax`` where normalization happens. Part of every report.
+    products; ``norm`` and ``softmax`` where normalization happens. Compiled paths add the
+    contract: ``dot_inputs`` (the operand dtype of every dot and convolution) and ``state``
+    (the dtype the residual stream, norm results and block outputs are rounded through).
+    Part of every report; frozen, so it hashes into compiled-artifact keys.
     """
 
     name: str
@@ -22,6 +25,8 @@ class PrecisionPolicy:
     norm: str = "float32"
     softmax: str = "float32"
     description: str = ""
+    dot_inputs: str = ""
+    state: str = ""
 
     def to_dict(self) -> dict[str, str]:
         return {
@@ -32,6 +37,8 @@ class PrecisionPolicy:
             "norm": self.norm,
             "softmax": self.softmax,
             "description": self.description,
+            "dot_inputs": self.dot_inputs or self.weights,
+            "state": self.state or self.activations,
         }
 
 
@@ -50,6 +57,31 @@ POLICIES.register(
     "bf16",
     PrecisionPolicy(
         "bf16", "bfloat16", "bfloat16", "bfloat16", "bfloat16", "bfloat16", "weights and activations in bfloat16"
+    ),
+)
+
+# Compiled-path contracts (the jax and iree runtimes): weights stay float32 in the graph's arguments.
+POLICIES.register(
+    "f16-contract",
+    PrecisionPolicy(
+        "f16-contract",
+        "float32",
+        "float32",
+        description="F16 operands for every dot/convolution, F32 accumulation and results; "
+        "F32 normalization, softmax, RoPE and outputs",
+        dot_inputs="float16",
+        state="float32",
+    ),
+)
+POLICIES.register(
+    "f16-state",
+    PrecisionPolicy(
+        "f16-state",
+        "float32",
+        "float32",
+        description="f16-contract, and the residual stream, norm results and block outputs rounded through F16",
+        dot_inputs="float16",
+        state="float16",
     ),
 )
 

@@ -104,56 +104,78 @@ class Report:
             f"use one of {[r['label'] for r in self.data.get('runtimes', [])]}",
         )
 
+    def pair_keys(self) -> list[str]:
+        """Every judged runtime pair, in report order."""
+        if self.data.get("pairs"):
+            return [pair["key"] for pair in self.data["pairs"]]
+        reference = self.data.get("reference")
+        return [r["label"] for r in self.data.get("runtimes", []) if r["label"] != reference]
+
+    def pair_title(self, key: str) -> str:
+        for pair in self.data.get("pairs", []):
+            if pair["key"] == key:
+                return f"{pair['candidate']} vs {pair['reference']}"
+        return f"{key} vs {self.data.get('reference')}"
+
     def frame(self):
         from .compare import rows_frame
 
         return rows_frame(self.rows)
 
 
-def judge(reference: TapSet, candidates: list[TapSet], contract: Contract, plan: StagePlan) -> dict:
-    """Rows, first divergences, growth stages, drift onsets and the verdict for every pair."""
+def pair_key(reference: str, candidate: str, main_reference: str) -> str:
+    """How a runtime pair is named in the report: the candidate's label when judged against the main reference."""
+    return candidate if reference == main_reference else f"{candidate} vs {reference}"
+
+
+def judge(
+    reference: TapSet,
+    candidates: list[TapSet],
+    contract: Contract,
+    plan: StagePlan,
+    extra_pairs: list[tuple[TapSet, TapSet]] = (),
+) -> dict:
+    """Rows, first divergences, growth stages, drift onsets and the verdict for every runtime pair.
+
+    Pairs are the reference against each candidate, then ``extra_pairs`` (e.g. mlx against iree).
+    """
     rows: list[ComparisonRow] = []
     first: dict[str, dict | None] = {}
     growth: dict[str, list[dict]] = {}
     onset: dict[str, str | None] = {}
     per_candidate: dict[str, str] = {}
     reasons: list[str] = []
-    for candidate in candidates:
-        pair_rows = compare_tapsets(reference, candidate, contract, plan)
+    pairs_out: list[dict] = []
+    side = {stage.id for stage in plan if stage.side}
+    for ref, candidate in [(reference, c) for c in candidates] + list(extra_pairs):
+        key = pair_key(ref.label, candidate.label, reference.label)
+        pairs_out.append({"key": key, "reference": ref.label, "candidate": candidate.label})
+        pair_rows = compare_tapsets(ref, candidate, contract, plan)
+        for row in pair_rows:
+            row.pair = key
         rows.extend(pair_rows)
         divergence = first_divergence(pair_rows)
-        first[candidate.label] = (
-            None
-            if divergence is None
-            else {
-                "stage": divergence.stage,
-                "status": divergence.status,
-                "failures": divergence.failures,
-                "elements": divergence.elements,
-                "max_abs": divergence.max_abs,
-                "max_coords": divergence.max_coords,
-                "reference_value": divergence.max_reference_value,
-                "candidate_value": divergence.max_candidate_value,
-                "note": divergence.note,
-            }
-        )
-        side = {stage.id for stage in plan if stage.side}
-        growth[candidate.label] = growth_stages(pair_rows, contract.growth_factor, side=side)
-        onset[candidate.label] = next(
+        first[key] = None if divergence is None else {
+            "stage": divergence.stage, "status": divergence.status, "failures": divergence.failures,
+            "elements": divergence.elements, "max_abs": divergence.max_abs, "max_coords": divergence.max_coords,
+            "reference_value": divergence.max_reference_value, "candidate_value": divergence.max_candidate_value,
+            "note": divergence.note,
+        }
+        growth[key] = growth_stages(pair_rows, contract.growth_factor, side=side)
+        onset[key] = next(
             (row.stage for row in pair_rows if not row.integer and row.relative_rms > DRIFT_FLOOR), None
         )
         missing = [row.stage for row in pair_rows if row.status == "missing"]
         failed = divergence is not None
-        per_candidate[candidate.label] = "fail" if failed else "pass"
+        per_candidate[key] = "fail" if failed else "pass"
         if failed:
-            reasons.append(
-                f"{candidate.label}: first divergence at {divergence.stage} "
-                f"({divergence.failures}/{divergence.elements} elements over tolerance)"
-            )
+            reasons.append(f"{key}: first divergence at {divergence.stage} "
+                           f"({divergence.failures}/{divergence.elements} elements over tolerance)")
         if missing:
-            reasons.append(f"{candidate.label}: {len(missing)} stages captured by only one side (e.g. {missing[0]})")
+            reasons.append(f"{key}: {len(missing)} stages captured by only one side (e.g. {missing[0]})")
     status = "fail" if any(v == "fail" for v in per_candidate.values()) else "pass"
     return {
+        "pairs": pairs_out,
         "rows": [row.to_dict() for row in rows],
         "first_divergence": first,
         "growth": growth,
@@ -169,8 +191,10 @@ def rejudge(report_path: str | Path, contract: Contract, out_path: str | Path | 
     reference_label = report.data["reference"]
     reference = report.tapset(reference_label)
     candidates = [report.tapset(label) for label in labels if label != reference_label]
+    extra = [(report.tapset(pair["reference"]), report.tapset(pair["candidate"]))
+             for pair in report.data.get("pairs", []) if pair["reference"] != reference_label]
     data = dict(report.data)
-    data.update(judge(reference, candidates, contract, report.plan))
+    data.update(judge(reference, candidates, contract, report.plan, extra))
     data["contract"] = contract.to_dict()
     data["rejudged_from"] = str(report.path)
     target = Path(out_path) if out_path else report.path

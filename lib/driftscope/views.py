@@ -21,13 +21,10 @@ def summary_markdown(report: Report) -> str:
         lines.append(f"Run **{data.get('status')}**, stopped at `{data.get('stopped_at')}`: {error.get('message', '')}")
         return "\n".join(lines)
     lines += [
-        "| candidate | verdict | first divergence | failures | max_abs there | drift starts | first 10x growth |",
+        "| runtime pair | verdict | first divergence | failures | max_abs there | drift starts | first 10x growth |",
         "|---|---|---|---|---|---|---|",
     ]
-    for runtime in data.get("runtimes", []):
-        label = runtime["label"]
-        if label == data.get("reference"):
-            continue
+    for label in report.pair_keys():
         first = data.get("first_divergence", {}).get(label)
         growth = data.get("growth", {}).get(label) or []
         where = f"`{first['stage']}`" if first else "none"
@@ -36,7 +33,7 @@ def summary_markdown(report: Report) -> str:
         grows = f"`{growth[0]['stage']}`" if growth else "none"
         onset = data.get("drift_onset", {}).get(label)
         lines.append(
-            f"| `{label}` | {verdict.get('per_candidate', {}).get(label)} | {where} | {count} | {worst} | "
+            f"| `{report.pair_title(label)}` | {verdict.get('per_candidate', {}).get(label)} | {where} | {count} | {worst} | "
             f"{'`' + onset + '`' if onset else 'none'} | {grows} |"
         )
     for reason in verdict.get("reasons", []):
@@ -45,17 +42,17 @@ def summary_markdown(report: Report) -> str:
 
 
 def divergence_frame(report: Report):
-    """For each candidate, the first divergent stage's row with both values at the worst element."""
+    """For each runtime pair, the first divergent stage's row with both values at the worst element."""
     import pandas as pd
 
     records = []
     first = report.data.get("first_divergence", {})
     for row in report.rows:
-        divergence = first.get(row.candidate)
+        divergence = first.get(row.pair or row.candidate)
         if divergence and divergence["stage"] == row.stage:
             records.append(
                 {
-                    "candidate": row.candidate,
+                    "pair": report.pair_title(row.pair or row.candidate),
                     "stage": row.stage,
                     "status": row.status,
                     "failures": row.failures,

@@ -9,11 +9,12 @@ RUNTIMES: Registry[type[Runtime]] = Registry("runtime")
 
 
 def _register_builtin() -> None:
+    from .compiled import IreeRuntime, JaxRuntime
     from .mlx_runtime import MLXRuntime
     from .tapfile_runtime import TapfileRuntime
     from .transformers_runtime import TransformersRuntime
 
-    for runtime in (TransformersRuntime, MLXRuntime, TapfileRuntime):
+    for runtime in (TransformersRuntime, MLXRuntime, JaxRuntime, IreeRuntime, TapfileRuntime):
         RUNTIMES.register(runtime.name, runtime)
 
 

@@ -1,0 +1,1 @@
+"""Compiled paths: lowering the emitter to StableHLO, compiling it with IREE, caching artifacts."""

@@ -1,0 +1,140 @@
+"""iree-compile a lowered graph (cached by artifact key) and run it with iree.runtime."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..atomic import write_json_atomic
+from ..errors import CompileError, RegistryError, RuntimeUnavailableError
+from .graph import LoweredGraph, policy_digest
+
+#: target -> (iree-compile flags, iree.runtime driver)
+TARGETS: dict[str, tuple[tuple[str, ...], str]] = {
+    "llvm-cpu": (
+        ("--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu",
+         "--iree-llvmcpu-target-cpu=host"),
+        "local-task",
+    ),
+    "cuda": (("--iree-hal-target-device=cuda",), "cuda"),
+    "vulkan": (("--iree-hal-target-device=vulkan",), "vulkan"),
+}
+BASE_FLAGS = ("--iree-input-type=stablehlo",)
+
+
+def default_cache_dir() -> Path:
+    """``$DRIFTSCOPE_CACHE/iree`` or ``outputs/cache/iree`` under the repository."""
+    root = os.environ.get("DRIFTSCOPE_CACHE")
+    return Path(root) / "iree" if root else Path(__file__).resolve().parents[3] / "outputs" / "cache" / "iree"
+
+
+def target_flags(target: str) -> tuple[tuple[str, ...], str]:
+    if target not in TARGETS:
+        raise RegistryError(f"unknown IREE target {target!r}", f"use one of: {', '.join(sorted(TARGETS))}")
+    return TARGETS[target]
+
+
+def iree_compile_binary() -> Path:
+    candidate = Path(sys.executable).parent / "iree-compile"
+    found = candidate if candidate.exists() else shutil.which("iree-compile")
+    if not found:
+        raise RuntimeUnavailableError("runtime 'iree' needs iree-compile (package 'iree-base-compiler')",
+                                      "run `make setup`, or pip install iree-base-compiler")
+    return Path(found)
+
+
+def compiler_version() -> str:
+    try:
+        import importlib.metadata
+
+        return importlib.metadata.version("iree-base-compiler")
+    except Exception:  # noqa: BLE001 - any failure means "unknown", recorded as such
+        return "unknown"
+
+
+@dataclass
+class Artifact:
+    """A compiled module on disk and the key it was compiled under."""
+
+    key: str
+    path: Path  # module.vmfb
+    stablehlo: Path
+    identity: dict
+    cache_hit: bool
+    compile_s: float
+
+    def to_dict(self) -> dict:
+        return {"key": self.key, "vmfb": str(self.path), "stablehlo": str(self.stablehlo), "cache_hit": self.cache_hit,
+                "compile_s": round(self.compile_s, 3), **self.identity}
+
+
+def artifact_identity(graph: LoweredGraph, target: str, extra_flags: tuple[str, ...] = ()) -> dict:
+    flags, driver = target_flags(target)
+    return {
+        "stablehlo_digest": graph.digest,
+        "compiler": f"iree-base-compiler {compiler_version()}",
+        "target": target,
+        "driver": driver,
+        "flags": list(BASE_FLAGS + flags + tuple(extra_flags)),
+        "policy": graph.policy.name,
+        "policy_digest": policy_digest(graph.policy),
+        "taps": list(graph.taps),
+        "rows": graph.rows,
+    }
+
+
+def artifact_key(identity: dict) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def compile_graph(graph: LoweredGraph, target: str = "llvm-cpu", cache_dir: Path | None = None,
+                  extra_flags: tuple[str, ...] = ()) -> Artifact:
+    """The cached module for this graph/target/flags/policy/taps, compiling it only when absent."""
+    identity = artifact_identity(graph, target, tuple(extra_flags))
+    key = artifact_key(identity)
+    folder = (cache_dir or default_cache_dir()) / key
+    vmfb, mlir, meta = folder / "module.vmfb", folder / "stablehlo.mlir", folder / "artifact.json"
+    if vmfb.exists() and meta.exists() and json.loads(meta.read_text()).get("key") == key:
+        return Artifact(key, vmfb, mlir, identity, True, 0.0)
+    folder.mkdir(parents=True, exist_ok=True)
+    mlir.write_text(graph.text)
+    partial = folder / "module.vmfb.partial"
+    command = [str(iree_compile_binary()), str(mlir), *identity["flags"], "-o", str(partial)]
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if done.returncode != 0:
+        diagnostic = (done.stderr or done.stdout).strip()
+        raise CompileError(
+            f"iree-compile failed on {mlir} (exit {done.returncode}):\n{diagnostic[-4000:]}",
+            f"the StableHLO is kept at {mlir}; rerun `{' '.join(command)}` to reproduce",
+        )
+    os.replace(partial, vmfb)
+    write_json_atomic(meta, {"key": key, **identity, "compile_s": elapsed})
+    return Artifact(key, vmfb, mlir, identity, False, elapsed)
+
+
+class IreeModule:
+    """A loaded ``module.vmfb``: call it with the flat argument list, get ``{output name: array}``."""
+
+    def __init__(self, artifact: Artifact, output_names: list[str]):
+        import iree.runtime as ireert
+
+        self.artifact = artifact
+        self.output_names = output_names
+        self._module = ireert.load_vm_flatbuffer_file(str(artifact.path), driver=artifact.identity["driver"])
+
+    def __call__(self, arguments: list[np.ndarray]) -> dict[str, np.ndarray]:
+        results = self._module.main(*[np.ascontiguousarray(a) for a in arguments])
+        if not isinstance(results, (tuple, list)):
+            results = (results,)
+        return {name: np.asarray(r.to_host()) for name, r in zip(self.output_names, results, strict=True)}

@@ -1,0 +1,91 @@
+"""Vision weights from the checkpoint's safetensors, checked tensor by tensor against the config."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from safetensors import safe_open
+
+from ...errors import CheckpointError
+from .config import VisionSpec
+
+PREFIXES = ("visual.", "model.visual.")  # transformers 5 saves the legacy "visual." keys
+
+
+def expected_shapes(spec: VisionSpec) -> dict[str, tuple[int, ...]]:
+    """Every vision tensor the emitter reads, by its name under the ``visual.`` prefix."""
+    d, i, merged = spec.hidden_size, spec.intermediate_size, spec.hidden_size * spec.merge_unit
+    p, t, c = spec.patch_size, spec.temporal_patch_size, spec.in_channels
+    shapes = {"patch_embed.proj.weight": (d, c, t, p, p)}
+    for b in range(spec.depth):
+        shapes.update({
+            f"blocks.{b}.norm1.weight": (d,),
+            f"blocks.{b}.norm2.weight": (d,),
+            f"blocks.{b}.attn.qkv.weight": (3 * d, d),
+            f"blocks.{b}.attn.qkv.bias": (3 * d,),
+            f"blocks.{b}.attn.proj.weight": (d, d),
+            f"blocks.{b}.attn.proj.bias": (d,),
+            f"blocks.{b}.mlp.gate_proj.weight": (i, d),
+            f"blocks.{b}.mlp.gate_proj.bias": (i,),
+            f"blocks.{b}.mlp.up_proj.weight": (i, d),
+            f"blocks.{b}.mlp.up_proj.bias": (i,),
+            f"blocks.{b}.mlp.down_proj.weight": (d, i),
+            f"blocks.{b}.mlp.down_proj.bias": (d,),
+        })
+    shapes.update({
+        "merger.ln_q.weight": (d,),
+        "merger.mlp.0.weight": (merged, merged),
+        "merger.mlp.0.bias": (merged,),
+        "merger.mlp.2.weight": (spec.out_hidden_size, merged),
+        "merger.mlp.2.bias": (spec.out_hidden_size,),
+    })
+    return shapes
+
+
+def _files(path: Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file holding it (single file or an index)."""
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {name: path / file for name, file in weight_map.items()}
+    located = {}
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), framework="numpy") as handle:
+            located.update({name: file for name in handle.keys()})
+    return located
+
+
+def load_vision_weights(path: str | Path, spec: VisionSpec) -> dict[str, np.ndarray]:
+    """``{name: float32 array}`` for every vision tensor; a missing or misshapen tensor is named."""
+    path = Path(path)
+    located = _files(path)
+    prefix = next((p for p in PREFIXES if any(name.startswith(p) for name in located)), None)
+    if prefix is None:
+        raise CheckpointError(f"checkpoint {path} has no vision tensors (no key starts with {PREFIXES})",
+                              "use a Qwen2.5-VL checkpoint that includes the vision tower")
+    weights: dict[str, np.ndarray] = {}
+    handles: dict[Path, object] = {}
+    for name, shape in expected_shapes(spec).items():
+        key = prefix + name
+        if key not in located:
+            raise CheckpointError(f"checkpoint tensor {key!r} is missing (the config's depth is {spec.depth})",
+                                  "the weights and config.json disagree: re-save the checkpoint or fix the config")
+        file = located[key]
+        if file not in handles:
+            handles[file] = safe_open(str(file), framework="numpy")
+        found = tuple(handles[file].get_slice(key).get_shape())
+        if found != shape:
+            raise CheckpointError(f"checkpoint tensor {key!r} has shape {list(found)}, the config implies {list(shape)}",
+                                  "the weights and config.json disagree: re-save the checkpoint or fix the config")
+        weights[name] = _read(handles[file], file, key)
+    return weights
+
+
+def _read(handle, file: Path, key: str) -> np.ndarray:
+    """A tensor as float32; bfloat16 (which numpy cannot hold) goes through torch."""
+    if handle.get_slice(key).get_dtype() == "BF16":
+        with safe_open(str(file), framework="pt") as torch_handle:
+            return torch_handle.get_tensor(key).float().numpy()
+    return np.asarray(handle.get_tensor(key), dtype=np.float32)

@@ -1,0 +1,114 @@
+"""Qwen2.5-VL window attention geometry: window index, window and image bounds, rotary positions.
+
+Everything here is integer numpy, written from the definition (not by calling transformers), so
+tests can hold it against ``transformers.vision_utils`` as an independent reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+Grid = Sequence[int]  # (t, h, w) in patches
+
+
+def _grids(grid_thw: Sequence[Grid] | np.ndarray) -> list[tuple[int, int, int]]:
+    return [(int(t), int(h), int(w)) for t, h, w in np.asarray(grid_thw, dtype=np.int64).reshape(-1, 3)]
+
+
+def merger_window(window_size: int, spatial_merge_size: int, patch_size: int) -> int:
+    """Window side in merged tokens (112 px / 2 / 14 = 4 for Qwen2.5-VL)."""
+    return window_size // spatial_merge_size // patch_size
+
+
+@dataclass(frozen=True)
+class WindowLayout:
+    """Window permutation of merged tokens and the window bounds in patches, for a list of images."""
+
+    window_index: np.ndarray  # [merged tokens] merged-token raster index at each window-order position
+    cu_window_seqlens_raw: np.ndarray  # bounds in patches, one per window including empty padded ones
+    windows_per_image: tuple[int, ...]
+    padded_windows: tuple[int, ...]  # windows per image that cover padding (partial or empty)
+
+    @property
+    def cu_window_seqlens(self) -> np.ndarray:
+        """Bounds with empty windows dropped (what attention uses)."""
+        raw = self.cu_window_seqlens_raw
+        keep = np.concatenate([[True], raw[1:] != raw[:-1]])
+        return raw[keep]
+
+
+def window_layout(grid_thw, spatial_merge_size: int = 2, window_size: int = 112, patch_size: int = 14) -> WindowLayout:
+    """The window index and bounds, image after image (each image's merged grid padded to whole windows)."""
+    side = merger_window(window_size, spatial_merge_size, patch_size)
+    unit = spatial_merge_size**2
+    indices, bounds, per_image, padded = [], [0], [], []
+    offset = 0
+    for t, h, w in _grids(grid_thw):
+        gh, gw = h // spatial_merge_size, w // spatial_merge_size
+        # the reference pads by a whole window even when the grid is a multiple of it (empty windows)
+        ph, pw = side - gh % side, side - gw % side
+        nh, nw = (gh + ph) // side, (gw + pw) // side
+        grid = np.full((t, gh + ph, gw + pw), -1, dtype=np.int64)
+        grid[:, :gh, :gw] = np.arange(t * gh * gw).reshape(t, gh, gw)
+        tiles = grid.reshape(t, nh, side, nw, side).transpose(0, 1, 3, 2, 4).reshape(t, nh * nw, side * side)
+        counts = (tiles >= 0).sum(-1).reshape(-1)
+        flat = tiles.reshape(-1)
+        indices.append(flat[flat >= 0] + offset)
+        bounds.extend((np.cumsum(counts) * unit + bounds[-1]).tolist())
+        per_image.append(int(t * nh * nw))
+        padded.append(int((counts < side * side).sum()))
+        offset += t * gh * gw
+    index = np.concatenate(indices) if indices else np.zeros(0, dtype=np.int64)
+    return WindowLayout(index, np.asarray(bounds, dtype=np.int64), tuple(per_image), tuple(padded))
+
+
+def window_index(grid_thw, spatial_merge_size: int = 2, window_size: int = 112, patch_size: int = 14) -> np.ndarray:
+    return window_layout(grid_thw, spatial_merge_size, window_size, patch_size).window_index
+
+
+def cu_window_seqlens(
+    grid_thw, spatial_merge_size: int = 2, window_size: int = 112, patch_size: int = 14
+) -> np.ndarray:
+    return window_layout(grid_thw, spatial_merge_size, window_size, patch_size).cu_window_seqlens
+
+
+def cu_seqlens(grid_thw) -> np.ndarray:
+    """Full-attention bounds in patches: one segment per frame of every image."""
+    lengths = [h * w for t, h, w in _grids(grid_thw) for _ in range(t)]
+    return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
+
+
+def position_ids(grid_thw, spatial_merge_size: int = 2) -> np.ndarray:
+    """(h, w) patch coordinates per processor row (rows are merge-block-major), shape [patches, 2]."""
+    rows = []
+    m = spatial_merge_size
+    for t, h, w in _grids(grid_thw):
+        hh, ww = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+        shape = (h // m, m, w // m, m)
+        hpos = hh.reshape(shape).transpose(0, 2, 1, 3).reshape(-1)
+        wpos = ww.reshape(shape).transpose(0, 2, 1, 3).reshape(-1)
+        rows.append(np.tile(np.stack([hpos, wpos], axis=-1), (t, 1)))
+    return np.concatenate(rows).astype(np.int64) if rows else np.zeros((0, 2), dtype=np.int64)
+
+
+def reverse_by_argsort(index: np.ndarray) -> np.ndarray:
+    """The correct un-reorder: ``restored = permuted[argsort(index)]``."""
+    return np.argsort(np.asarray(index), kind="stable")
+
+
+def reverse_by_rank_scatter(index: np.ndarray) -> np.ndarray:
+    """The construction a real engine shipped: ``for orig, rank in enumerate(index): reverse[orig] = rank``.
+
+    It reads the window index's positions as original tokens and its values as ranks, so the
+    "reverse" is the window permutation itself and restoring applies the permutation twice. It
+    equals :func:`reverse_by_argsort` only when the permutation is an involution; kept by name
+    so audits can count what it misplaces.
+    """
+    index = np.asarray(index)
+    reverse = np.empty_like(index)
+    for orig, rank in enumerate(index):
+        reverse[orig] = rank
+    return reverse

@@ -1,0 +1,143 @@
+"""Runtimes that run our own lowered JAX graph: ``jax`` (XLA CPU) and ``iree`` (iree-compile + iree.runtime).
+
+Both lower the same function (``driftscope.compiled.graph``) for a packed bucket, so a ``jax`` vs
+``transformers`` divergence is an emitter effect and an ``iree`` vs ``jax`` one a compiler/runtime
+effect. The whole tower is one graph whose outputs are the selected taps: the production-like
+graph is the same function lowered with only ``vision.merger`` as output (``taps: final``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..compiled.graph import LoweredGraph, lower_vision_tower
+from ..emitters.qwen2_5_vl import VisionSpec, load_vision_weights
+from ..emitters.qwen2_5_vl.model import FINAL
+from ..errors import ParameterError
+from ..geometry import Bucket, pack_images
+from ..inputs import VisionInputs
+from .base import Runtime, StageSink, package_versions, require
+
+#: Stages computed on the host (index math), not by the graph.
+HOST_STAGES = ("inputs.pixel_values", "inputs.grid_thw", "inputs.image_tokens", "vision.window_index",
+               "vision.cu_window_seqlens", "vision.cu_seqlens")
+COMPILED_POLICIES = ("f32", "f16-contract", "f16-state")
+
+
+@dataclass
+class EmittedModel:
+    """What a hypothesis patch receives for the compiled runtimes: the spec and the float32 weights."""
+
+    spec: VisionSpec
+    weights: dict[str, np.ndarray]
+
+
+class CompiledRuntime(Runtime):
+    policies = COMPILED_POLICIES
+
+    def _load(self) -> Any:
+        require("jax", "jax", self.name)
+        spec = VisionSpec.from_config(self.checkpoint.config)
+        return EmittedModel(spec, load_vision_weights(self.checkpoint.path, spec))
+
+    def bucket(self, inputs: VisionInputs) -> Bucket:
+        spec = self.model.spec
+        rows = self.options.get("bucket")
+        if rows is not None and not isinstance(rows, int):
+            raise ParameterError(f"options.bucket must be an integer row count, got {rows!r}", "write e.g. bucket: 256")
+        return pack_images(inputs.grid_thw, rows, spec.spatial_merge_size, spec.window_size, spec.patch_size)
+
+    def graph_taps(self, wanted: list[str]) -> tuple[str, ...]:
+        if self.options.get("taps") == "final":
+            return (FINAL,)
+        return tuple(s for s in wanted if s not in HOST_STAGES)
+
+    def lower(self, bucket: Bucket, taps: tuple[str, ...]) -> LoweredGraph:
+        start = time.perf_counter()
+        graph = lower_vision_tower(self.model.spec, self.policy, self.model.weights, bucket.rows, taps)
+        self.timings["lower_s"] = time.perf_counter() - start
+        return graph
+
+    def arguments(self, graph: LoweredGraph, bucket: Bucket, inputs: VisionInputs) -> list[np.ndarray]:
+        pixels = np.zeros((bucket.rows, inputs.pixel_values.shape[1]), dtype=np.float32)
+        pixels[: bucket.active] = inputs.pixel_values
+        return graph.arguments(self.model.weights, {"pixel_values": pixels, **bucket.graph_inputs()})
+
+    def execute(self, graph: LoweredGraph, arguments: list[np.ndarray]) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def _capture(self, inputs: VisionInputs, sink: StageSink) -> None:
+        bucket = self.bucket(inputs)
+        self.put_inputs(inputs, sink)
+        sink.put("vision.window_index", bucket.window_index)
+        sink.put_bounds("vision.cu_window_seqlens", bucket.cu_window_seqlens_raw)
+        sink.put("vision.cu_seqlens", bucket.cu_seqlens)
+        wanted = [stage.id for stage in sink.plan if sink.wants(stage.id)]
+        graph = self.lower(bucket, self.graph_taps(wanted))
+        outputs = self.execute(graph, self.arguments(graph, bucket, inputs))
+        start = time.perf_counter()
+        for stage in sink.plan:
+            if stage.id in outputs:
+                rows = bucket.active_merged if stage.token_unit == "merged" else bucket.active
+                sink.put(stage.id, outputs[stage.id][:rows], bucket_rows=bucket.rows)
+        self.timings["write_s"] = time.perf_counter() - start
+        sink.writer.meta["bucket"] = {"rows": bucket.rows, "active_rows": bucket.active_rows}
+        sink.writer.meta["graph"] = {"stablehlo_digest": graph.digest, "taps": len(graph.taps),
+                                     "outputs": len(graph.output_names)}
+
+
+class JaxRuntime(CompiledRuntime):
+    """The lowered graph on JAX's own XLA CPU backend."""
+
+    name = "jax"
+
+    def versions(self) -> dict[str, str]:
+        return package_versions("jax", "jaxlib")
+
+    def execute(self, graph: LoweredGraph, arguments: list[np.ndarray]) -> dict[str, np.ndarray]:
+        import jax
+
+        start = time.perf_counter()
+        compiled = graph.lowered.compile()
+        self.timings["compile_s"] = time.perf_counter() - start
+        weights = dict(zip(sorted(self.model.weights), arguments[: len(self.model.weights)], strict=True))
+        start = time.perf_counter()
+        out = compiled(weights, *arguments[len(self.model.weights):])
+        out = jax.block_until_ready(out)
+        self.timings["run_s"] = time.perf_counter() - start
+        return {name: np.asarray(value) for name, value in out.items()}
+
+
+class IreeRuntime(CompiledRuntime):
+    """The lowered graph compiled by iree-compile (target ``options.target``, default llvm-cpu), run by iree.runtime."""
+
+    name = "iree"
+
+    def versions(self) -> dict[str, str]:
+        return package_versions("jax", "iree-base-compiler", "iree-base-runtime")
+
+    def execute(self, graph: LoweredGraph, arguments: list[np.ndarray]) -> dict[str, np.ndarray]:
+        require("iree.runtime", "iree-base-runtime", self.name)
+        from ..compiled.iree import IreeModule, compile_graph
+
+        cache = self.options.get("cache_dir")
+        artifact = compile_graph(graph, str(self.options.get("target", "llvm-cpu")),
+                                 Path(cache) if cache else None, tuple(self.options.get("flags", ())))
+        self.artifact = artifact
+        self.timings["compile_s"] = artifact.compile_s
+        start = time.perf_counter()
+        module = IreeModule(artifact, graph.output_names)
+        self.timings["module_load_s"] = time.perf_counter() - start
+        start = time.perf_counter()
+        out = module(arguments)
+        self.timings["run_s"] = time.perf_counter() - start
+        return out
+
+    def _capture(self, inputs: VisionInputs, sink: StageSink) -> None:
+        super()._capture(inputs, sink)
+        sink.writer.meta["artifact"] = self.artifact.to_dict()
