@@ -14,6 +14,20 @@ TINY = ROOT / "fixtures" / "checkpoints" / "tiny-qwen2_5-vl"
 SHAPES = ROOT / "fixtures" / "images" / "shapes_448.png"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_artifact_cache(tmp_path_factory):
+    """Compiled IREE artifacts go to a per-session cache (notebook kernels inherit the variable)."""
+    import os
+
+    previous = os.environ.get("DRIFTSCOPE_CACHE")
+    os.environ["DRIFTSCOPE_CACHE"] = str(tmp_path_factory.mktemp("driftscope-cache"))
+    yield
+    if previous is None:
+        os.environ.pop("DRIFTSCOPE_CACHE", None)
+    else:
+        os.environ["DRIFTSCOPE_CACHE"] = previous
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint_dir() -> Path:
     if not (TINY / "model.safetensors").exists():

@@ -21,7 +21,8 @@ def rendered(tmp_path_factory, tiny_checkpoint_dir):
                 "name": "cli-check",
                 "checkpoint": str(TINY),
                 "images": [str(ROOT / "fixtures" / "images" / "checkerboard_140.png")],
-                "runtimes": ["transformers:f32", "mlx:f32", "mlx:bf16"],
+                "runtimes": ["transformers:f32", "mlx:f32", "mlx:bf16", "iree:f32"],
+                "pairs": [["mlx:f32", "iree:f32"]],
             }
         )
     )
@@ -33,7 +34,12 @@ def test_run_writes_report_notebook_and_html(rendered):
     code, out = rendered
     report = json.loads((out / "report.json").read_text())
     # bf16 diverges on the tiny fixture, so the gate fails the run (exit 1) and says so in the report
-    assert report["verdict"]["per_candidate"] == {"mlx:f32": "pass", "mlx:bf16": "fail"}
+    assert report["verdict"]["per_candidate"] == {
+        "mlx:f32": "pass",
+        "mlx:bf16": "fail",
+        "iree:f32": "pass",
+        "iree:f32 vs mlx:f32": "pass",
+    }
     assert code == 1
     for name in ("01_stage_parity.ipynb", "01_stage_parity.html", "01_stage_parity.nocode.html"):
         assert (out / name).exists(), name
@@ -50,6 +56,9 @@ def test_executed_notebook_has_no_errors_and_shows_the_figures(rendered):
     assert "Verdict: FAIL" in html and "first divergence at" in html
     first = json.loads((out / "report.json").read_text())["first_divergence"]["mlx:bf16"]["stage"]
     assert first in html
+    # three runtimes in one table: every pair has a status column in the stage table
+    for pair in ("mlx:f32 status", "mlx:bf16 status", "iree:f32 status", "iree:f32 vs mlx:f32 status"):
+        assert pair in html, pair
 
 
 def test_nocode_html_hides_the_code(rendered):

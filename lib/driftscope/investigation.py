@@ -111,8 +111,8 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
                 "options": spec.options,
                 "tapset": str(tapset.tensor_path.relative_to(out)),
                 "timings": tapset.meta.get("timings", {}),
-            "artifact": tapset.meta.get("artifact"),
-            "bucket": tapset.meta.get("bucket"),
+                "artifact": tapset.meta.get("artifact"),
+                "bucket": tapset.meta.get("bucket"),
                 "stages": len(tapset.stage_ids()),
             }
         )

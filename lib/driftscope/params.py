@@ -187,8 +187,10 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
     for pair in pairs:
         _expect(pair, list, "pairs entries", "[mlx:f32, iree:f32]")
         if len(pair) != 2 or any(label not in labels for label in pair) or pair[0] == pair[1]:
-            raise ParameterError(f"pair {pair} must name two different runtimes of {labels}",
-                                 "write [reference label, candidate label], e.g. [mlx:f32, iree:f32]")
+            raise ParameterError(
+                f"pair {pair} must name two different runtimes of {labels}",
+                "write [reference label, candidate label], e.g. [mlx:f32, iree:f32]",
+            )
     notebooks = data.get("notebooks", ["01_stage_parity"])
     _expect(notebooks, list, "notebooks", "[01_stage_parity]")
     name = data.get("name") or (Path(source).stem if source else "run")

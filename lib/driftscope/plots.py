@@ -44,8 +44,9 @@ def error_curves(report: Report, metrics: tuple[str, ...] = ("max_abs", "rms", "
     atol = report.data.get("contract", {}).get("default", {}).get("atol")
     first = report.data.get("first_divergence", {})
     for color, label in zip(COLORS, report.pair_keys(), strict=False):
-        pair = sorted((row for row in rows if (row.pair or row.candidate) == label),
-                      key=lambda row: position.get(row.stage, 0))
+        pair = sorted(
+            (row for row in rows if (row.pair or row.candidate) == label), key=lambda row: position.get(row.stage, 0)
+        )
         xs = [position.get(row.stage, 0) for row in pair]
         for axis, metric in zip(axes, metrics, strict=False):
             values = np.array([getattr(row, metric) for row in pair], dtype=float)
@@ -72,7 +73,7 @@ def error_curves(report: Report, metrics: tuple[str, ...] = ("max_abs", "rms", "
     ticks, labels = _block_ticks(ordered)
     axes[-1].set_xticks(ticks, labels, rotation=90, fontsize=7)
     axes[-1].set_xlabel("stage (execution order; dashed: first divergence)")
-    axes[0].legend(loc="upper left", fontsize=8)
+    axes[0].legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, borderaxespad=0.0)
     axes[0].set_title(f"{report.data.get('name')}: error per stage, one line per runtime pair")
     return figure
 
@@ -108,9 +109,7 @@ def stage_table(report: Report, only_failing: bool = False):
         return frame
     ordered, position = _stage_axis(report)
     frame["order"] = frame["stage"].map(position)
-    wide = frame.pivot_table(
-        index=["order", "stage"], columns="pair", values=["max_abs", "failures"], aggfunc="first"
-    )
+    wide = frame.pivot_table(index=["order", "stage"], columns="pair", values=["max_abs", "failures"], aggfunc="first")
     status = frame.pivot_table(index=["order", "stage"], columns="pair", values="status", aggfunc="first")
     wide.columns = [f"{candidate} {metric}" for metric, candidate in wide.columns]
     status.columns = [f"{candidate} status" for candidate in status.columns]

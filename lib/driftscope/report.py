@@ -155,22 +155,31 @@ def judge(
             row.pair = key
         rows.extend(pair_rows)
         divergence = first_divergence(pair_rows)
-        first[key] = None if divergence is None else {
-            "stage": divergence.stage, "status": divergence.status, "failures": divergence.failures,
-            "elements": divergence.elements, "max_abs": divergence.max_abs, "max_coords": divergence.max_coords,
-            "reference_value": divergence.max_reference_value, "candidate_value": divergence.max_candidate_value,
-            "note": divergence.note,
-        }
-        growth[key] = growth_stages(pair_rows, contract.growth_factor, side=side)
-        onset[key] = next(
-            (row.stage for row in pair_rows if not row.integer and row.relative_rms > DRIFT_FLOOR), None
+        first[key] = (
+            None
+            if divergence is None
+            else {
+                "stage": divergence.stage,
+                "status": divergence.status,
+                "failures": divergence.failures,
+                "elements": divergence.elements,
+                "max_abs": divergence.max_abs,
+                "max_coords": divergence.max_coords,
+                "reference_value": divergence.max_reference_value,
+                "candidate_value": divergence.max_candidate_value,
+                "note": divergence.note,
+            }
         )
+        growth[key] = growth_stages(pair_rows, contract.growth_factor, side=side)
+        onset[key] = next((row.stage for row in pair_rows if not row.integer and row.relative_rms > DRIFT_FLOOR), None)
         missing = [row.stage for row in pair_rows if row.status == "missing"]
         failed = divergence is not None
         per_candidate[key] = "fail" if failed else "pass"
         if failed:
-            reasons.append(f"{key}: first divergence at {divergence.stage} "
-                           f"({divergence.failures}/{divergence.elements} elements over tolerance)")
+            reasons.append(
+                f"{key}: first divergence at {divergence.stage} "
+                f"({divergence.failures}/{divergence.elements} elements over tolerance)"
+            )
         if missing:
             reasons.append(f"{key}: {len(missing)} stages captured by only one side (e.g. {missing[0]})")
     status = "fail" if any(v == "fail" for v in per_candidate.values()) else "pass"
@@ -191,8 +200,11 @@ def rejudge(report_path: str | Path, contract: Contract, out_path: str | Path | 
     reference_label = report.data["reference"]
     reference = report.tapset(reference_label)
     candidates = [report.tapset(label) for label in labels if label != reference_label]
-    extra = [(report.tapset(pair["reference"]), report.tapset(pair["candidate"]))
-             for pair in report.data.get("pairs", []) if pair["reference"] != reference_label]
+    extra = [
+        (report.tapset(pair["reference"]), report.tapset(pair["candidate"]))
+        for pair in report.data.get("pairs", [])
+        if pair["reference"] != reference_label
+    ]
     data = dict(report.data)
     data.update(judge(reference, candidates, contract, report.plan, extra))
     data["contract"] = contract.to_dict()

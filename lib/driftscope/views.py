@@ -32,8 +32,9 @@ def summary_markdown(report: Report) -> str:
         worst = f"{first['max_abs']:.3g}" if first else ""
         grows = f"`{growth[0]['stage']}`" if growth else "none"
         onset = data.get("drift_onset", {}).get(label)
+        status = verdict.get("per_candidate", {}).get(label)
         lines.append(
-            f"| `{report.pair_title(label)}` | {verdict.get('per_candidate', {}).get(label)} | {where} | {count} | {worst} | "
+            f"| `{report.pair_title(label)}` | {status} | {where} | {count} | {worst} | "
             f"{'`' + onset + '`' if onset else 'none'} | {grows} |"
         )
     for reason in verdict.get("reasons", []):

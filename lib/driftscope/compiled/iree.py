@@ -21,8 +21,11 @@ from .graph import LoweredGraph, policy_digest
 #: target -> (iree-compile flags, iree.runtime driver)
 TARGETS: dict[str, tuple[tuple[str, ...], str]] = {
     "llvm-cpu": (
-        ("--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu",
-         "--iree-llvmcpu-target-cpu=host"),
+        (
+            "--iree-hal-target-device=local",
+            "--iree-hal-local-target-device-backends=llvm-cpu",
+            "--iree-llvmcpu-target-cpu=host",
+        ),
         "local-task",
     ),
     "cuda": (("--iree-hal-target-device=cuda",), "cuda"),
@@ -47,8 +50,10 @@ def iree_compile_binary() -> Path:
     candidate = Path(sys.executable).parent / "iree-compile"
     found = candidate if candidate.exists() else shutil.which("iree-compile")
     if not found:
-        raise RuntimeUnavailableError("runtime 'iree' needs iree-compile (package 'iree-base-compiler')",
-                                      "run `make setup`, or pip install iree-base-compiler")
+        raise RuntimeUnavailableError(
+            "runtime 'iree' needs iree-compile (package 'iree-base-compiler')",
+            "run `make setup`, or pip install iree-base-compiler",
+        )
     return Path(found)
 
 
@@ -73,8 +78,14 @@ class Artifact:
     compile_s: float
 
     def to_dict(self) -> dict:
-        return {"key": self.key, "vmfb": str(self.path), "stablehlo": str(self.stablehlo), "cache_hit": self.cache_hit,
-                "compile_s": round(self.compile_s, 3), **self.identity}
+        return {
+            "key": self.key,
+            "vmfb": str(self.path),
+            "stablehlo": str(self.stablehlo),
+            "cache_hit": self.cache_hit,
+            "compile_s": round(self.compile_s, 3),
+            **self.identity,
+        }
 
 
 def artifact_identity(graph: LoweredGraph, target: str, extra_flags: tuple[str, ...] = ()) -> dict:
@@ -96,8 +107,9 @@ def artifact_key(identity: dict) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def compile_graph(graph: LoweredGraph, target: str = "llvm-cpu", cache_dir: Path | None = None,
-                  extra_flags: tuple[str, ...] = ()) -> Artifact:
+def compile_graph(
+    graph: LoweredGraph, target: str = "llvm-cpu", cache_dir: Path | None = None, extra_flags: tuple[str, ...] = ()
+) -> Artifact:
     """The cached module for this graph/target/flags/policy/taps, compiling it only when absent."""
     identity = artifact_identity(graph, target, tuple(extra_flags))
     key = artifact_key(identity)

@@ -78,8 +78,9 @@ def pack_images(
             f"use a bucket of at least {active} rows (a multiple of {unit}), or fewer/smaller images",
         )
     if rows % unit:
-        raise InputError(f"bucket rows {rows} is not a multiple of the merge unit {unit}",
-                         f"use {rows + unit - rows % unit}")
+        raise InputError(
+            f"bucket rows {rows} is not a multiple of the merge unit {unit}", f"use {rows + unit - rows % unit}"
+        )
     layout = window_layout(grids, spatial_merge_size, window_size, patch_size)
     merged = rows // unit
     merged_active = active // unit

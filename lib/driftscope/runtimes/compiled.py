@@ -24,8 +24,14 @@ from ..inputs import VisionInputs
 from .base import Runtime, StageSink, package_versions, require
 
 #: Stages computed on the host (index math), not by the graph.
-HOST_STAGES = ("inputs.pixel_values", "inputs.grid_thw", "inputs.image_tokens", "vision.window_index",
-               "vision.cu_window_seqlens", "vision.cu_seqlens")
+HOST_STAGES = (
+    "inputs.pixel_values",
+    "inputs.grid_thw",
+    "inputs.image_tokens",
+    "vision.window_index",
+    "vision.cu_window_seqlens",
+    "vision.cu_seqlens",
+)
 COMPILED_POLICIES = ("f32", "f16-contract", "f16-state")
 
 
@@ -78,7 +84,12 @@ class CompiledRuntime(Runtime):
         sink.put_bounds("vision.cu_window_seqlens", bucket.cu_window_seqlens_raw)
         sink.put("vision.cu_seqlens", bucket.cu_seqlens)
         wanted = [stage.id for stage in sink.plan if sink.wants(stage.id)]
+        self._say = sink.progress or (lambda message: None)
         graph = self.lower(bucket, self.graph_taps(wanted))
+        self._say(
+            f"lowered to StableHLO ({len(graph.output_names)} outputs, bucket {bucket.rows} rows, "
+            f"{bucket.active} active) in {self.timings['lower_s']:.1f}s"
+        )
         outputs = self.execute(graph, self.arguments(graph, bucket, inputs))
         start = time.perf_counter()
         for stage in sink.plan:
@@ -87,8 +98,11 @@ class CompiledRuntime(Runtime):
                 sink.put(stage.id, outputs[stage.id][:rows], bucket_rows=bucket.rows)
         self.timings["write_s"] = time.perf_counter() - start
         sink.writer.meta["bucket"] = {"rows": bucket.rows, "active_rows": bucket.active_rows}
-        sink.writer.meta["graph"] = {"stablehlo_digest": graph.digest, "taps": len(graph.taps),
-                                     "outputs": len(graph.output_names)}
+        sink.writer.meta["graph"] = {
+            "stablehlo_digest": graph.digest,
+            "taps": len(graph.taps),
+            "outputs": len(graph.output_names),
+        }
 
 
 class JaxRuntime(CompiledRuntime):
@@ -107,7 +121,7 @@ class JaxRuntime(CompiledRuntime):
         self.timings["compile_s"] = time.perf_counter() - start
         weights = dict(zip(sorted(self.model.weights), arguments[: len(self.model.weights)], strict=True))
         start = time.perf_counter()
-        out = compiled(weights, *arguments[len(self.model.weights):])
+        out = compiled(weights, *arguments[len(self.model.weights) :])
         out = jax.block_until_ready(out)
         self.timings["run_s"] = time.perf_counter() - start
         return {name: np.asarray(value) for name, value in out.items()}
@@ -126,10 +140,23 @@ class IreeRuntime(CompiledRuntime):
         from ..compiled.iree import IreeModule, compile_graph
 
         cache = self.options.get("cache_dir")
-        artifact = compile_graph(graph, str(self.options.get("target", "llvm-cpu")),
-                                 Path(cache) if cache else None, tuple(self.options.get("flags", ())))
+        self._say(f"iree-compile ({self.options.get('target', 'llvm-cpu')}) unless the artifact is cached")
+        artifact = compile_graph(
+            graph,
+            str(self.options.get("target", "llvm-cpu")),
+            Path(cache) if cache else None,
+            tuple(self.options.get("flags", ())),
+        )
         self.artifact = artifact
         self.timings["compile_s"] = artifact.compile_s
+        self._say(
+            f"artifact {artifact.key}: "
+            + (
+                "loaded from the cache"
+                if artifact.cache_hit
+                else f"compiled by iree-compile in {artifact.compile_s:.1f}s"
+            )
+        )
         start = time.perf_counter()
         module = IreeModule(artifact, graph.output_names)
         self.timings["module_load_s"] = time.perf_counter() - start

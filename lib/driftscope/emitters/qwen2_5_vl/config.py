@@ -43,7 +43,9 @@ class VisionSpec:
     def from_config(cls, config: dict) -> VisionSpec:
         vision = dict(config.get("vision_config") or {})
         if not vision:
-            raise CheckpointError("config.json has no vision_config", "use a Qwen2.5-VL checkpoint saved by transformers")
+            raise CheckpointError(
+                "config.json has no vision_config", "use a Qwen2.5-VL checkpoint saved by transformers"
+            )
         rope = vision.get("rope_parameters") or {}
         act = vision.get("hidden_act", "silu")
         if act != "silu":

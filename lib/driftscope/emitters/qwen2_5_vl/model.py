@@ -80,8 +80,14 @@ def vision_tower(
         x = _block(spec, contract, weights, b, x, cos, sin, full_mask if spec.is_full(b) else window_mask, tap)
     h = tap("vision.merger.norm", contract.round_state(rms_norm(x, weights["merger.ln_q.weight"], spec.eps)))
     h = h.reshape(-1, spec.hidden_size * unit)
-    h = tap("vision.merger.hidden", jax.nn.gelu(
-        linear(contract, h, weights["merger.mlp.0.weight"], weights["merger.mlp.0.bias"]), approximate=False))
-    merged = tap("vision.merger.window", linear(contract, h, weights["merger.mlp.2.weight"], weights["merger.mlp.2.bias"]))
+    h = tap(
+        "vision.merger.hidden",
+        jax.nn.gelu(
+            linear(contract, h, weights["merger.mlp.0.weight"], weights["merger.mlp.0.bias"]), approximate=False
+        ),
+    )
+    merged = tap(
+        "vision.merger.window", linear(contract, h, weights["merger.mlp.2.weight"], weights["merger.mlp.2.bias"])
+    )
     tap(FINAL, jnp.take(merged, merged_restore, axis=0))  # inverse window permutation: raster order
     return tap.out

@@ -20,27 +20,31 @@ def expected_shapes(spec: VisionSpec) -> dict[str, tuple[int, ...]]:
     p, t, c = spec.patch_size, spec.temporal_patch_size, spec.in_channels
     shapes = {"patch_embed.proj.weight": (d, c, t, p, p)}
     for b in range(spec.depth):
-        shapes.update({
-            f"blocks.{b}.norm1.weight": (d,),
-            f"blocks.{b}.norm2.weight": (d,),
-            f"blocks.{b}.attn.qkv.weight": (3 * d, d),
-            f"blocks.{b}.attn.qkv.bias": (3 * d,),
-            f"blocks.{b}.attn.proj.weight": (d, d),
-            f"blocks.{b}.attn.proj.bias": (d,),
-            f"blocks.{b}.mlp.gate_proj.weight": (i, d),
-            f"blocks.{b}.mlp.gate_proj.bias": (i,),
-            f"blocks.{b}.mlp.up_proj.weight": (i, d),
-            f"blocks.{b}.mlp.up_proj.bias": (i,),
-            f"blocks.{b}.mlp.down_proj.weight": (d, i),
-            f"blocks.{b}.mlp.down_proj.bias": (d,),
-        })
-    shapes.update({
-        "merger.ln_q.weight": (d,),
-        "merger.mlp.0.weight": (merged, merged),
-        "merger.mlp.0.bias": (merged,),
-        "merger.mlp.2.weight": (spec.out_hidden_size, merged),
-        "merger.mlp.2.bias": (spec.out_hidden_size,),
-    })
+        shapes.update(
+            {
+                f"blocks.{b}.norm1.weight": (d,),
+                f"blocks.{b}.norm2.weight": (d,),
+                f"blocks.{b}.attn.qkv.weight": (3 * d, d),
+                f"blocks.{b}.attn.qkv.bias": (3 * d,),
+                f"blocks.{b}.attn.proj.weight": (d, d),
+                f"blocks.{b}.attn.proj.bias": (d,),
+                f"blocks.{b}.mlp.gate_proj.weight": (i, d),
+                f"blocks.{b}.mlp.gate_proj.bias": (i,),
+                f"blocks.{b}.mlp.up_proj.weight": (i, d),
+                f"blocks.{b}.mlp.up_proj.bias": (i,),
+                f"blocks.{b}.mlp.down_proj.weight": (d, i),
+                f"blocks.{b}.mlp.down_proj.bias": (d,),
+            }
+        )
+    shapes.update(
+        {
+            "merger.ln_q.weight": (d,),
+            "merger.mlp.0.weight": (merged, merged),
+            "merger.mlp.0.bias": (merged,),
+            "merger.mlp.2.weight": (spec.out_hidden_size, merged),
+            "merger.mlp.2.bias": (spec.out_hidden_size,),
+        }
+    )
     return shapes
 
 
@@ -63,22 +67,28 @@ def load_vision_weights(path: str | Path, spec: VisionSpec) -> dict[str, np.ndar
     located = _files(path)
     prefix = next((p for p in PREFIXES if any(name.startswith(p) for name in located)), None)
     if prefix is None:
-        raise CheckpointError(f"checkpoint {path} has no vision tensors (no key starts with {PREFIXES})",
-                              "use a Qwen2.5-VL checkpoint that includes the vision tower")
+        raise CheckpointError(
+            f"checkpoint {path} has no vision tensors (no key starts with {PREFIXES})",
+            "use a Qwen2.5-VL checkpoint that includes the vision tower",
+        )
     weights: dict[str, np.ndarray] = {}
     handles: dict[Path, object] = {}
     for name, shape in expected_shapes(spec).items():
         key = prefix + name
         if key not in located:
-            raise CheckpointError(f"checkpoint tensor {key!r} is missing (the config's depth is {spec.depth})",
-                                  "the weights and config.json disagree: re-save the checkpoint or fix the config")
+            raise CheckpointError(
+                f"checkpoint tensor {key!r} is missing (the config's depth is {spec.depth})",
+                "the weights and config.json disagree: re-save the checkpoint or fix the config",
+            )
         file = located[key]
         if file not in handles:
             handles[file] = safe_open(str(file), framework="numpy")
         found = tuple(handles[file].get_slice(key).get_shape())
         if found != shape:
-            raise CheckpointError(f"checkpoint tensor {key!r} has shape {list(found)}, the config implies {list(shape)}",
-                                  "the weights and config.json disagree: re-save the checkpoint or fix the config")
+            raise CheckpointError(
+                f"checkpoint tensor {key!r} has shape {list(found)}, the config implies {list(shape)}",
+                "the weights and config.json disagree: re-save the checkpoint or fix the config",
+            )
         weights[name] = _read(handles[file], file, key)
     return weights
 

@@ -1,0 +1,290 @@
+"""The compiled path: our JAX emitter on XLA (``jax``) and through iree-compile + iree.runtime (``iree``)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from conftest import ROOT
+from driftscope.compare import compare_tapsets, first_divergence
+from driftscope.compiled.graph import lower_vision_tower
+from driftscope.compiled.iree import compile_graph
+from driftscope.contract import load_contract
+from driftscope.emitters.qwen2_5_vl import VisionSpec, load_vision_weights
+from driftscope.geometry import pack_images
+from driftscope.inputs import prepare_inputs
+from driftscope.precision import get_policy
+from driftscope.report import judge
+from driftscope.runtimes import get_runtime
+
+CHECKER = ROOT / "fixtures" / "images" / "checkerboard_140.png"
+RUNTIMES = (("jax", "f32"), ("iree", "f32"), ("iree", "f16-contract"))
+
+
+@pytest.fixture(scope="session")
+def iree_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("iree-cache")
+
+
+@pytest.fixture(scope="session")
+def compiled_captures(tmp_path_factory, tiny_checkpoint, shapes_inputs, full_plan, iree_cache):
+    out = tmp_path_factory.mktemp("compiled")
+    taps = {}
+    for name, policy in RUNTIMES:
+        runtime = get_runtime(name)(tiny_checkpoint, policy, options={"cache_dir": str(iree_cache)})
+        taps[f"{name}:{policy}"] = runtime.capture(shapes_inputs, full_plan, out / f"{name}-{policy}")
+    return taps
+
+
+def _rows(captures, compiled_captures, label, plan):
+    return {
+        row.stage: row
+        for row in compare_tapsets(captures["transformers:f32"], compiled_captures[label], load_contract(None), plan)
+    }
+
+
+@pytest.mark.parametrize("label", ["jax:f32", "iree:f32"])
+def test_f32_matches_the_oracle_on_every_stage(captures, compiled_captures, full_plan, label):
+    rows = _rows(captures, compiled_captures, label, full_plan)
+    assert set(rows) == {stage.id for stage in full_plan}
+    for stage in full_plan:
+        row = rows[stage.id]
+        assert row.status == "pass", (stage.id, row.note)
+        if row.integer:
+            assert row.failures == 0, stage.id
+        else:
+            assert row.max_abs < 1e-4, (stage.id, row.max_abs)
+            assert row.elements > 0
+
+
+def test_iree_and_jax_agree_and_are_separate_pairs(captures, compiled_captures, full_plan):
+    judged = judge(
+        captures["transformers:f32"],
+        [compiled_captures["jax:f32"], compiled_captures["iree:f32"]],
+        load_contract(None),
+        full_plan,
+        [(compiled_captures["jax:f32"], compiled_captures["iree:f32"])],
+    )
+    keys = [pair["key"] for pair in judged["pairs"]]
+    assert keys == ["jax:f32", "iree:f32", "iree:f32 vs jax:f32"]
+    between = [row for row in judged["rows"] if row["pair"] == "iree:f32 vs jax:f32"]
+    assert len(between) == len(full_plan)
+    assert max(row["max_abs"] for row in between) < 1e-4
+
+
+def test_f16_contract_drifts_from_the_oracle(captures, compiled_captures, full_plan):
+    rows = _rows(captures, compiled_captures, "iree:f16-contract", full_plan)
+    drifted = [stage.id for stage in full_plan if not rows[stage.id].integer and rows[stage.id].relative_rms > 1e-4]
+    assert drifted[0] == "vision.patch_embed"  # the first dot takes F16 operands
+    assert rows["vision.rotary.cos"].max_abs < 1e-6  # RoPE stays in F32
+    assert rows["vision.block.7"].max_abs > 1e-3
+    assert first_divergence(list(rows.values())) is None  # measurable, but inside the default contract
+
+
+def test_iree_records_the_artifact_and_the_bucket(compiled_captures):
+    meta = compiled_captures["iree:f32"].meta
+    assert re.fullmatch(r"[0-9a-f]{24}", meta["artifact"]["key"])
+    assert meta["artifact"]["policy"] == "f32" and meta["artifact"]["target"] == "llvm-cpu"
+    assert meta["bucket"] == {"rows": 1024, "active_rows": [[0, 1024]]}
+
+
+@pytest.fixture(scope="module")
+def two_images(tiny_checkpoint, tmp_path_factory, iree_cache):
+    """Two 140x140 images (100 patches each) packed into one 256-row bucket."""
+    from driftscope.families import stage_plan
+    from driftscope.stages import StageSelection
+
+    inputs = prepare_inputs(tiny_checkpoint, [CHECKER, ROOT / "fixtures" / "images" / "shapes_336.png"])
+    plan = stage_plan(tiny_checkpoint.family, tiny_checkpoint.config).select(StageSelection.everything())
+    out = tmp_path_factory.mktemp("two")
+    rows = int(inputs.grid_thw.prod(axis=1).sum())
+    bucket = rows + (-rows % 4) + 64
+    taps = {"transformers": get_runtime("transformers")(tiny_checkpoint).capture(inputs, plan, out / "t")}
+    for name in ("jax", "iree"):
+        runtime = get_runtime(name)(tiny_checkpoint, "f32", options={"bucket": bucket, "cache_dir": str(iree_cache)})
+        taps[name] = runtime.capture(inputs, plan, out / name)
+    return inputs, plan, taps, bucket
+
+
+@pytest.mark.parametrize("name", ["jax", "iree"])
+def test_two_images_in_one_padded_bucket_match_the_oracle(two_images, name):
+    inputs, plan, taps, bucket = two_images
+    assert len(inputs.grid_thw) == 2
+    active = int(inputs.grid_thw.prod(axis=1).sum())
+    assert taps[name].meta["bucket"] == {"rows": bucket, "active_rows": [[0, active]]}
+    rows = compare_tapsets(taps["transformers"], taps[name], load_contract(None), plan)
+    assert len(rows) == len(plan)
+    for row in rows:
+        assert row.status == "pass", (row.stage, row.note)
+        assert row.integer or row.max_abs < 1e-4, (row.stage, row.max_abs)
+    assert taps[name].shape("vision.block.0") == (active, 64)
+
+
+@pytest.fixture(scope="module")
+def xla_tower(tiny_checkpoint):
+    """The lowered tower for two 140x140 images in a 256-row bucket, compiled by XLA."""
+    spec = VisionSpec.from_config(tiny_checkpoint.config)
+    weights = load_vision_weights(tiny_checkpoint.path, spec)
+    bucket = pack_images([[1, 10, 10], [1, 10, 10]], 256)
+    graph = lower_vision_tower(spec, get_policy("f32"), weights, bucket.rows, ("vision.block.0", "vision.block.3"))
+    compiled = graph.lowered.compile()
+
+    def run(pixels):
+        out = compiled(
+            weights,
+            pixels,
+            *[
+                bucket.graph_inputs()[k]
+                for k in ("patch_gather", "positions", "window_segments", "image_segments", "merged_restore")
+            ],
+        )
+        return {k: np.asarray(v) for k, v in out.items()}
+
+    return run, bucket
+
+
+def test_padded_rows_never_feed_active_rows(xla_tower):
+    run, bucket = xla_tower
+    rng = np.random.default_rng(0)
+    pixels = rng.standard_normal((256, 1176)).astype(np.float32)
+    pixels[bucket.active :] = 0
+    clean = run(pixels)
+    pixels[bucket.active :] = rng.standard_normal((256 - bucket.active, 1176)).astype(np.float32) * 1e4
+    noisy = run(pixels)
+    for stage in ("vision.block.0", "vision.block.3", "vision.merger"):
+        rows = bucket.active if stage != "vision.merger" else bucket.active_merged
+        assert np.array_equal(clean[stage][:rows], noisy[stage][:rows]), stage
+        assert np.isfinite(noisy[stage]).all()  # a padded query attends to itself, never to nothing
+    assert not np.array_equal(clean["vision.block.3"][bucket.active :], noisy["vision.block.3"][bucket.active :])
+
+
+def test_attention_never_crosses_images(xla_tower):
+    run, bucket = xla_tower
+    rng = np.random.default_rng(1)
+    pixels = np.zeros((256, 1176), dtype=np.float32)
+    pixels[:200] = rng.standard_normal((200, 1176))
+    before = run(pixels)
+    pixels[100:200] = rng.standard_normal((100, 1176))  # change only the second image
+    after = run(pixels)
+    # the first image's rows come first in window order (its window index is image-local)
+    assert np.array_equal(before["vision.block.3"][:100], after["vision.block.3"][:100])  # full attention block
+    assert np.array_equal(before["vision.merger"][:25], after["vision.merger"][:25])
+    assert not np.array_equal(before["vision.block.3"][100:200], after["vision.block.3"][100:200])
+
+
+def _lower(tiny_checkpoint, policy, taps=("vision.block.0",)):
+    spec = VisionSpec.from_config(tiny_checkpoint.config)
+    weights = load_vision_weights(tiny_checkpoint.path, spec)
+    return lower_vision_tower(spec, get_policy(policy), weights, 100, taps)
+
+
+def _dots(text):
+    return re.findall(r"stablehlo\.dot_general .*?: \((tensor<[^>]+>), (tensor<[^>]+>)\) -> (tensor<[^>]+>)", text)
+
+
+def test_stablehlo_shows_the_policy(tiny_checkpoint):
+    texts = {policy: _lower(tiny_checkpoint, policy).text for policy in ("f32", "f16-contract", "f16-state")}
+    for policy, text in texts.items():
+        assert f"// precision policy: {policy}:" in text
+        assert f"@jit_vision_tower_{policy.replace('-', '_')}" in text
+        assert "stablehlo.constant dense<[[" not in text  # weights are arguments, not constants
+    contract = _dots(texts["f16-contract"])
+    assert len(contract) >= 8 * 7 + 3  # 7 dots per block (qkv, scores, context, proj, gate, up, down) + embed + merger
+    for lhs, rhs, result in contract:
+        assert lhs.endswith("xf16>") and rhs.endswith("xf16>"), (lhs, rhs)
+        assert result.endswith("xf32>"), result
+    for lhs, rhs, result in _dots(texts["f32"]):
+        assert lhs.endswith("xf32>") and rhs.endswith("xf32>") and result.endswith("xf32>")
+    assert "f16" not in texts["f32"].split("\n", 5)[-1]
+    rounds = {p: len(re.findall(r"-> tensor<\d+x64xf16>", t)) for p, t in texts.items() if p != "f32"}
+    assert rounds["f16-state"] > rounds["f16-contract"]  # the state is rounded through F16 as well
+
+
+def test_a_second_compile_reuses_the_artifact_and_a_new_policy_recompiles(tiny_checkpoint, tmp_path):
+    graph = _lower(tiny_checkpoint, "f32", ())
+    first = compile_graph(graph, cache_dir=tmp_path)
+    assert not first.cache_hit and first.compile_s > 0 and first.path.exists()
+    stamp = first.path.stat().st_mtime_ns
+    again = compile_graph(_lower(tiny_checkpoint, "f32", ()), cache_dir=tmp_path)
+    assert again.cache_hit and again.key == first.key and again.path.stat().st_mtime_ns == stamp
+    other = compile_graph(_lower(tiny_checkpoint, "f16-contract", ()), cache_dir=tmp_path)
+    assert not other.cache_hit and other.key != first.key
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([first.key, other.key])
+
+
+# bad input --------------------------------------------------------------------------------------
+
+
+def test_an_iree_compile_failure_shows_the_diagnostic_and_the_file(tiny_checkpoint, tmp_path):
+    from driftscope.errors import CompileError
+
+    graph = _lower(tiny_checkpoint, "f32", ())
+    graph.text = graph.text.replace("stablehlo.dot_general", "stablehlo.not_an_op", 1)
+    graph.digest = "broken"
+    with pytest.raises(CompileError) as err:
+        compile_graph(graph, cache_dir=tmp_path)
+    message = str(err.value)
+    assert "error:" in message and "not_an_op" in message  # iree-compile's own diagnostic
+    mlir = re.search(r"failed on (\S+stablehlo\.mlir)", message).group(1)
+    assert "not_an_op" in open(mlir).read()
+    assert "iree-compile" in err.value.fix
+
+
+def test_unknown_policy_or_target_lists_the_valid_ones(tiny_checkpoint, tmp_path):
+    from driftscope.errors import RegistryError, RuntimeUnavailableError
+
+    with pytest.raises(RuntimeUnavailableError, match="does not offer policy 'bf16'") as err:
+        get_runtime("iree")(tiny_checkpoint, "bf16")
+    assert "f16-contract" in err.value.fix and "f16-state" in err.value.fix
+    with pytest.raises(RegistryError, match="unknown precision policy 'f16-contrct'"):
+        get_runtime("iree")(tiny_checkpoint, "f16-contrct")
+    with pytest.raises(RegistryError, match="unknown IREE target 'tpu'") as err:
+        compile_graph(_lower(tiny_checkpoint, "f32", ()), "tpu", cache_dir=tmp_path)
+    assert "llvm-cpu" in err.value.fix and "cuda" in err.value.fix
+
+
+def _rewrite_checkpoint(source, target, change):
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(source, target)
+    tensors = load_file(str(target / "model.safetensors"))
+    change(tensors)
+    save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
+    return target
+
+
+def test_checkpoint_tensors_that_do_not_match_the_config_are_named(tiny_checkpoint_dir, tiny_checkpoint, tmp_path):
+    from driftscope.errors import CheckpointError
+
+    spec = VisionSpec.from_config(tiny_checkpoint.config)
+    missing = _rewrite_checkpoint(
+        tiny_checkpoint_dir, tmp_path / "missing", lambda t: t.pop("visual.blocks.5.mlp.up_proj.weight")
+    )
+    with pytest.raises(CheckpointError, match=r"'visual\.blocks\.5\.mlp\.up_proj\.weight' is missing"):
+        load_vision_weights(missing, spec)
+
+    def widen(tensors):
+        tensors["visual.blocks.2.attn.qkv.weight"] = np.zeros((192, 65), np.float32)
+
+    wrong = _rewrite_checkpoint(tiny_checkpoint_dir, tmp_path / "wrong", widen)
+    with pytest.raises(CheckpointError, match=r"'visual\.blocks\.2\.attn\.qkv\.weight' has shape \[192, 65\]"):
+        load_vision_weights(wrong, spec)
+
+
+def test_a_bucket_too_small_says_how_many_rows_the_images_need(tiny_checkpoint, tmp_path):
+    from driftscope.errors import InputError
+
+    with pytest.raises(InputError, match="bucket of 128 rows is too small: the images need 200 patch rows") as err:
+        pack_images([[1, 10, 10], [1, 10, 10]], 128)
+    assert "at least 200 rows" in err.value.fix
+    inputs = prepare_inputs(tiny_checkpoint, [CHECKER, CHECKER])
+    runtime = get_runtime("jax")(tiny_checkpoint, "f32", options={"bucket": 128})
+    from driftscope.families import stage_plan
+    from driftscope.stages import StageSelection
+
+    plan = stage_plan(tiny_checkpoint.family, tiny_checkpoint.config).select(StageSelection())
+    with pytest.raises(InputError, match="need 200 patch rows"):
+        runtime.capture(inputs, plan, tmp_path / "taps")
