@@ -76,3 +76,23 @@ def test_bad_parameter_file_exits_2_with_the_fix(tmp_path, capsys):
     assert main(["run", str(params), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "unknown keys ['colour']" in err and "valid keys" in err
+
+
+def test_window_geometry_notebook_renders_every_figure_and_the_audit(tmp_path):
+    from driftscope.render import execute, to_html
+
+    executed = execute(
+        "03_window_geometry",
+        tmp_path,
+        {"image_path": str(ROOT / "fixtures/images/shapes_336.png")},
+        cwd=ROOT,
+        log_output=False,
+    )
+    notebook = json.loads(executed.read_text())
+    outputs = [o for cell in notebook["cells"] if cell["cell_type"] == "code" for o in cell.get("outputs", [])]
+    assert not [o for o in outputs if o["output_type"] == "error"]
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 4  # windows, permutation, misplaced, masks
+    html, _ = to_html(executed)
+    text = html.read_text()
+    assert "misplaces <strong>120</strong> tokens" in text  # 336x336: not an involution
+    assert "padding_to_active" in text and "cross_media" in text

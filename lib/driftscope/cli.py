@@ -66,6 +66,25 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _geometry(args: argparse.Namespace) -> int:
+    import json
+
+    from .geometry.resize import ResizeSpec
+    from .geometry.summary import bucket_summary, format_text, image_rows
+
+    spec = ResizeSpec.from_checkpoint(args.checkpoint)
+    images = image_rows(args.sizes, spec, args.window_size)
+    bucket = None
+    if args.bucket is not None:
+        bucket = bucket_summary(args.sizes, args.bucket, spec, args.window_size)
+    if args.json:
+        print(json.dumps({"processor": spec.source, "images": images, "bucket": bucket}, indent=2))
+    else:
+        print(f"processor settings: {spec.source}")
+        print(format_text(images, bucket))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     main = argparse.ArgumentParser(prog="driftscope", description="Where, and why, two runtimes of a VLM disagree.")
     sub = main.add_subparsers(dest="command", required=True)
@@ -83,6 +102,15 @@ def parser() -> argparse.ArgumentParser:
     show = sub.add_parser("show", help="print a report's verdict and first divergences")
     show.add_argument("report", help="report.json or its directory")
     show.set_defaults(func=_show)
+    geometry = sub.add_parser("geometry", help="window, permutation and packing facts for image sizes")
+    geometry.add_argument("sizes", nargs="+", metavar="HxW", help="image sizes, height x width (e.g. 448x672)")
+    geometry.add_argument(
+        "--bucket", type=int, help="pack the images into a bucket of N patch rows and audit its masks"
+    )
+    geometry.add_argument("--checkpoint", help="read resize settings from this checkpoint's preprocessor_config.json")
+    geometry.add_argument("--window-size", type=int, default=112, help="window side in pixels (default 112)")
+    geometry.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    geometry.set_defaults(func=_geometry)
     return main
 
 

@@ -18,6 +18,15 @@ def _grids(grid_thw: Sequence[Grid] | np.ndarray) -> list[tuple[int, int, int]]:
     return [(int(t), int(h), int(w)) for t, h, w in np.asarray(grid_thw, dtype=np.int64).reshape(-1, 3)]
 
 
+def unique_consecutive(bounds: np.ndarray) -> np.ndarray:
+    """Window bounds without repeats: an empty window (a repeated bound) attends to nothing."""
+    bounds = np.asarray(bounds)
+    if bounds.size == 0:
+        return bounds
+    keep = np.concatenate([[True], bounds[1:] != bounds[:-1]])
+    return bounds[keep]
+
+
 def merger_window(window_size: int, spatial_merge_size: int, patch_size: int) -> int:
     """Window side in merged tokens (112 px / 2 / 14 = 4 for Qwen2.5-VL)."""
     return window_size // spatial_merge_size // patch_size
@@ -29,22 +38,21 @@ class WindowLayout:
 
     window_index: np.ndarray  # [merged tokens] merged-token raster index at each window-order position
     cu_window_seqlens_raw: np.ndarray  # bounds in patches, one per window including empty padded ones
-    windows_per_image: tuple[int, ...]
-    padded_windows: tuple[int, ...]  # windows per image that cover padding (partial or empty)
+    windows_per_image: tuple[int, ...]  # non-empty windows
+    partial_windows: tuple[int, ...]  # windows per image that are only partly filled (padded)
+    empty_windows: tuple[int, ...]  # all-padding windows the reference still emits (dropped bounds)
 
     @property
     def cu_window_seqlens(self) -> np.ndarray:
         """Bounds with empty windows dropped (what attention uses)."""
-        raw = self.cu_window_seqlens_raw
-        keep = np.concatenate([[True], raw[1:] != raw[:-1]])
-        return raw[keep]
+        return unique_consecutive(self.cu_window_seqlens_raw)
 
 
 def window_layout(grid_thw, spatial_merge_size: int = 2, window_size: int = 112, patch_size: int = 14) -> WindowLayout:
     """The window index and bounds, image after image (each image's merged grid padded to whole windows)."""
     side = merger_window(window_size, spatial_merge_size, patch_size)
     unit = spatial_merge_size**2
-    indices, bounds, per_image, padded = [], [0], [], []
+    indices, bounds, per_image, partial, empty = [], [0], [], [], []
     offset = 0
     for t, h, w in _grids(grid_thw):
         gh, gw = h // spatial_merge_size, w // spatial_merge_size
@@ -58,11 +66,12 @@ def window_layout(grid_thw, spatial_merge_size: int = 2, window_size: int = 112,
         flat = tiles.reshape(-1)
         indices.append(flat[flat >= 0] + offset)
         bounds.extend((np.cumsum(counts) * unit + bounds[-1]).tolist())
-        per_image.append(int(t * nh * nw))
-        padded.append(int((counts < side * side).sum()))
+        per_image.append(int((counts > 0).sum()))
+        partial.append(int(((counts > 0) & (counts < side * side)).sum()))
+        empty.append(int((counts == 0).sum()))
         offset += t * gh * gw
     index = np.concatenate(indices) if indices else np.zeros(0, dtype=np.int64)
-    return WindowLayout(index, np.asarray(bounds, dtype=np.int64), tuple(per_image), tuple(padded))
+    return WindowLayout(index, np.asarray(bounds, dtype=np.int64), tuple(per_image), tuple(partial), tuple(empty))
 
 
 def window_index(grid_thw, spatial_merge_size: int = 2, window_size: int = 112, patch_size: int = 14) -> np.ndarray:
@@ -112,3 +121,51 @@ def reverse_by_rank_scatter(index: np.ndarray) -> np.ndarray:
     for orig, rank in enumerate(index):
         reverse[orig] = rank
     return reverse
+
+
+def is_involution(index: np.ndarray) -> bool:
+    """Whether applying the permutation twice is the identity (then a twice-applied un-reorder hides)."""
+    index = np.asarray(index)
+    return bool(np.array_equal(index[index], np.arange(len(index))))
+
+
+def misplaced_tokens(index: np.ndarray, reverse: np.ndarray) -> int:
+    """Merged tokens a restoring gather ``permuted[reverse]`` puts in the wrong raster place."""
+    index, reverse = np.asarray(index), np.asarray(reverse)
+    return int((index[reverse] != np.arange(len(index))).sum())
+
+
+@dataclass(frozen=True)
+class UnreorderAudit:
+    grid_thw: tuple[int, int, int]
+    merged_tokens: int
+    windows: int
+    partial_windows: int
+    empty_windows: int
+    involution: bool
+    identity: bool
+    misplaced_by_rank_scatter: int
+    misplaced_by_argsort: int
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def audit_unreorder(
+    grid_thw, spatial_merge_size: int = 2, window_size: int = 112, patch_size: int = 14
+) -> UnreorderAudit:
+    """For one image grid: is the window permutation an involution, and what each un-reorder misplaces."""
+    grids = _grids(grid_thw)
+    layout = window_layout(grids, spatial_merge_size, window_size, patch_size)
+    index = layout.window_index
+    return UnreorderAudit(
+        grid_thw=grids[0] if len(grids) == 1 else tuple(map(tuple, grids)),
+        merged_tokens=int(len(index)),
+        windows=sum(layout.windows_per_image),
+        partial_windows=sum(layout.partial_windows),
+        empty_windows=sum(layout.empty_windows),
+        involution=is_involution(index),
+        identity=bool(np.array_equal(index, np.arange(len(index)))),
+        misplaced_by_rank_scatter=misplaced_tokens(index, reverse_by_rank_scatter(index)),
+        misplaced_by_argsort=misplaced_tokens(index, reverse_by_argsort(index)),
+    )

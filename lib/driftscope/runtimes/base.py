@@ -14,6 +14,7 @@ import numpy as np
 
 from ..checkpoint import Checkpoint
 from ..errors import RuntimeUnavailableError
+from ..geometry.windows import unique_consecutive
 from ..inputs import VisionInputs
 from ..patches import HypothesisPatch
 from ..precision import PrecisionPolicy, get_policy
@@ -42,15 +43,6 @@ def package_versions(*names: str) -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             versions[name] = "missing"
     return versions
-
-
-def unique_consecutive(bounds: np.ndarray) -> np.ndarray:
-    """Window bounds without repeats: an empty window (a repeated bound) attends to nothing."""
-    bounds = np.asarray(bounds)
-    if bounds.size == 0:
-        return bounds
-    keep = np.concatenate([[True], bounds[1:] != bounds[:-1]])
-    return bounds[keep]
 
 
 class StageSink:
