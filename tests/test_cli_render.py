@@ -23,6 +23,8 @@ def rendered(tmp_path_factory, tiny_checkpoint_dir):
                 "images": [str(ROOT / "fixtures" / "images" / "checkerboard_140.png")],
                 "runtimes": ["transformers:f32", "mlx:f32", "mlx:bf16", "iree:f32"],
                 "pairs": [["mlx:f32", "iree:f32"]],
+                "replay": ["mlx:bf16"],
+                "notebooks": ["01_stage_parity", "02_layer_drilldown"],
             }
         )
     )
@@ -41,7 +43,13 @@ def test_run_writes_report_notebook_and_html(rendered):
         "iree:f32 vs mlx:f32": "pass",
     }
     assert code == 1
-    for name in ("01_stage_parity.ipynb", "01_stage_parity.html", "01_stage_parity.nocode.html"):
+    for name in (
+        "01_stage_parity.ipynb",
+        "01_stage_parity.html",
+        "01_stage_parity.nocode.html",
+        "02_layer_drilldown.html",
+        "02_layer_drilldown.nocode.html",
+    ):
         assert (out / name).exists(), name
 
 
@@ -96,3 +104,20 @@ def test_window_geometry_notebook_renders_every_figure_and_the_audit(tmp_path):
     text = html.read_text()
     assert "misplaces <strong>120</strong> tokens" in text  # 336x336: not an involution
     assert "padding_to_active" in text and "cross_media" in text
+
+
+def test_layer_drilldown_renders_every_figure_for_the_first_divergent_block(rendered):
+    _, out = rendered
+    report = json.loads((out / "report.json").read_text())
+    assert list(report["replay"]) == ["mlx:bf16"]
+    labels = {x["stage"]: x["label"] for x in report["replay"]["mlx:bf16"]["labels"]}
+    assert len(labels) == 8 + 3 and set(labels.values()) <= {"clean", "inherited", "amplified", "introduced"}
+    notebook = json.loads((out / "02_layer_drilldown.ipynb").read_text())
+    outputs = [o for cell in notebook["cells"] if cell["cell_type"] == "code" for o in cell.get("outputs", [])]
+    assert not [o for o in outputs if o["output_type"] == "error"]
+    # the curve, the channel map, the magnitude scatter and the spatial map
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 4
+    html = (out / "02_layer_drilldown.html").read_text()
+    first = report["first_divergence"]["mlx:bf16"]["stage"]
+    assert f"<code>{first}</code>" in html and "mlx:bf16 vs transformers:f32" in html
+    assert "worst token" in html  # the top-channel table

@@ -62,6 +62,39 @@ def investigate(params: Parameters | str | Path, out_dir: str | Path | None = No
     return report
 
 
+def _replay(params: Parameters, report: Report, out: Path, runtimes, reference, contract, plan) -> None:
+    """Replay each candidate on the reference's stage inputs and label stages introduced/inherited/amplified."""
+    from .compare import ComparisonRow
+    from .replay import drill_down
+
+    report.data["replay"] = {}
+    rows = [ComparisonRow.from_dict(row) for row in report.data["rows"]]
+    for spec, runtime in runtimes:
+        label = spec.display
+        if label == params.reference_label or not params.replays(label) or not runtime.can_replay:
+            continue
+        report.step(f"replay:{label}")
+        log(f"replay {label} on {reference.label}'s stage inputs")
+        accumulated = [row for row in rows if row.pair == label]
+        safe = label.replace(":", "-").replace("/", "-")
+        drill = drill_down(
+            reference,
+            runtime,
+            accumulated,
+            contract,
+            plan,
+            out / "taps" / f"replay-{safe}",
+            label,
+            progress=lambda message, label=label: log(f"  {label}: {message}"),
+        )
+        entry = drill.to_dict()
+        entry["tapset"] = str(Path(entry["tapset"]).relative_to(out))
+        report.data["replay"][label] = entry
+        report.save()
+        if drill.first_introduced:
+            log(f"  {label}: first introduced error at {drill.first_introduced}")
+
+
 def _run(params: Parameters, report: Report, out: Path) -> None:
     report.step("checkpoint")
     checkpoint = open_checkpoint(params.checkpoint, params.family)
@@ -124,6 +157,16 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
     candidates = [tapset for label, tapset in tapsets.items() if label != params.reference_label]
     extra = [(tapsets[a], tapsets[b]) for a, b in params.pairs if a != params.reference_label]
     report.data.update(judge(reference, candidates, contract, plan, extra))
+    if params.relative:
+        from .relative import relative_verdict
+
+        rel = params.relative
+        others = [t for label, t in tapsets.items() if label not in (rel["high"], rel["oracle"])]
+        report.data["relative"] = relative_verdict(
+            tapsets[rel["high"]], tapsets[rel["oracle"]], others, plan, rel["factor"], rel["floor"]
+        )
+    report.save()
+    _replay(params, report, out, runtimes, reference, contract, plan)
     report.data["status"] = "complete"
     report.step("done")
     verdict = report.data["verdict"]

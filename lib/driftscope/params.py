@@ -22,6 +22,9 @@ TOP_KEYS = {
     "images": "list of image paths shared by every runtime",
     "runtimes": "list of {runtime, policy, patch, label, options}; the first is the reference",
     "reference": "label of the reference runtime (default: the first)",
+    "replay": "same-input replay for introduced/inherited labels: true (every candidate that can), false, or labels",
+    "relative": "{high: transformers:f64, oracle: transformers:f32, factor: 4, floor: 1e-6}: judge every "
+    "other runtime relative to the oracle's own error against the float64 run",
     "pairs": "extra runtime pairs to judge besides reference-vs-each, e.g. [[mlx:f32, iree:f32]] (reference first)",
     "stages": "{blocks: bool, substages: [block indices] | all, include: [globs], exclude: [globs]}",
     "contract": "tolerance contract YAML path (default: atol 0.08, rtol 0.08)",
@@ -67,6 +70,8 @@ class Parameters:
     notebooks: tuple[str, ...] = ("01_stage_parity",)
     source: str | None = None
     pairs: tuple[tuple[str, str], ...] = ()
+    replay: bool | tuple[str, ...] = True
+    relative: dict | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -81,7 +86,13 @@ class Parameters:
             "contract": None if self.contract is None else str(self.contract),
             "notebooks": list(self.notebooks),
             "pairs": [list(pair) for pair in self.pairs],
+            "replay": self.replay if isinstance(self.replay, bool) else list(self.replay),
+            "relative": self.relative,
         }
+
+    def replays(self, label: str) -> bool:
+        """Whether the candidate ``label`` is replayed on the reference's inputs."""
+        return self.replay if isinstance(self.replay, bool) else label in self.replay
 
     @property
     def reference_label(self) -> str:
@@ -191,6 +202,29 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
                 f"pair {pair} must name two different runtimes of {labels}",
                 "write [reference label, candidate label], e.g. [mlx:f32, iree:f32]",
             )
+    replay = data.get("replay", True)
+    if not isinstance(replay, bool):
+        _expect(replay, list, "replay", "true, false or [mlx:f16]")
+        unknown = [label for label in replay if label not in labels]
+        if unknown:
+            raise ParameterError(f"replay names unknown runtimes {unknown}", f"use labels from {labels}")
+        replay = tuple(replay)
+    relative = data.get("relative")
+    if relative is not None:
+        _expect(relative, dict, "relative", "{high: transformers:f64, oracle: transformers:f32}")
+        _unknown(relative, {"high", "oracle", "factor", "floor"}, "relative")
+        for key in ("high", "oracle"):
+            if relative.get(key) not in labels:
+                raise ParameterError(
+                    f"relative.{key} must name one of the runtimes {labels}",
+                    "e.g. relative: {high: transformers:f64, oracle: transformers:f32}",
+                )
+        relative = {
+            "high": relative["high"],
+            "oracle": relative["oracle"],
+            "factor": float(_expect(relative.get("factor", 4.0), (int, float), "relative.factor", "4")),
+            "floor": float(_expect(relative.get("floor", 1e-6), (int, float), "relative.floor", "1e-6")),
+        }
     notebooks = data.get("notebooks", ["01_stage_parity"])
     _expect(notebooks, list, "notebooks", "[01_stage_parity]")
     name = data.get("name") or (Path(source).stem if source else "run")
@@ -207,6 +241,8 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
         notebooks=tuple(notebooks),
         source=source,
         pairs=tuple((str(a), str(b)) for a, b in pairs),
+        replay=replay,
+        relative=relative,
     )
 
 

@@ -193,6 +193,25 @@ def judge(
     }
 
 
+def _rejudge_replay(report: Report, reference: TapSet, rows: list[dict], contract: Contract) -> dict:
+    from .replay.drilldown import judge_replay
+
+    out = {}
+    for label, entry in (report.data.get("replay") or {}).items():
+        accumulated = [ComparisonRow.from_dict(row) for row in rows if row.get("pair") == label]
+        drill = judge_replay(
+            reference,
+            TapSet(report.directory / entry["tapset"]),
+            accumulated,
+            contract,
+            report.plan,
+            label,
+            entry["candidate"],
+        )
+        out[label] = dict(drill.to_dict(), tapset=entry["tapset"])
+    return out
+
+
 def rejudge(report_path: str | Path, contract: Contract, out_path: str | Path | None = None) -> Report:
     """Re-apply another contract to a saved run's TapSets; no runtime is run again."""
     report = Report.load(report_path)
@@ -207,11 +226,15 @@ def rejudge(report_path: str | Path, contract: Contract, out_path: str | Path | 
     ]
     data = dict(report.data)
     data.update(judge(reference, candidates, contract, report.plan, extra))
+    data["replay"] = _rejudge_replay(report, reference, data["rows"], contract)
     data["contract"] = contract.to_dict()
     data["rejudged_from"] = str(report.path)
     target = Path(out_path) if out_path else report.path
     if target.resolve().parent != report.directory.resolve():
         data["runtimes"] = [dict(r, tapset=str((report.directory / r["tapset"]).resolve())) for r in data["runtimes"]]
+        data["replay"] = {
+            k: dict(v, tapset=str((report.directory / v["tapset"]).resolve())) for k, v in data["replay"].items()
+        }
     new = Report(target, data)
     new.save()
     return new

@@ -62,6 +62,8 @@ class SyntheticQwen25VLSpec:
     max_pixels: int = 28 * 28 * 1280
     seed: int = 0
     weight_gain: float = 1.0
+    massive_channel: int | None = None  # plant a massive activation in this hidden channel of the vision tower
+    massive_gain: float = 0.5  # patch-embedding weight of that channel: |x| ~ gain * |sum of a patch's pixels|
     extra: dict = field(default_factory=dict)
 
 
@@ -104,6 +106,19 @@ def _reinitialize(model, seed: int, gain: float) -> None:
                 fan_in = math.prod(param.shape[1:])
                 values = torch.randn(param.shape, generator=generator) * (gain / math.sqrt(fan_in))
             param.copy_(values.to(param.dtype))
+
+
+def plant_massive_channel(model, channel: int, gain: float) -> None:
+    """Make one hidden channel of the patch embedding huge (|x| of hundreds on ordinary images).
+
+    Real ViTs carry such "massive activations"; squaring them in float16 (max 65504) overflows
+    above |x| = 256, which is what a manual F16 RMSNorm does and a fused kernel avoids.
+    """
+    import torch
+
+    with torch.no_grad():
+        weight = model.model.visual.patch_embed.proj.weight
+        weight[channel] = torch.full_like(weight[channel], gain)
 
 
 def make_checkpoint(out_dir: Path, spec: SyntheticQwen25VLSpec = SyntheticQwen25VLSpec()) -> Path:
@@ -154,6 +169,8 @@ def make_checkpoint(out_dir: Path, spec: SyntheticQwen25VLSpec = SyntheticQwen25
     torch.manual_seed(spec.seed)
     model = Qwen2_5_VLForConditionalGeneration(config).eval()
     _reinitialize(model, spec.seed, spec.weight_gain)
+    if spec.massive_channel is not None:
+        plant_massive_channel(model, spec.massive_channel, spec.massive_gain)
     model.save_pretrained(out_dir, safe_serialization=True)
     image_processor = Qwen2VLImageProcessorPil(min_pixels=spec.min_pixels, max_pixels=spec.max_pixels)
     # The combined Qwen2_5_VLProcessor also wants a video processor, which needs torchvision; the

@@ -73,7 +73,7 @@ def lower_vision_tower(
     call.__name__ = "vision_tower_" + re.sub(r"\W", "_", policy.name)
     shape = jax.ShapeDtypeStruct
     weight_specs = {name: shape(array.shape, jnp.float32) for name, array in weights.items()}
-    lowered = jax.jit(call).lower(
+    lowered = jax.jit(call, keep_unused=True).lower(
         weight_specs,
         shape((rows, spec.patch_dim), jnp.float32),
         shape((rows,), jnp.int32),
@@ -88,3 +88,11 @@ def lower_vision_tower(
     assert names.num_leaves == len(output_names)
     digest = hashlib.sha256(text.encode()).hexdigest()
     return LoweredGraph(text, digest, output_names, policy, rows, taps, lowered)
+
+
+def lower_function(jitted, args: tuple, policy: PrecisionPolicy) -> LoweredGraph:
+    """Lower any jitted function of ``args`` (a pytree of arrays) to one-output StableHLO."""
+    lowered = jitted.lower(*args)
+    header = f"// driftscope replay graph; precision policy: {policy.name}: {policy.description}\n"
+    text = header + lowered.as_text()
+    return LoweredGraph(text, hashlib.sha256(text.encode()).hexdigest(), ["output"], policy, 0, (), lowered)

@@ -102,3 +102,47 @@ def vision_plan(config: dict) -> StagePlan:
     ]
     meta = {"fullatt_block_indexes": full, "spatial_merge_size": int(vision.get("spatial_merge_size", 2))}
     return StagePlan(FAMILY, stages, depth, meta)
+
+
+#: Block input of block 0: the patch embedding in window order (built from the reference's taps).
+BLOCK0_INPUT = "vision.patch_embed@window"
+
+#: What each substage reads, by substage name; "in" is the block's input.
+SUBSTAGE_INPUTS: dict[str, tuple[str, ...]] = {
+    "norm1": ("in",),
+    "attn.q": ("norm1",),
+    "attn.k": ("norm1",),
+    "attn.v": ("norm1",),
+    "attn.context": ("attn.q", "attn.k", "attn.v"),
+    "attn.out": ("attn.context",),
+    "residual1": ("in", "attn.out"),
+    "norm2": ("residual1",),
+    "mlp.gate": ("norm2",),
+    "mlp.act": ("mlp.gate",),
+    "mlp.up": ("norm2",),
+    "mlp.product": ("mlp.act", "mlp.up"),
+    "mlp.down": ("mlp.product",),
+}
+
+
+def block_input(block: int) -> str:
+    return BLOCK0_INPUT if block == 0 else block_stage_id(block - 1)
+
+
+def replay_inputs(stage_id: str, depth: int) -> tuple[str, ...] | None:
+    """The stages a replay of ``stage_id`` reads (None: not replayable, e.g. index math)."""
+    parts = stage_id.split(".")
+    if stage_id.startswith("vision.block."):
+        block = int(parts[2])
+        if len(parts) == 3:
+            return (block_input(block),)
+        substage = ".".join(parts[3:])
+        return tuple(
+            block_input(block) if name == "in" else block_stage_id(block, name) for name in SUBSTAGE_INPUTS[substage]
+        )
+    last = block_stage_id(depth - 1)
+    return {
+        "vision.merger.norm": (last,),
+        "vision.merger.hidden": ("vision.merger.norm",),
+        "vision.merger.window": ("vision.merger.hidden",),
+    }.get(stage_id)

@@ -154,6 +154,15 @@ class Runtime(ABC):
         writer.meta["timings"] = dict(self.timings)
         return writer.close()
 
+    #: whether ``replay`` is implemented (same-input replay of single stages)
+    can_replay: bool = False
+
+    def replay(self, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
+        """Run only ``stage_id``'s operator on ``inputs`` (another runtime's stage values); float32 result."""
+        raise RuntimeUnavailableError(
+            f"runtime {self.name!r} cannot replay single stages", "replay with transformers, mlx, jax or iree"
+        )
+
     def put_inputs(self, inputs: VisionInputs, sink: StageSink) -> None:
         sink.put("inputs.pixel_values", inputs.pixel_values)
         sink.put("inputs.grid_thw", inputs.grid_thw)

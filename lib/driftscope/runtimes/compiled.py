@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..compiled.graph import LoweredGraph, lower_vision_tower
+from ..compiled.graph import LoweredGraph, contract_for, lower_vision_tower
 from ..emitters.qwen2_5_vl import VisionSpec, load_vision_weights
 from ..emitters.qwen2_5_vl.model import FINAL
 from ..errors import ParameterError
@@ -104,6 +104,32 @@ class CompiledRuntime(Runtime):
             "outputs": len(graph.output_names),
         }
 
+    can_replay = True
+
+    def replay_call(self, stage_id: str, inputs: list[np.ndarray], ctx: Any):
+        """(function, weights, flat arguments) of one stage, for the jax and iree runtimes."""
+        from ..emitters.qwen2_5_vl.stages import stage_function, stage_weights
+        from ..replay.context import parse_stage
+
+        self.load()
+        block, kind = parse_stage(stage_id)
+        weights = stage_weights(self.model.weights, block, kind)
+        bounds = ctx.bounds(block) if block is not None else np.array([0, len(ctx.cos)])
+        segments = np.repeat(np.arange(len(bounds) - 1, dtype=np.int32), np.diff(bounds))
+        cache = self.__dict__.setdefault("_replay_functions", {})
+        if kind not in cache:  # one jitted function per stage kind: blocks of a kind share its compilation
+            import jax
+
+            function = stage_function(kind, self.model.spec, contract_for(self.policy))
+
+            def call(weights, arguments, cos, sin, segments, function=function):
+                return function(weights, arguments, cos, sin, segments)
+
+            call.__name__ = f"replay_{kind.replace('.', '_')}_{self.policy.name.replace('-', '_')}"
+            cache[kind] = jax.jit(call, keep_unused=True)
+        arguments = tuple(np.asarray(x, dtype=np.float32) for x in inputs)
+        return cache[kind], (weights, arguments, ctx.cos.astype(np.float32), ctx.sin.astype(np.float32), segments)
+
 
 class JaxRuntime(CompiledRuntime):
     """The lowered graph on JAX's own XLA CPU backend."""
@@ -125,6 +151,12 @@ class JaxRuntime(CompiledRuntime):
         out = jax.block_until_ready(out)
         self.timings["run_s"] = time.perf_counter() - start
         return {name: np.asarray(value) for name, value in out.items()}
+
+    def replay(self, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
+        import jax
+
+        jitted, args = self.replay_call(stage_id, inputs, ctx)
+        return np.asarray(jax.block_until_ready(jitted(*args)), dtype=np.float32)
 
 
 class IreeRuntime(CompiledRuntime):
@@ -168,3 +200,17 @@ class IreeRuntime(CompiledRuntime):
     def _capture(self, inputs: VisionInputs, sink: StageSink) -> None:
         super()._capture(inputs, sink)
         sink.writer.meta["artifact"] = self.artifact.to_dict()
+
+    def replay(self, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
+        """The stage lowered on its own and compiled by iree-compile (one cached artifact per stage kind)."""
+        import jax
+
+        from ..compiled.graph import lower_function
+        from ..compiled.iree import IreeModule, compile_graph
+
+        jitted, args = self.replay_call(stage_id, inputs, ctx)
+        graph = lower_function(jitted, args, self.policy)
+        cache = self.options.get("cache_dir")
+        artifact = compile_graph(graph, str(self.options.get("target", "llvm-cpu")), Path(cache) if cache else None)
+        out = IreeModule(artifact, graph.output_names)(jax.tree_util.tree_leaves(args))
+        return np.asarray(out[graph.output_names[0]], dtype=np.float32)

@@ -86,6 +86,36 @@ class _NNProxy:
         return getattr(self._nn, name)
 
 
+class ManualRMSNorm:
+    """RMSNorm written out in the activation dtype: squares in F16 overflow above |x| = 256.
+
+    The fused ``mx.fast.rms_norm`` (mlx.nn.RMSNorm) accumulates in float32 and does not.
+    """
+
+    def __init__(self, norm: Any):
+        self.weight = norm.weight
+        self.eps = norm.eps
+
+    def __call__(self, x):
+        import mlx.core as mx
+
+        variance = mx.mean(x * x, axis=-1, keepdims=True)  # in x's dtype, as a hand-written port does it
+        return self.weight * (x * mx.rsqrt(variance + mx.array(self.eps, dtype=x.dtype)))
+
+
+RMSNORM_FORMS = ("fused", "manual")
+
+
+def use_manual_rmsnorm(model: Any) -> Any:
+    """Swap every RMSNorm of the vision tower for :class:`ManualRMSNorm` (the precision experiment)."""
+    tower = model.vision_tower
+    for block in tower.blocks:
+        object.__setattr__(block, "norm1", ManualRMSNorm(block.norm1))
+        object.__setattr__(block, "norm2", ManualRMSNorm(block.norm2))
+    object.__setattr__(tower.merger, "ln_q", ManualRMSNorm(tower.merger.ln_q))
+    return model
+
+
 class MLXRuntime(Runtime):
     """mlx-vlm's eager Qwen2.5-VL on MLX (CPU here; Metal on a Mac)."""
 
@@ -99,6 +129,13 @@ class MLXRuntime(Runtime):
         if self.policy.name != "f32":
             model.set_dtype(getattr(mx, DTYPES[self.policy.name]))
             mx.eval(model.parameters())
+        form = self.options.get("rmsnorm", "fused")
+        if form not in RMSNORM_FORMS:
+            from ..errors import ParameterError
+
+            raise ParameterError(f"mlx option rmsnorm={form!r} is not known", f"use one of: {', '.join(RMSNORM_FORMS)}")
+        if form == "manual":
+            model = use_manual_rmsnorm(model)
         return model
 
     def versions(self) -> dict[str, str]:
@@ -236,3 +273,73 @@ class MLXRuntime(Runtime):
                 ),
             )
         )
+
+    can_replay = True
+
+    def replay(self, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
+        """mlx-vlm's own modules (in the policy's dtype) applied to ``inputs``."""
+        import mlx.core as mx
+        import mlx.nn as nn
+        from mlx_vlm.models.qwen2_5_vl import vision as vision_module
+
+        from ..replay.context import parse_stage
+
+        self.load()
+        tower = self.tower
+        dtype = tower.patch_embed.proj.weight.dtype
+        args = [mx.array(np.ascontiguousarray(x, dtype=np.float32)).astype(dtype) for x in inputs]
+        block, kind = parse_stage(stage_id)
+        if block is None:
+            merger = tower.merger
+            if kind == "merger.norm":
+                out = merger.ln_q(args[0])
+            elif kind == "merger.hidden":
+                out = merger.mlp[1](merger.mlp[0](args[0].reshape(-1, merger.hidden_size)))
+            else:
+                out = merger.mlp[2](args[0])
+            return to_numpy(out)
+        blk = tower.blocks[block]
+        # mlx-vlm rotates with angles (it takes cos/sin itself): recover them from the reference's tables
+        half = ctx.cos.shape[1] // 2
+        freqs = mx.array(np.arctan2(ctx.sin[:, :half], ctx.cos[:, :half]).astype(np.float32))
+        bounds = mx.array(ctx.bounds(block).astype(np.int32))
+        attn, mlp = blk.attn, blk.mlp
+        if kind == "block":
+            out = blk(args[0], cu_seqlens=bounds, rotary_pos_emb=freqs)
+        elif kind == "norm1":
+            out = blk.norm1(args[0])
+        elif kind in ("attn.q", "attn.k", "attn.v"):
+            rows = args[0].shape[0]
+            q, k, v = mx.split(attn.qkv(args[0]).reshape(rows, 3, attn.num_heads, -1).transpose(1, 0, 2, 3), 3)
+            if kind == "attn.v":
+                out = v[0]
+            else:
+                out = vision_module.apply_rotary_pos_emb_vision(q if kind == "attn.q" else k, freqs)[0]
+        elif kind == "attn.context":
+            q, k, v = (t.transpose(1, 0, 2)[None] for t in args)  # [1, heads, rows, head_dim]
+            splits = [mx.split(t, ctx.bounds(block)[1:-1].tolist(), axis=2) for t in (q, k, v)]
+            parts = [
+                mx.fast.scaled_dot_product_attention(qs, ks, vs, scale=attn.scale, mask=None)
+                for qs, ks, vs in zip(*splits, strict=True)
+            ]
+            out = mx.concatenate(parts, axis=2).transpose(0, 2, 1, 3).reshape(args[0].shape[0], -1)
+        elif kind == "attn.out":
+            out = attn.proj(args[0])
+        elif kind == "residual1":
+            out = args[0] + args[1]
+        elif kind == "norm2":
+            out = blk.norm2(args[0])
+        elif kind == "mlp.gate":
+            out = mlp.gate_proj(args[0])
+        elif kind == "mlp.act":
+            out = nn.silu(args[0])
+        elif kind == "mlp.up":
+            out = mlp.up_proj(args[0])
+        elif kind == "mlp.product":
+            out = args[0] * args[1]
+        elif kind == "mlp.down":
+            out = mlp.down_proj(args[0])
+        else:
+            raise KeyError(stage_id)
+        mx.eval(out)
+        return to_numpy(out)

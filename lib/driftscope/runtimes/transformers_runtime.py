@@ -146,3 +146,68 @@ class TransformersRuntime(Runtime):
         finally:
             for handle in hooks:
                 handle.remove()
+
+    can_replay = True
+
+    def replay(self, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
+        """The stage's own torch modules (the ones the forward ran) applied to ``inputs``."""
+        import torch
+        from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as modeling
+
+        from ..replay.context import parse_stage
+
+        self.load()
+        visual = self.visual
+        dtype = next(visual.parameters()).dtype
+        args = [torch.from_numpy(np.ascontiguousarray(x)).to(dtype) for x in inputs]
+        block, kind = parse_stage(stage_id)
+        with torch.no_grad():
+            if block is None:
+                merger = visual.merger
+                if kind == "merger.norm":
+                    out = merger.ln_q(args[0])
+                elif kind == "merger.hidden":
+                    out = merger.mlp[1](merger.mlp[0](args[0].reshape(-1, merger.hidden_size)))
+                else:
+                    out = merger.mlp[2](args[0])
+                return _np(out).astype(np.float32)
+            blk = visual.blocks[block]
+            cos = torch.from_numpy(ctx.cos).to(dtype)
+            sin = torch.from_numpy(ctx.sin).to(dtype)
+            bounds = torch.from_numpy(ctx.bounds(block).astype(np.int32))
+            if kind == "block":
+                out = blk(args[0], cu_seqlens=bounds, position_embeddings=(cos, sin))
+            elif kind == "norm1":
+                out = blk.norm1(args[0])
+            elif kind in ("attn.q", "attn.k", "attn.v"):
+                rows = args[0].shape[0]
+                q, k, v = blk.attn.qkv(args[0]).reshape(rows, 3, blk.attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
+                q, k = modeling.apply_rotary_pos_emb_vision(q, k, cos, sin)
+                out = {"attn.q": q, "attn.k": k, "attn.v": v}[kind]
+            elif kind == "attn.context":
+                q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in args)
+                lengths = (bounds[1:] - bounds[:-1]).tolist()
+                parts = [
+                    modeling.eager_attention_forward(blk.attn, qs, ks, vs, None, scaling=blk.attn.scaling)[0]
+                    for qs, ks, vs in zip(*(torch.split(t, lengths, dim=2) for t in (q, k, v)), strict=True)
+                ]
+                out = torch.cat(parts, dim=1).reshape(args[0].shape[0], -1)
+            elif kind == "attn.out":
+                out = blk.attn.proj(args[0])
+            elif kind == "residual1":
+                out = args[0] + args[1]
+            elif kind == "norm2":
+                out = blk.norm2(args[0])
+            elif kind == "mlp.gate":
+                out = blk.mlp.gate_proj(args[0])
+            elif kind == "mlp.act":
+                out = blk.mlp.act_fn(args[0])
+            elif kind == "mlp.up":
+                out = blk.mlp.up_proj(args[0])
+            elif kind == "mlp.product":
+                out = args[0] * args[1]
+            elif kind == "mlp.down":
+                out = blk.mlp.down_proj(args[0])
+            else:
+                raise KeyError(stage_id)
+        return _np(out).astype(np.float32)
