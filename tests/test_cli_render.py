@@ -24,7 +24,11 @@ def rendered(tmp_path_factory, tiny_checkpoint_dir):
                 "runtimes": ["transformers:f32", "mlx:f32", "mlx:bf16", "iree:f32"],
                 "pairs": [["mlx:f32", "iree:f32"]],
                 "replay": ["mlx:bf16"],
-                "notebooks": ["01_stage_parity", "02_layer_drilldown"],
+                "notebooks": ["01_stage_parity", "02_layer_drilldown", "04_negative_controls"],
+                "power": {
+                    "mutations": ["identity_window_permutation", "cross_image_leak"],
+                    "require": ["identity_window_permutation"],
+                },
             }
         )
     )
@@ -121,3 +125,20 @@ def test_layer_drilldown_renders_every_figure_for_the_first_divergent_block(rend
     first = report["first_divergence"]["mlx:bf16"]["stage"]
     assert f"<code>{first}</code>" in html and "mlx:bf16 vs transformers:f32" in html
     assert "worst token" in html  # the top-channel table
+
+
+def test_negative_controls_notebook_shows_the_power_table(rendered):
+    _, out = rendered
+    power = json.loads((out / "report.json").read_text())["power"]
+    assert power["gate"] == "pass"
+    assert {m["mutation"]: m["detected"] for m in power["mutations"]} == {
+        "identity_window_permutation": True,
+        "cross_image_leak": False,
+    }
+    notebook = json.loads((out / "04_negative_controls.ipynb").read_text())
+    outputs = [o for cell in notebook["cells"] if cell["cell_type"] == "code" for o in cell.get("outputs", [])]
+    assert not [o for o in outputs if o["output_type"] == "error"]
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 1
+    html = (out / "04_negative_controls.html").read_text()
+    assert "identity_window_permutation" in html and "one image: there is nothing to leak across" in html
+    assert "Fixture power" in (out / "01_stage_parity.html").read_text()

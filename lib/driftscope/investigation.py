@@ -95,6 +95,37 @@ def _replay(params: Parameters, report: Report, out: Path, runtimes, reference, 
             log(f"  {label}: first introduced error at {drill.first_introduced}")
 
 
+def _power(params: Parameters, report: Report, out: Path, checkpoint, inputs, reference, contract, plan) -> None:
+    """Run the mutation audit and gate the verdict on the mutations the parameters require."""
+    from .power import fixture_power, power_gate
+
+    report.step("power")
+    log(f"fixture power: {len(params.power['mutations'])} mutations against {reference.label}")
+    power = fixture_power(
+        reference,
+        checkpoint,
+        inputs,
+        plan,
+        contract,
+        out / "taps" / "mutations",
+        params.power["mutations"],
+        params.power["policy"],
+        log,
+    )
+    for entry in power["mutations"]:
+        entry["tapset"] = str(Path(entry["tapset"]).relative_to(out))
+    power["require"] = params.power["require"]
+    reasons = power_gate(power, params.power["require"])
+    power["gate"] = "fail" if reasons else "pass"
+    report.data["power"] = power
+    if reasons:
+        verdict = report.data["verdict"]
+        verdict["status"] = "fail"
+        verdict["reasons"] = list(verdict.get("reasons", [])) + reasons
+        verdict["per_candidate"]["fixture power"] = "fail"
+    report.save()
+
+
 def _run(params: Parameters, report: Report, out: Path) -> None:
     report.step("checkpoint")
     checkpoint = open_checkpoint(params.checkpoint, params.family)
@@ -167,6 +198,8 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
         )
     report.save()
     _replay(params, report, out, runtimes, reference, contract, plan)
+    if params.power:
+        _power(params, report, out, checkpoint, inputs, reference, contract, plan)
     report.data["status"] = "complete"
     report.step("done")
     verdict = report.data["verdict"]

@@ -25,6 +25,8 @@ TOP_KEYS = {
     "replay": "same-input replay for introduced/inherited labels: true (every candidate that can), false, or labels",
     "relative": "{high: transformers:f64, oracle: transformers:f32, factor: 4, floor: 1e-6}: judge every "
     "other runtime relative to the oracle's own error against the float64 run",
+    "power": "fixture power audit: true, or {mutations: [names] | all, policy: f32, require: [names]} "
+    "(required mutations the fixture cannot detect fail the run)",
     "pairs": "extra runtime pairs to judge besides reference-vs-each, e.g. [[mlx:f32, iree:f32]] (reference first)",
     "stages": "{blocks: bool, substages: [block indices] | all, include: [globs], exclude: [globs]}",
     "contract": "tolerance contract YAML path (default: atol 0.08, rtol 0.08)",
@@ -72,6 +74,7 @@ class Parameters:
     pairs: tuple[tuple[str, str], ...] = ()
     replay: bool | tuple[str, ...] = True
     relative: dict | None = None
+    power: dict | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -88,6 +91,7 @@ class Parameters:
             "pairs": [list(pair) for pair in self.pairs],
             "replay": self.replay if isinstance(self.replay, bool) else list(self.replay),
             "relative": self.relative,
+            "power": self.power,
         }
 
     def replays(self, label: str) -> bool:
@@ -141,6 +145,28 @@ def _stages(data: Any) -> StageSelection:
     return StageSelection(
         bool(_expect(data.get("blocks", True), bool, "stages.blocks", "true")), substages, include, exclude
     )
+
+
+def _power(data: Any) -> dict | None:
+    from .mutations import MUTATIONS
+
+    if data is None or data is False:
+        return None
+    if data is True:
+        data = {}
+    _expect(data, dict, "power", "{require: [identity_window_permutation]}")
+    _unknown(data, {"mutations", "policy", "require"}, "power")
+    names = data.get("mutations", "all")
+    names = MUTATIONS.names() if names == "all" else list(_expect(names, list, "power.mutations", "[tanh_gelu]"))
+    required = list(_expect(data.get("require", []), list, "power.require", "[identity_window_permutation]"))
+    for name in names + required:
+        MUTATIONS.get(name)  # an unknown name lists the valid ones
+    missing = [name for name in required if name not in names]
+    return {
+        "mutations": names + missing,
+        "policy": _expect(data.get("policy", "f32"), str, "power.policy", "f32"),
+        "require": required,
+    }
 
 
 def _runtime(entry: Any, position: int) -> RuntimeSpec:
@@ -225,6 +251,7 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
             "factor": float(_expect(relative.get("factor", 4.0), (int, float), "relative.factor", "4")),
             "floor": float(_expect(relative.get("floor", 1e-6), (int, float), "relative.floor", "1e-6")),
         }
+    power = _power(data.get("power"))
     notebooks = data.get("notebooks", ["01_stage_parity"])
     _expect(notebooks, list, "notebooks", "[01_stage_parity]")
     name = data.get("name") or (Path(source).stem if source else "run")
@@ -243,6 +270,7 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
         pairs=tuple((str(a), str(b)) for a, b in pairs),
         replay=replay,
         relative=relative,
+        power=power,
     )
 
 

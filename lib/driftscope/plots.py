@@ -122,3 +122,43 @@ def stage_table(report: Report, only_failing: bool = False):
 
     formats = {column: "{:.3g}" for column in table.columns if column.endswith("max_abs")}
     return table.style.map(highlight).format(formats, na_rep="")
+
+
+def mutation_curves(report: Report) -> Figure:
+    """For each detected mutation, its max_abs per stage against the real candidates' (grey), log scale."""
+    power = report.data.get("power") or {}
+    detected = [m for m in power.get("mutations", []) if m["detected"]]
+    ordered, position = _stage_axis(report, activations_only=True)
+    figure = Figure(figsize=(12, 2.4 * max(len(detected), 1)), layout="constrained")
+    axes = figure.subplots(max(len(detected), 1), 1, sharex=True, squeeze=False)[:, 0]
+    atol = report.data.get("contract", {}).get("default", {}).get("atol")
+    real = [row for row in report.rows if row.stage in position and row.status in ("pass", "fail")]
+    ticks, labels = _block_ticks(ordered)
+    for axis, mutation in zip(axes, detected, strict=False):
+        for key in report.pair_keys():
+            pair = sorted((r for r in real if (r.pair or r.candidate) == key), key=lambda r: position[r.stage])
+            axis.plot(
+                [position[r.stage] for r in pair],
+                np.maximum([r.max_abs for r in pair], 1e-9),
+                color="#aaaaaa",
+                linewidth=0.8,
+            )
+        rows = sorted((r for r in mutation["rows"] if r["stage"] in position), key=lambda r: position[r["stage"]])
+        axis.plot(
+            [position[r["stage"]] for r in rows],
+            np.maximum([r["max_abs"] for r in rows], 1e-9),
+            color="#d62728",
+            linewidth=1.4,
+            label=mutation["mutation"],
+        )
+        if mutation["first_divergence"] in position:
+            axis.axvline(position[mutation["first_divergence"]], color="#d62728", linestyle="--", linewidth=1)
+        if atol:
+            axis.axhline(atol, color="black", linestyle=":", linewidth=1)
+        axis.set_yscale("log")
+        axis.set_ylabel("max_abs")
+        axis.legend(loc="upper left", fontsize=8)
+        axis.grid(True, alpha=0.3)
+    axes[-1].set_xticks(ticks, labels, rotation=90, fontsize=7)
+    axes[0].set_title("detected mutations (red) against the real runtime pairs (grey); dotted: atol")
+    return figure

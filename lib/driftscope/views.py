@@ -39,7 +39,36 @@ def summary_markdown(report: Report) -> str:
         )
     for reason in verdict.get("reasons", []):
         lines.append(f"\n- {reason}")
+    power = data.get("power")
+    if power:
+        detected = [m["mutation"] for m in power["mutations"] if m["detected"]]
+        blind = [m["mutation"] for m in power["mutations"] if not m["detected"]]
+        lines.append(
+            f"\n**Fixture power** ({power['runtime']} with each mutation, gate {power.get('gate')}): "
+            f"detects {len(detected)}/{len(power['mutations'])}; blind to "
+            + (", ".join(f"`{name}`" for name in blind) or "nothing")
+        )
     return "\n".join(lines)
+
+
+def power_frame(report: Report):
+    """The fixture power table: per mutation, detected or not, where, and why not."""
+    import pandas as pd
+
+    power = report.data.get("power") or {}
+    columns = [
+        "mutation",
+        "detected",
+        "first_divergence",
+        "declared_stage",
+        "at_declared_stage",
+        "margin",
+        "blind_reason",
+    ]
+    required = set(power.get("require", []))
+    frame = pd.DataFrame([{k: m[k] for k in columns} for m in power.get("mutations", [])], columns=columns)
+    frame.insert(1, "required", frame["mutation"].isin(required))
+    return frame
 
 
 def divergence_frame(report: Report):
