@@ -24,6 +24,17 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
     echo "$WANT" > "$STAMP"
 fi
 
+# Headless Chromium and its driver for the reviewers'-page browser test (Debian packages).
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "[setup] installing chromium and chromium-driver (apt)"
+        apt-get install -y --no-install-recommends chromium chromium-driver >/dev/null 2>&1 \
+            || { apt-get update >/dev/null 2>&1 && apt-get install -y --no-install-recommends chromium chromium-driver >/dev/null; }
+    else
+        echo "[setup] warning: chromium/chromedriver missing and apt-get is not usable here; the browser test will fail"
+    fi
+fi
+
 # The notebook kernel papermill runs (inside the venv, so it sees the same packages).
 "$VENV/bin/python" -m ipykernel install --sys-prefix --name driftscope --display-name "driftscope (.venv)" >/dev/null
 

@@ -8,6 +8,7 @@ from .errors import DriftscopeError
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 KERNEL_NAME = "driftscope"
+TEMPLATES = Path(__file__).resolve().parent / "templates"  # "offline": the lab template without CDN scripts
 
 
 def kernel_name() -> str:
@@ -24,20 +25,25 @@ def kernel_name() -> str:
     )
 
 
-def notebook_path(name: str) -> Path:
-    path = NOTEBOOK_DIR / (name if name.endswith(".ipynb") else f"{name}.ipynb")
+def notebook_path(name: str, notebook_dir: Path | None = None) -> Path:
+    directory = notebook_dir or NOTEBOOK_DIR
+    path = directory / (name if name.endswith(".ipynb") else f"{name}.ipynb")
+    if not path.exists() and notebook_dir is not None:
+        return notebook_path(name)  # a tree without this notebook: use the installed one
     if not path.exists():
         known = sorted(p.stem for p in NOTEBOOK_DIR.glob("*.ipynb"))
         raise DriftscopeError(f"notebook {name!r} does not exist", f"use one of: {', '.join(known)}")
     return path
 
 
-def execute(name: str, out_dir: Path, parameters: dict, cwd: Path, log_output: bool = True) -> Path:
+def execute(
+    name: str, out_dir: Path, parameters: dict, cwd: Path, log_output: bool = True, notebook_dir: Path | None = None
+) -> Path:
     """Run one notebook into ``out_dir/<name>.ipynb``; the executed copy is written even if it fails."""
     import papermill
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    source = notebook_path(name)
+    source = notebook_path(name, notebook_dir)
     target = out_dir / source.name
     papermill.execute_notebook(
         str(source),
@@ -60,7 +66,13 @@ def to_html(executed: Path) -> tuple[Path, Path]:
     notebook = nbformat.read(str(executed), as_version=4)
     written = []
     for suffix, exclude in ((".html", False), (".nocode.html", True)):
-        exporter = HTMLExporter(exclude_input=exclude, exclude_input_prompt=exclude, exclude_output_prompt=exclude)
+        exporter = HTMLExporter(
+            exclude_input=exclude,
+            exclude_input_prompt=exclude,
+            exclude_output_prompt=exclude,
+            template_name="offline",
+            extra_template_basedirs=[str(TEMPLATES)],
+        )
         body, _ = exporter.from_notebook_node(notebook)
         target = executed.with_name(executed.stem + suffix)
         target.write_text(body, encoding="utf-8")
