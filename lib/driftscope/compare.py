@@ -158,6 +158,8 @@ def compare_stage(
         return row
     if row.integer:
         return _compare_integer(row, reference[stage_id], candidate[stage_id])
+    if stage_id.startswith("text.logits"):
+        row.extra.update(logit_agreement(np.asarray(reference[stage_id]), np.asarray(candidate[stage_id])))
 
     accumulator = _Accumulator(tolerance)
     reorder = _needs_reorder(stage_id, declaration, reference, candidate)
@@ -183,6 +185,24 @@ def compare_stage(
                         reference.rows(stage_id, chunk, end), candidate.rows(stage_id, chunk, end), chunk * inner
                     )
     return _finish(row, accumulator, ref_shape, tolerance)
+
+
+def logit_agreement(expected: np.ndarray, actual: np.ndarray, k: int = 5) -> dict:
+    """Top-1 agreement, top-k overlap and each side's top-1 minus top-2 margin (near-ties show)."""
+
+    def top(values: np.ndarray) -> np.ndarray:
+        return np.argsort(values, kind="stable")[::-1][:k]
+
+    ref_top, cand_top = top(expected), top(actual)
+    ref_sorted, cand_sorted = np.sort(expected)[::-1], np.sort(actual)[::-1]
+    return {
+        "top1_reference": int(ref_top[0]),
+        "top1_candidate": int(cand_top[0]),
+        "top1_agree": bool(ref_top[0] == cand_top[0]),
+        f"top{k}_overlap": len(set(ref_top.tolist()) & set(cand_top.tolist())) / k,
+        "margin_reference": float(ref_sorted[0] - ref_sorted[1]),
+        "margin_candidate": float(cand_sorted[0] - cand_sorted[1]),
+    }
 
 
 def _needs_reorder(stage_id: str, declaration: dict, reference: TapSet, candidate: TapSet):

@@ -57,3 +57,18 @@ def norm2_in_float32(model: Any) -> Any:
     for block in vision.blocks:
         object.__setattr__(block, "norm2", _Float32Norm(block.norm2))
     return model
+
+
+def perturb_image_embeddings(model: Any, scale: float = -2.0) -> Any:
+    """Multiply the merged image embeddings by ``scale`` where mlx-vlm writes them into the prompt (MLX only).
+
+    The vision tower is untouched, so every vision stage still passes and the first failing stage is
+    ``text.embeds.image``: the shape of a merge that scrambles or rescales image features.
+    """
+    original = model.merge_input_ids_with_image_features
+
+    def merge(image_token_id, video_token_id, image_features, inputs_embeds, input_ids):
+        return original(image_token_id, video_token_id, image_features * scale, inputs_embeds, input_ids)
+
+    object.__setattr__(model, "merge_input_ids_with_image_features", merge)
+    return model

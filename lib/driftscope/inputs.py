@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -22,6 +23,7 @@ class VisionInputs:
     image_sizes: list[tuple[int, int]]  # (height, width) as loaded
     resized: list[tuple[int, int]] = field(default_factory=list)  # (height, width) after smart resize
     processor: dict = field(default_factory=dict)
+    text: Any = None  # TextInputs when the run follows the prompt past the vision tower
 
     @property
     def image_tokens(self) -> np.ndarray:
@@ -33,6 +35,8 @@ class VisionInputs:
         sha = hashlib.sha256()
         sha.update(np.ascontiguousarray(self.pixel_values, dtype=np.float32).tobytes())
         sha.update(np.ascontiguousarray(self.grid_thw, dtype=np.int64).tobytes())
+        if self.text is not None:
+            sha.update(np.ascontiguousarray(self.text.input_ids, dtype=np.int64).tobytes())
         return sha.hexdigest()[:16]
 
     def summary(self) -> dict:
@@ -45,6 +49,7 @@ class VisionInputs:
             "patches": int(self.pixel_values.shape[0]),
             "digest": self.digest,
             "processor": self.processor,
+            **({"text": self.text.summary()} if self.text is not None else {}),
         }
 
 

@@ -17,6 +17,7 @@ from .inputs import prepare_inputs
 from .params import Parameters, load_parameters
 from .report import Report, judge
 from .runtimes import get_runtime
+from .stages import StagePlan
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -131,6 +132,15 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
     checkpoint = open_checkpoint(params.checkpoint, params.family)
     contract = load_contract(params.contract)
     plan = stage_plan(checkpoint.family, checkpoint.config).select(params.stages)
+    if params.text:
+        from .families.qwen2_5_vl import text_stages
+
+        plan = StagePlan(
+            plan.family,
+            plan.stages + text_stages(checkpoint.config, params.text["max_new_tokens"]),
+            plan.depth,
+            dict(plan.meta),
+        )
     report.data.update(
         family=checkpoint.family,
         checkpoint=str(checkpoint.path),
@@ -150,6 +160,10 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
         )
     report.step("inputs")
     inputs = prepare_inputs(checkpoint, params.images)
+    if params.text:
+        from .text_inputs import build_text_inputs
+
+        inputs.text = build_text_inputs(checkpoint, inputs.image_tokens.tolist(), **params.text)
     report.data["inputs"] = inputs.summary()
     log(
         f"inputs: {len(params.images)} image(s), grid {inputs.grid_thw.tolist()}, "
@@ -195,6 +209,16 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
         others = [t for label, t in tapsets.items() if label not in (rel["high"], rel["oracle"])]
         report.data["relative"] = relative_verdict(
             tapsets[rel["high"]], tapsets[rel["oracle"]], others, plan, rel["factor"], rel["floor"]
+        )
+    if params.text:
+        from .answer import answer_parity
+
+        report.data["answer"] = answer_parity(
+            checkpoint,
+            tapsets,
+            params.reference_label,
+            params.text["expect"],
+            [(p["reference"], p["candidate"]) for p in report.data["pairs"]],
         )
     report.save()
     _replay(params, report, out, runtimes, reference, contract, plan)

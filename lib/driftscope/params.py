@@ -27,6 +27,7 @@ TOP_KEYS = {
     "other runtime relative to the oracle's own error against the float64 run",
     "power": "fixture power audit: true, or {mutations: [names] | all, policy: f32, require: [names]} "
     "(required mutations the fixture cannot detect fail the run)",
+    "text": "follow the prompt past the vision tower: true, or {prompt: ..., max_new_tokens: 16, expect: [words]}",
     "pairs": "extra runtime pairs to judge besides reference-vs-each, e.g. [[mlx:f32, iree:f32]] (reference first)",
     "stages": "{blocks: bool, substages: [block indices] | all, include: [globs], exclude: [globs]}",
     "contract": "tolerance contract YAML path (default: atol 0.08, rtol 0.08)",
@@ -75,6 +76,7 @@ class Parameters:
     replay: bool | tuple[str, ...] = True
     relative: dict | None = None
     power: dict | None = None
+    text: dict | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -92,6 +94,7 @@ class Parameters:
             "replay": self.replay if isinstance(self.replay, bool) else list(self.replay),
             "relative": self.relative,
             "power": self.power,
+            "text": self.text,
         }
 
     def replays(self, label: str) -> bool:
@@ -145,6 +148,26 @@ def _stages(data: Any) -> StageSelection:
     return StageSelection(
         bool(_expect(data.get("blocks", True), bool, "stages.blocks", "true")), substages, include, exclude
     )
+
+
+def _text(data: Any) -> dict | None:
+    from .text_inputs import DEFAULT_PROMPT
+
+    if data is None or data is False:
+        return None
+    if data is True:
+        data = {}
+    _expect(data, dict, "text", "{prompt: 'Name the shapes.', max_new_tokens: 16, expect: [square]}")
+    _unknown(data, {"prompt", "max_new_tokens", "expect"}, "text")
+    tokens = _expect(data.get("max_new_tokens", 16), int, "text.max_new_tokens", "16")
+    if tokens < 1:
+        raise ParameterError(f"text.max_new_tokens must be at least 1, got {tokens}", "write e.g. 16")
+    expect = _expect(data.get("expect", []), list, "text.expect", "[square, circle, triangle]")
+    return {
+        "prompt": _expect(data.get("prompt", DEFAULT_PROMPT), str, "text.prompt", "'Name the shapes.'"),
+        "max_new_tokens": tokens,
+        "expect": [str(word) for word in expect],
+    }
 
 
 def _power(data: Any) -> dict | None:
@@ -252,6 +275,7 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
             "floor": float(_expect(relative.get("floor", 1e-6), (int, float), "relative.floor", "1e-6")),
         }
     power = _power(data.get("power"))
+    text = _text(data.get("text"))
     notebooks = data.get("notebooks", ["01_stage_parity"])
     _expect(notebooks, list, "notebooks", "[01_stage_parity]")
     name = data.get("name") or (Path(source).stem if source else "run")
@@ -271,6 +295,7 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
         replay=replay,
         relative=relative,
         power=power,
+        text=text,
     )
 
 

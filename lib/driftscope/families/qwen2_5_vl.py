@@ -146,3 +146,33 @@ def replay_inputs(stage_id: str, depth: int) -> tuple[str, ...] | None:
         "vision.merger.hidden": ("vision.merger.norm",),
         "vision.merger.window": ("vision.merger.hidden",),
     }.get(stage_id)
+
+
+def text_stages(config: dict, max_new_tokens: int) -> list[Stage]:
+    """Stages after the tower: merged embeddings, M-RoPE positions, each text layer, logits, greedy tokens."""
+    text = dict(config.get("text_config") or config)
+    layers = int(text.get("num_hidden_layers", 0))
+    stages = [
+        Stage("text.input_ids", ("tokens",), integer=True, description="prompt token ids"),
+        Stage("text.position_ids", ("3", "tokens"), integer=True, description="M-RoPE position ids (t, h, w)"),
+        Stage("text.rope_deltas", ("batch",), integer=True, description="M-RoPE delta for generated positions"),
+        Stage("text.embeds.image", ("image_tokens", "hidden"), description="merged input embeddings at image slots"),
+        Stage("text.embeds.text", ("text_tokens", "hidden"), description="input embeddings at text slots"),
+        Stage(
+            "text.embeds.text_slots_changed",
+            ("count",),
+            integer=True,
+            description="text slots whose embedding differs from the token's own row (must be 0)",
+        ),
+    ]
+    stages += [
+        Stage(f"text.layer.{i}.last", ("hidden",), description=f"text layer {i} output, last position")
+        for i in range(layers)
+    ]
+    stages += [
+        Stage("text.norm.last", ("hidden",), description="final norm, last position"),
+        Stage("text.logits.last", ("vocab",), description="prefill logits, last position"),
+        Stage("text.generate.tokens", ("steps",), integer=True, description=f"greedy tokens ({max_new_tokens})"),
+        Stage("text.generate.margins", ("steps",), side=True, description="top-1 minus top-2 logit at each step"),
+    ]
+    return stages

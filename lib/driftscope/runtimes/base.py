@@ -35,6 +35,12 @@ def require(module: str, package: str, runtime: str) -> Any:
         ) from err
 
 
+def top2_margin(logits: np.ndarray) -> float:
+    """Top-1 minus top-2 logit (a near-tie is a small margin)."""
+    top = np.sort(np.asarray(logits, dtype=np.float64))[-2:]
+    return float(top[1] - top[0])
+
+
 def package_versions(*names: str) -> dict[str, str]:
     versions = {}
     for name in names:
@@ -147,12 +153,39 @@ class Runtime(ABC):
         start = time.perf_counter()
         try:
             self._capture(inputs, sink)
+            if inputs.text is not None and any(stage.id.startswith("text.") for stage in plan):
+                self._capture_text(inputs, sink)
         except BaseException as err:
             writer.close(complete=False, error=f"{type(err).__name__}: {err}")
             raise
         self.timings["capture_s"] = time.perf_counter() - start
         writer.meta["timings"] = dict(self.timings)
         return writer.close()
+
+    def _capture_text(self, inputs: VisionInputs, sink: StageSink) -> None:
+        """Prefill and greedy decode on the prompt (runtimes without a text side capture nothing here)."""
+        if sink.progress:
+            sink.progress(f"runtime {self.name!r} has no text side: text stages are left out")
+
+    def put_text_inputs(
+        self,
+        inputs: VisionInputs,
+        sink: StageSink,
+        embeds: np.ndarray,
+        token_rows: np.ndarray,
+        position_ids: np.ndarray,
+        rope_deltas: np.ndarray,
+    ) -> None:
+        """The prompt-side stages every text-capable runtime writes the same way."""
+        text = inputs.text
+        image = text.input_ids == text.image_token_id
+        sink.put("text.input_ids", text.input_ids)
+        sink.put("text.position_ids", np.asarray(position_ids).reshape(3, -1))
+        sink.put("text.rope_deltas", np.asarray(rope_deltas).reshape(-1))
+        sink.put("text.embeds.image", embeds[image])
+        sink.put("text.embeds.text", embeds[~image])
+        changed = (embeds[~image] != token_rows[~image]).any(axis=-1).sum()
+        sink.put("text.embeds.text_slots_changed", np.array([changed], dtype=np.int64))
 
     #: whether ``replay`` is implemented (same-input replay of single stages)
     can_replay: bool = False

@@ -91,6 +91,7 @@ class CompiledRuntime(Runtime):
             f"{bucket.active} active) in {self.timings['lower_s']:.1f}s"
         )
         outputs = self.execute(graph, self.arguments(graph, bucket, inputs))
+        self._merged = outputs.get(FINAL)[: bucket.active_merged] if FINAL in outputs else None
         start = time.perf_counter()
         for stage in sink.plan:
             if stage.id in outputs:
@@ -105,6 +106,36 @@ class CompiledRuntime(Runtime):
         }
 
     can_replay = True
+
+    def _capture_text(self, inputs: VisionInputs, sink: StageSink) -> None:
+        """Prefill logits through our JAX text decoder on embeddings merged from this runtime's own tower."""
+        import jax
+
+        from ..emitters.qwen2_5_vl.text import TextSpec, load_text_weights, text_prefill
+        from ..geometry import mrope_positions
+
+        text = inputs.text
+        spec = TextSpec.from_config(self.checkpoint.config)
+        if not hasattr(self, "_text_weights"):
+            self._text_weights = load_text_weights(self.checkpoint.path, spec)
+        weights = self._text_weights
+        rows = weights["embed_tokens.weight"][text.input_ids]
+        image = text.input_ids == text.image_token_id
+        embeds = rows.copy()
+        embeds[image] = self._merged  # the tower's raster-order output, image after image
+        positions, delta = mrope_positions(
+            image.astype(int).tolist(), inputs.grid_thw.tolist(), self.model.spec.spatial_merge_size
+        )
+        self.put_text_inputs(inputs, sink, embeds, rows, positions, np.array([delta]))
+        function = jax.jit(
+            lambda w, e, p: text_prefill(w, e, p, spec=spec, contract=contract_for(self.policy)), keep_unused=True
+        )
+        args = (weights, embeds.astype(np.float32), positions.astype(np.int32))
+        for stage_id, value in self.run_text(function, args).items():
+            sink.put(stage_id, np.asarray(value, dtype=np.float32))
+
+    def run_text(self, function, args) -> dict[str, np.ndarray]:
+        return {k: np.asarray(v) for k, v in function(*args).items()}
 
     def replay_call(self, stage_id: str, inputs: list[np.ndarray], ctx: Any):
         """(function, weights, flat arguments) of one stage, for the jax and iree runtimes."""
@@ -200,6 +231,19 @@ class IreeRuntime(CompiledRuntime):
     def _capture(self, inputs: VisionInputs, sink: StageSink) -> None:
         super()._capture(inputs, sink)
         sink.writer.meta["artifact"] = self.artifact.to_dict()
+
+    def run_text(self, function, args) -> dict[str, np.ndarray]:
+        """The text prefill lowered on its own and compiled by iree-compile (cached like the tower)."""
+        import jax
+
+        from ..compiled.graph import lower_function
+        from ..compiled.iree import IreeModule, compile_graph
+
+        graph = lower_function(function, args, self.policy)
+        graph.output_names = sorted(graph.lowered.out_info)
+        cache = self.options.get("cache_dir")
+        artifact = compile_graph(graph, str(self.options.get("target", "llvm-cpu")), Path(cache) if cache else None)
+        return IreeModule(artifact, graph.output_names)(jax.tree_util.tree_leaves(args))
 
     def replay(self, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
         """The stage lowered on its own and compiled by iree-compile (one cached artifact per stage kind)."""

@@ -276,6 +276,45 @@ class MLXRuntime(Runtime):
 
     can_replay = True
 
+    def _capture_text(self, inputs: VisionInputs, sink: StageSink) -> None:
+        """mlx-vlm's full model: merged embeddings and M-RoPE from its own code, prefill, greedy decode."""
+        import mlx.core as mx
+        from mlx_vlm.models.cache import make_prompt_cache
+
+        from .base import top2_margin
+
+        model, text = self.model, inputs.text
+        ids = mx.array(text.input_ids[None])
+        pixels, grid = self._pixels(inputs)
+        features = model.get_input_embeddings(ids, pixels, image_grid_thw=grid)
+        embeds = to_numpy(features.inputs_embeds[0])
+        rows = to_numpy(model.language_model.model.embed_tokens(ids)[0])
+        self.put_text_inputs(
+            inputs, sink, embeds, rows, np.array(features.position_ids).reshape(3, -1), np.array(features.rope_deltas)
+        )
+        inner = model.language_model.model
+        layers = inner.layers
+
+        def last(stage_id):
+            return lambda args, kwargs, out: sink.put(stage_id, to_numpy(out[0, -1]))
+
+        cache = make_prompt_cache(model.language_model)
+        with ExitStack() as stack:  # recorders only during the prefill
+            for index, layer in enumerate(layers):
+                stack.enter_context(_list_item(layers, index, _Recording(layer, last(f"text.layer.{index}.last"))))
+            stack.enter_context(_shadow(inner, "norm", _Recording(inner.norm, last("text.norm.last"))))
+            logits = model(ids, pixel_values=pixels, cache=cache, image_grid_thw=grid).logits
+            mx.eval(logits)
+        last = to_numpy(logits[0, -1])
+        sink.put("text.logits.last", last)
+        tokens, margins = [int(np.argmax(last))], [top2_margin(last)]
+        for _ in range(text.max_new_tokens - 1):
+            step = to_numpy(model.language_model(mx.array([[tokens[-1]]]), cache=cache).logits[0, -1])
+            tokens.append(int(np.argmax(step)))
+            margins.append(top2_margin(step))
+        sink.put("text.generate.tokens", np.array(tokens, dtype=np.int64))
+        sink.put("text.generate.margins", np.array(margins, dtype=np.float64))
+
     def replay(self, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
         """mlx-vlm's own modules (in the policy's dtype) applied to ``inputs``."""
         import mlx.core as mx

@@ -149,6 +149,63 @@ class TransformersRuntime(Runtime):
 
     can_replay = True
 
+    def _capture_text(self, inputs: VisionInputs, sink: StageSink) -> None:
+        """Prefill the whole model on the prompt (hooks on the text layers), then greedy decode with the cache."""
+        import torch
+
+        from .base import top2_margin
+
+        model, text = self.model, inputs.text
+        language = model.model.language_model
+        seen: dict[str, Any] = {}
+        hooks = [
+            language.register_forward_pre_hook(
+                lambda module, args, kwargs: seen.update(
+                    embeds=kwargs.get("inputs_embeds"), positions=kwargs.get("position_ids")
+                ),
+                with_kwargs=True,
+            )
+        ]
+        for index, layer in enumerate(language.layers):
+            hooks.append(
+                layer.register_forward_hook(
+                    lambda module, args, out, index=index: sink.put(
+                        f"text.layer.{index}.last", _np((out[0] if isinstance(out, tuple) else out)[0, -1])
+                    )
+                )
+            )
+        hooks.append(language.norm.register_forward_hook(lambda m, a, out: sink.put("text.norm.last", _np(out[0, -1]))))
+        dtype = next(model.parameters()).dtype
+        ids = torch.from_numpy(text.input_ids)[None]
+        try:
+            with torch.no_grad():
+                out = model(
+                    input_ids=ids,
+                    pixel_values=torch.from_numpy(inputs.pixel_values).to(dtype),
+                    image_grid_thw=torch.from_numpy(inputs.grid_thw),
+                    mm_token_type_ids=torch.from_numpy(text.mm_token_type_ids)[None],
+                    use_cache=True,
+                )
+        finally:
+            for hook in hooks:
+                hook.remove()
+        embeds = _np(seen["embeds"][0])
+        rows = _np(language.embed_tokens(ids)[0])
+        positions = seen["positions"]
+        positions = _np(positions[-3:, 0] if positions.dim() == 3 else positions)
+        self.put_text_inputs(inputs, sink, embeds, rows, positions, _np(model.model.rope_deltas))
+        logits = _np(out.logits[0, -1])
+        sink.put("text.logits.last", logits)
+        tokens, margins, cache = [int(np.argmax(logits))], [top2_margin(logits)], out.cache
+        with torch.no_grad():
+            for _ in range(text.max_new_tokens - 1):
+                step = model(input_ids=torch.tensor([[tokens[-1]]]), cache=cache, use_cache=True)
+                cache, logits = step.cache, _np(step.logits[0, -1])
+                tokens.append(int(np.argmax(logits)))
+                margins.append(top2_margin(logits))
+        sink.put("text.generate.tokens", np.array(tokens, dtype=np.int64))
+        sink.put("text.generate.margins", np.array(margins, dtype=np.float64))
+
     def replay(self, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
         """The stage's own torch modules (the ones the forward ran) applied to ``inputs``."""
         import torch

@@ -1,0 +1,121 @@
+"""Past the vision tower: merged embeddings, M-RoPE, text layers, prefill logits, greedy tokens."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import SHAPES, TINY
+from driftscope.investigation import investigate
+from driftscope.params import parse_parameters
+
+RUNTIMES = ["transformers:f32", "mlx:f32", "jax:f32", "iree:f32"]
+
+
+def _data(runtimes, **extra):
+    return {
+        "name": "answer",
+        "checkpoint": str(TINY),
+        "images": [str(SHAPES)],
+        "runtimes": runtimes,
+        "stages": {"blocks": True},
+        "replay": False,
+        "text": {"max_new_tokens": 16, "expect": ["square", "circle"]},
+        **extra,
+    }
+
+
+def _params(runtimes, **extra):
+    return parse_parameters(_data(runtimes, **extra), "test")
+
+
+@pytest.fixture(scope="module")
+def answered(tmp_path_factory, tiny_checkpoint_dir):
+    import yaml
+    from driftscope.cli import main
+    from driftscope.report import Report
+
+    out = tmp_path_factory.mktemp("answer")
+    params = out / "answer.yaml"
+    params.write_text(yaml.safe_dump(_data(RUNTIMES, notebooks=["06_answer_parity"])))
+    assert main(["run", str(params), "--out", str(out / "run"), "--no-gate"]) == 0
+    return Report.load(out / "run" / "report.json"), out / "run"
+
+
+def test_every_runtime_agrees_on_the_prefill_top1_and_mlx_on_16_greedy_tokens(answered):
+    report, _ = answered
+    rows = {(r.candidate, r.stage): r for r in report.rows}
+    for label in RUNTIMES[1:]:
+        logits = rows[(label, "text.logits.last")]
+        assert logits.status == "pass" and logits.max_abs < 1e-4, label
+        assert logits.extra["top1_agree"] and logits.extra["top5_overlap"] == 1.0, label
+        for stage in ("text.input_ids", "text.position_ids", "text.rope_deltas", "text.embeds.text_slots_changed"):
+            assert rows[(label, stage)].status == "pass" and rows[(label, stage)].failures == 0, (label, stage)
+        assert rows[(label, "text.embeds.image")].max_abs < 1e-4
+        assert rows[(label, "text.layer.1.last")].max_abs < 1e-4
+    answer = report.data["answer"]
+    tokens = {label: entry["tokens"] for label, entry in answer["runtimes"].items()}
+    assert set(tokens) == {"transformers:f32", "mlx:f32"}  # the compiled path stops at prefill logits
+    assert len(tokens["transformers:f32"]) == 16 and tokens["mlx:f32"] == tokens["transformers:f32"]
+    pair = next(p for p in answer["pairs"] if p["candidate"] == "mlx:f32")
+    assert pair["identical"] and pair["first_difference"] is None
+    top1 = {label: entry["prefill_top1"] for label, entry in answer["runtimes"].items()}
+    assert top1["mlx:f32"] == top1["transformers:f32"] == tokens["transformers:f32"][0]
+
+
+def test_oracle_positions_equal_the_geometry_library(answered):
+    from driftscope.geometry import mrope_positions
+
+    report, out = answered
+    oracle = report.tapset("transformers:f32")
+    ids = np.asarray(oracle["text.input_ids"])
+    expected, delta = mrope_positions((ids == 6).astype(int).tolist(), report.data["inputs"]["grid_thw"])
+    assert np.array_equal(np.asarray(oracle["text.position_ids"]), expected)
+    assert int(np.asarray(oracle["text.rope_deltas"])[0]) == delta
+
+
+def test_perturbed_image_embeddings_fail_after_the_tower_and_change_the_answer(tmp_path, tiny_checkpoint_dir):
+    patch = {"callable": "driftscope.hypotheses:perturb_image_embeddings", "kwargs": {"scale": -2.0}}
+    report = investigate(_params(["transformers:f32", {"runtime": "mlx", "patch": patch}]), tmp_path)
+    rows = {r.stage: r for r in report.rows}
+    assert all(row.status == "pass" for stage, row in rows.items() if stage.startswith(("vision.", "inputs.")))
+    assert report.data["first_divergence"]["mlx:f32"]["stage"] == "text.embeds.image"
+    assert rows["text.embeds.text"].status == "pass" and rows["text.embeds.text_slots_changed"].failures == 0
+    pair = report.data["answer"]["pairs"][0]
+    assert not pair["identical"] and pair["first_difference"] is not None
+    assert pair["reference_token"] != pair["candidate_token"]
+    assert pair["margins_around"][0]["step"] <= pair["first_difference"]
+
+
+def test_text_slots_that_a_runtime_changes_are_counted():
+    from driftscope.runtimes.base import Runtime, StageSink
+    from driftscope.text_inputs import TextInputs
+
+    puts = {}
+
+    class Sink:
+        def put(self, stage_id, value, **_):
+            puts[stage_id] = np.asarray(value)
+
+    inputs = type("I", (), {"text": TextInputs(np.array([1, 6, 6, 2, 3]), 6, "p")})()
+    rows = np.arange(20, dtype=np.float32).reshape(5, 4)
+    embeds = rows.copy()
+    embeds[1:3] = -1.0  # image slots: replaced, as they must be
+    embeds[4, 0] += 1.0  # a text slot that should not have changed
+    Runtime.put_text_inputs(None, inputs, Sink(), embeds, rows, np.zeros((3, 5)), np.zeros(1))
+    assert puts["text.embeds.text_slots_changed"].tolist() == [1]
+    assert puts["text.embeds.image"].shape == (2, 4) and puts["text.embeds.text"].shape == (3, 4)
+    assert StageSink  # the sink interface the runtimes use
+
+
+def test_answer_parity_notebook_renders(answered):
+    from driftscope.render import to_html
+
+    report, out = answered
+    executed = out / "06_answer_parity.ipynb"
+    notebook = json.loads(executed.read_text())
+    outputs = [o for cell in notebook["cells"] if cell["cell_type"] == "code" for o in cell.get("outputs", [])]
+    assert not [o for o in outputs if o["output_type"] == "error"]
+    html = to_html(executed)[0].read_text()
+    assert "first vision divergence" in html and "text.logits.last" in html and "top1_agree" in html
