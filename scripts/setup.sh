@@ -24,14 +24,17 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
     echo "$WANT" > "$STAMP"
 fi
 
-# Headless Chromium and its driver for the reviewers'-page browser test (Debian packages).
-if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+# Debian packages: headless Chromium and its driver (the reviewers'-page browser test) and OpenBLAS,
+# which driftscope loads for MLX's CPU matmuls instead of the wheel's reference BLAS (~50x faster).
+OPENBLAS=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null || [ ! -e "$OPENBLAS" ]; then
+    PACKAGES="chromium chromium-driver libopenblas0-pthread"
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        echo "[setup] installing chromium and chromium-driver (apt)"
-        apt-get install -y --no-install-recommends chromium chromium-driver >/dev/null 2>&1 \
-            || { apt-get update >/dev/null 2>&1 && apt-get install -y --no-install-recommends chromium chromium-driver >/dev/null; }
+        echo "[setup] installing $PACKAGES (apt)"
+        apt-get install -y --no-install-recommends $PACKAGES >/dev/null 2>&1 \
+            || { apt-get update >/dev/null 2>&1 && apt-get install -y --no-install-recommends $PACKAGES >/dev/null; }
     else
-        echo "[setup] warning: chromium/chromedriver missing and apt-get is not usable here; the browser test will fail"
+        echo "[setup] warning: $PACKAGES missing and apt-get is not usable here (browser test fails, MLX stays slow)"
     fi
 fi
 

@@ -288,3 +288,36 @@ def test_a_bucket_too_small_says_how_many_rows_the_images_need(tiny_checkpoint, 
     plan = stage_plan(tiny_checkpoint.family, tiny_checkpoint.config).select(StageSelection())
     with pytest.raises(InputError, match="need 200 patch rows"):
         runtime.capture(inputs, plan, tmp_path / "taps")
+
+
+@pytest.mark.parametrize("name", ["jax", "iree"])
+def test_block_by_block_path_matches_the_oracle_and_reuses_one_block_artifact(
+    two_images, name, tmp_path, tiny_checkpoint, iree_cache
+):
+    """graph: blocks runs the stem, one function per block (window and full share it) and the merger."""
+    inputs, plan, taps, bucket = two_images
+    runtime = get_runtime(name)(
+        tiny_checkpoint, "f32", options={"graph": "blocks", "bucket": bucket, "cache_dir": str(iree_cache)}
+    )
+    tapset = runtime.capture(inputs, plan, tmp_path / name)
+    rows = compare_tapsets(taps["transformers"], tapset, load_contract(None), plan)
+    assert len(rows) == len(plan)
+    for row in rows:
+        assert row.status == "pass", (row.stage, row.note)
+        assert row.integer or row.max_abs < 1e-4, (row.stage, row.max_abs)
+    assert tapset.meta["graph"] == {"mode": "blocks"}
+    # stem, block with substages, merger: three pieces for eight blocks of two attention kinds
+    assert sorted({key if isinstance(key, str) else key[0] for key in runtime._pieces}) == [
+        "block+substages",
+        "merger",
+        "stem",
+    ]
+
+
+def test_unknown_graph_mode_lists_the_valid_ones(tiny_checkpoint, shapes_inputs, full_plan, tmp_path):
+    from driftscope.errors import ParameterError
+
+    runtime = get_runtime("jax")(tiny_checkpoint, "f32", options={"graph": "layers"})
+    with pytest.raises(ParameterError, match="options.graph='layers'") as err:
+        runtime.capture(shapes_inputs, full_plan, tmp_path / "x")
+    assert "blocks" in err.value.fix and "whole" in err.value.fix

@@ -63,37 +63,31 @@ def investigate(params: Parameters | str | Path, out_dir: str | Path | None = No
     return report
 
 
-def _replay(params: Parameters, report: Report, out: Path, runtimes, reference, contract, plan) -> None:
-    """Replay each candidate on the reference's stage inputs and label stages introduced/inherited/amplified."""
-    from .compare import ComparisonRow
+def _replay_one(report: Report, out: Path, label: str, runtime, reference, candidate, contract, plan) -> None:
+    """Replay one candidate on the reference's stage inputs; label stages introduced/inherited/amplified."""
+    from .compare import compare_tapsets
     from .replay import drill_down
 
-    report.data["replay"] = {}
-    rows = [ComparisonRow.from_dict(row) for row in report.data["rows"]]
-    for spec, runtime in runtimes:
-        label = spec.display
-        if label == params.reference_label or not params.replays(label) or not runtime.can_replay:
-            continue
-        report.step(f"replay:{label}")
-        log(f"replay {label} on {reference.label}'s stage inputs")
-        accumulated = [row for row in rows if row.pair == label]
-        safe = label.replace(":", "-").replace("/", "-")
-        drill = drill_down(
-            reference,
-            runtime,
-            accumulated,
-            contract,
-            plan,
-            out / "taps" / f"replay-{safe}",
-            label,
-            progress=lambda message, label=label: log(f"  {label}: {message}"),
-        )
-        entry = drill.to_dict()
-        entry["tapset"] = str(Path(entry["tapset"]).relative_to(out))
-        report.data["replay"][label] = entry
-        report.save()
-        if drill.first_introduced:
-            log(f"  {label}: first introduced error at {drill.first_introduced}")
+    report.step(f"replay:{label}")
+    log(f"replay {label} on {reference.label}'s stage inputs")
+    accumulated = compare_tapsets(reference, candidate, contract, plan)
+    safe = label.replace(":", "-").replace("/", "-")
+    drill = drill_down(
+        reference,
+        runtime,
+        accumulated,
+        contract,
+        plan,
+        out / "taps" / f"replay-{safe}",
+        label,
+        progress=lambda message: log(f"  {label}: {message}"),
+    )
+    entry = drill.to_dict()
+    entry["tapset"] = str(Path(entry["tapset"]).relative_to(out))
+    report.data["replay"][label] = entry
+    report.save()
+    if drill.first_introduced:
+        log(f"  {label}: first introduced error at {drill.first_introduced}")
 
 
 def _power(params: Parameters, report: Report, out: Path, checkpoint, inputs, reference, contract, plan) -> None:
@@ -171,6 +165,10 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
     )
 
     tapsets = {}
+    report.data["replay"] = {}
+    # the reference first, so each candidate can be replayed on its stage inputs right after its own capture;
+    # every model is released after its capture (and replay): peak memory holds one runtime's model at a time
+    runtimes.sort(key=lambda item: item[0].display != params.reference_label)
     for spec, runtime in runtimes:
         report.step(f"capture:{spec.display}")
         log(f"capture {spec.display}: {len(plan)} stages")
@@ -196,6 +194,9 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
         )
         report.save()
         log(f"  {spec.display}: done in {runtime.timings.get('capture_s', 0.0):.1f}s")
+        if spec.display != params.reference_label and params.replays(spec.display) and runtime.can_replay:
+            _replay_one(report, out, spec.display, runtime, tapsets[params.reference_label], tapset, contract, plan)
+        runtime.release()
 
     report.step("compare")
     reference = tapsets[params.reference_label]
@@ -221,7 +222,6 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
             [(p["reference"], p["candidate"]) for p in report.data["pairs"]],
         )
     report.save()
-    _replay(params, report, out, runtimes, reference, contract, plan)
     if params.power:
         _power(params, report, out, checkpoint, inputs, reference, contract, plan)
     report.data["status"] = "complete"

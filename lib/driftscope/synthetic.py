@@ -180,3 +180,29 @@ def make_checkpoint(out_dir: Path, spec: SyntheticQwen25VLSpec = SyntheticQwen25
     tokenizer.save_pretrained(out_dir)
     (out_dir / "driftscope_fixture.json").write_text(json.dumps({"spec": repr(spec)}, indent=1) + "\n")
     return out_dir
+
+
+#: The vision tower of Qwen2.5-VL-3B (depth 32, hidden 1280, 16 heads, MLP 3420, merger to 2048, full
+#: attention at 7, 15, 23, 31) with a one-layer text side of the same width, for benchmarks.
+QWEN25_VL_3B_SHAPED = SyntheticQwen25VLSpec(
+    vision_depth=32,
+    vision_hidden=1280,
+    vision_heads=16,
+    vision_intermediate=3420,
+    fullatt_block_indexes=(7, 15, 23, 31),
+    text_hidden=2048,
+    text_layers=1,
+    text_heads=16,
+    text_kv_heads=2,
+    text_intermediate=256,
+    mrope_section=(16, 24, 24),
+    vocab_size=512,
+)
+
+
+def benchmark_cache_dir() -> Path:
+    """Where generated benchmark checkpoints live: ``$DRIFTSCOPE_CACHE/checkpoints`` or ``~/.cache/driftscope``."""
+    import os
+
+    root = os.environ.get("DRIFTSCOPE_CACHE")
+    return (Path(root) if root else Path.home() / ".cache" / "driftscope") / "checkpoints"

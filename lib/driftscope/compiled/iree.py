@@ -135,6 +135,34 @@ def compile_graph(
     return Artifact(key, vmfb, mlir, identity, False, elapsed)
 
 
+_CONFIGS: dict[str, object] = {}
+
+
+def iree_config(driver: str):
+    """One runtime Config (instance and device) per driver, shared by every module and device buffer."""
+    import iree.runtime as ireert
+
+    if driver not in _CONFIGS:
+        _CONFIGS[driver] = ireert.Config(driver)
+    return _CONFIGS[driver]
+
+
+class DeviceWeights:
+    """Weights uploaded to the device once and passed to every call by reference (no per-call copy)."""
+
+    def __init__(self, driver: str):
+        self.config = iree_config(driver)
+        self._arrays: dict[int, object] = {}
+
+    def __call__(self, array: np.ndarray):
+        import iree.runtime as ireert
+
+        key = id(array)
+        if key not in self._arrays:
+            self._arrays[key] = (array, ireert.asdevicearray(self.config.device, np.ascontiguousarray(array)))
+        return self._arrays[key][1]
+
+
 class IreeModule:
     """A loaded ``module.vmfb``: call it with the flat argument list, get ``{output name: array}``."""
 
@@ -143,10 +171,14 @@ class IreeModule:
 
         self.artifact = artifact
         self.output_names = output_names
-        self._module = ireert.load_vm_flatbuffer_file(str(artifact.path), driver=artifact.identity["driver"])
+        config = iree_config(artifact.identity["driver"])
+        vm_module = ireert.VmModule.mmap(config.vm_instance, str(artifact.path))
+        self._module = ireert.load_vm_module(vm_module, config)
 
-    def __call__(self, arguments: list[np.ndarray]) -> dict[str, np.ndarray]:
-        results = self._module.main(*[np.ascontiguousarray(a) for a in arguments])
+    def __call__(self, arguments: list) -> dict[str, np.ndarray]:
+        results = self._module.main(
+            *[a if not isinstance(a, np.ndarray) else np.ascontiguousarray(a) for a in arguments]
+        )
         if not isinstance(results, (tuple, list)):
             results = (results,)
         return {name: np.asarray(r.to_host()) for name, r in zip(self.output_names, results, strict=True)}

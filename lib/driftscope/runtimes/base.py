@@ -117,6 +117,13 @@ class Runtime(ABC):
             self.model = self.patch.apply(self.model)
         self.timings["load_s"] = time.perf_counter() - start
 
+    def release(self) -> None:
+        """Drop the loaded model (its memory); a later capture or replay loads it again."""
+        self.model = None
+        import gc
+
+        gc.collect()
+
     @abstractmethod
     def _load(self) -> Any: ...
 

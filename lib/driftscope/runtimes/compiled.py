@@ -33,6 +33,9 @@ HOST_STAGES = (
     "vision.cu_seqlens",
 )
 COMPILED_POLICIES = ("f32", "f16-contract", "f16-state")
+#: "whole": the tower as one graph whose outputs are the selected taps; "blocks": stem, one function per block
+#: (the same compiled artifact for every block), merger, with the taps streamed out between calls
+GRAPH_MODES = ("whole", "blocks")
 
 
 @dataclass
@@ -77,12 +80,80 @@ class CompiledRuntime(Runtime):
     def execute(self, graph: LoweredGraph, arguments: list[np.ndarray]) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
+    def release(self) -> None:
+        for name in ("_pieces", "_device_weights", "_block_weights", "_text_weights", "_merged"):
+            self.__dict__.pop(name, None)
+        super().release()
+
+    @property
+    def graph_mode(self) -> str:
+        mode = str(self.options.get("graph", "whole"))
+        if mode not in GRAPH_MODES:
+            raise ParameterError(f"options.graph={mode!r} is not known", f"use one of: {', '.join(GRAPH_MODES)}")
+        return mode
+
+    def call(self, name: str, function, args: tuple) -> dict[str, np.ndarray]:
+        """Run one piece (stem, block, merger) of the block-by-block path; ``args[0]`` holds its weights."""
+        raise NotImplementedError
+
+    def _capture_blocks(self, inputs: VisionInputs, sink: StageSink, bucket: Bucket) -> None:
+        """One call per piece: the stem, each block (one function for every block), the merger; taps stream out."""
+        import functools
+
+        from ..emitters.qwen2_5_vl.model import SUBSTAGES, block_graph, merger_graph, stem_graph
+        from ..emitters.qwen2_5_vl.stages import stage_weights
+
+        spec, contract, weights = self.model.spec, contract_for(self.policy), self.model.weights
+        active, merged = bucket.active, bucket.active_merged
+        pixels = np.zeros((bucket.rows, inputs.pixel_values.shape[1]), dtype=np.float32)
+        pixels[:active] = inputs.pixel_values
+        feeds = bucket.graph_inputs()
+        start = time.perf_counter()
+        stem = self.call(
+            "stem",
+            functools.partial(stem_graph, spec=spec, contract=contract),
+            ({"proj.weight": weights["patch_embed.proj.weight"]}, pixels, feeds["patch_gather"], feeds["positions"]),
+        )
+        for stage_id in ("vision.patch_embed", "vision.rotary.cos", "vision.rotary.sin"):
+            sink.put(stage_id, stem[stage_id][:active], bucket_rows=bucket.rows)
+        x, cos, sin = stem["x"], stem["cos"], stem["sin"]
+        if not hasattr(self, "_block_weights"):
+            self._block_weights = [stage_weights(weights, b, "block") for b in range(spec.depth)]
+        for b in range(spec.depth):
+            substages = any(sink.wants(f"vision.block.{b}.{name}") for name in SUBSTAGES)
+            segments = feeds["image_segments"] if spec.is_full(b) else feeds["window_segments"]
+            out = self.call(
+                f"block{'+substages' if substages else ''}",
+                functools.partial(block_graph, spec=spec, contract=contract, substages=substages),
+                (self._block_weights[b], x, cos, sin, segments),
+            )
+            for name in SUBSTAGES if substages else ():
+                sink.put(f"vision.block.{b}.{name}", out[f"block.{name}"][:active], bucket_rows=bucket.rows)
+            x = out["block.out"]
+            sink.put(f"vision.block.{b}", x[:active], bucket_rows=bucket.rows)
+        out = self.call(
+            "merger",
+            functools.partial(merger_graph, spec=spec, contract=contract),
+            (stage_weights(weights, None, "merger"), x, feeds["merged_restore"]),
+        )
+        sink.put("vision.merger.norm", out["vision.merger.norm"][:active], bucket_rows=bucket.rows)
+        for stage_id in ("vision.merger.hidden", "vision.merger.window", FINAL):
+            sink.put(stage_id, out[stage_id][:merged], bucket_rows=bucket.rows)
+        self._merged = out[FINAL][:merged]
+        self.timings["run_s"] = time.perf_counter() - start - self.timings.get("compile_s", 0.0)
+        sink.writer.meta["bucket"] = {"rows": bucket.rows, "active_rows": bucket.active_rows}
+        sink.writer.meta["graph"] = {"mode": "blocks"}
+
     def _capture(self, inputs: VisionInputs, sink: StageSink) -> None:
         bucket = self.bucket(inputs)
         self.put_inputs(inputs, sink)
         sink.put("vision.window_index", bucket.window_index)
         sink.put_bounds("vision.cu_window_seqlens", bucket.cu_window_seqlens_raw)
         sink.put("vision.cu_seqlens", bucket.cu_seqlens)
+        if self.graph_mode == "blocks":
+            self.timings["compile_s"] = 0.0
+            self._capture_blocks(inputs, sink, bucket)
+            return
         wanted = [stage.id for stage in sink.plan if sink.wants(stage.id)]
         self._say = sink.progress or (lambda message: None)
         graph = self.lower(bucket, self.graph_taps(wanted))
@@ -167,6 +238,14 @@ class JaxRuntime(CompiledRuntime):
 
     name = "jax"
 
+    def call(self, name: str, function, args: tuple) -> dict[str, np.ndarray]:
+        import jax
+
+        jitted = self.__dict__.setdefault("_pieces", {})
+        if name not in jitted:
+            jitted[name] = jax.jit(function, keep_unused=True)
+        return {k: np.asarray(v) for k, v in jax.block_until_ready(jitted[name](*args)).items()}
+
     def versions(self) -> dict[str, str]:
         return package_versions("jax", "jaxlib")
 
@@ -223,6 +302,12 @@ class IreeRuntime(CompiledRuntime):
         start = time.perf_counter()
         module = IreeModule(artifact, graph.output_names)
         self.timings["module_load_s"] = time.perf_counter() - start
+        from ..compiled.iree import DeviceWeights
+
+        if "_device_weights" not in self.__dict__:
+            self._device_weights = DeviceWeights(artifact.identity["driver"])
+        count = len(self.model.weights)  # weights first (sorted by name): uploaded once, passed by reference
+        arguments = [self._device_weights(a) for a in arguments[:count]] + list(arguments[count:])
         start = time.perf_counter()
         out = module(arguments)
         self.timings["run_s"] = time.perf_counter() - start
@@ -231,6 +316,30 @@ class IreeRuntime(CompiledRuntime):
     def _capture(self, inputs: VisionInputs, sink: StageSink) -> None:
         super()._capture(inputs, sink)
         sink.writer.meta["artifact"] = self.artifact.to_dict()
+
+    def call(self, name: str, function, args: tuple) -> dict[str, np.ndarray]:
+        """Lower and compile each piece once per shape (cached artifacts); weights stay on the device."""
+        import jax
+
+        from ..compiled.graph import lower_function
+        from ..compiled.iree import DeviceWeights, IreeModule, compile_graph
+
+        shapes = tuple((tuple(np.shape(a)), str(np.asarray(a).dtype)) for a in jax.tree_util.tree_leaves(args[1:]))
+        modules = self.__dict__.setdefault("_pieces", {})
+        key = (name, shapes)
+        if key not in modules:
+            graph = lower_function(jax.jit(function, keep_unused=True), args, self.policy)
+            graph.output_names = sorted(graph.lowered.out_info)
+            cache = self.options.get("cache_dir")
+            artifact = compile_graph(graph, str(self.options.get("target", "llvm-cpu")), Path(cache) if cache else None)
+            self.timings["compile_s"] = self.timings.get("compile_s", 0.0) + artifact.compile_s
+            self.artifact = artifact
+            modules[key] = IreeModule(artifact, graph.output_names)
+        if "_device_weights" not in self.__dict__:
+            self._device_weights = DeviceWeights(modules[key].artifact.identity["driver"])
+        device = self._device_weights
+        leaves = [device(w) for w in jax.tree_util.tree_leaves(args[0])] + jax.tree_util.tree_leaves(args[1:])
+        return modules[key](leaves)
 
     def run_text(self, function, args) -> dict[str, np.ndarray]:
         """The text prefill lowered on its own and compiled by iree-compile (cached like the tower)."""

@@ -123,6 +123,9 @@ class MLXRuntime(Runtime):
     policies = ("f32", "f16", "bf16")
 
     def _load(self) -> Any:
+        from ..blas import mlx_blas
+
+        mlx_blas()  # before the first `import mlx.core`
         mx = require("mlx.core", "mlx", self.name)
         require("mlx_vlm", "mlx-vlm", self.name)
         model = load_mlx_model(self.checkpoint.path, self.checkpoint.config)
@@ -138,8 +141,16 @@ class MLXRuntime(Runtime):
             model = use_manual_rmsnorm(model)
         return model
 
+    def release(self) -> None:
+        super().release()
+        import mlx.core as mx
+
+        mx.clear_cache()  # MLX keeps freed buffers for reuse; give them back
+
     def versions(self) -> dict[str, str]:
-        return package_versions("mlx", "mlx-vlm")
+        from ..blas import mlx_blas
+
+        return {**package_versions("mlx", "mlx-vlm"), "blas": mlx_blas()}
 
     @property
     def tower(self) -> Any:

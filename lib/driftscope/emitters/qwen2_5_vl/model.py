@@ -30,9 +30,23 @@ class _Taps:
         return value
 
 
-def _block(spec: VisionSpec, contract: Contract, w: dict, b: int, x, cos, sin, mask, tap: _Taps):
-    p = f"blocks.{b}."
-    s = f"vision.block.{b}."
+def _block(
+    spec: VisionSpec,
+    contract: Contract,
+    w: dict,
+    b: int,
+    x,
+    cos,
+    sin,
+    mask,
+    tap: _Taps,
+    p: str | None = None,
+    s: str | None = None,
+    out_id: str | None = None,
+):
+    p = f"blocks.{b}." if p is None else p  # weight name prefix
+    s = f"vision.block.{b}." if s is None else s  # stage id prefix
+    out_id = f"vision.block.{b}" if out_id is None else out_id
     rows = x.shape[0]
     h = tap(s + "norm1", contract.round_state(rms_norm(x, w[p + "norm1.weight"], spec.eps)))
     qkv = linear(contract, h, w[p + "attn.qkv.weight"], w[p + "attn.qkv.bias"])
@@ -49,7 +63,64 @@ def _block(spec: VisionSpec, contract: Contract, w: dict, b: int, x, cos, sin, m
     up = tap(s + "mlp.up", linear(contract, h, w[p + "mlp.up_proj.weight"], w[p + "mlp.up_proj.bias"]))
     product = tap(s + "mlp.product", act * up)
     down = tap(s + "mlp.down", linear(contract, product, w[p + "mlp.down_proj.weight"], w[p + "mlp.down_proj.bias"]))
-    return tap(f"vision.block.{b}", contract.round_state(x + down))
+    return tap(out_id, contract.round_state(x + down))
+
+
+def _merger(spec: VisionSpec, contract: Contract, weights: dict, x, merged_restore, tap: _Taps, p: str = "merger."):
+    h = tap("vision.merger.norm", contract.round_state(rms_norm(x, weights[p + "ln_q.weight"], spec.eps)))
+    h = h.reshape(-1, spec.hidden_size * spec.merge_unit)
+    hidden = linear(contract, h, weights[p + "mlp.0.weight"], weights[p + "mlp.0.bias"])
+    h = tap("vision.merger.hidden", jax.nn.gelu(hidden, approximate=False))
+    merged = tap("vision.merger.window", linear(contract, h, weights[p + "mlp.2.weight"], weights[p + "mlp.2.bias"]))
+    return tap(FINAL, jnp.take(merged, merged_restore, axis=0))  # inverse window permutation: raster order
+
+
+# Block-by-block pieces: the stem, one block (shared by every block of an attention kind), the merger.
+
+
+def stem_graph(weights: dict, pixel_values, patch_gather, positions, *, spec: VisionSpec, contract: Contract):
+    """Patch embedding and rotary tables (raster, as tapped), and the window-ordered block inputs."""
+    x = patch_embed(contract, pixel_values, weights["proj.weight"])
+    cos, sin = rotary_tables(positions, spec.head_dim, spec.rope_theta)
+    return {
+        "vision.patch_embed": x,
+        "vision.rotary.cos": cos,
+        "vision.rotary.sin": sin,
+        "x": contract.round_state(jnp.take(x, patch_gather, axis=0)),
+        "cos": jnp.take(cos, patch_gather, axis=0),
+        "sin": jnp.take(sin, patch_gather, axis=0),
+    }
+
+
+def block_graph(weights: dict, x, cos, sin, segments, *, spec: VisionSpec, contract: Contract, substages: bool = False):
+    """One block (weights without their ``blocks.N.`` prefix): ``out`` and, if asked, every substage."""
+    tap = _Taps(("block.out",) + (tuple(f"block.{name}" for name in SUBSTAGES) if substages else ()))
+    _block(spec, contract, weights, 0, x, cos, sin, segment_mask(segments), tap, p="", s="block.", out_id="block.out")
+    tap.out.pop(FINAL, None)
+    return tap.out
+
+
+def merger_graph(weights: dict, x, merged_restore, *, spec: VisionSpec, contract: Contract):
+    tap = _Taps(("vision.merger.norm", "vision.merger.hidden", "vision.merger.window"))
+    _merger(spec, contract, weights, x, merged_restore, tap, p="")
+    return tap.out
+
+
+SUBSTAGES = (
+    "norm1",
+    "attn.q",
+    "attn.k",
+    "attn.v",
+    "attn.context",
+    "attn.out",
+    "residual1",
+    "norm2",
+    "mlp.gate",
+    "mlp.act",
+    "mlp.up",
+    "mlp.product",
+    "mlp.down",
+)
 
 
 def vision_tower(
@@ -67,7 +138,6 @@ def vision_tower(
 ) -> dict[str, jax.Array]:
     """Run the tower on one packed bucket; returns the requested stages (bucket rows)."""
     tap = _Taps(taps)
-    unit = spec.merge_unit
     x = tap("vision.patch_embed", patch_embed(contract, pixel_values, weights["patch_embed.proj.weight"]))
     cos, sin = rotary_tables(positions, spec.head_dim, spec.rope_theta)
     tap("vision.rotary.cos", cos)
@@ -78,16 +148,5 @@ def vision_tower(
     window_mask, full_mask = segment_mask(window_segments), segment_mask(image_segments)
     for b in range(spec.depth):
         x = _block(spec, contract, weights, b, x, cos, sin, full_mask if spec.is_full(b) else window_mask, tap)
-    h = tap("vision.merger.norm", contract.round_state(rms_norm(x, weights["merger.ln_q.weight"], spec.eps)))
-    h = h.reshape(-1, spec.hidden_size * unit)
-    h = tap(
-        "vision.merger.hidden",
-        jax.nn.gelu(
-            linear(contract, h, weights["merger.mlp.0.weight"], weights["merger.mlp.0.bias"]), approximate=False
-        ),
-    )
-    merged = tap(
-        "vision.merger.window", linear(contract, h, weights["merger.mlp.2.weight"], weights["merger.mlp.2.bias"])
-    )
-    tap(FINAL, jnp.take(merged, merged_restore, axis=0))  # inverse window permutation: raster order
+    _merger(spec, contract, weights, x, merged_restore, tap)
     return tap.out
