@@ -72,7 +72,7 @@ def _resolve(params, tree: Path, fallback: Path):
 def run_one(params_file: str, out_root: str, commit: str, tree: str, fallback: str, force: bool = False) -> dict:
     """Execute one parameter set's notebooks into ``out_root/commit/name``; returns a summary, never raises."""
     from .params import load_parameters
-    from .render import execute, to_html
+    from .render import run_notebooks
     from .report import Report
 
     start = time.perf_counter()
@@ -94,22 +94,10 @@ def run_one(params_file: str, out_root: str, commit: str, tree: str, fallback: s
         env_lib = tree_path / "lib"
         notebooks = tree_path / "notebooks" if (tree_path / "notebooks").is_dir() else None
         with _pythonpath(env_lib if (env_lib / "driftscope").is_dir() else None):
-            for name in params.notebooks:
-                executed = out / f"{name}.ipynb"
-                try:
-                    execute(
-                        name,
-                        out,
-                        {"params_path": str(resolved), "out_dir": str(out), "reuse": not force},
-                        cwd=tree_path,
-                        log_output=False,
-                        notebook_dir=notebooks,
-                    )
-                except Exception as err:  # noqa: BLE001 - recorded, the batch goes on
-                    detail = f"{getattr(err, 'ename', type(err).__name__)}: {getattr(err, 'evalue', err)}"
-                    summary["error"] = f"notebook {name}: {detail.strip()}"
-                if executed.exists():
-                    to_html(executed)
+            errors = run_notebooks(params.notebooks, out, resolved, not force, tree_path, notebook_dir=notebooks)
+        if errors:
+            name, error = next(iter(errors.items()))
+            summary["error"] = f"notebook {name}: {error}"
         if report_path.exists():
             report = Report.load(report_path)
             summary.update(
@@ -134,16 +122,11 @@ def run_one(params_file: str, out_root: str, commit: str, tree: str, fallback: s
 
 
 def _write_params(params, path: Path) -> None:
+    """The resolved parameters (absolute paths) the notebooks of this run load."""
     import yaml
 
-    data = params.to_dict()
-    data = {k: v for k, v in data.items() if v not in (None, [], {})}
-    if data.get("relative") is None:
-        data.pop("relative", None)
+    data = {k: v for k, v in params.to_dict().items() if v not in (None, [], {})}
     data["runtimes"] = [{k: v for k, v in r.items() if v not in (None, {}, [])} for r in data["runtimes"]]
-    for runtime in data["runtimes"]:
-        if runtime.get("patch"):
-            runtime["patch"] = {"callable": runtime["patch"]["callable"], "kwargs": runtime["patch"]["kwargs"]}
     path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 

@@ -12,29 +12,15 @@ from .errors import DriftscopeError
 def _run(args: argparse.Namespace) -> int:
     from .investigation import default_out_dir, log
     from .params import load_parameters
-    from .render import execute, to_html
+    from .render import run_notebooks
     from .report import Report
 
     params = load_parameters(args.params)
     out = Path(args.out).resolve() if args.out else default_out_dir(params)
     out.mkdir(parents=True, exist_ok=True)
     log(f"run {params.name} -> {out}")
-    status = 0
-    for name in params.notebooks:
-        executed = out / f"{name}.ipynb"
-        try:
-            execute(
-                name,
-                out,
-                {"params_path": str(Path(args.params).resolve()), "out_dir": str(out), "reuse": not args.force},
-                cwd=Path.cwd(),
-            )
-        except Exception as err:  # papermill raises PapermillExecutionError with the cell's traceback
-            log(f"notebook {name} failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
-            status = 2
-        if executed.exists():
-            html, nocode = to_html(executed)
-            log(f"rendered {html.name} and {nocode.name}")
+    errors = run_notebooks(params.notebooks, out, Path(args.params).resolve(), not args.force, Path.cwd(), log)
+    status = 2 if errors else 0
     report_path = out / "report.json"
     if not report_path.exists():
         log("no report.json was written")

@@ -83,6 +83,7 @@ class _Accumulator:
 
     def add(self, expected: np.ndarray, actual: np.ndarray, offset: int) -> None:
         if np.isfinite(expected).all() and np.isfinite(actual).all():
+            self.elements += int(expected.size)
             self._add_finite(expected.astype(np.float64).ravel(), actual.astype(np.float64).ravel(), offset)
             return
         e = expected.astype(np.float64, copy=False).ravel()
@@ -99,7 +100,7 @@ class _Accumulator:
         self._add_finite(np.where(both, e, 0.0), np.where(both, a, 0.0), offset, e, a)
 
     def _add_finite(self, ef: np.ndarray, af: np.ndarray, offset: int, e=None, a=None) -> None:
-        """The sums over finite values (the fast path when a chunk has no NaN or inf: fewer passes)."""
+        """Sums over values with non-finite ones zeroed (``e``/``a``: the raw values, for the worst element)."""
         e = ef if e is None else e
         a = af if a is None else a
         diff = af - ef
@@ -108,8 +109,6 @@ class _Accumulator:
         bound *= self.tol.rtol
         bound += self.tol.atol
         self.failures += int(np.count_nonzero(diff > bound))
-        if e is ef:
-            self.elements += int(ef.size)
         self.sum_sq += float(np.dot(diff, diff))
         self.sum_abs += float(diff.sum())
         self.dot += float(np.dot(af, ef))

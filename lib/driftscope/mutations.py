@@ -175,10 +175,6 @@ def _cross_image_leak(model, settings):
         )
 
 
-def _first(*candidates: Callable[[StagePlan], list[str]]) -> Callable[[StagePlan], list[str]]:
-    return lambda plan: [stage for make in candidates for stage in make(plan)]
-
-
 def _block_stages(blocks: Callable[[StagePlan], list[int]], *substages: str) -> Callable[[StagePlan], list[str]]:
     def stages(plan: StagePlan) -> list[str]:
         chosen = blocks(plan)

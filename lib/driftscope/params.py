@@ -150,15 +150,28 @@ def _stages(data: Any) -> StageSelection:
     )
 
 
-def _text(data: Any) -> dict | None:
-    from .text_inputs import DEFAULT_PROMPT
-
+def _section(data: Any, where: str, keys: set[str], example: str) -> dict | None:
+    """An optional mapping section: absent or false -> None, true -> {} (its defaults), else checked keys."""
     if data is None or data is False:
         return None
     if data is True:
-        data = {}
-    _expect(data, dict, "text", "{prompt: 'Name the shapes.', max_new_tokens: 16, expect: [square]}")
-    _unknown(data, {"prompt", "max_new_tokens", "expect"}, "text")
+        return {}
+    _expect(data, dict, where, example)
+    _unknown(data, keys, where)
+    return data
+
+
+def _text(data: Any) -> dict | None:
+    from .text_inputs import DEFAULT_PROMPT
+
+    data = _section(
+        data,
+        "text",
+        {"prompt", "max_new_tokens", "expect"},
+        "{prompt: 'Name the shapes.', max_new_tokens: 16, expect: [square]}",
+    )
+    if data is None:
+        return None
     tokens = _expect(data.get("max_new_tokens", 16), int, "text.max_new_tokens", "16")
     if tokens < 1:
         raise ParameterError(f"text.max_new_tokens must be at least 1, got {tokens}", "write e.g. 16")
@@ -173,12 +186,9 @@ def _text(data: Any) -> dict | None:
 def _power(data: Any) -> dict | None:
     from .mutations import MUTATIONS
 
-    if data is None or data is False:
+    data = _section(data, "power", {"mutations", "policy", "require"}, "{require: [identity_window_permutation]}")
+    if data is None:
         return None
-    if data is True:
-        data = {}
-    _expect(data, dict, "power", "{require: [identity_window_permutation]}")
-    _unknown(data, {"mutations", "policy", "require"}, "power")
     names = data.get("mutations", "all")
     names = MUTATIONS.names() if names == "all" else list(_expect(names, list, "power.mutations", "[tanh_gelu]"))
     required = list(_expect(data.get("require", []), list, "power.require", "[identity_window_permutation]"))

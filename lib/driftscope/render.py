@@ -58,6 +58,36 @@ def execute(
     return target
 
 
+def run_notebooks(
+    names, out_dir: Path, params_path: Path, reuse: bool, cwd: Path, log=None, notebook_dir: Path | None = None
+) -> dict[str, str]:
+    """Execute each notebook on one parameter file and render its HTML (also when it failed).
+
+    Returns ``{notebook: error}`` for the notebooks that raised; the others still run.
+    """
+    errors = {}
+    for name in names:
+        try:
+            execute(
+                name,
+                out_dir,
+                {"params_path": str(params_path), "out_dir": str(out_dir), "reuse": reuse},
+                cwd=cwd,
+                log_output=log is not None,
+                notebook_dir=notebook_dir,
+            )
+        except Exception as err:  # noqa: BLE001 - papermill raises PapermillExecutionError with the cell's error
+            errors[name] = f"{getattr(err, 'ename', type(err).__name__)}: {getattr(err, 'evalue', err)}".strip()
+            if log:
+                log(f"notebook {name} failed: {errors[name]}")
+        executed = out_dir / f"{Path(name).stem}.ipynb"
+        if executed.exists():
+            html, nocode = to_html(executed)
+            if log:
+                log(f"rendered {html.name} and {nocode.name}")
+    return errors
+
+
 def to_html(executed: Path) -> tuple[Path, Path]:
     """``<name>.html`` (with code) and ``<name>.nocode.html`` next to the executed notebook."""
     import nbformat

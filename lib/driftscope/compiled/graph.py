@@ -91,8 +91,9 @@ def lower_vision_tower(
 
 
 def lower_function(jitted, args: tuple, policy: PrecisionPolicy) -> LoweredGraph:
-    """Lower any jitted function of ``args`` (a pytree of arrays) to one-output StableHLO."""
+    """Lower any jitted function of ``args`` (a pytree of arrays); dict outputs are named by their keys."""
     lowered = jitted.lower(*args)
-    header = f"// driftscope replay graph; precision policy: {policy.name}: {policy.description}\n"
+    header = f"// driftscope graph {jitted.__name__}; precision policy: {policy.name}: {policy.description}\n"
     text = header + lowered.as_text()
-    return LoweredGraph(text, hashlib.sha256(text.encode()).hexdigest(), ["output"], policy, 0, (), lowered)
+    names = sorted(lowered.out_info) if isinstance(lowered.out_info, dict) else ["output"]
+    return LoweredGraph(text, hashlib.sha256(text.encode()).hexdigest(), names, policy, 0, (), lowered)

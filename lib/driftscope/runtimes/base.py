@@ -41,6 +41,17 @@ def top2_margin(logits: np.ndarray) -> float:
     return float(top[1] - top[0])
 
 
+def put_greedy(sink, first_logits: np.ndarray, step, max_new_tokens: int) -> None:
+    """Greedy decode from the prefill's last logits; ``step(token) -> logits`` runs the runtime's cached step."""
+    tokens, margins = [int(np.argmax(first_logits))], [top2_margin(first_logits)]
+    for _ in range(max_new_tokens - 1):
+        logits = step(tokens[-1])
+        tokens.append(int(np.argmax(logits)))
+        margins.append(top2_margin(logits))
+    sink.put("text.generate.tokens", np.array(tokens, dtype=np.int64))
+    sink.put("text.generate.margins", np.array(margins, dtype=np.float64))
+
+
 def package_versions(*names: str) -> dict[str, str]:
     versions = {}
     for name in names:

@@ -328,8 +328,8 @@ class IreeRuntime(CompiledRuntime):
         modules = self.__dict__.setdefault("_pieces", {})
         key = (name, shapes)
         if key not in modules:
-            graph = lower_function(jax.jit(function, keep_unused=True), args, self.policy)
-            graph.output_names = sorted(graph.lowered.out_info)
+            jitted = function if hasattr(function, "lower") else jax.jit(function, keep_unused=True)
+            graph = lower_function(jitted, args, self.policy)
             cache = self.options.get("cache_dir")
             artifact = compile_graph(graph, str(self.options.get("target", "llvm-cpu")), Path(cache) if cache else None)
             self.timings["compile_s"] = self.timings.get("compile_s", 0.0) + artifact.compile_s
@@ -343,27 +343,9 @@ class IreeRuntime(CompiledRuntime):
 
     def run_text(self, function, args) -> dict[str, np.ndarray]:
         """The text prefill lowered on its own and compiled by iree-compile (cached like the tower)."""
-        import jax
-
-        from ..compiled.graph import lower_function
-        from ..compiled.iree import IreeModule, compile_graph
-
-        graph = lower_function(function, args, self.policy)
-        graph.output_names = sorted(graph.lowered.out_info)
-        cache = self.options.get("cache_dir")
-        artifact = compile_graph(graph, str(self.options.get("target", "llvm-cpu")), Path(cache) if cache else None)
-        return IreeModule(artifact, graph.output_names)(jax.tree_util.tree_leaves(args))
+        return self.call("text_prefill", function, args)
 
     def replay(self, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
         """The stage lowered on its own and compiled by iree-compile (one cached artifact per stage kind)."""
-        import jax
-
-        from ..compiled.graph import lower_function
-        from ..compiled.iree import IreeModule, compile_graph
-
         jitted, args = self.replay_call(stage_id, inputs, ctx)
-        graph = lower_function(jitted, args, self.policy)
-        cache = self.options.get("cache_dir")
-        artifact = compile_graph(graph, str(self.options.get("target", "llvm-cpu")), Path(cache) if cache else None)
-        out = IreeModule(artifact, graph.output_names)(jax.tree_util.tree_leaves(args))
-        return np.asarray(out[graph.output_names[0]], dtype=np.float32)
+        return np.asarray(self.call(jitted.__name__, jitted, args)["output"], dtype=np.float32)

@@ -292,7 +292,7 @@ class MLXRuntime(Runtime):
         import mlx.core as mx
         from mlx_vlm.models.cache import make_prompt_cache
 
-        from .base import top2_margin
+        from .base import put_greedy
 
         model, text = self.model, inputs.text
         ids = mx.array(text.input_ids[None])
@@ -318,13 +318,12 @@ class MLXRuntime(Runtime):
             mx.eval(logits)
         last = to_numpy(logits[0, -1])
         sink.put("text.logits.last", last)
-        tokens, margins = [int(np.argmax(last))], [top2_margin(last)]
-        for _ in range(text.max_new_tokens - 1):
-            step = to_numpy(model.language_model(mx.array([[tokens[-1]]]), cache=cache).logits[0, -1])
-            tokens.append(int(np.argmax(step)))
-            margins.append(top2_margin(step))
-        sink.put("text.generate.tokens", np.array(tokens, dtype=np.int64))
-        sink.put("text.generate.margins", np.array(margins, dtype=np.float64))
+        put_greedy(
+            sink,
+            last,
+            lambda token: to_numpy(model.language_model(mx.array([[token]]), cache=cache).logits[0, -1]),
+            text.max_new_tokens,
+        )
 
     def replay(self, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
         """mlx-vlm's own modules (in the policy's dtype) applied to ``inputs``."""

@@ -153,7 +153,7 @@ class TransformersRuntime(Runtime):
         """Prefill the whole model on the prompt (hooks on the text layers), then greedy decode with the cache."""
         import torch
 
-        from .base import top2_margin
+        from .base import put_greedy
 
         model, text = self.model, inputs.text
         language = model.model.language_model
@@ -196,15 +196,13 @@ class TransformersRuntime(Runtime):
         self.put_text_inputs(inputs, sink, embeds, rows, positions, _np(model.model.rope_deltas))
         logits = _np(out.logits[0, -1])
         sink.put("text.logits.last", logits)
-        tokens, margins, cache = [int(np.argmax(logits))], [top2_margin(logits)], out.cache
-        with torch.no_grad():
-            for _ in range(text.max_new_tokens - 1):
-                step = model(input_ids=torch.tensor([[tokens[-1]]]), cache=cache, use_cache=True)
-                cache, logits = step.cache, _np(step.logits[0, -1])
-                tokens.append(int(np.argmax(logits)))
-                margins.append(top2_margin(logits))
-        sink.put("text.generate.tokens", np.array(tokens, dtype=np.int64))
-        sink.put("text.generate.margins", np.array(margins, dtype=np.float64))
+        cache = out.cache  # the decode steps append to it in place
+
+        def step(token: int) -> np.ndarray:
+            with torch.no_grad():
+                return _np(model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True).logits[0, -1])
+
+        put_greedy(sink, logits, step, text.max_new_tokens)
 
     def replay(self, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
         """The stage's own torch modules (the ones the forward ran) applied to ``inputs``."""

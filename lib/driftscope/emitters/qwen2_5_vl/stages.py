@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import jax
-import jax.numpy as jnp
 
 from .config import VisionSpec
 from .layers import Contract, apply_rope, attention, linear, rms_norm, segment_mask
@@ -75,7 +74,3 @@ def stage_weights(weights: dict, block: int | None, kind: str) -> dict:
     """The weights one stage reads, keyed without the block/merger prefix."""
     prefix = "merger." if block is None else f"blocks.{block}."
     return {name[len(prefix) :]: value for name, value in weights.items() if name.startswith(prefix)}
-
-
-def as_array(x) -> jnp.ndarray:
-    return jnp.asarray(x, dtype=jnp.float32)
