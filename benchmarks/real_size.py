@@ -1,11 +1,12 @@
 """The three runtimes on the Qwen2.5-VL-3B-shaped vision tower: tap overhead, compile, compare, render,
-memory, and how cost grows with patches. One process, one run, everything measured side by side.
+memory, and how cost grows with patches. The targets' figures come from one process and one run, measured
+side by side (plain and tapped forwards alternate); the growth sweep runs each case in a fresh process.
 
     .venv/bin/python benchmarks/real_size.py [--quick] [--out DIR]
 
 Generates the 3B-shaped checkpoint on first use (benchmarks/make_3b_shaped.py, outside the repo).
 Prints Markdown tables and the target ratios; ``--out`` keeps the run's outputs (default: a temp dir).
-``--quick`` skips the scaling sweep.
+``--quick`` skips the scaling sweep (each of its cases runs in a fresh process, so memory is per case).
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ RUNTIMES = (("transformers", "f32"), ("mlx", "f32"), ("iree", "f32"))
 VARIANTS = {
     "transformers:f32": ("transformers", "f32", {}),
     "mlx:f32": ("mlx", "f32", {}),
+    "iree:f32": ("iree", "f32", {}),  # graph: auto, the default
     "iree:f32 whole": ("iree", "f32", {"graph": "whole"}),
     "iree:f32 blocks": ("iree", "f32", {"graph": "blocks"}),
 }
 PAGE = os.sysconf("SC_PAGE_SIZE")
-GRAPH = os.environ.get("BENCH_IREE_GRAPH", "whole")  # the IREE mode the whole-investigation run uses
+REPEATS = 3  # plain/tapped pairs per runtime; the table shows medians
+NOISE_FLOOR_MIB = 256  # working memory below this is not fitted
 
 
 class PeakRSS:
@@ -66,7 +69,18 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="skip the scaling sweep")
     parser.add_argument("--out", help="keep outputs here")
+    parser.add_argument("--one", nargs=2, metavar=("RUNTIME", "KIND"), help=argparse.SUPPRESS)  # a sweep child
+    parser.add_argument("--images", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--checkpoint", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.one:
+        import json
+
+        from driftscope.blas import mlx_blas
+
+        mlx_blas()
+        print(json.dumps(measure_one(*args.one, args.images, Path(args.out), Path(args.checkpoint))))
+        return
 
     from driftscope.blas import mlx_blas
     from driftscope.checkpoint import open_checkpoint
@@ -93,24 +107,29 @@ def main(argv: list[str] | None = None) -> None:
 
     def plain(runtime) -> float:
         if runtime.name == "iree":  # the production-like graph: the whole tower, final output only
+            options = dict(runtime.options)
             runtime.options.update(taps="final", graph="whole")
             runtime.capture(inputs, full.select(StageSelection(blocks=False)), out / "plain-iree")
+            runtime.options.clear()
+            runtime.options.update(options)
             return runtime.timings["run_s"]
         start = time.perf_counter()
         runtime.run_vision(inputs)
         return time.perf_counter() - start
 
-    def warm_compile() -> float:
+    def tapped(runtime, kind: str, label: str, rep: int):
+        tapset = runtime.capture(inputs, plans[kind], out / f"{label.replace(' ', '-')}-{kind}-{rep}")
+        return tapset, runtime.timings["run_s"] if runtime.name == "iree" else runtime.timings["capture_s"]
+
+    def warm_compile(runtime) -> float:
         """A second compile of the production-like graph: the cache lookup and module load."""
         from driftscope.compiled.graph import lower_vision_tower
         from driftscope.compiled.iree import IreeModule, compile_graph
-        from driftscope.emitters.qwen2_5_vl import VisionSpec, load_vision_weights
         from driftscope.geometry import pack_images
         from driftscope.precision import get_policy
 
-        spec = VisionSpec.from_config(checkpoint.config)
-        weights = load_vision_weights(checkpoint.path, spec)
         rows_ = pack_images(inputs.grid_thw).rows
+        spec, weights = runtime.model.spec, runtime.model.weights  # lowering reads their shapes only
         graph = lower_vision_tower(spec, get_policy("f32"), weights, rows_, ("vision.merger",))
         start = time.perf_counter()
         artifact = compile_graph(graph)
@@ -124,19 +143,20 @@ def main(argv: list[str] | None = None) -> None:
         runtime.load()
         plain(runtime)  # warm-up (and the cold IREE compile of the production-like graph)
         cold = runtime.timings.get("compile_s")
-        plain_s = min(plain(runtime) for _ in range(2))
-        row = {"plain_s": plain_s, "compile_cold_s": cold if name == "iree" else None, "compile_warm_s": None}
-        if name == "iree":
-            row["compile_warm_s"] = warm_compile()
-            runtime.options.clear()
-            runtime.options.update(options)
-        for kind, plan in plans.items():
-            samples = []
-            for rep in range(2 if kind == "blocks" else 1):
-                tapset = runtime.capture(inputs, plan, out / f"{label.replace(' ', '-')}-{kind}-{rep}")
-                samples.append(runtime.timings["run_s"] if name == "iree" else runtime.timings["capture_s"])
-            row[f"{kind}_s"] = min(samples)
-            taps.setdefault(kind, {})[label] = tapset
+        pairs = []  # plain and all-blocks-tapped forwards alternate, so drift in machine speed hits both alike
+        for rep in range(REPEATS):
+            forward = plain(runtime)
+            tapset, seconds = tapped(runtime, "blocks", label, rep)
+            pairs.append((forward, seconds))
+        row = {
+            "plain_s": statistics.median(p for p, _ in pairs),
+            "blocks_s": statistics.median(t for _, t in pairs),
+            "blocks_ratio": statistics.median(t / p for p, t in pairs),
+            "compile_cold_s": cold if name == "iree" else None,
+            "compile_warm_s": warm_compile(runtime) if name == "iree" else None,
+        }
+        taps.setdefault("blocks", {})[label] = tapset
+        taps.setdefault("substages", {})[label], row["substages_s"] = tapped(runtime, "substages", label, 0)
         row["peak_rss"] = rss.peak
         runtime.release()
         del runtime
@@ -147,11 +167,22 @@ def main(argv: list[str] | None = None) -> None:
     contract = load_contract(None)
     start = time.perf_counter()
     reference = taps["substages"]["transformers:f32"]
-    for label, tapset in taps["substages"].items():
-        if label != "transformers:f32":
-            compare_tapsets(reference, tapset, contract, plans["substages"])
+    for label in ("mlx:f32", "iree:f32"):
+        compare_tapsets(reference, taps["substages"][label], contract, plans["substages"])
     compare_s = time.perf_counter() - start
     largest = max(reference.shape(s)[0] * math.prod(reference.shape(s)[1:]) * 4 for s in reference.stage_ids())
+    # drop this run's ~17 GB of taps, so the investigation below does not pay for the page cache they hold
+    del reference
+    taps.clear()
+    gc.collect()
+    for path in out.glob("*.safetensors"):
+        path.unlink()
+    # what three hand-rolled parity scripts cost: one fresh process per runtime (imports, load, one forward)
+    scripts = {}
+    for name, policy in RUNTIMES:
+        start = time.perf_counter()
+        run_child(f"{name}:{policy}", "plain", [str(image)], out, checkpoint.path)
+        scripts[f"{name}:{policy}"] = time.perf_counter() - start
 
     # the whole investigation, warm: three runtimes, all blocks, substages of two layers, compare, report, HTML
     import yaml
@@ -197,11 +228,11 @@ def main(argv: list[str] | None = None) -> None:
         warm = f"{r['compile_warm_s']:.3f}" if r["compile_warm_s"] is not None else ""
         print(
             f"| {label} | {r['plain_s']:.2f} | {r['blocks_s']:.2f} | {r['substages_s']:.2f} | "
-            f"{r['blocks_s'] / r['plain_s']:.3f}x | {r['substages_s'] / r['plain_s']:.3f}x | {cold} | {warm} | "
+            f"{r['blocks_ratio']:.3f}x | {r['substages_s'] / r['plain_s']:.3f}x | {cold} | {warm} | "
             f"{gib(r['peak_rss'])} |"
         )
-    forwards = sum(rows[label]["plain_s"] for label in ("transformers:f32", "mlx:f32", "iree:f32 whole"))
-    iree = rows["iree:f32 whole"]
+    forwards = sum(rows[label]["plain_s"] for label in ("transformers:f32", "mlx:f32", "iree:f32"))
+    iree = rows["iree:f32"]
     print(
         f"\ncomparison of every substage, two pairs: {compare_s:.1f}s; largest stage tensor {largest / 2**20:.1f} MiB"
     )
@@ -209,6 +240,11 @@ def main(argv: list[str] | None = None) -> None:
         f"whole investigation (warm, 3 runtimes, blocks + substages of 2 layers, compare, report, HTML): "
         f"{investigation_s:.1f}s = {investigation_s / forwards:.2f}x the sum of the three plain forwards "
         f"({forwards:.1f}s); loading, notebook and rendering outside the captures: {render_s:.1f}s"
+    )
+    print(
+        "three plain parity scripts (a fresh process per runtime: imports, load, one forward): "
+        + ", ".join(f"{label} {seconds:.1f}s" for label, seconds in scripts.items())
+        + f" = {sum(scripts.values()):.1f}s; the investigation is {investigation_s / sum(scripts.values()):.2f}x that"
     )
     print(
         f"IREE warm / cold compile: {iree['compile_warm_s'] / iree['compile_cold_s']:.4f} "
@@ -222,66 +258,127 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.quick:
         return
-    print("\n## How cost grows (plain forward and all-block-taps capture; one image per size, then 448x448 buckets)\n")
-    cases = [(f"{s}x{s}", [s]) for s in (224, 448, 672, 896)] + [("2 x 448", [448, 448]), ("4 x 448", [448] * 4)]
+    sweep(checkpoint, image, out)
+
+
+def slope(xs: list[float], ys: list[float]) -> float:
+    """Least-squares exponent of ``ys`` against ``xs`` on a log-log scale."""
+    lx, ly = [math.log(x) for x in xs], [math.log(y) for y in ys]
+    mx, my = statistics.mean(lx), statistics.mean(ly)
+    return sum((x - mx) * (y - my) for x, y in zip(lx, ly, strict=True)) / sum((x - mx) ** 2 for x in lx)
+
+
+def measure_one(runtime_spec: str, kind: str, images: list[str], out: Path, checkpoint_path: Path) -> dict:
+    """In a fresh process: load one runtime, run one plain forward or one all-blocks capture; report seconds,
+    resident memory after the load, the peak, and the working memory: the peak above the imports and the
+    resident weights (transformers maps its weights lazily, so they count once the forward touches them)."""
+    from driftscope.checkpoint import open_checkpoint
+    from driftscope.families import stage_plan
+    from driftscope.inputs import prepare_inputs
+    from driftscope.runtimes import get_runtime
+    from driftscope.stages import StageSelection
+
+    checkpoint = open_checkpoint(checkpoint_path)
+    inputs = prepare_inputs(checkpoint, images)
+    name, policy = runtime_spec.split(":")
+    plan = stage_plan(checkpoint.family, checkpoint.config).select(StageSelection(blocks=kind == "tapped"))
+    runtime = get_runtime(name)(checkpoint, policy, options={"taps": "final"} if kind == "plain" else {})
+    weights = sum(p.stat().st_size for p in checkpoint.path.glob("*.safetensors"))
+    before = PeakRSS.now()
+    runtime.load()
+    rss = PeakRSS()
+    loaded = rss.now()
+    rss.reset()
+    if kind == "plain" and name != "iree":
+        start = time.perf_counter()
+        runtime.run_vision(inputs)
+        seconds = time.perf_counter() - start
+    else:  # IREE's plain forward is the production-like graph (final output only); run_s leaves out compiling
+        runtime.capture(inputs, plan, out / f"{name}-{kind}")
+        seconds = runtime.timings["run_s"] if name == "iree" else runtime.timings["capture_s"]
+    return {
+        "patches": int(inputs.pixel_values.shape[0]),
+        "seconds": seconds,
+        "loaded": loaded,
+        "peak": rss.peak,
+        "working": rss.peak - max(loaded, before + weights),
+    }
+
+
+def run_child(runtime_spec: str, kind: str, images: list[str], out: Path, checkpoint: Path) -> dict:
+    """``measure_one`` in a fresh interpreter; its JSON line back."""
+    import json
+    import subprocess
+
+    command = [sys.executable, __file__, "--one", runtime_spec, kind, "--out", str(out / "one")]
+    command += ["--checkpoint", str(checkpoint), "--images", *images]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def sweep(checkpoint, image: Path, out: Path) -> None:
+    """Each runtime, case and kind (plain forward, all block outputs tapped) in its own process."""
     from PIL import Image
 
-    sweep: dict[str, list] = {}
+    print("\n## How cost grows (plain forward and all-block-taps capture, each in a fresh process)\n")
+    cases = [(f"{s}x{s}", [s]) for s in (224, 448, 672, 896)] + [("2 x 448", [448, 448]), ("4 x 448", [448] * 4)]
+    results: dict[str, list] = {}
     for case, sizes in cases:
         paths = []
         for i, side in enumerate(sizes):
             path = out / f"img-{side}-{i}.png"
             with Image.open(image) as picture:
                 picture.resize((side, side)).rotate(90 * i).save(path)
-            paths.append(path)
-        case_inputs = prepare_inputs(checkpoint, paths)
-        patches = int(case_inputs.pixel_values.shape[0])
+            paths.append(str(path))
         for name, policy in RUNTIMES:
-            runtime = get_runtime(name)(checkpoint, policy)
-            rss.reset()
-            runtime.load()
-            runtime.capture(case_inputs, plans["blocks"], out / f"sweep-{name}-{case.replace(' ', '')}")
-            tapped = runtime.timings["run_s"] if name == "iree" else runtime.timings["capture_s"]
-            if name == "iree":
-                forward = runtime.timings["run_s"]  # the tapped graph's run; the plain run follows
-                runtime.options["taps"] = "final"
-                runtime.capture(case_inputs, full.select(StageSelection(blocks=False)), out / "p")
-                forward = runtime.timings["run_s"]
-            else:
-                start = time.perf_counter()
-                runtime.run_vision(case_inputs)
-                forward = time.perf_counter() - start
-            sweep.setdefault(f"{name}:{policy}", []).append((case, patches, forward, tapped, rss.peak))
-            runtime.release()
-            del runtime
-            gc.collect()
+            point = {"case": case}
+            for kind in ("plain", "tapped"):
+                measured = run_child(f"{name}:{policy}", kind, paths, out, checkpoint.path)
+                point.update({f"{kind}_{key}": value for key, value in measured.items()}, patches=measured["patches"])
+            results.setdefault(f"{name}:{policy}", []).append(point)
             print(
-                f"  {case} {name}: {patches} patches, forward {forward:.2f}s, tapped {tapped:.2f}s, "
-                f"peak {gib(rss.peak)} GiB",
+                f"  {case} {name}: {point['patches']} patches, forward {point['plain_seconds']:.2f}s, "
+                f"tapped {point['tapped_seconds']:.2f}s, working memory {gib(point['plain_working'])} / "
+                f"{gib(point['tapped_working'])} GiB",
                 flush=True,
             )
-    print("\n| runtime | case | patches | plain forward s | all blocks tapped s | tapped / plain | peak RSS GiB |")
-    print("|---|---|---|---|---|---|---|")
-    for label, points in sweep.items():
-        for case, patches, forward, tapped, peak in points:
+    print(
+        "\n| runtime | case | patches | plain forward s | all blocks tapped s | tapped / plain | peak RSS GiB | "
+        "forward working memory GiB | tapped working memory GiB |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for label, points in results.items():
+        for p in points:
             print(
-                f"| {label} | {case} | {patches} | {forward:.2f} | {tapped:.2f} | {tapped / forward:.2f}x | "
-                f"{gib(peak)} |"
+                f"| {label} | {p['case']} | {p['patches']} | {p['plain_seconds']:.2f} | {p['tapped_seconds']:.2f} | "
+                f"{p['tapped_seconds'] / p['plain_seconds']:.2f}x | {gib(p['tapped_peak'])} | "
+                f"{gib(p['plain_working'])} | {gib(p['tapped_working'])} |"
             )
-    print("\nobserved exponents against patch count (single images 224..896; log-log least squares):")
-    for label, points in sweep.items():
-        single = [p for p in points if "x" in p[0] and " " not in p[0]]
-        xs = [math.log(p[1]) for p in single]
+    print(
+        "\nobserved exponents against patch count (single images; log-log least squares; working memory only over"
+        f" the cases where both kinds hold at least {NOISE_FLOOR_MIB} MiB, below that it is allocator noise):"
+    )
+    for label, points in results.items():
+        print(f"  {label}: " + exponents([p for p in points if " " not in p["case"]]))
 
-        def slope(values, xs=xs):
-            ys = [math.log(v) for v in values]
-            mx, my = statistics.mean(xs), statistics.mean(ys)
-            return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
 
-        print(
-            f"  {label}: forward time ~ patches^{slope([p[2] for p in single]):.2f}, tapped time ~ "
-            f"patches^{slope([p[3] for p in single]):.2f}, peak RSS ~ patches^{slope([p[4] for p in single]):.2f}"
+def exponents(single: list[dict]) -> str:
+    """Time and working-memory exponents of the plain forward and the tapped capture against patches."""
+    xs = [p["patches"] for p in single]
+    time_fit = {kind: slope(xs, [p[f"{kind}_seconds"] for p in single]) for kind in ("plain", "tapped")}
+    floor = NOISE_FLOOR_MIB * 2**20
+    big = [p for p in single if min(p["plain_working"], p["tapped_working"]) >= floor]
+    if len(big) < 2:
+        memory = "working memory under the noise floor in all but one case"
+    else:
+        fit = {kind: slope([p["patches"] for p in big], [p[f"{kind}_working"] for p in big]) for kind in time_fit}
+        memory = (
+            f"working memory ({', '.join(p['case'] for p in big)}): forward ~ patches^{fit['plain']:.2f}, "
+            f"tapped ~ patches^{fit['tapped']:.2f}"
         )
+    return f"time: forward ~ patches^{time_fit['plain']:.2f}, tapped ~ patches^{time_fit['tapped']:.2f}; {memory}"
 
 
 if __name__ == "__main__":

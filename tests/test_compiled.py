@@ -305,13 +305,33 @@ def test_block_by_block_path_matches_the_oracle_and_reuses_one_block_artifact(
     for row in rows:
         assert row.status == "pass", (row.stage, row.note)
         assert row.integer or row.max_abs < 1e-4, (row.stage, row.max_abs)
-    assert tapset.meta["graph"] == {"mode": "blocks"}
+    assert tapset.meta["graph"] == {"mode": "blocks", "requested": "blocks"}
     # stem, block with substages, merger: three pieces for eight blocks of two attention kinds
     assert sorted({key if isinstance(key, str) else key[0] for key in runtime._pieces}) == [
         "block+substages",
         "merger",
         "stem",
     ]
+
+
+def test_auto_graph_goes_block_by_block_when_the_taps_exceed_the_budget(
+    two_images, tmp_path, tiny_checkpoint, iree_cache
+):
+    """graph: auto (the default) keeps the whole graph for small tap sets and streams block by block past
+    ``whole_taps_mib``; both captures equal the oracle."""
+    inputs, plan, taps, bucket = two_images
+    options = {"bucket": bucket, "cache_dir": str(iree_cache)}
+    whole = get_runtime("iree")(tiny_checkpoint, "f32", options=dict(options))
+    small = whole.capture(inputs, plan, tmp_path / "whole")
+    tapped_mib = whole.lower(whole.bucket(inputs), whole.graph_taps([s.id for s in plan])).output_bytes / 2**20
+    blocks = get_runtime("iree")(tiny_checkpoint, "f32", options={**options, "whole_taps_mib": tapped_mib / 2})
+    streamed = blocks.capture(inputs, plan, tmp_path / "blocks")
+    assert small.meta["graph"]["mode"] == "whole" and small.meta["graph"]["requested"] == "auto"
+    assert streamed.meta["graph"] == {"mode": "blocks", "requested": "auto"}
+    for tapset in (small, streamed):
+        for row in compare_tapsets(taps["transformers"], tapset, load_contract(None), plan):
+            assert row.status == "pass", (row.stage, row.note)
+            assert row.integer or row.max_abs < 1e-4, (row.stage, row.max_abs)
 
 
 def test_unknown_graph_mode_lists_the_valid_ones(tiny_checkpoint, shapes_inputs, full_plan, tmp_path):
@@ -321,3 +341,28 @@ def test_unknown_graph_mode_lists_the_valid_ones(tiny_checkpoint, shapes_inputs,
     with pytest.raises(ParameterError, match="options.graph='layers'") as err:
         runtime.capture(shapes_inputs, full_plan, tmp_path / "x")
     assert "blocks" in err.value.fix and "whole" in err.value.fix
+
+
+def test_device_arrays_on_the_cpu_driver_share_host_memory_and_keep_it_alive():
+    """The CPU driver reads host arrays in place; a misaligned array is copied once, and that copy must
+    live as long as the device array (the bindings tie it only to a temporary HalBuffer object)."""
+    import gc
+
+    from driftscope.compiled.iree import device_array
+    from driftscope.weightfile import aligned_empty
+
+    aligned = aligned_empty((64, 48))
+    aligned[...] = np.arange(64 * 48, dtype=np.float32).reshape(64, 48)
+    shared = device_array("local-task", aligned)
+    aligned[3, 5] = -1.0  # no copy: the device sees the change
+    assert shared.to_host()[3, 5] == -1.0
+
+    expected = np.random.default_rng(0).standard_normal(4097).astype(np.float32)
+    misaligned = np.concatenate([np.zeros(1, np.float32), expected])[1:]  # 4 bytes past a 64-byte boundary
+    assert misaligned.ctypes.data % 64
+    copied = device_array("local-task", misaligned)
+    del misaligned
+    gc.collect()
+    junk = [np.full(4097, 7.0, np.float32) for _ in range(200)]  # reuse any memory freed too early
+    np.testing.assert_array_equal(copied.to_host(), expected)
+    assert len(junk) == 200

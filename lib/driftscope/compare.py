@@ -14,8 +14,10 @@ from .contract import Contract, Tolerance
 from .stages import StagePlan
 from .tapset import TapSet
 
-#: Rows read at a time when both sides are already in the same order (bounds memory on big taps).
-CHUNK_ELEMENTS = 1 << 22
+#: Elements read at a time when both sides are already in the same order (bounds memory on big taps).
+#: Small enough that the float64 temporaries stay in malloc's heap: chunks that get their own memory
+#: mapping pay a page fault per 4 KiB on every chunk (2^22 elements made a 3B comparison 1.5x slower).
+CHUNK_ELEMENTS = 1 << 16
 
 
 @dataclass

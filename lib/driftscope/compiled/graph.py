@@ -39,6 +39,15 @@ class LoweredGraph:
     taps: tuple[str, ...]
     lowered: Any  # jax.stages.Lowered, for the jax runtime
 
+    @property
+    def output_bytes(self) -> int:
+        """Bytes of all outputs together: what one call of the graph holds at once."""
+        import jax
+
+        return sum(
+            int(np.prod(leaf.shape)) * leaf.dtype.itemsize for leaf in jax.tree_util.tree_leaves(self.lowered.out_info)
+        )
+
     def arguments(self, weights: dict, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
         """Flat argument list in the order the compiled function takes them (weights first, by name)."""
         return [weights[name] for name in sorted(weights)] + [inputs[name] for name in INPUT_NAMES]

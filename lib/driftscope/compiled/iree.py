@@ -16,6 +16,7 @@ import numpy as np
 
 from ..atomic import write_json_atomic
 from ..errors import CompileError, RegistryError, RuntimeUnavailableError
+from ..weightfile import aligned_empty, is_aligned
 from .graph import LoweredGraph, policy_digest
 
 #: target -> (iree-compile flags, iree.runtime driver)
@@ -147,19 +148,45 @@ def iree_config(driver: str):
     return _CONFIGS[driver]
 
 
+#: Drivers whose device memory is host memory: numpy arrays are imported there without a copy.
+HOST_DRIVERS = ("local-task", "local-sync")
+
+
+def device_array(driver: str, array: np.ndarray):
+    """``array`` on the device: imported without a copy on host-memory drivers (the buffer keeps it alive),
+    copied elsewhere. Misaligned or strided arrays are copied once into an aligned host array first."""
+    import iree.runtime as ireert
+    from iree.runtime.array_interop import map_dtype_to_element_type
+
+    config = iree_config(driver)
+    if driver not in HOST_DRIVERS:
+        return ireert.asdevicearray(config.device, np.ascontiguousarray(array))
+    if not is_aligned(array):
+        copy = aligned_empty(array.shape, array.dtype)
+        copy[...] = array
+        array = copy
+    buffer = config.device.allocator.import_host_allocation(
+        array, ireert.MemoryType.DEVICE_LOCAL | ireert.MemoryType.HOST_VISIBLE, ireert.BufferUsage.DEFAULT
+    )
+    view = ireert.HalBufferView(buffer, array.shape, map_dtype_to_element_type(array.dtype))
+    result = ireert.DeviceArray(config.device, view)
+    # the imported memory must outlive every view of it; the bindings only tie it to the HalBuffer object
+    result.host_memory = array
+    return result
+
+
 class DeviceWeights:
-    """Weights uploaded to the device once and passed to every call by reference (no per-call copy)."""
+    """Weights put on the device once and passed to every call by reference (no per-call copy; on the
+    CPU drivers no copy at all: the device reads the host arrays in place)."""
 
     def __init__(self, driver: str):
-        self.config = iree_config(driver)
+        self.driver = driver
         self._arrays: dict[int, object] = {}
 
     def __call__(self, array: np.ndarray):
-        import iree.runtime as ireert
-
         key = id(array)
         if key not in self._arrays:
-            self._arrays[key] = (array, ireert.asdevicearray(self.config.device, np.ascontiguousarray(array)))
+            self._arrays[key] = (array, device_array(self.driver, array))
         return self._arrays[key][1]
 
 
@@ -176,9 +203,8 @@ class IreeModule:
         self._module = ireert.load_vm_module(vm_module, config)
 
     def __call__(self, arguments: list) -> dict[str, np.ndarray]:
-        results = self._module.main(
-            *[a if not isinstance(a, np.ndarray) else np.ascontiguousarray(a) for a in arguments]
-        )
+        driver = self.artifact.identity["driver"]
+        results = self._module.main(*[device_array(driver, a) if isinstance(a, np.ndarray) else a for a in arguments])
         if not isinstance(results, (tuple, list)):
             results = (results,)
         return {name: np.asarray(r.to_host()) for name, r in zip(self.output_names, results, strict=True)}

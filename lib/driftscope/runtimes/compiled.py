@@ -34,8 +34,12 @@ HOST_STAGES = (
 )
 COMPILED_POLICIES = ("f32", "f16-contract", "f16-state")
 #: "whole": the tower as one graph whose outputs are the selected taps; "blocks": stem, one function per block
-#: (the same compiled artifact for every block), merger, with the taps streamed out between calls
-GRAPH_MODES = ("whole", "blocks")
+#: (the same compiled artifact for every block), merger, with the taps streamed out between calls; "auto"
+#: (default): whole while its tapped outputs fit ``options.whole_taps_mib``, else blocks (memory stays
+#: bounded by the model plus one block's taps however many substages are tapped)
+GRAPH_MODES = ("auto", "whole", "blocks")
+#: Default budget for the tapped outputs a whole graph holds at once before ``auto`` goes block by block.
+WHOLE_TAPS_MIB = 512
 
 
 @dataclass
@@ -87,7 +91,7 @@ class CompiledRuntime(Runtime):
 
     @property
     def graph_mode(self) -> str:
-        mode = str(self.options.get("graph", "whole"))
+        mode = str(self.options.get("graph", "auto"))
         if mode not in GRAPH_MODES:
             raise ParameterError(f"options.graph={mode!r} is not known", f"use one of: {', '.join(GRAPH_MODES)}")
         return mode
@@ -150,17 +154,24 @@ class CompiledRuntime(Runtime):
         sink.put("vision.window_index", bucket.window_index)
         sink.put_bounds("vision.cu_window_seqlens", bucket.cu_window_seqlens_raw)
         sink.put("vision.cu_seqlens", bucket.cu_seqlens)
-        if self.graph_mode == "blocks":
+        self._say = sink.progress or (lambda message: None)
+        mode = self.graph_mode
+        if mode != "blocks":
+            wanted = [stage.id for stage in sink.plan if sink.wants(stage.id)]
+            graph = self.lower(bucket, self.graph_taps(wanted))
+            self._say(
+                f"lowered to StableHLO ({len(graph.output_names)} outputs, {graph.output_bytes / 2**20:.0f} MiB, "
+                f"bucket {bucket.rows} rows, {bucket.active} active) in {self.timings['lower_s']:.1f}s"
+            )
+            budget = float(self.options.get("whole_taps_mib", WHOLE_TAPS_MIB))
+            if mode == "auto" and graph.output_bytes > budget * 2**20:
+                self._say(f"tapped outputs exceed whole_taps_mib={budget:g}: running block by block")
+                mode = "blocks"
+        if mode == "blocks":
             self.timings["compile_s"] = 0.0
             self._capture_blocks(inputs, sink, bucket)
+            sink.writer.meta["graph"]["requested"] = self.graph_mode
             return
-        wanted = [stage.id for stage in sink.plan if sink.wants(stage.id)]
-        self._say = sink.progress or (lambda message: None)
-        graph = self.lower(bucket, self.graph_taps(wanted))
-        self._say(
-            f"lowered to StableHLO ({len(graph.output_names)} outputs, bucket {bucket.rows} rows, "
-            f"{bucket.active} active) in {self.timings['lower_s']:.1f}s"
-        )
         outputs = self.execute(graph, self.arguments(graph, bucket, inputs))
         self._merged = outputs.get(FINAL)[: bucket.active_merged] if FINAL in outputs else None
         start = time.perf_counter()
@@ -171,6 +182,8 @@ class CompiledRuntime(Runtime):
         self.timings["write_s"] = time.perf_counter() - start
         sink.writer.meta["bucket"] = {"rows": bucket.rows, "active_rows": bucket.active_rows}
         sink.writer.meta["graph"] = {
+            "mode": "whole",
+            "requested": self.graph_mode,
             "stablehlo_digest": graph.digest,
             "taps": len(graph.taps),
             "outputs": len(graph.output_names),

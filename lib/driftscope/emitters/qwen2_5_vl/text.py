@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ...errors import CheckpointError
+from ...weightfile import TensorFiles
 from .layers import Contract, linear, rms_norm
-from .weights import _files, _read
 
 
 @dataclass(frozen=True)
@@ -54,10 +54,8 @@ class TextSpec:
 
 def load_text_weights(path, spec: TextSpec) -> dict[str, np.ndarray]:
     """Text tensors keyed without their prefix (``embed_tokens.weight``, ``layers.0.self_attn.q_proj.weight``...)."""
-    from safetensors import safe_open
-
-    located = _files(path)
-    prefix = next((p for p in ("model.language_model.", "model.") if f"{p}embed_tokens.weight" in located), None)
+    files = TensorFiles(path)
+    prefix = next((p for p in ("model.language_model.", "model.") if f"{p}embed_tokens.weight" in files), None)
     if prefix is None:
         raise CheckpointError(
             f"checkpoint {path} has no text embedding (model.embed_tokens.weight)",
@@ -83,13 +81,11 @@ def load_text_weights(path, spec: TextSpec) -> dict[str, np.ndarray]:
     ]
     keys = {name: prefix + name for name in names}
     keys["lm_head.weight"] = "lm_head.weight" if not spec.tie_word_embeddings else prefix + "embed_tokens.weight"
-    weights, handles = {}, {}
+    weights = {}
     for name, key in keys.items():
-        if key not in located:
+        if key not in files:
             raise CheckpointError(f"checkpoint tensor {key!r} is missing", "re-save the checkpoint or fix its config")
-        file = located[key]
-        handles.setdefault(file, safe_open(str(file), framework="numpy"))
-        weights[name] = _read(handles[file], file, key)
+        weights[name] = files.read(key)
     return weights
 
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
-from safetensors import safe_open
 
 from ...errors import CheckpointError
+from ...weightfile import TensorFiles
 from .config import VisionSpec
 
 PREFIXES = ("visual.", "model.visual.")  # transformers 5 saves the legacy "visual." keys
@@ -48,54 +47,27 @@ def expected_shapes(spec: VisionSpec) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _files(path: Path) -> dict[str, Path]:
-    """Tensor name -> the safetensors file holding it (single file or an index)."""
-    index = path / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return {name: path / file for name, file in weight_map.items()}
-    located = {}
-    for file in sorted(path.glob("*.safetensors")):
-        with safe_open(str(file), framework="numpy") as handle:
-            located.update({name: file for name in handle.keys()})
-    return located
-
-
 def load_vision_weights(path: str | Path, spec: VisionSpec) -> dict[str, np.ndarray]:
-    """``{name: float32 array}`` for every vision tensor; a missing or misshapen tensor is named."""
-    path = Path(path)
-    located = _files(path)
-    prefix = next((p for p in PREFIXES if any(name.startswith(p) for name in located)), None)
+    """``{name: aligned float32 array}`` for every vision tensor; a missing or misshapen tensor is named."""
+    files = TensorFiles(path)
+    prefix = next((p for p in PREFIXES if any(name.startswith(p) for name in files.names())), None)
     if prefix is None:
         raise CheckpointError(
             f"checkpoint {path} has no vision tensors (no key starts with {PREFIXES})",
             "use a Qwen2.5-VL checkpoint that includes the vision tower",
         )
     weights: dict[str, np.ndarray] = {}
-    handles: dict[Path, object] = {}
     for name, shape in expected_shapes(spec).items():
         key = prefix + name
-        if key not in located:
+        if key not in files:
             raise CheckpointError(
                 f"checkpoint tensor {key!r} is missing (the config's depth is {spec.depth})",
                 "the weights and config.json disagree: re-save the checkpoint or fix the config",
             )
-        file = located[key]
-        if file not in handles:
-            handles[file] = safe_open(str(file), framework="numpy")
-        found = tuple(handles[file].get_slice(key).get_shape())
-        if found != shape:
+        if files.shape(key) != shape:
             raise CheckpointError(
-                f"checkpoint tensor {key!r} has shape {list(found)}, the config implies {list(shape)}",
+                f"checkpoint tensor {key!r} has shape {list(files.shape(key))}, the config implies {list(shape)}",
                 "the weights and config.json disagree: re-save the checkpoint or fix the config",
             )
-        weights[name] = _read(handles[file], file, key)
+        weights[name] = files.read(key)
     return weights
-
-
-def _read(handle, file: Path, key: str) -> np.ndarray:
-    """A tensor as float32; bfloat16 (which numpy cannot hold) goes through torch."""
-    if handle.get_slice(key).get_dtype() == "BF16":
-        with safe_open(str(file), framework="pt") as torch_handle:
-            return torch_handle.get_tensor(key).float().numpy()
-    return np.asarray(handle.get_tensor(key), dtype=np.float32)
