@@ -201,6 +201,12 @@ def compare_stage(
     return _finish(row, accumulator, ref_shape, tolerance)
 
 
+def top2_margin(logits: np.ndarray) -> float:
+    """Top-1 minus top-2 logit (a near-tie is a small margin)."""
+    top = np.sort(np.asarray(logits, dtype=np.float64))[-2:]
+    return float(top[1] - top[0])
+
+
 def logit_agreement(expected: np.ndarray, actual: np.ndarray, k: int = 5) -> dict:
     """Top-1 agreement, top-k overlap and each side's top-1 minus top-2 margin (near-ties show)."""
 
@@ -208,14 +214,13 @@ def logit_agreement(expected: np.ndarray, actual: np.ndarray, k: int = 5) -> dic
         return np.argsort(values, kind="stable")[::-1][:k]
 
     ref_top, cand_top = top(expected), top(actual)
-    ref_sorted, cand_sorted = np.sort(expected)[::-1], np.sort(actual)[::-1]
     return {
         "top1_reference": int(ref_top[0]),
         "top1_candidate": int(cand_top[0]),
         "top1_agree": bool(ref_top[0] == cand_top[0]),
         f"top{k}_overlap": len(set(ref_top.tolist()) & set(cand_top.tolist())) / k,
-        "margin_reference": float(ref_sorted[0] - ref_sorted[1]),
-        "margin_candidate": float(cand_sorted[0] - cand_sorted[1]),
+        "margin_reference": top2_margin(expected),
+        "margin_candidate": top2_margin(actual),
     }
 
 

@@ -63,8 +63,10 @@ def investigate(params: Parameters | str | Path, out_dir: str | Path | None = No
     return report
 
 
-def _replay_one(report: Report, out: Path, label: str, runtime, reference, candidate, contract, plan) -> None:
-    """Replay one candidate on the reference's stage inputs; label stages introduced/inherited/amplified."""
+def _replay_one(report: Report, out: Path, label: str, runtime, reference, candidate, contract, plan) -> list:
+    """Replay one candidate on the reference's stage inputs; label stages introduced/inherited/amplified.
+
+    Returns the pair's comparison rows (the accumulated error), which ``judge`` reuses."""
     from .compare import compare_tapsets
     from .replay import drill_down
 
@@ -88,6 +90,7 @@ def _replay_one(report: Report, out: Path, label: str, runtime, reference, candi
     report.save()
     if drill.first_introduced:
         log(f"  {label}: first introduced error at {drill.first_introduced}")
+    return accumulated
 
 
 def _power(params: Parameters, report: Report, out: Path, checkpoint, inputs, reference, contract, plan) -> None:
@@ -165,6 +168,7 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
     )
 
     tapsets = {}
+    compared = {}  # (reference, candidate) label -> comparison rows already computed for a replay
     report.data["replay"] = {}
     # the reference first, so each candidate can be replayed on its stage inputs right after its own capture;
     # every model is released after its capture (and replay): peak memory holds one runtime's model at a time
@@ -195,14 +199,17 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
         report.save()
         log(f"  {spec.display}: done in {runtime.timings.get('capture_s', 0.0):.1f}s")
         if spec.display != params.reference_label and params.replays(spec.display) and runtime.can_replay:
-            _replay_one(report, out, spec.display, runtime, tapsets[params.reference_label], tapset, contract, plan)
+            reference = tapsets[params.reference_label]
+            compared[(reference.label, tapset.label)] = _replay_one(
+                report, out, spec.display, runtime, reference, tapset, contract, plan
+            )
         runtime.release()
 
     report.step("compare")
     reference = tapsets[params.reference_label]
     candidates = [tapset for label, tapset in tapsets.items() if label != params.reference_label]
     extra = [(tapsets[a], tapsets[b]) for a, b in params.pairs if a != params.reference_label]
-    report.data.update(judge(reference, candidates, contract, plan, extra))
+    report.data.update(judge(reference, candidates, contract, plan, extra, compared))
     if params.relative:
         from .relative import relative_verdict
 

@@ -134,10 +134,12 @@ def judge(
     contract: Contract,
     plan: StagePlan,
     extra_pairs: list[tuple[TapSet, TapSet]] = (),
+    compared: dict[tuple[str, str], list[ComparisonRow]] | None = None,
 ) -> dict:
     """Rows, first divergences, growth stages, drift onsets and the verdict for every runtime pair.
 
     Pairs are the reference against each candidate, then ``extra_pairs`` (e.g. mlx against iree).
+    ``compared`` holds rows already computed under this contract, by (reference, candidate) label.
     """
     rows: list[ComparisonRow] = []
     first: dict[str, dict | None] = {}
@@ -150,7 +152,9 @@ def judge(
     for ref, candidate in [(reference, c) for c in candidates] + list(extra_pairs):
         key = pair_key(ref.label, candidate.label, reference.label)
         pairs_out.append({"key": key, "reference": ref.label, "candidate": candidate.label})
-        pair_rows = compare_tapsets(ref, candidate, contract, plan)
+        pair_rows = (compared or {}).get((ref.label, candidate.label)) or compare_tapsets(
+            ref, candidate, contract, plan
+        )
         for row in pair_rows:
             row.pair = key
         rows.extend(pair_rows)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..checkpoint import Checkpoint
+from ..compare import top2_margin
 from ..errors import RuntimeUnavailableError
 from ..geometry.windows import unique_consecutive
 from ..inputs import VisionInputs
@@ -33,12 +34,6 @@ def require(module: str, package: str, runtime: str) -> Any:
             f"runtime {runtime!r} needs the package {package!r}, which is not importable ({err})",
             f"install it (`make setup` installs every runtime's packages) or drop {runtime!r} from 'runtimes'",
         ) from err
-
-
-def top2_margin(logits: np.ndarray) -> float:
-    """Top-1 minus top-2 logit (a near-tie is a small margin)."""
-    top = np.sort(np.asarray(logits, dtype=np.float64))[-2:]
-    return float(top[1] - top[0])
 
 
 def put_greedy(sink, first_logits: np.ndarray, step, max_new_tokens: int) -> None:

@@ -146,7 +146,7 @@ class CompiledRuntime(Runtime):
         self._merged = out[FINAL][:merged]
         self.timings["run_s"] = time.perf_counter() - start - self.timings.get("compile_s", 0.0)
         sink.writer.meta["bucket"] = {"rows": bucket.rows, "active_rows": bucket.active_rows}
-        sink.writer.meta["graph"] = {"mode": "blocks"}
+        sink.writer.meta["graph"] = {"mode": "blocks", "requested": self.graph_mode}
 
     def _capture(self, inputs: VisionInputs, sink: StageSink) -> None:
         bucket = self.bucket(inputs)
@@ -170,7 +170,6 @@ class CompiledRuntime(Runtime):
         if mode == "blocks":
             self.timings["compile_s"] = 0.0
             self._capture_blocks(inputs, sink, bucket)
-            sink.writer.meta["graph"]["requested"] = self.graph_mode
             return
         outputs = self.execute(graph, self.arguments(graph, bucket, inputs))
         self._merged = outputs.get(FINAL)[: bucket.active_merged] if FINAL in outputs else None
@@ -290,19 +289,35 @@ class IreeRuntime(CompiledRuntime):
     def versions(self) -> dict[str, str]:
         return package_versions("jax", "iree-base-compiler", "iree-base-runtime")
 
-    def execute(self, graph: LoweredGraph, arguments: list[np.ndarray]) -> dict[str, np.ndarray]:
-        require("iree.runtime", "iree-base-runtime", self.name)
-        from ..compiled.iree import IreeModule, compile_graph
+    @property
+    def target(self) -> str:
+        return str(self.options.get("target", "llvm-cpu"))
+
+    def compile(self, graph: LoweredGraph):
+        """The cached artifact of ``graph`` for this runtime's target, flags and cache directory."""
+        from ..compiled.iree import compile_graph
 
         cache = self.options.get("cache_dir")
-        self._say(f"iree-compile ({self.options.get('target', 'llvm-cpu')}) unless the artifact is cached")
         artifact = compile_graph(
-            graph,
-            str(self.options.get("target", "llvm-cpu")),
-            Path(cache) if cache else None,
-            tuple(self.options.get("flags", ())),
+            graph, self.target, Path(cache) if cache else None, tuple(self.options.get("flags", ()))
         )
         self.artifact = artifact
+        return artifact
+
+    def device_weights(self):
+        """This runtime's weights on its device, put there once (released with the model)."""
+        from ..compiled.iree import DeviceWeights, target_flags
+
+        if "_device_weights" not in self.__dict__:
+            self._device_weights = DeviceWeights(target_flags(self.target)[1])
+        return self._device_weights
+
+    def execute(self, graph: LoweredGraph, arguments: list[np.ndarray]) -> dict[str, np.ndarray]:
+        require("iree.runtime", "iree-base-runtime", self.name)
+        from ..compiled.iree import IreeModule
+
+        self._say(f"iree-compile ({self.target}) unless the artifact is cached")
+        artifact = self.compile(graph)
         self.timings["compile_s"] = artifact.compile_s
         self._say(
             f"artifact {artifact.key}: "
@@ -315,12 +330,9 @@ class IreeRuntime(CompiledRuntime):
         start = time.perf_counter()
         module = IreeModule(artifact, graph.output_names)
         self.timings["module_load_s"] = time.perf_counter() - start
-        from ..compiled.iree import DeviceWeights
-
-        if "_device_weights" not in self.__dict__:
-            self._device_weights = DeviceWeights(artifact.identity["driver"])
-        count = len(self.model.weights)  # weights first (sorted by name): uploaded once, passed by reference
-        arguments = [self._device_weights(a) for a in arguments[:count]] + list(arguments[count:])
+        device = self.device_weights()
+        count = len(self.model.weights)  # weights first (sorted by name): on the device once, passed by reference
+        arguments = [device(a) for a in arguments[:count]] + list(arguments[count:])
         start = time.perf_counter()
         out = module(arguments)
         self.timings["run_s"] = time.perf_counter() - start
@@ -335,7 +347,7 @@ class IreeRuntime(CompiledRuntime):
         import jax
 
         from ..compiled.graph import lower_function
-        from ..compiled.iree import DeviceWeights, IreeModule, compile_graph
+        from ..compiled.iree import IreeModule
 
         shapes = tuple((tuple(np.shape(a)), str(np.asarray(a).dtype)) for a in jax.tree_util.tree_leaves(args[1:]))
         modules = self.__dict__.setdefault("_pieces", {})
@@ -343,14 +355,10 @@ class IreeRuntime(CompiledRuntime):
         if key not in modules:
             jitted = function if hasattr(function, "lower") else jax.jit(function, keep_unused=True)
             graph = lower_function(jitted, args, self.policy)
-            cache = self.options.get("cache_dir")
-            artifact = compile_graph(graph, str(self.options.get("target", "llvm-cpu")), Path(cache) if cache else None)
+            artifact = self.compile(graph)
             self.timings["compile_s"] = self.timings.get("compile_s", 0.0) + artifact.compile_s
-            self.artifact = artifact
             modules[key] = IreeModule(artifact, graph.output_names)
-        if "_device_weights" not in self.__dict__:
-            self._device_weights = DeviceWeights(modules[key].artifact.identity["driver"])
-        device = self._device_weights
+        device = self.device_weights()
         leaves = [device(w) for w in jax.tree_util.tree_leaves(args[0])] + jax.tree_util.tree_leaves(args[1:])
         return modules[key](leaves)
 
