@@ -103,23 +103,10 @@ def main(argv: list[str] | None = None) -> None:
     plans = {"blocks": full.select(StageSelection(blocks=True)), "substages": full.select(StageSelection.everything())}
     weights_bytes = sum(p.stat().st_size for p in checkpoint.path.glob("*.safetensors"))
     rows: dict[str, dict] = {}
-    taps: dict[str, dict] = {}
-
-    def plain(runtime) -> float:
-        if runtime.name == "iree":  # the production-like graph: the whole tower, final output only
-            options = dict(runtime.options)
-            runtime.options.update(taps="final", graph="whole")
-            runtime.capture(inputs, full.select(StageSelection(blocks=False)), out / "plain-iree")
-            runtime.options.clear()
-            runtime.options.update(options)
-            return runtime.timings["run_s"]
-        start = time.perf_counter()
-        runtime.run_vision(inputs)
-        return time.perf_counter() - start
+    substage_taps = {}
 
     def tapped(runtime, kind: str, label: str, rep: int):
-        tapset = runtime.capture(inputs, plans[kind], out / f"{label.replace(' ', '-')}-{kind}-{rep}")
-        return tapset, runtime.timings["run_s"] if runtime.name == "iree" else runtime.timings["capture_s"]
+        return tapped_capture(runtime, inputs, plans[kind], out / f"{label.replace(' ', '-')}-{kind}-{rep}")
 
     def warm_compile(runtime) -> float:
         """A second compile of the production-like graph: the cache lookup and module load."""
@@ -141,13 +128,12 @@ def main(argv: list[str] | None = None) -> None:
         runtime = get_runtime(name)(checkpoint, policy, options=dict(options))
         rss.reset()
         runtime.load()
-        plain(runtime)  # warm-up (and the cold IREE compile of the production-like graph)
+        plain_forward(runtime, inputs, out)  # warm-up (and the cold IREE compile of the production-like graph)
         cold = runtime.timings.get("compile_s")
         pairs = []  # plain and all-blocks-tapped forwards alternate, so drift in machine speed hits both alike
         for rep in range(REPEATS):
-            forward = plain(runtime)
-            tapset, seconds = tapped(runtime, "blocks", label, rep)
-            pairs.append((forward, seconds))
+            forward = plain_forward(runtime, inputs, out)
+            pairs.append((forward, tapped(runtime, "blocks", label, rep)[1]))
         row = {
             "plain_s": statistics.median(p for p, _ in pairs),
             "blocks_s": statistics.median(t for _, t in pairs),
@@ -155,8 +141,7 @@ def main(argv: list[str] | None = None) -> None:
             "compile_cold_s": cold if name == "iree" else None,
             "compile_warm_s": warm_compile(runtime) if name == "iree" else None,
         }
-        taps.setdefault("blocks", {})[label] = tapset
-        taps.setdefault("substages", {})[label], row["substages_s"] = tapped(runtime, "substages", label, 0)
+        substage_taps[label], row["substages_s"] = tapped(runtime, "substages", label, 0)
         row["peak_rss"] = rss.peak
         runtime.release()
         del runtime
@@ -166,14 +151,14 @@ def main(argv: list[str] | None = None) -> None:
 
     contract = load_contract(None)
     start = time.perf_counter()
-    reference = taps["substages"]["transformers:f32"]
+    reference = substage_taps["transformers:f32"]
     for label in ("mlx:f32", "iree:f32"):
-        compare_tapsets(reference, taps["substages"][label], contract, plans["substages"])
+        compare_tapsets(reference, substage_taps[label], contract, plans["substages"])
     compare_s = time.perf_counter() - start
     largest = max(reference.shape(s)[0] * math.prod(reference.shape(s)[1:]) * 4 for s in reference.stage_ids())
     # drop this run's ~17 GB of taps, so the investigation below does not pay for the page cache they hold
     del reference
-    taps.clear()
+    substage_taps.clear()
     gc.collect()
     for path in out.glob("*.safetensors"):
         path.unlink()
@@ -261,6 +246,31 @@ def main(argv: list[str] | None = None) -> None:
     sweep(checkpoint, image, out)
 
 
+def plain_forward(runtime, inputs, out: Path) -> float:
+    """Seconds of one forward without taps; IREE's is the production-like graph (the whole tower with only
+    the final output), timed without compiling."""
+    if runtime.name != "iree":
+        start = time.perf_counter()
+        runtime.run_vision(inputs)
+        return time.perf_counter() - start
+    from driftscope.families import stage_plan
+    from driftscope.stages import StageSelection
+
+    options = dict(runtime.options)
+    runtime.options.update(taps="final", graph="whole")
+    final = stage_plan(runtime.checkpoint.family, runtime.checkpoint.config).select(StageSelection(blocks=False))
+    runtime.capture(inputs, final, out / "plain-iree")
+    runtime.options.clear()
+    runtime.options.update(options)
+    return runtime.timings["run_s"]
+
+
+def tapped_capture(runtime, inputs, plan, out_base: Path):
+    """(TapSet, seconds) of one capture of ``plan``; IREE's seconds leave out lowering and compiling."""
+    tapset = runtime.capture(inputs, plan, out_base)
+    return tapset, runtime.timings["run_s"] if runtime.name == "iree" else runtime.timings["capture_s"]
+
+
 def slope(xs: list[float], ys: list[float]) -> float:
     """Least-squares exponent of ``ys`` against ``xs`` on a log-log scale."""
     lx, ly = [math.log(x) for x in xs], [math.log(y) for y in ys]
@@ -281,21 +291,18 @@ def measure_one(runtime_spec: str, kind: str, images: list[str], out: Path, chec
     checkpoint = open_checkpoint(checkpoint_path)
     inputs = prepare_inputs(checkpoint, images)
     name, policy = runtime_spec.split(":")
-    plan = stage_plan(checkpoint.family, checkpoint.config).select(StageSelection(blocks=kind == "tapped"))
-    runtime = get_runtime(name)(checkpoint, policy, options={"taps": "final"} if kind == "plain" else {})
+    plan = stage_plan(checkpoint.family, checkpoint.config).select(StageSelection(blocks=True))
+    runtime = get_runtime(name)(checkpoint, policy)
     weights = sum(p.stat().st_size for p in checkpoint.path.glob("*.safetensors"))
     before = PeakRSS.now()
     runtime.load()
     rss = PeakRSS()
     loaded = rss.now()
     rss.reset()
-    if kind == "plain" and name != "iree":
-        start = time.perf_counter()
-        runtime.run_vision(inputs)
-        seconds = time.perf_counter() - start
-    else:  # IREE's plain forward is the production-like graph (final output only); run_s leaves out compiling
-        runtime.capture(inputs, plan, out / f"{name}-{kind}")
-        seconds = runtime.timings["run_s"] if name == "iree" else runtime.timings["capture_s"]
+    if kind == "plain":
+        seconds = plain_forward(runtime, inputs, out)
+    else:
+        seconds = tapped_capture(runtime, inputs, plan, out / f"{name}-{kind}")[1]
     return {
         "patches": int(inputs.pixel_values.shape[0]),
         "seconds": seconds,
