@@ -2,11 +2,12 @@
 memory, and how cost grows with patches. The targets' figures come from one process and one run, measured
 side by side (plain and tapped forwards alternate); the growth sweep runs each case in a fresh process.
 
-    .venv/bin/python benchmarks/real_size.py [--quick] [--out DIR]
+    .venv/bin/python benchmarks/real_size.py [--quick | --investigation] [--out DIR]
 
 Generates the 3B-shaped checkpoint on first use (benchmarks/make_3b_shaped.py, outside the repo).
 Prints Markdown tables and the target ratios; ``--out`` keeps the run's outputs (default: a temp dir).
 ``--quick`` skips the scaling sweep (each of its cases runs in a fresh process, so memory is per case).
+``--investigation`` measures only the whole-investigation target: the three plain forwards, then the run.
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ def gib(n: float) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="skip the scaling sweep")
+    parser.add_argument(
+        "--investigation", action="store_true", help="only the three plain forwards and the whole investigation"
+    )
     parser.add_argument("--out", help="keep outputs here")
     parser.add_argument("--one", nargs=2, metavar=("RUNTIME", "KIND"), help=argparse.SUPPRESS)  # a sweep child
     parser.add_argument("--images", nargs="+", help=argparse.SUPPRESS)
@@ -102,6 +106,26 @@ def main(argv: list[str] | None = None) -> None:
     full = stage_plan(checkpoint.family, checkpoint.config)
     plans = {"blocks": full.select(StageSelection(blocks=True)), "substages": full.select(StageSelection.everything())}
     weights_bytes = sum(p.stat().st_size for p in checkpoint.path.glob("*.safetensors"))
+    if args.investigation:
+        forwards = {}
+        for name, policy in RUNTIMES:
+            runtime = get_runtime(name)(checkpoint, policy)
+            runtime.load()
+            plain_forward(runtime, inputs, out)  # warm-up (and the cold IREE compile of the production-like graph)
+            seconds = [plain_forward(runtime, inputs, out) for _ in range(REPEATS)]
+            forwards[f"{name}:{policy}"] = statistics.median(seconds)
+            runtime.release()
+            del runtime
+            gc.collect()
+        total = sum(forwards.values())
+        investigation_s, _ = whole_investigation(checkpoint.path, image, out)
+        print(
+            "plain forwards (median of 3): "
+            + ", ".join(f"{label} {s:.2f}s" for label, s in forwards.items())
+            + f"\nwhole investigation (warm): {investigation_s:.1f}s = {investigation_s / total:.2f}x the sum of "
+            f"the three plain forwards ({total:.1f}s)"
+        )
+        return
     rows: dict[str, dict] = {}
     substage_taps = {}
 
@@ -169,32 +193,7 @@ def main(argv: list[str] | None = None) -> None:
         run_child(f"{name}:{policy}", "plain", [str(image)], out, checkpoint.path)
         scripts[f"{name}:{policy}"] = time.perf_counter() - start
 
-    # the whole investigation, warm: three runtimes, all blocks, substages of two layers, compare, report, HTML
-    import yaml
-
-    params = out / "bench.yaml"
-    params.write_text(
-        yaml.safe_dump(
-            {
-                "name": "bench-3b",
-                "checkpoint": str(checkpoint.path),
-                "images": [str(image)],
-                "runtimes": [f"{n}:{p}" for n, p in RUNTIMES],
-                "stages": {"blocks": True, "substages": [0, 7]},
-                "replay": False,
-                "notebooks": ["01_stage_parity"],
-            }
-        )
-    )
-    from driftscope.cli import main as cli
-
-    for attempt in ("cold", "warm"):  # noqa: B007  # the first compiles the tapped IREE graph; the second reuses it
-        start = time.perf_counter()
-        cli(["run", str(params), "--out", str(out / f"investigation-{attempt}"), "--force", "--no-gate"])
-        investigation_s = time.perf_counter() - start
-    from driftscope.report import Report
-
-    report = Report.load(out / "investigation-warm" / "report.json")
+    investigation_s, report = whole_investigation(checkpoint.path, image, out)
     render_s = investigation_s - sum(
         r["timings"].get("capture_s", 0) + r["timings"].get("load_s", 0) for r in report.data["runtimes"]
     )
@@ -244,6 +243,40 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         return
     sweep(checkpoint, image, out)
+
+
+def whole_investigation(checkpoint: Path, image: Path, out: Path):
+    """(seconds, report) of ``driftscope run`` in a fresh process, warm: three runtimes, all blocks, substages
+    of two layers, comparison, report, notebook and HTML. A first run compiles the tapped IREE graph; the
+    second is timed."""
+    import subprocess
+
+    import yaml
+    from driftscope.report import Report
+
+    params = out / "bench.yaml"
+    params.write_text(
+        yaml.safe_dump(
+            {
+                "name": "bench-3b",
+                "checkpoint": str(checkpoint),
+                "images": [str(image)],
+                "runtimes": [f"{n}:{p}" for n, p in RUNTIMES],
+                "stages": {"blocks": True, "substages": [0, 7]},
+                "replay": False,
+                "notebooks": ["01_stage_parity"],
+            }
+        )
+    )
+    for attempt in ("cold", "warm"):  # as a user runs it: a fresh process, which pays for its own imports
+        target = out / f"investigation-{attempt}"
+        start = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "driftscope", "run", str(params), "--out", str(target), "--force", "--no-gate"],
+            check=True,
+        )
+        seconds = time.perf_counter() - start
+    return seconds, Report.load(out / "investigation-warm" / "report.json")
 
 
 def plain_forward(runtime, inputs, out: Path) -> float:

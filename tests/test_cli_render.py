@@ -90,6 +90,63 @@ def test_bad_parameter_file_exits_2_with_the_fix(tmp_path, capsys):
     assert "unknown keys ['colour']" in err and "valid keys" in err
 
 
+def test_a_crashed_investigation_shows_in_the_notebook_and_the_rest_are_not_run(tmp_path, tiny_checkpoint_dir):
+    """The CLI runs the investigation next to the notebook's kernel: its error is what the notebook shows."""
+    params = tmp_path / "crash.yaml"
+    patch = f"{ROOT / 'tests' / 'test_investigation.py'}:boom"  # raises "planted crash" while MLX loads
+    params.write_text(
+        yaml.safe_dump(
+            {
+                "name": "crash",
+                "checkpoint": str(TINY),
+                "images": [str(ROOT / "fixtures" / "images" / "checkerboard_140.png")],
+                "runtimes": ["transformers:f32", {"runtime": "mlx", "policy": "f32", "patch": patch}],
+                "notebooks": ["01_stage_parity", "02_layer_drilldown"],
+            }
+        )
+    )
+    out = tmp_path / "out"
+    assert main(["run", str(params), "--out", str(out)]) == 2
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] == "error" and report["stopped_at"] == "capture:mlx:f32"
+    notebook = json.loads((out / "01_stage_parity.ipynb").read_text())
+    errors = [o for c in notebook["cells"] for o in c.get("outputs", []) if o["output_type"] == "error"]
+    assert len(errors) == 1 and "planted crash" in errors[0]["evalue"]
+    assert "planted crash" in (out / "01_stage_parity.html").read_text()
+    assert not (out / "02_layer_drilldown.ipynb").exists()  # it would only have run the crash again
+
+
+def test_a_forced_run_of_several_notebooks_investigates_once(tmp_path, tiny_checkpoint_dir):
+    """``reuse=False`` (batch --force) re-runs the investigation in the first notebook; the next one reuses it."""
+    from driftscope.render import run_notebooks
+
+    params = tmp_path / "p.yaml"
+    params.write_text(
+        yaml.safe_dump(
+            {
+                "name": "forced",
+                "checkpoint": str(TINY),
+                "images": [str(ROOT / "fixtures" / "images" / "checkerboard_140.png")],
+                "runtimes": ["transformers:f32", "mlx:f32"],
+            }
+        )
+    )
+    out = tmp_path / "out"
+    names = ["01_stage_parity", "04_negative_controls"]
+    assert run_notebooks(names, out, params, False, ROOT) == {}
+    created = json.loads((out / "report.json").read_text())["created"]
+    assert run_notebooks(names, out, params, False, ROOT) == {}  # forced again: a new run, made once
+    assert json.loads((out / "report.json").read_text())["created"] != created
+
+    def investigate_output(name: str) -> str:
+        cells = json.loads((out / f"{name}.ipynb").read_text())["cells"]
+        cell = next(c for c in cells if c["cell_type"] == "code" and "investigate(" in "".join(c["source"]))
+        return "".join("".join(o.get("text", "")) for o in cell["outputs"])
+
+    assert "capture mlx:f32" in investigate_output("01_stage_parity")
+    assert "reusing the finished run" in investigate_output("04_negative_controls")
+
+
 def test_window_geometry_notebook_renders_every_figure_and_the_audit(tmp_path):
     from driftscope.render import execute, to_html
 

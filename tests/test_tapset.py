@@ -28,6 +28,33 @@ def test_round_trip_keeps_values_order_and_declarations(tmp_path):
     np.testing.assert_array_equal(load_file(str(tmp_path / "taps.safetensors"))["x.a"], a)
 
 
+def test_rows_into_reads_any_stored_dtype_into_a_reused_buffer(tmp_path):
+    rng = np.random.default_rng(1)
+    stored = {
+        "f32": rng.standard_normal((9, 4, 3)).astype(np.float32),
+        "f64": rng.standard_normal((5, 2)),
+        "i64": np.arange(12).reshape(6, 2),
+        "bool": rng.random((7, 3)) > 0.5,
+    }
+    with TapWriter(tmp_path / "taps", {"runtime": "test"}) as writer:
+        for name, array in stored.items():
+            writer.add(name, array)
+    taps = TapSet(tmp_path / "taps")
+    buffer = np.empty(1024, dtype=np.uint8)
+    for name, array in stored.items():
+        for start, stop in ((0, 2), (2, 5), (4, array.shape[0])):
+            got = taps.rows_into(name, start, stop, buffer)
+            assert got.dtype == array.dtype and got.base is not None  # a view of the caller's buffer
+            np.testing.assert_array_equal(got, array[start:stop])
+    with pytest.raises(ValueError, match="cannot hold"):
+        taps.rows_into("f32", 0, 9, np.empty(8, dtype=np.uint8))
+    # a tensor file cut short after it was opened: the read says which stage it ends inside
+    data = (tmp_path / "taps.safetensors").read_bytes()
+    (tmp_path / "taps.safetensors").write_bytes(data[: len(data) - 10])
+    with pytest.raises(TapFileError, match="ends inside stage 'bool'"):
+        taps.rows_into("bool", 0, 7, buffer)
+
+
 def test_header_larger_than_the_reservation_is_rewritten(tmp_path):
     writer = TapWriter(tmp_path / "big", {"runtime": "test"}, reserve_header=64)
     arrays = {f"stage.{i}": np.full((2, 3), i, dtype=np.float32) for i in range(20)}

@@ -12,14 +12,14 @@ from .errors import DriftscopeError
 def _run(args: argparse.Namespace) -> int:
     from .investigation import default_out_dir, log
     from .params import load_parameters
-    from .render import run_notebooks
+    from .render import investigate_and_render
     from .report import Report
 
     params = load_parameters(args.params)
     out = Path(args.out).resolve() if args.out else default_out_dir(params)
     out.mkdir(parents=True, exist_ok=True)
     log(f"run {params.name} -> {out}")
-    errors = run_notebooks(params.notebooks, out, Path(args.params).resolve(), not args.force, Path.cwd(), log)
+    errors = investigate_and_render(params, Path(args.params).resolve(), out, not args.force, Path.cwd(), log)
     status = 2 if errors else 0
     report_path = out / "report.json"
     if not report_path.exists():

@@ -5,25 +5,49 @@ The report is written after every step, so a crash leaves a report that says whe
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
 
 from .checkpoint import open_checkpoint
+from .compare import compare_tapsets
 from .contract import load_contract
 from .environment import current_commit, fingerprint
+from .errors import DriftscopeError
 from .families import stage_plan
 from .inputs import prepare_inputs
 from .params import Parameters, load_parameters
 from .report import Report, judge
+from .runlock import RunLock, run_lock
 from .runtimes import get_runtime
 from .stages import StagePlan
 
+if TYPE_CHECKING:
+    from .contract import Contract
+    from .inputs import VisionInputs
+    from .params import RuntimeSpec
+    from .runtimes.base import Runtime
+    from .tapset import TapSet
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
+LOG_NAME = "investigation.log"
+_log_files: list[TextIO] = []  # the running investigation's log file, which a waiting notebook prints
+
+
+class InvestigationFailed(DriftscopeError):
+    """The run this process waited for (another process, same parameters) stopped with an error."""
 
 
 def log(message: str) -> None:
-    print(f"[driftscope {time.strftime('%H:%M:%S')}] {message}", file=sys.stdout, flush=True)
+    line = f"[driftscope {time.strftime('%H:%M:%S')}] {message}"
+    print(line, file=sys.stdout, flush=True)
+    for handle in _log_files:
+        handle.write(line + "\n")
+        handle.flush()
 
 
 def default_out_dir(params: Parameters, root: Path | None = None) -> Path:
@@ -32,18 +56,47 @@ def default_out_dir(params: Parameters, root: Path | None = None) -> Path:
     return root / "outputs" / current_commit(root) / params.name
 
 
-def investigate(params: Parameters | str | Path, out_dir: str | Path | None = None, reuse: bool = False) -> Report:
-    """Run the investigation; with ``reuse``, return a finished report of the same parameters instead."""
+def investigate(
+    params: Parameters | str | Path, out_dir: str | Path | None = None, reuse: bool = False, lock: RunLock | None = None
+) -> Report:
+    """Run the investigation; with ``reuse``, return a finished report of the same parameters instead.
+
+    One investigation writes into a directory at a time. With ``reuse``, a run of the same directory in
+    progress in another process is waited for and its report returned; if it failed, its error is raised
+    rather than running it again (so too for a failed run by this process's parent: ``driftscope run``
+    runs the investigation itself and starts the notebook's kernel). Without ``reuse``, a run in progress
+    is an error. ``lock``: the directory's lock, already held by the caller.
+    """
     if not isinstance(params, Parameters):
         params = load_parameters(params)
     out = Path(out_dir) if out_dir else default_out_dir(params)
-    report_path = out / "report.json"
-    if reuse and report_path.exists():
-        previous = Report.load(report_path)
-        if previous.data.get("status") == "complete" and previous.data.get("parameters_digest") == params.digest:
-            log(f"reusing the finished run in {out}")
-            return previous
-    out.mkdir(parents=True, exist_ok=True)
+    with nullcontext(lock) if lock else run_lock(out, wait=reuse, log=log) as held:
+        report_path = out / "report.json"
+        if reuse and report_path.exists():
+            previous = Report.load(report_path)
+            if previous.data.get("parameters_digest") == params.digest:
+                if previous.data.get("status") == "complete":
+                    if held.waited and (out / LOG_NAME).exists():  # show the progress of the run waited for
+                        print((out / LOG_NAME).read_text(), end="", flush=True)
+                    log(f"reusing the finished run in {out}")
+                    return previous
+                # the run this process waited for, or the one its parent ran (the CLI that started this kernel)
+                if held.waited or previous.data.get("pid") == os.getppid():
+                    error = previous.data.get("error") or {}
+                    cause = f"{error['type']}: {error['message']}" if error else "no error recorded (killed?)"
+                    raise InvestigationFailed(
+                        f"the investigation this run waited for stopped at {previous.data.get('stopped_at')}: {cause}",
+                        f"see {report_path} and {out / LOG_NAME}; fix the cause and run again",
+                    )
+        with open(out / LOG_NAME, "w", encoding="utf-8") as log_file:
+            _log_files.append(log_file)
+            try:
+                return _investigate(params, out, report_path)
+            finally:
+                _log_files.remove(log_file)
+
+
+def _investigate(params: Parameters, out: Path, report_path: Path) -> Report:
     report = Report.start(
         report_path,
         name=params.name,
@@ -52,6 +105,7 @@ def investigate(params: Parameters | str | Path, out_dir: str | Path | None = No
         parameters=params.to_dict(),
         parameters_file=params.source,
         parameters_digest=params.digest,
+        pid=os.getpid(),
         environment=fingerprint(),
     )
     try:
@@ -67,7 +121,6 @@ def _replay_one(report: Report, out: Path, label: str, runtime, reference, candi
     """Replay one candidate on the reference's stage inputs; label stages introduced/inherited/amplified.
 
     Returns the pair's comparison rows (the accumulated error), which ``judge`` reuses."""
-    from .compare import compare_tapsets
     from .replay import drill_down
 
     report.step(f"replay:{label}")
@@ -124,6 +177,51 @@ def _power(params: Parameters, report: Report, out: Path, checkpoint, inputs, re
     report.save()
 
 
+def _capture_one(
+    params: Parameters,
+    report: Report,
+    out: Path,
+    spec: RuntimeSpec,
+    runtime: Runtime,
+    inputs: VisionInputs,
+    plan: StagePlan,
+    contract: Contract,
+    tapsets: dict[str, TapSet],
+    compared: dict[tuple[str, str], list],
+) -> None:
+    """One runtime's capture (and replay) into ``tapsets`` and the report; its model is released after."""
+    report.step(f"capture:{spec.display}")
+    log(f"capture {spec.display}: {len(plan)} stages")
+    safe = spec.display.replace(":", "-").replace("/", "-")
+    tapset = runtime.capture(
+        inputs, plan, out / "taps" / safe, progress=lambda message, label=spec.display: log(f"  {label}: {message}")
+    )
+    tapsets[spec.display] = tapset
+    report.data["runtimes"].append(
+        {
+            "label": spec.display,
+            "runtime": spec.runtime,
+            "policy": runtime.policy.to_dict(),
+            "patch": tapset.meta.get("patch"),
+            "versions": tapset.meta.get("versions"),
+            "options": spec.options,
+            "tapset": str(tapset.tensor_path.relative_to(out)),
+            "timings": tapset.meta.get("timings", {}),
+            "artifact": tapset.meta.get("artifact"),
+            "bucket": tapset.meta.get("bucket"),
+            "stages": len(tapset.stage_ids()),
+        }
+    )
+    report.save()
+    log(f"  {spec.display}: done in {runtime.timings.get('capture_s', 0.0):.1f}s")
+    if spec.display != params.reference_label and params.replays(spec.display) and runtime.can_replay:
+        reference = tapsets[params.reference_label]
+        compared[(reference.label, tapset.label)] = _replay_one(
+            report, out, spec.display, runtime, reference, tapset, contract, plan
+        )
+    runtime.release()
+
+
 def _run(params: Parameters, report: Report, out: Path) -> None:
     report.step("checkpoint")
     checkpoint = open_checkpoint(params.checkpoint, params.family)
@@ -168,44 +266,26 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
     )
 
     tapsets = {}
-    compared = {}  # (reference, candidate) label -> comparison rows already computed for a replay
+    compared = {}  # (reference, candidate) label -> comparison rows, from a replay or the background comparer
     report.data["replay"] = {}
     # the reference first, so each candidate can be replayed on its stage inputs right after its own capture;
     # every model is released after its capture (and replay): peak memory holds one runtime's model at a time
     runtimes.sort(key=lambda item: item[0].display != params.reference_label)
-    for spec, runtime in runtimes:
-        report.step(f"capture:{spec.display}")
-        log(f"capture {spec.display}: {len(plan)} stages")
-        safe = spec.display.replace(":", "-").replace("/", "-")
-        tapset = runtime.capture(
-            inputs, plan, out / "taps" / safe, progress=lambda message, label=spec.display: log(f"  {label}: {message}")
-        )
-        tapsets[spec.display] = tapset
-        report.data["runtimes"].append(
-            {
-                "label": spec.display,
-                "runtime": spec.runtime,
-                "policy": runtime.policy.to_dict(),
-                "patch": tapset.meta.get("patch"),
-                "versions": tapset.meta.get("versions"),
-                "options": spec.options,
-                "tapset": str(tapset.tensor_path.relative_to(out)),
-                "timings": tapset.meta.get("timings", {}),
-                "artifact": tapset.meta.get("artifact"),
-                "bucket": tapset.meta.get("bucket"),
-                "stages": len(tapset.stage_ids()),
-            }
-        )
-        report.save()
-        log(f"  {spec.display}: done in {runtime.timings.get('capture_s', 0.0):.1f}s")
-        if spec.display != params.reference_label and params.replays(spec.display) and runtime.can_replay:
-            reference = tapsets[params.reference_label]
-            compared[(reference.label, tapset.label)] = _replay_one(
-                report, out, spec.display, runtime, reference, tapset, contract, plan
-            )
-        runtime.release()
-
-    report.step("compare")
+    pairs = [(params.reference_label, spec.display) for spec, _ in runtimes if spec.display != params.reference_label]
+    pairs += [(a, b) for a, b in params.pairs if a != params.reference_label]
+    # a pair is compared as soon as both sides are captured, next to the next runtime's load and forward
+    comparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="driftscope-compare")
+    pending = {}
+    try:
+        for spec, runtime in runtimes:
+            _capture_one(params, report, out, spec, runtime, inputs, plan, contract, tapsets, compared)
+            for pair in pairs:
+                if pair not in pending and pair not in compared and all(label in tapsets for label in pair):
+                    pending[pair] = comparer.submit(compare_tapsets, tapsets[pair[0]], tapsets[pair[1]], contract, plan)
+        report.step("compare")
+        compared.update({pair: future.result() for pair, future in pending.items()})
+    finally:
+        comparer.shutdown(wait=True, cancel_futures=True)
     reference = tapsets[params.reference_label]
     candidates = [tapset for label, tapset in tapsets.items() if label != params.reference_label]
     extra = [(tapsets[a], tapsets[b]) for a, b in params.pairs if a != params.reference_label]

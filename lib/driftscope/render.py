@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import threading
+import time
 from pathlib import Path
 
 from .errors import DriftscopeError
@@ -54,26 +57,45 @@ def execute(
         log_output=log_output,
         progress_bar=False,
         report_mode=False,
+        shutdown_kernel="immediate",  # every output is in by then; a graceful shutdown waited ~2 s for the kernel
     )
     return target
 
 
 def run_notebooks(
-    names, out_dir: Path, params_path: Path, reuse: bool, cwd: Path, log=None, notebook_dir: Path | None = None
+    names,
+    out_dir: Path,
+    params_path: Path,
+    reuse: bool,
+    cwd: Path,
+    log=None,
+    notebook_dir: Path | None = None,
+    echo: bool | None = None,
 ) -> dict[str, str]:
     """Execute each notebook on one parameter file and render its HTML (also when it failed).
 
-    Returns ``{notebook: error}`` for the notebooks that raised; the others still run.
+    Returns ``{notebook: error}`` for the notebooks that raised; the others still run, unless the
+    investigation itself stopped with an error: then the rest are not run (each would run it again).
+    ``echo``: stream the notebooks' output to this process's log (default: when ``log`` is given).
     """
     errors = {}
+    started = time.time()
     for name in names:
+        report_path = out_dir / "report.json"
+        stopped = _stopped_at(report_path) if errors else None
+        if stopped:
+            errors[name] = f"not run: the investigation stopped at {stopped}"
+            if log:
+                log(f"notebook {name} {errors[name]}")
+            continue
+        fresh = _since(report_path, started)  # a run an earlier notebook of this call made is reused, forced or not
         try:
             execute(
                 name,
                 out_dir,
-                {"params_path": str(params_path), "out_dir": str(out_dir), "reuse": reuse},
+                {"params_path": str(params_path), "out_dir": str(out_dir), "reuse": reuse or fresh},
                 cwd=cwd,
-                log_output=log is not None,
+                log_output=log is not None if echo is None else echo,
                 notebook_dir=notebook_dir,
             )
         except Exception as err:  # noqa: BLE001 - papermill raises PapermillExecutionError with the cell's error
@@ -85,6 +107,49 @@ def run_notebooks(
             html, nocode = to_html(executed)
             if log:
                 log(f"rendered {html.name} and {nocode.name}")
+    return errors
+
+
+def _since(path: Path, started: float) -> bool:
+    """Whether ``path`` exists and was written at or after ``started`` (a ``time.time()``)."""
+    try:
+        return path.stat().st_mtime >= started
+    except OSError:
+        return False
+
+
+def _stopped_at(report_path: Path) -> str | None:
+    """Where a report's investigation stopped with an error, or None (no report, or it did not fail)."""
+    try:
+        data = json.loads(report_path.read_text())
+    except (OSError, ValueError):
+        return None
+    return str(data.get("stopped_at")) if data.get("status") == "error" else None
+
+
+def investigate_and_render(params, params_path: Path, out_dir: Path, reuse: bool, cwd: Path, log) -> dict[str, str]:
+    """Run the investigation in this process while papermill starts the notebooks' kernel, then render.
+
+    The kernel's start-up and the notebook's imports overlap the investigation's own; each notebook's
+    ``investigate(..., reuse=True)`` waits for this run (the output directory's lock) and reads its report.
+    Returns ``{notebook: error}`` like :func:`run_notebooks`; a failed investigation shows in the notebooks.
+    """
+    from .investigation import investigate
+    from .runlock import run_lock
+
+    errors: dict[str, str] = {}
+
+    def notebooks() -> None:
+        errors.update(run_notebooks(params.notebooks, out_dir, params_path, True, cwd, log, echo=False))
+
+    with run_lock(out_dir) as lock:  # held before the kernel can ask for it
+        thread = threading.Thread(target=notebooks, name="driftscope-notebooks", daemon=True)
+        thread.start()
+        try:
+            investigate(params, out_dir, reuse=reuse, lock=lock)
+        except Exception:  # noqa: BLE001 - the report records where it stopped; the notebooks show the error
+            pass
+    thread.join()
     return errors
 
 

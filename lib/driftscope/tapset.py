@@ -21,6 +21,7 @@ from safetensors import safe_open
 from .atomic import write_json_atomic
 from .errors import TapFileError
 from .stages import Stage
+from .weightfile import read_header
 
 FORMAT = "driftscope-tapset"
 FORMAT_VERSION = 1
@@ -32,6 +33,7 @@ _DTYPES = {
     np.dtype("int32"): "I32",
     np.dtype("bool"): "BOOL",
 }
+_NUMPY = {name: dtype for dtype, name in _DTYPES.items()}
 _ALIGN = 8
 
 
@@ -87,14 +89,13 @@ class TapWriter:
         if stage_id in self._entries:
             raise TapFileError(f"stage {stage_id!r} captured twice", "capture each stage once per run")
         array, native = storage_array(value)
-        data = array.tobytes()
-        self._handle.write(data)
+        self._handle.write(memoryview(array.reshape(-1)).cast("B"))  # no copy of the array's bytes
         self._entries[stage_id] = {
             "dtype": _DTYPES[array.dtype],
             "shape": list(array.shape),
-            "data_offsets": [self._offset, self._offset + len(data)],
+            "data_offsets": [self._offset, self._offset + array.nbytes],
         }
-        self._offset += len(data)
+        self._offset += array.nbytes
         info = stage.to_dict() if isinstance(stage, Stage) else {"id": stage_id}
         info.update(declaration)
         info["native_dtype"] = native
@@ -180,6 +181,7 @@ class TapSet:
                 f"{self.tensor_path} is not a readable safetensors file: {err}", "re-capture or rewrite it"
             ) from err
         self._keys = set(self._file.keys())
+        self._layout = None  # the tensor file's header, read on the first rows_into
         declared = self.meta.get("stages", {})
         missing = sorted(set(declared) - self._keys)
         if missing:
@@ -214,6 +216,22 @@ class TapSet:
     def rows(self, stage_id: str, start: int, stop: int) -> np.ndarray:
         """Rows ``start:stop`` of a stage, read without loading the rest."""
         return self._file.get_slice(stage_id)[start:stop]
+
+    def rows_into(self, stage_id: str, start: int, stop: int, buffer: np.ndarray) -> np.ndarray:
+        """Rows ``start:stop`` read into ``buffer`` (a uint8 array the caller reuses: no allocation and no
+        page faults per read); the result is a view of it, valid until the buffer is filled again."""
+        if self._layout is None:
+            self._layout = read_header(self.tensor_path)
+            self._raw = open(self.tensor_path, "rb", buffering=0)  # noqa: SIM115 - lives as long as the TapSet
+        entry = self._layout[stage_id]
+        row_bytes = entry.nbytes // entry.shape[0] if entry.shape and entry.shape[0] else entry.nbytes
+        nbytes = (stop - start) * row_bytes
+        view = buffer[:nbytes]
+        if view.size != nbytes:
+            raise ValueError(f"a buffer of {buffer.size} bytes cannot hold {nbytes}")
+        if os.preadv(self._raw.fileno(), [view], entry.start + start * row_bytes) != nbytes:
+            raise TapFileError(f"{self.tensor_path} ends inside stage {stage_id!r}", "re-capture or rewrite it")
+        return view.view(_NUMPY[entry.dtype]).reshape((stop - start, *entry.shape[1:]))
 
     def shape(self, stage_id: str) -> tuple[int, ...]:
         return tuple(self._file.get_slice(stage_id).get_shape())

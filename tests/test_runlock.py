@@ -1,0 +1,102 @@
+"""One investigation per output directory: a second process fails clearly, or waits for the result (reuse)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, TINY
+from driftscope.investigation import InvestigationFailed, investigate
+from driftscope.params import parse_parameters
+from driftscope.runlock import BusyError, run_lock
+
+PARAMS = {
+    "name": "locked",
+    "checkpoint": str(TINY),
+    "images": [str(ROOT / "fixtures" / "images" / "checkerboard_140.png")],
+    "runtimes": ["transformers:f32", "mlx:f32"],
+}
+
+# Another process holds the directory's lock, writes the run's report and log, holds on for `hold` seconds.
+HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from driftscope.params import parse_parameters
+    from driftscope.report import Report
+    from driftscope.runlock import run_lock
+
+    out, status, hold = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+    params = parse_parameters({params!r}, "test")
+    with run_lock(out):
+        (out / "held").touch()
+        report = Report.start(out / "report.json", name=params.name, parameters_digest=params.digest)
+        report.step("capture:mlx:f32")
+        (out / "investigation.log").write_text("[driftscope 00:00:00] capture mlx:f32: 71 stages\\n")
+        time.sleep(hold)
+        if status == "complete":
+            report.data["status"] = "complete"
+            report.step("done")
+        else:
+            report.fail(RuntimeError("planted crash"))
+    """
+).format(params=PARAMS)
+
+
+def hold(out: Path, status: str, seconds: float) -> subprocess.Popen:
+    """Start the holder and return once it holds the lock."""
+    child = subprocess.Popen([sys.executable, "-c", HOLDER, str(out), status, str(seconds)])
+    deadline = time.monotonic() + 60
+    while not (out / "held").exists():
+        assert child.poll() is None, "the holder exited before taking the lock"
+        assert time.monotonic() < deadline, "the holder never took the lock"
+        time.sleep(0.05)
+    return child
+
+
+def test_a_second_run_into_a_busy_directory_fails_naming_the_holder_and_the_fix(tmp_path):
+    child = hold(tmp_path, "complete", 30)
+    try:
+        with pytest.raises(BusyError, match=rf"pid {child.pid}\) is writing to") as caught:
+            with run_lock(tmp_path):
+                pass
+        assert "another output directory" in str(caught.value)
+        # the same refusal through investigate without reuse: nothing is run, the holder's report is untouched
+        with pytest.raises(BusyError):
+            investigate(parse_parameters(PARAMS, "test"), tmp_path)
+        assert '"stopped_at": "capture:mlx:f32"' in (tmp_path / "report.json").read_text()
+    finally:
+        child.kill()
+        child.wait()
+    with run_lock(tmp_path) as lock:  # the lock dies with its process
+        assert not lock.waited
+
+
+def test_reuse_waits_for_the_running_investigation_and_returns_its_report(tmp_path, monkeypatch, capsys):
+    import driftscope.investigation as investigation
+
+    monkeypatch.setattr(investigation, "get_runtime", lambda *a, **k: pytest.fail("a runtime was run"))
+    child = hold(tmp_path, "complete", 1.5)
+    start = time.monotonic()
+    report = investigate(parse_parameters(PARAMS, "test"), tmp_path, reuse=True)
+    waited = time.monotonic() - start
+    assert child.wait() == 0
+    assert waited > 1.0, "returned before the running investigation ended"
+    assert report.data["status"] == "complete" and report.data["stopped_at"] == "done"
+    printed = capsys.readouterr().out
+    assert "waiting for the investigation running in" in printed and f"pid {child.pid}" in printed
+    assert "capture mlx:f32: 71 stages" in printed  # the run's own log, shown where the waiter's output goes
+
+
+def test_reuse_raises_the_error_of_the_run_it_waited_for_instead_of_running_again(tmp_path, monkeypatch):
+    import driftscope.investigation as investigation
+
+    monkeypatch.setattr(investigation, "get_runtime", lambda *a, **k: pytest.fail("a runtime was run"))
+    child = hold(tmp_path, "error", 0.5)
+    with pytest.raises(InvestigationFailed, match="stopped at capture:mlx:f32: RuntimeError: planted crash"):
+        investigate(parse_parameters(PARAMS, "test"), tmp_path, reuse=True)
+    assert child.wait() == 0
