@@ -118,12 +118,12 @@ def main(argv: list[str] | None = None) -> None:
             del runtime
             gc.collect()
         total = sum(forwards.values())
-        investigation_s, _ = whole_investigation(checkpoint.path, image, out)
+        investigation_s, investigation_rss, _ = whole_investigation(checkpoint.path, image, out)
         print(
             "plain forwards (median of 3): "
             + ", ".join(f"{label} {s:.2f}s" for label, s in forwards.items())
             + f"\nwhole investigation (warm): {investigation_s:.1f}s = {investigation_s / total:.2f}x the sum of "
-            f"the three plain forwards ({total:.1f}s)"
+            f"the three plain forwards ({total:.1f}s); its process peaked at {gib(investigation_rss)} GiB"
         )
         return
     rows: dict[str, dict] = {}
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
         run_child(f"{name}:{policy}", "plain", [str(image)], out, checkpoint.path)
         scripts[f"{name}:{policy}"] = time.perf_counter() - start
 
-    investigation_s, report = whole_investigation(checkpoint.path, image, out)
+    investigation_s, investigation_rss, report = whole_investigation(checkpoint.path, image, out)
     render_s = investigation_s - sum(
         r["timings"].get("capture_s", 0) + r["timings"].get("load_s", 0) for r in report.data["runtimes"]
     )
@@ -223,7 +223,8 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"whole investigation (warm, 3 runtimes, blocks + substages of 2 layers, compare, report, HTML): "
         f"{investigation_s:.1f}s = {investigation_s / forwards:.2f}x the sum of the three plain forwards "
-        f"({forwards:.1f}s); loading, notebook and rendering outside the captures: {render_s:.1f}s"
+        f"({forwards:.1f}s); loading, notebook and rendering outside the captures: {render_s:.1f}s; "
+        f"its process peaked at {gib(investigation_rss)} GiB"
     )
     print(
         "three plain parity scripts (a fresh process per runtime: imports, load, one forward): "
@@ -246,9 +247,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def whole_investigation(checkpoint: Path, image: Path, out: Path):
-    """(seconds, report) of ``driftscope run`` in a fresh process, warm: three runtimes, all blocks, substages
-    of two layers, comparison, report, notebook and HTML. A first run compiles the tapped IREE graph; the
-    second is timed."""
+    """(seconds, peak RSS bytes, report) of ``driftscope run`` in a fresh process, warm: three runtimes, all
+    blocks, substages of two layers, comparison, report, notebook and HTML. A first run compiles the tapped
+    IREE graph; the second is timed."""
     import subprocess
 
     import yaml
@@ -271,12 +272,14 @@ def whole_investigation(checkpoint: Path, image: Path, out: Path):
     for attempt in ("cold", "warm"):  # as a user runs it: a fresh process, which pays for its own imports
         target = out / f"investigation-{attempt}"
         start = time.perf_counter()
-        subprocess.run(
-            [sys.executable, "-m", "driftscope", "run", str(params), "--out", str(target), "--force", "--no-gate"],
-            check=True,
+        child = subprocess.Popen(
+            [sys.executable, "-m", "driftscope", "run", str(params), "--out", str(target), "--force", "--no-gate"]
         )
+        _, status, usage = os.wait4(child.pid, 0)  # this child's own peak memory (its kernel is a separate process)
         seconds = time.perf_counter() - start
-    return seconds, Report.load(out / "investigation-warm" / "report.json")
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise RuntimeError(f"driftscope run {params} failed ({os.waitstatus_to_exitcode(status)})")
+    return seconds, usage.ru_maxrss * 1024, Report.load(out / "investigation-warm" / "report.json")
 
 
 def plain_forward(runtime, inputs, out: Path) -> float:
