@@ -147,8 +147,9 @@ def investigate_and_render(params, params_path: Path, out_dir: Path, reuse: bool
         thread.start()
         try:
             investigate(params, out_dir, reuse=reuse, lock=lock)
-        except Exception:  # noqa: BLE001 - the report records where it stopped; the notebooks show the error
-            pass
+        except Exception as err:  # noqa: BLE001 - the report records where it stopped; the notebooks show it
+            if not _stopped_at(out_dir / "report.json"):  # it failed before its report could say so
+                log(f"the investigation could not start: {type(err).__name__}: {err}")
     thread.join()
     return errors
 
