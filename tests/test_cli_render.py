@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -11,26 +12,36 @@ from conftest import ROOT, TINY
 from driftscope.cli import main
 
 
+def write_params(path: Path, name: str, runtimes: list, **extra) -> Path:
+    """A parameter file for the tiny checkpoint on the checkerboard image."""
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": name,
+                "checkpoint": str(TINY),
+                "images": [str(ROOT / "fixtures" / "images" / "checkerboard_140.png")],
+                "runtimes": runtimes,
+                **extra,
+            }
+        )
+    )
+    return path
+
+
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory, tiny_checkpoint_dir):
     base = tmp_path_factory.mktemp("cli")
-    params = base / "p.yaml"
-    params.write_text(
-        yaml.safe_dump(
-            {
-                "name": "cli-check",
-                "checkpoint": str(TINY),
-                "images": [str(ROOT / "fixtures" / "images" / "checkerboard_140.png")],
-                "runtimes": ["transformers:f32", "mlx:f32", "mlx:bf16", "iree:f32"],
-                "pairs": [["mlx:f32", "iree:f32"]],
-                "replay": ["mlx:bf16"],
-                "notebooks": ["01_stage_parity", "02_layer_drilldown", "04_negative_controls"],
-                "power": {
-                    "mutations": ["identity_window_permutation", "cross_image_leak"],
-                    "require": ["identity_window_permutation"],
-                },
-            }
-        )
+    params = write_params(
+        base / "p.yaml",
+        "cli-check",
+        ["transformers:f32", "mlx:f32", "mlx:bf16", "iree:f32"],
+        pairs=[["mlx:f32", "iree:f32"]],
+        replay=["mlx:bf16"],
+        notebooks=["01_stage_parity", "02_layer_drilldown", "04_negative_controls"],
+        power={
+            "mutations": ["identity_window_permutation", "cross_image_leak"],
+            "require": ["identity_window_permutation"],
+        },
     )
     code = main(["run", str(params), "--out", str(base / "out")])
     return code, base / "out"
@@ -92,18 +103,12 @@ def test_bad_parameter_file_exits_2_with_the_fix(tmp_path, capsys):
 
 def test_a_crashed_investigation_shows_in_the_notebook_and_the_rest_are_not_run(tmp_path, tiny_checkpoint_dir):
     """The CLI runs the investigation next to the notebook's kernel: its error is what the notebook shows."""
-    params = tmp_path / "crash.yaml"
     patch = f"{ROOT / 'tests' / 'test_investigation.py'}:boom"  # raises "planted crash" while MLX loads
-    params.write_text(
-        yaml.safe_dump(
-            {
-                "name": "crash",
-                "checkpoint": str(TINY),
-                "images": [str(ROOT / "fixtures" / "images" / "checkerboard_140.png")],
-                "runtimes": ["transformers:f32", {"runtime": "mlx", "policy": "f32", "patch": patch}],
-                "notebooks": ["01_stage_parity", "02_layer_drilldown"],
-            }
-        )
+    params = write_params(
+        tmp_path / "crash.yaml",
+        "crash",
+        ["transformers:f32", {"runtime": "mlx", "policy": "f32", "patch": patch}],
+        notebooks=["01_stage_parity", "02_layer_drilldown"],
     )
     out = tmp_path / "out"
     assert main(["run", str(params), "--out", str(out)]) == 2
@@ -120,17 +125,7 @@ def test_a_forced_run_of_several_notebooks_investigates_once(tmp_path, tiny_chec
     """``reuse=False`` (batch --force) re-runs the investigation in the first notebook; the next one reuses it."""
     from driftscope.render import run_notebooks
 
-    params = tmp_path / "p.yaml"
-    params.write_text(
-        yaml.safe_dump(
-            {
-                "name": "forced",
-                "checkpoint": str(TINY),
-                "images": [str(ROOT / "fixtures" / "images" / "checkerboard_140.png")],
-                "runtimes": ["transformers:f32", "mlx:f32"],
-            }
-        )
-    )
+    params = write_params(tmp_path / "p.yaml", "forced", ["transformers:f32", "mlx:f32"])
     out = tmp_path / "out"
     names = ["01_stage_parity", "04_negative_controls"]
     assert run_notebooks(names, out, params, False, ROOT) == {}

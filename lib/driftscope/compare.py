@@ -116,16 +116,40 @@ class _Accumulator:
 
     def _add_chunk(self, expected: np.ndarray, actual: np.ndarray, offset: int) -> None:
         n = expected.size
-        ef, af, diff, bound = (buffer[:n] for buffer in _scratch.buffers)
+        ef, af = _scratch.buffers[0][:n], _scratch.buffers[1][:n]
         np.copyto(ef, expected, casting="unsafe")
         np.copyto(af, actual, casting="unsafe")
-        norm_e, norm_a = _dot(ef, ef), _dot(af, af)
-        if not (np.isfinite(norm_e) and np.isfinite(norm_a)):  # a NaN or inf somewhere in this chunk
-            self._add_nonfinite(ef.copy(), af.copy(), offset)
+        norms = _dot(ef, ef), _dot(af, af)
+        if np.isfinite(norms).all():
+            self._fold(ef, af, norms, offset)
             return
+        # a NaN or inf somewhere in this chunk: count them, then fold with them zeroed on both sides
+        e, a = ef.copy(), af.copy()  # the raw values, for the worst element
+        both = self._count_nonfinite(e, a)
+        ef[~both] = 0.0
+        af[~both] = 0.0
+        self._fold(ef, af, (_dot(ef, ef), _dot(af, af)), offset, e, a)
+
+    def _count_nonfinite(self, e: np.ndarray, a: np.ndarray) -> np.ndarray:
+        """Count each side's non-finite values and the failures they make; the mask of finite pairs."""
+        finite_e = np.isfinite(e)
+        finite_a = np.isfinite(a)
+        self.nonfinite_e += int(e.size - finite_e.sum())
+        self.nonfinite_a += int(a.size - finite_a.sum())
+        both = finite_e & finite_a
+        # A non-finite value on either side fails unless both sides hold the same non-finite value.
+        same_nonfinite = ~both & ((np.isnan(e) & np.isnan(a)) | (e == a))
+        self.failures += int((~both & ~same_nonfinite).sum())
+        return both
+
+    def _fold(self, ef: np.ndarray, af: np.ndarray, norms: tuple[float, float], offset: int, e=None, a=None) -> None:
+        """Sums over finite float64 values (``norms``: their sums of squares; ``e``/``a``: the raw values,
+        for the worst element, where they differ from ``ef``/``af``)."""
+        n = ef.size
+        diff, bound = _scratch.buffers[2][:n], _scratch.buffers[3][:n]
         self.elements += n
-        self.norm_e += norm_e
-        self.norm_a += norm_a
+        self.norm_e += norms[0]
+        self.norm_a += norms[1]
         self.dot += _dot(af, ef)
         np.subtract(af, ef, out=diff)
         np.abs(diff, out=diff)
@@ -135,27 +159,7 @@ class _Accumulator:
         self.failures += int(np.count_nonzero(np.greater(diff, bound, out=_scratch.mask[:n])))
         self.sum_sq += _dot(diff, diff)
         self.sum_abs += float(diff.sum())
-        self._track_max(diff, ef, af, offset)
-
-    def _add_nonfinite(self, e: np.ndarray, a: np.ndarray, offset: int) -> None:
-        finite_e = np.isfinite(e)
-        finite_a = np.isfinite(a)
-        self.nonfinite_e += int(e.size - finite_e.sum())
-        self.nonfinite_a += int(a.size - finite_a.sum())
-        both = finite_e & finite_a
-        # A non-finite value on either side fails unless both sides hold the same non-finite value.
-        same_nonfinite = ~both & ((np.isnan(e) & np.isnan(a)) | (e == a))
-        self.failures += int((~both & ~same_nonfinite).sum())
-        self.elements += int(e.size)
-        ef, af = np.where(both, e, 0.0), np.where(both, a, 0.0)
-        diff = np.abs(af - ef)
-        self.failures += int(np.count_nonzero(diff > self.tol.atol + self.tol.rtol * np.abs(ef)))
-        self.sum_sq += _dot(diff, diff)
-        self.sum_abs += float(diff.sum())
-        self.dot += _dot(af, ef)
-        self.norm_a += _dot(af, af)
-        self.norm_e += _dot(ef, ef)
-        self._track_max(diff, e, a, offset)
+        self._track_max(diff, ef if e is None else e, af if a is None else a, offset)
 
     def _track_max(self, diff: np.ndarray, e: np.ndarray, a: np.ndarray, offset: int) -> None:
         """Keep the largest |difference| seen and the raw values at it."""

@@ -80,8 +80,8 @@ def run_notebooks(
     """
     errors = {}
     started = time.time()
+    report_path = out_dir / "report.json"
     for name in names:
-        report_path = out_dir / "report.json"
         stopped = _stopped_at(report_path) if errors else None
         if stopped:
             errors[name] = f"not run: the investigation stopped at {stopped}"
