@@ -97,7 +97,8 @@ def test_missing_or_inconsistent_files_say_what_to_do(tmp_path):
     with pytest.raises(TapFileError, match="sidecar .* does not exist"):
         TapSet(tmp_path / "nothing")
     save_file({"a": np.ones(2, dtype=np.float32)}, str(tmp_path / "t.safetensors"))
-    (tmp_path / "t.json").write_text(json.dumps({"stages": {"a": {}, "b": {}}}))
+    sidecar = {"format": "driftscope-tapset", "format_version": 1, "runtime": "engine", "stages": {"a": {}, "b": {}}}
+    (tmp_path / "t.json").write_text(json.dumps(sidecar))
     with pytest.raises(TapFileError, match="missing from t.safetensors"):
         TapSet(tmp_path / "t")
     (tmp_path / "bad.safetensors").write_bytes(b"not a tensor file")
@@ -107,7 +108,7 @@ def test_missing_or_inconsistent_files_say_what_to_do(tmp_path):
 
 
 def test_a_stage_captured_twice_is_refused(tmp_path):
-    writer = TapWriter(tmp_path / "twice", {})
+    writer = TapWriter(tmp_path / "twice", {"runtime": "test"})
     writer.add("a", np.zeros(1, dtype=np.float32))
     with pytest.raises(TapFileError, match="captured twice"):
         writer.add("a", np.zeros(1, dtype=np.float32))

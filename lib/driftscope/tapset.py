@@ -20,11 +20,11 @@ from safetensors import safe_open
 
 from .atomic import write_json_atomic
 from .errors import TapFileError
+from .sidecar import FORMAT, FORMAT_VERSION, HALF, STORED, check_tensors, validate_sidecar
 from .stages import Stage
 from .weightfile import read_header
 
-FORMAT = "driftscope-tapset"
-FORMAT_VERSION = 1
+__all__ = ["FORMAT", "FORMAT_VERSION", "TapSet", "TapWriter", "storage_array", "tap_paths"]
 _DTYPES = {
     np.dtype("float64"): "F64",
     np.dtype("float32"): "F32",
@@ -33,7 +33,6 @@ _DTYPES = {
     np.dtype("int32"): "I32",
     np.dtype("bool"): "BOOL",
 }
-_NUMPY = {name: dtype for dtype, name in _DTYPES.items()}
 _ALIGN = 8
 
 
@@ -98,7 +97,7 @@ class TapWriter:
         self._offset += array.nbytes
         info = stage.to_dict() if isinstance(stage, Stage) else {"id": stage_id}
         info.update(declaration)
-        info["native_dtype"] = native
+        info["native_dtype"] = declaration.get("native_dtype", native)  # a runtime may say what it computed in
         info["shape"] = list(array.shape)
         self.stages[stage_id] = info
 
@@ -127,6 +126,7 @@ class TapWriter:
             stage_order=list(self.stages),
             stages=self.stages,
         )
+        validate_sidecar(self.meta, self.sidecar_path)  # what driftscope writes follows the published schema
         write_json_atomic(self.sidecar_path, self.meta)
         self.closed = True
         return TapSet(self.tensor_path)
@@ -176,19 +176,15 @@ class TapSet:
             raise TapFileError(f"sidecar {self.sidecar_path} is not JSON: {err}", "rewrite the sidecar") from err
         try:
             self._file = safe_open(str(self.tensor_path), framework="numpy")
+            self._layout = read_header(self.tensor_path)
         except Exception as err:  # safetensors raises its own error types
             raise TapFileError(
                 f"{self.tensor_path} is not a readable safetensors file: {err}", "re-capture or rewrite it"
             ) from err
-        self._keys = set(self._file.keys())
-        self._layout = None  # the tensor file's header, read on the first rows_into
-        declared = self.meta.get("stages", {})
-        missing = sorted(set(declared) - self._keys)
-        if missing:
-            raise TapFileError(
-                f"sidecar declares stages missing from {self.tensor_path.name}: {missing[:5]}",
-                "write every declared stage into the tensor file, or drop it from the sidecar",
-            )
+        validate_sidecar(self.meta, self.sidecar_path)
+        check_tensors(self.meta, self._layout, self.tensor_path)
+        self._keys = set(self._layout)
+        self._raw = None  # the tensor file, opened on the first direct read
 
     @property
     def runtime(self) -> str:
@@ -211,30 +207,60 @@ class TapSet:
     def __getitem__(self, stage_id: str) -> np.ndarray:
         if stage_id not in self._keys:
             raise KeyError(stage_id)
+        if self._layout[stage_id].dtype in HALF:
+            return self.rows(stage_id, 0, self.shape(stage_id)[0]) if self.shape(stage_id) else self._scalar(stage_id)
         return self._file.get_tensor(stage_id)
 
     def rows(self, stage_id: str, start: int, stop: int) -> np.ndarray:
-        """Rows ``start:stop`` of a stage, read without loading the rest."""
+        """Rows ``start:stop`` of a stage, read without loading the rest (F16/BF16 widened to float32)."""
+        if self._layout[stage_id].dtype in HALF:
+            entry = self._layout[stage_id]
+            inner = int(np.prod(entry.shape[1:], dtype=np.int64))
+            buffer = np.empty(max(stop - start, 0) * inner * 6, dtype=np.uint8)
+            return self.rows_into(stage_id, start, stop, buffer).copy()
         return self._file.get_slice(stage_id)[start:stop]
 
     def rows_into(self, stage_id: str, start: int, stop: int, buffer: np.ndarray) -> np.ndarray:
         """Rows ``start:stop`` read into ``buffer`` (a uint8 array the caller reuses: no allocation and no
-        page faults per read); the result is a view of it, valid until the buffer is filled again."""
-        if self._layout is None:
-            self._layout = read_header(self.tensor_path)
+        page faults per read); the result is a view of it, valid until the buffer is filled again.
+
+        F16 and BF16 rows are widened to float32 in the buffer (6 bytes per element: the stored bits
+        after the widened values)."""
+        if self._raw is None:
             self._raw = open(self.tensor_path, "rb", buffering=0)  # noqa: SIM115 - lives as long as the TapSet
         entry = self._layout[stage_id]
+        stored = STORED[entry.dtype]
         row_bytes = entry.nbytes // entry.shape[0] if entry.shape and entry.shape[0] else entry.nbytes
         nbytes = (stop - start) * row_bytes
-        view = buffer[:nbytes]
-        if view.size != nbytes:
-            raise ValueError(f"a buffer of {buffer.size} bytes cannot hold {nbytes}")
+        count = nbytes // stored.itemsize
+        widened = 4 * count if entry.dtype in HALF else 0
+        if buffer.size < widened + nbytes:
+            raise ValueError(f"a buffer of {buffer.size} bytes cannot hold {widened + nbytes}")
+        view = buffer[widened : widened + nbytes]
         if os.preadv(self._raw.fileno(), [view], entry.start + start * row_bytes) != nbytes:
             raise TapFileError(f"{self.tensor_path} ends inside stage {stage_id!r}", "re-capture or rewrite it")
-        return view.view(_NUMPY[entry.dtype]).reshape((stop - start, *entry.shape[1:]))
+        shape = (stop - start, *entry.shape[1:])
+        if entry.dtype == "F16":
+            out = buffer[:widened].view(np.float32)
+            np.copyto(out, view.view(np.float16))
+            return out.reshape(shape)
+        if entry.dtype == "BF16":  # bfloat16 is the upper half of a float32: shift the bits into place
+            out = buffer[:widened].view(np.uint32)
+            np.copyto(out, view.view(np.uint16))
+            out <<= 16
+            return out.view(np.float32).reshape(shape)
+        return view.view(stored).reshape(shape)
+
+    def _scalar(self, stage_id: str) -> np.ndarray:
+        """A zero-dimensional half-precision stage, widened."""
+        return self.rows_into(stage_id, 0, 1, np.empty(6, dtype=np.uint8)).reshape(()).copy()
+
+    def stored_dtype(self, stage_id: str) -> str:
+        """The safetensors dtype a stage is stored as (``F32``, ``BF16``, ...)."""
+        return self._layout[stage_id].dtype
 
     def shape(self, stage_id: str) -> tuple[int, ...]:
-        return tuple(self._file.get_slice(stage_id).get_shape())
+        return tuple(self._layout[stage_id].shape)
 
     def items(self) -> Iterator[tuple[str, np.ndarray]]:
         for stage_id in self.stage_ids():
