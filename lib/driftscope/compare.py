@@ -12,8 +12,11 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .contract import Contract, Tolerance
+from .layout import align, count, paired_segments, take_rows
 from .stages import StagePlan
 from .tapset import TapSet
+from .traversal import STAGES as TRAVERSAL_STAGES
+from .traversal import judge_traversal
 
 #: Elements read and compared at a time (bounds memory on big taps). The float64 working copies of a
 #: chunk live in buffers allocated once per thread and reused: fresh temporaries per chunk were handed
@@ -53,7 +56,7 @@ class ComparisonRow:
     reference: str
     candidate: str
     position: int
-    status: str  # pass | fail | shape_mismatch | missing | skipped
+    status: str  # pass | fail | shape_mismatch | layout_mismatch | missing | skipped
     failures: int = 0
     elements: int = 0
     failure_fraction: float = 0.0
@@ -80,7 +83,7 @@ class ComparisonRow:
 
     @property
     def failed(self) -> bool:
-        return self.status in ("fail", "shape_mismatch")
+        return self.status in ("fail", "shape_mismatch", "layout_mismatch")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -171,22 +174,6 @@ class _Accumulator:
                 self.max_values = (float(e[local]), float(a[local]))
 
 
-def _restore_raster(array: np.ndarray, window_index: np.ndarray, unit: str | None, merge_unit: int) -> np.ndarray:
-    """Rows of a window-ordered array put back in raster order using that runtime's own window index."""
-    reverse = np.argsort(window_index, kind="stable")
-    if unit == "merged":
-        return array[reverse]
-    grouped = array.reshape(len(window_index), merge_unit, *array.shape[1:])
-    return grouped[reverse].reshape(array.shape)
-
-
-def _active_slice(declaration: dict, length: int) -> list[tuple[int, int]]:
-    ranges = declaration.get("active_rows")
-    if not ranges:
-        return [(0, length)]
-    return [(int(start), int(stop)) for start, stop in ranges]
-
-
 def compare_stage(
     stage_id: str,
     reference: TapSet,
@@ -195,7 +182,10 @@ def compare_stage(
     position: int,
     merge_unit: int = 4,
 ) -> ComparisonRow:
-    """Compare one stage of two TapSets; never raises for data problems (they go in the row)."""
+    """Compare one stage of two TapSets; never raises for data problems (they go in the row).
+
+    Each side contributes its declared active rows; sides in different token orders are brought to raster
+    order first (``layout``), and the window index is judged by its meaning (``traversal``)."""
     row = ComparisonRow(
         stage_id, reference.label, candidate.label, position, "pass", atol=tolerance.atol, rtol=tolerance.rtol
     )
@@ -209,44 +199,66 @@ def compare_stage(
     declaration = reference.declaration(stage_id)
     cand_declaration = candidate.declaration(stage_id)
     row.integer = bool(declaration.get("integer") or cand_declaration.get("integer"))
-    ref_shape, cand_shape = reference.shape(stage_id), candidate.shape(stage_id)
-    row.reference_shape, row.candidate_shape = list(ref_shape), list(cand_shape)
-    if ref_shape != cand_shape:
-        row.status = "shape_mismatch"
-        row.note = f"shapes differ: reference {list(ref_shape)} vs candidate {list(cand_shape)}"
+    stored_ref, stored_cand = reference.shape(stage_id), candidate.shape(stage_id)
+    row.reference_shape, row.candidate_shape = list(stored_ref), list(stored_cand)
+    alignment = align(stage_id, reference, candidate, merge_unit)
+    ref_shape = (count(alignment.reference_rows), *stored_ref[1:]) if stored_ref else ()
+    cand_shape = (count(alignment.candidate_rows), *stored_cand[1:]) if stored_cand else ()
+    if ref_shape != cand_shape or alignment.refusal:
+        row.status = "layout_mismatch" if alignment.refusal else "shape_mismatch"
+        active = "" if (ref_shape, cand_shape) == (stored_ref, stored_cand) else " (active rows)"
+        row.note = alignment.refusal or (
+            f"shapes differ{active}: reference {list(ref_shape)} vs candidate {list(cand_shape)}"
+        )
         row.failures = row.elements = int(max(np.prod(ref_shape), np.prod(cand_shape)))
         row.failure_fraction = 1.0
         return row
     if row.integer:
-        return _compare_integer(row, reference[stage_id], candidate[stage_id])
+        row = _compare_integer(
+            row,
+            take_rows(reference[stage_id], alignment.reference_rows),
+            take_rows(candidate[stage_id], alignment.candidate_rows),
+        )
+        if stage_id in TRAVERSAL_STAGES and row.failures:
+            return _judge_traversal(row, reference, candidate, merge_unit)
+        return row
     if stage_id.startswith("text.logits"):
         row.extra.update(logit_agreement(np.asarray(reference[stage_id]), np.asarray(candidate[stage_id])))
 
     accumulator = _Accumulator(tolerance)
-    reorder = _needs_reorder(stage_id, declaration, reference, candidate)
-    if reorder is not None:
-        ref_index, cand_index = reorder
-        unit = declaration.get("token_unit")
-        expected = _restore_raster(reference[stage_id], ref_index, unit, merge_unit)
-        actual = _restore_raster(candidate[stage_id], cand_index, unit, merge_unit)
-        row.note = "window orders differ: both sides restored to raster order with their own window index"
-        for start, stop in _active_slice(declaration, ref_shape[0]):
-            inner = int(np.prod(ref_shape[1:]))
-            accumulator.add(expected[start:stop], actual[start:stop], start * inner)
+    row.note = alignment.note
+    if alignment.reorders:  # whole arrays, in raster order: coordinates are raster coordinates of the active rows
+        expected, actual = alignment.arrays(reference, candidate, stage_id, merge_unit)
+        accumulator.add(expected, actual, 0)
+        return _finish(row, accumulator, ref_shape, tolerance)
+    inner = int(np.prod(stored_ref[1:])) if len(stored_ref) > 1 else 1
+    step = max(1, CHUNK_ELEMENTS // max(inner, 1))
+    if len(stored_ref) == 0:
+        accumulator.add(reference[stage_id], candidate[stage_id], 0)
     else:
-        inner = int(np.prod(ref_shape[1:])) if len(ref_shape) > 1 else 1
-        step = max(1, CHUNK_ELEMENTS // max(inner, 1))
-        if len(ref_shape) == 0:
-            accumulator.add(reference[stage_id], candidate[stage_id], 0)
-        else:
-            for start, stop in _active_slice(declaration, ref_shape[0]):
-                for chunk in range(start, stop, step):
-                    end = min(stop, chunk + step)
-                    size = (end - chunk) * inner * 8  # enough for any stored dtype
-                    expected = reference.rows_into(stage_id, chunk, end, _scratch.raw_bytes(0, size))
-                    actual = candidate.rows_into(stage_id, chunk, end, _scratch.raw_bytes(1, size))
-                    accumulator.add(expected, actual, chunk * inner)
-    return _finish(row, accumulator, ref_shape, tolerance)
+        for ref_start, cand_start, length in paired_segments(alignment.reference_rows, alignment.candidate_rows):
+            for chunk in range(0, length, step):
+                rows = min(step, length - chunk)
+                size = rows * inner * 8  # enough for any stored dtype (F16/BF16 widen in place: 6 bytes)
+                a, b = ref_start + chunk, cand_start + chunk
+                expected = reference.rows_into(stage_id, a, a + rows, _scratch.raw_bytes(0, size))
+                actual = candidate.rows_into(stage_id, b, b + rows, _scratch.raw_bytes(1, size))
+                accumulator.add(expected, actual, a * inner)
+    return _finish(row, accumulator, stored_ref, tolerance)
+
+
+def _judge_traversal(row: ComparisonRow, reference: TapSet, candidate: TapSet, merge_unit: int) -> ComparisonRow:
+    """The window index and bounds judged by their meaning: another order of the same windows passes."""
+    traversal = judge_traversal(reference, candidate, merge_unit)
+    if traversal is None or traversal.status == "equal":
+        return row
+    row.extra["traversal"] = traversal.status
+    row.note = traversal.note
+    if traversal.status == "equivalent":  # the elements differ, but not in meaning: none of them is a failure
+        row.status, row.failures, row.failure_fraction = "pass", 0, 0.0
+    else:
+        row.status = "fail"
+    return row
 
 
 def top2_margin(logits: np.ndarray) -> float:
@@ -270,22 +282,6 @@ def logit_agreement(expected: np.ndarray, actual: np.ndarray, k: int = 5) -> dic
         "margin_reference": top2_margin(expected),
         "margin_candidate": top2_margin(actual),
     }
-
-
-def _needs_reorder(stage_id: str, declaration: dict, reference: TapSet, candidate: TapSet):
-    if declaration.get("token_order") != "window":
-        return None
-    key = "vision.window_index"
-    if key not in reference or key not in candidate:
-        return None
-    ref_index, cand_index = reference[key], candidate[key]
-    if ref_index.shape == cand_index.shape and np.array_equal(ref_index, cand_index):
-        return None
-    if sorted(ref_index.tolist()) != list(range(len(ref_index))) or sorted(cand_index.tolist()) != list(
-        range(len(cand_index))
-    ):
-        return None
-    return ref_index, cand_index
 
 
 def _compare_integer(row: ComparisonRow, expected: np.ndarray, actual: np.ndarray) -> ComparisonRow:

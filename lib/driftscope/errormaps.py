@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .geometry.windows import position_ids, reverse_by_argsort
+from .layout import align, take_rows
 from .report import Report
 from .tapset import TapSet
 
@@ -55,11 +56,19 @@ def stage_difference(report: Report, stage: str, pair: str, replay: bool = False
     atol, rtol = (row.atol, row.rtol) if row else (0.08, 0.08)
     bounds = np.asarray(reference["vision.cu_seqlens"]) if "vision.cu_seqlens" in reference else None
     declaration = reference.declaration(stage)
-    expected, actual = _as_matrix(reference[stage]), _as_matrix(candidate[stage])
+    order = declaration.get("token_order", "none")
+    unit = int(report.data.get("plan_meta", {}).get("spatial_merge_size", 2)) ** 2
+    alignment = align(stage, reference, candidate, unit)  # active rows; sides in other orders meet in raster order
+    if alignment.reorders and not alignment.refusal:
+        expected, actual = (_as_matrix(side) for side in alignment.arrays(reference, candidate, stage, unit))
+        order = "raster"
+    else:
+        expected = _as_matrix(take_rows(np.asarray(reference[stage]), alignment.reference_rows))
+        actual = _as_matrix(take_rows(np.asarray(candidate[stage]), alignment.candidate_rows))
     rows = [(0, expected.shape[0])]
     if bounds is not None and declaration.get("token_unit") == "patch" and bounds[-1] == expected.shape[0]:
         rows = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-    return StageDifference(stage, expected, actual, atol, rtol, declaration.get("token_order", "none"), rows)
+    return StageDifference(stage, expected, actual, atol, rtol, order, rows)
 
 
 def top_channels(difference: StageDifference, k: int = 8):

@@ -1,0 +1,146 @@
+"""How two TapSets' rows line up for one stage: their active rows and their token orders.
+
+Token orders (docs/tapfile.md): ``raster`` is the processor's patch row order (merged tokens row-major over
+the merged grid, the ``merge x merge`` patches of each merged token contiguous, in row-major order inside
+it); ``window`` is that order permuted window by window by ``vision.window_index`` (merged-token units).
+Two sides in different orders are brought to raster order with the permutation the inputs imply (the
+window side's own ``vision.window_index``, else the other side's); with no permutation to use, the stage
+is refused as a layout mismatch rather than compared element by element as if it were numerical drift.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .tapset import TapSet
+
+WINDOW_INDEX = "vision.window_index"
+Ranges = list[tuple[int, int]]
+
+
+def active_ranges(declaration: dict, length: int) -> Ranges:
+    """The declared ``active_rows`` ranges, or every row."""
+    ranges = declaration.get("active_rows")
+    if not ranges:
+        return [(0, length)]
+    return [(int(start), int(stop)) for start, stop in ranges]
+
+
+def count(ranges: Ranges) -> int:
+    return sum(stop - start for start, stop in ranges)
+
+
+def paired_segments(first: Ranges, second: Ranges) -> list[tuple[int, int, int]]:
+    """``(start in first, start in second, length)`` runs that walk both range lists in step."""
+    a, b = [list(r) for r in first], [list(r) for r in second]
+    segments, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        length = min(a[i][1] - a[i][0], b[j][1] - b[j][0])
+        if length > 0:
+            segments.append((a[i][0], b[j][0], length))
+        a[i][0] += length
+        b[j][0] += length
+        if a[i][0] >= a[i][1]:
+            i += 1
+        if b[j][0] >= b[j][1]:
+            j += 1
+    return segments
+
+
+def take_rows(array: np.ndarray, ranges: Ranges) -> np.ndarray:
+    """The rows of ``ranges``, concatenated (the array itself when that is every row)."""
+    if array.ndim == 0 or ranges == [(0, array.shape[0])]:
+        return array
+    return np.concatenate([array[start:stop] for start, stop in ranges])
+
+
+def restore_raster(array: np.ndarray, window_index: np.ndarray, unit: str | None, merge_unit: int) -> np.ndarray:
+    """Rows of a window-ordered array put back in raster order with ``window_index``."""
+    reverse = np.argsort(window_index, kind="stable")
+    if unit == "merged":
+        return array[reverse]
+    grouped = array.reshape(len(window_index), merge_unit, *array.shape[1:])
+    return grouped[reverse].reshape(array.shape)
+
+
+def _is_permutation(index: np.ndarray, rows: int, unit: str | None, merge_unit: int) -> bool:
+    size = rows if unit == "merged" else rows // max(merge_unit, 1)
+    return len(index) == size and np.array_equal(np.sort(index), np.arange(size))
+
+
+@dataclass
+class Alignment:
+    """For one stage: each side's active rows, the window index restoring each side to raster (None: compare as
+    stored), a note for the row, and ``refusal`` when the two layouts cannot be brought together."""
+
+    reference_rows: Ranges
+    candidate_rows: Ranges
+    reference_index: np.ndarray | None = None
+    candidate_index: np.ndarray | None = None
+    unit: str | None = None
+    note: str = ""
+    refusal: str | None = None
+
+    @property
+    def reorders(self) -> bool:
+        return self.reference_index is not None or self.candidate_index is not None
+
+    def arrays(self, reference: TapSet, candidate: TapSet, stage_id: str, merge_unit: int):
+        """Both sides' active rows, in raster order where a side is restored."""
+        out = []
+        for tapset, ranges, index in (
+            (reference, self.reference_rows, self.reference_index),
+            (candidate, self.candidate_rows, self.candidate_index),
+        ):
+            array = take_rows(np.asarray(tapset[stage_id]), ranges)
+            out.append(array if index is None else restore_raster(array, index, self.unit, merge_unit))
+        return out
+
+
+def _order(declaration: dict, fallback: str) -> str:
+    order = declaration.get("token_order")
+    return fallback if order in (None, "none") else order
+
+
+def align(stage_id: str, reference: TapSet, candidate: TapSet, merge_unit: int) -> Alignment:
+    """How ``stage_id``'s rows line up between the two sides (see the module docstring)."""
+    ref_decl, cand_decl = reference.declaration(stage_id), candidate.declaration(stage_id)
+    ref_shape, cand_shape = reference.shape(stage_id), candidate.shape(stage_id)
+    alignment = Alignment(
+        active_ranges(ref_decl, ref_shape[0] if ref_shape else 1),
+        active_ranges(cand_decl, cand_shape[0] if cand_shape else 1),
+        unit=ref_decl.get("token_unit") or cand_decl.get("token_unit"),
+    )
+    ref_order = _order(ref_decl, "none")
+    cand_order = _order(cand_decl, ref_order)  # an engine that declares no order is read in the reference's
+    if "window" not in (ref_order, cand_order):
+        return alignment
+    rows = count(alignment.reference_rows)
+    indices = [t[WINDOW_INDEX] if WINDOW_INDEX in t else None for t in (reference, candidate)]
+    valid = [i is not None and _is_permutation(i, rows, alignment.unit, merge_unit) for i in indices]
+    if ref_order == cand_order:
+        if all(valid) and not np.array_equal(indices[0], indices[1]):
+            alignment.reference_index, alignment.candidate_index = indices
+            alignment.note = "window orders differ: both sides restored to raster order with their own window index"
+        return alignment
+    window_side = 0 if ref_order == "window" else 1
+    names = ("reference", "candidate")
+    own, other = window_side, 1 - window_side
+    chosen = own if valid[own] else other if valid[other] else None
+    if chosen is None:
+        alignment.refusal = (
+            f"layout mismatch: candidate {cand_order}, reference {ref_order}, and no valid {WINDOW_INDEX} on either "
+            "side to reorder with"
+        )
+        return alignment
+    if window_side == 0:
+        alignment.reference_index = indices[chosen]
+    else:
+        alignment.candidate_index = indices[chosen]
+    alignment.note = (
+        f"layout: candidate {cand_order}, reference {ref_order}: the {names[window_side]} restored to raster "
+        f"order with the {names[chosen]}'s {WINDOW_INDEX}"
+    )
+    return alignment
