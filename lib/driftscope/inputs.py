@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from .checkpoint import Checkpoint
+from .engine_inputs import inputs_digest
 from .errors import InputError
 
 
@@ -32,12 +32,8 @@ class VisionInputs:
 
     @property
     def digest(self) -> str:
-        sha = hashlib.sha256()
-        sha.update(np.ascontiguousarray(self.pixel_values, dtype=np.float32).tobytes())
-        sha.update(np.ascontiguousarray(self.grid_thw, dtype=np.int64).tobytes())
-        if self.text is not None:
-            sha.update(np.ascontiguousarray(self.text.input_ids, dtype=np.int64).tobytes())
-        return sha.hexdigest()[:16]
+        """What an engine's sidecar declares as ``inputs_digest`` (``engine_inputs.inputs_digest``)."""
+        return inputs_digest(self.pixel_values, self.grid_thw, None if self.text is None else self.text.input_ids)
 
     def summary(self) -> dict:
         return {

@@ -14,15 +14,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from .checkpoint import open_checkpoint
+from .checkpoint_storage import checkpoint_storage
 from .compare import compare_tapsets
 from .contract import load_contract
 from .environment import current_commit, fingerprint
-from .errors import DriftscopeError
+from .errors import DriftscopeError, TapFileError
 from .families import stage_plan
 from .inputs import prepare_inputs
 from .params import Parameters, load_parameters
 from .report import Report, judge
 from .runlock import RunLock, run_lock
+from .runtime_checks import apply_checks, capture_checks, observed_dtypes, unreadable
 from .runtimes import get_runtime
 from .stages import StagePlan
 
@@ -193,15 +195,28 @@ def _capture_one(
     report.step(f"capture:{spec.display}")
     log(f"capture {spec.display}: {len(plan)} stages")
     safe = spec.display.replace(":", "-").replace("/", "-")
-    tapset = runtime.capture(
-        inputs, plan, out / "taps" / safe, progress=lambda message, label=spec.display: log(f"  {label}: {message}")
-    )
+    try:
+        tapset = runtime.capture(
+            inputs, plan, out / "taps" / safe, progress=lambda message, label=spec.display: log(f"  {label}: {message}")
+        )
+    except TapFileError as err:  # an engine's unreadable TapSet: that runtime could not run, the others still do
+        if not runtime.external or spec.display == params.reference_label:
+            raise
+        report.data["checks"][spec.display] = unreadable(str(err))
+        report.save()
+        log(f"  {spec.display}: could not run: {err.problem}")
+        runtime.release()
+        return
     tapsets[spec.display] = tapset
+    external = runtime.external
+    report.data["checks"][spec.display] = capture_checks(tapset, inputs.digest, spec.policy if external else None)
     report.data["runtimes"].append(
         {
             "label": spec.display,
             "runtime": spec.runtime,
-            "policy": runtime.policy.to_dict(),
+            "policy": runtime.report_policy(tapset),
+            **({"policy_label": spec.policy} if external else {}),
+            "observed_dtypes": {"weights": runtime.weight_dtypes(), "activations": observed_dtypes(tapset)},
             "patch": tapset.meta.get("patch"),
             "versions": tapset.meta.get("versions"),
             "options": spec.options,
@@ -239,11 +254,13 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
     report.data.update(
         family=checkpoint.family,
         checkpoint=str(checkpoint.path),
+        checkpoint_storage=checkpoint_storage(checkpoint.path),
         contract=contract.to_dict(),
         reference=params.reference_label,
         stage_plan=[stage.to_dict() for stage in plan],
         plan_meta={"depth": plan.depth, **plan.meta},
         runtimes=[],
+        checks={},
     )
     runtimes = []
     for spec in params.runtimes:  # resolve every runtime before the slow work starts
@@ -288,8 +305,11 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
         comparer.shutdown(wait=True, cancel_futures=True)
     reference = tapsets[params.reference_label]
     candidates = [tapset for label, tapset in tapsets.items() if label != params.reference_label]
-    extra = [(tapsets[a], tapsets[b]) for a, b in params.pairs if a != params.reference_label]
+    extra = [
+        (tapsets[a], tapsets[b]) for a, b in params.pairs if a != params.reference_label and {a, b} <= set(tapsets)
+    ]
     report.data.update(judge(reference, candidates, contract, plan, extra, compared))
+    apply_checks(report.data, report.data["checks"])
     if params.relative:
         from .relative import relative_verdict
 

@@ -12,6 +12,7 @@ from .atomic import write_json_atomic
 from .compare import ComparisonRow, compare_tapsets, first_divergence, growth_stages
 from .contract import Contract
 from .errors import TapFileError
+from .runtime_checks import apply_checks
 from .stages import Stage, StagePlan
 from .tapset import TapSet
 
@@ -230,6 +231,7 @@ def rejudge(report_path: str | Path, contract: Contract, out_path: str | Path | 
     ]
     data = dict(report.data)
     data.update(judge(reference, candidates, contract, report.plan, extra))
+    apply_checks(data, data.get("checks") or {})
     data["replay"] = _rejudge_replay(report, reference, data["rows"], contract)
     data["contract"] = contract.to_dict()
     data["rejudged_from"] = str(report.path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .report import Report
+from .runtime_checks import checks_markdown
 
 
 def summary_markdown(report: Report) -> str:
@@ -37,8 +38,14 @@ def summary_markdown(report: Report) -> str:
             f"| `{report.pair_title(label)}` | {status} | {where} | {count} | {worst} | "
             f"{'`' + onset + '`' if onset else 'none'} | {grows} |"
         )
+    for label in data.get("checks") or {}:  # a runtime whose capture could not be read has no pair rows
+        if label not in report.pair_keys() and label in verdict.get("per_candidate", {}):
+            lines.append(f"| `{label}` | {verdict['per_candidate'][label]} | | | | | |")
     for reason in verdict.get("reasons", []):
         lines.append(f"\n- {reason}")
+    checks = checks_markdown(data, ("warn",))  # failed checks are among the verdict's reasons above
+    if checks:
+        lines.append("\n" + checks)
     power = data.get("power")
     if power:
         detected = [m["mutation"] for m in power["mutations"] if m["detected"]]

@@ -156,6 +156,17 @@ class Runtime(ABC):
     def label(self) -> str:
         return str(self.options.get("label") or f"{self.name}:{self.policy.name}")
 
+    #: whether the taps come from outside driftscope (an unreadable file makes this runtime "could not run")
+    external: bool = False
+
+    def weight_dtypes(self) -> dict[str, int]:
+        """How many weight tensors the loaded model holds in each dtype (as observed, not as the policy says)."""
+        return {}
+
+    def report_policy(self, tapset: TapSet) -> dict:
+        """The policy as the report records it for this capture."""
+        return self.policy.to_dict()
+
     def capture(
         self, inputs: VisionInputs, plan: StagePlan, out_base: Path, progress: Progress | None = None
     ) -> TapSet:

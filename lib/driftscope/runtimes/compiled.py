@@ -58,6 +58,11 @@ class CompiledRuntime(Runtime):
         spec = VisionSpec.from_config(self.checkpoint.config)
         return EmittedModel(spec, load_vision_weights(self.checkpoint.path, spec))
 
+    def weight_dtypes(self) -> dict[str, int]:
+        from collections import Counter
+
+        return dict(Counter(str(array.dtype) for array in self.model.weights.values()))
+
     def bucket(self, inputs: VisionInputs) -> Bucket:
         spec = self.model.spec
         rows = self.options.get("bucket")

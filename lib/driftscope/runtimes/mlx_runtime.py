@@ -29,6 +29,11 @@ def to_numpy(array: Any) -> np.ndarray:
     return np.array(array)
 
 
+def dtype_name(array: Any) -> str:
+    """An MLX array's dtype as numpy names it (``mlx.core.bfloat16`` -> ``bfloat16``)."""
+    return str(array.dtype).rsplit(".", 1)[-1]
+
+
 class _Recording:
     """Calls ``inner`` and hands its inputs and output to ``record``."""
 
@@ -129,9 +134,9 @@ class MLXRuntime(Runtime):
         mx = require("mlx.core", "mlx", self.name)
         require("mlx_vlm", "mlx-vlm", self.name)
         model = load_mlx_model(self.checkpoint.path, self.checkpoint.config)
-        if self.policy.name != "f32":
-            model.set_dtype(getattr(mx, DTYPES[self.policy.name]))
-            mx.eval(model.parameters())
+        # every policy casts, f32 too: a bf16 checkpoint would otherwise run in bf16 under "f32"
+        model.set_dtype(getattr(mx, DTYPES[self.policy.name]))
+        mx.eval(model.parameters())
         form = self.options.get("rmsnorm", "fused")
         if form not in RMSNORM_FORMS:
             from ..errors import ParameterError
@@ -151,6 +156,13 @@ class MLXRuntime(Runtime):
         from ..blas import mlx_blas
 
         return {**package_versions("mlx", "mlx-vlm"), "blas": mlx_blas()}
+
+    def weight_dtypes(self) -> dict[str, int]:
+        from collections import Counter
+
+        from mlx.utils import tree_flatten
+
+        return dict(Counter(dtype_name(value) for _, value in tree_flatten(self.model.parameters())))
 
     @property
     def tower(self) -> Any:
@@ -182,7 +194,7 @@ class MLXRuntime(Runtime):
 
         def put(stage_id: str, value: Any) -> None:
             if sink.wants(stage_id):
-                sink.put(stage_id, to_numpy(value))
+                sink.put(stage_id, to_numpy(value), native_dtype=dtype_name(value))
 
         def out_to(stage_id: str):
             return lambda args, kwargs, out: put(stage_id, out)

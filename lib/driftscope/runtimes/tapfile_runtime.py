@@ -1,4 +1,9 @@
-"""The ``tapfile`` runtime: a TapSet written by any other engine, compared like a capture."""
+"""The ``tapfile`` runtime: a TapSet written by any other engine, compared like a capture.
+
+The engine's sidecar says what ran; this runtime applies nothing. The parameter file's ``policy`` is a
+label the sidecar's declared policy must agree with (``runtime_checks`` says when they differ), and the
+report keeps the engine's policy and native dtypes as declared.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ..atomic import write_json_atomic
 from ..errors import ParameterError
 from ..inputs import VisionInputs
+from ..precision import POLICIES
+from ..runtime_checks import declared_policy
 from ..stages import StagePlan
 from ..tapset import TapSet, tap_paths
 from .base import Progress, Runtime, StageSink
@@ -17,7 +25,8 @@ class TapfileRuntime(Runtime):
     """Loads taps from ``options.path`` (see docs/tapfile.md) instead of running a model."""
 
     name = "tapfile"
-    policies = ("f32", "f64", "f16", "bf16")
+    policies = tuple(POLICIES.names())  # a label here: the engine applied its policy itself
+    external = True
 
     def _load(self) -> Any:
         path = self.options.get("path")
@@ -27,6 +36,10 @@ class TapfileRuntime(Runtime):
 
     def versions(self) -> dict[str, str]:
         return dict(self.model.meta.get("versions", {})) if self.model is not None else {}
+
+    def report_policy(self, tapset: TapSet) -> dict | None:
+        """The engine's policy as its sidecar declares it (None: it declares none)."""
+        return declared_policy(tapset.meta)
 
     @property
     def label(self) -> str:
@@ -38,20 +51,12 @@ class TapfileRuntime(Runtime):
     def capture(
         self, inputs: VisionInputs, plan: StagePlan, out_base: Path, progress: Progress | None = None
     ) -> TapSet:
-        """Copy the external TapSet next to the run's other taps, labelled for this run."""
+        """Copy the external TapSet next to the run's other taps, labelled for this run (the rest as declared)."""
         self.load()
-        digest = self.model.meta.get("inputs_digest")
         tensor_path, sidecar_path = tap_paths(out_base)
         tensor_path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(self.model.tensor_path, tensor_path)
-        meta = dict(self.model.meta)
-        meta.update(
-            label=self.label,
-            imported_from=str(self.model.tensor_path),
-            inputs_digest_matches=(digest is None or digest == inputs.digest),
-        )
-        from ..atomic import write_json_atomic
-
+        meta = dict(self.model.meta, label=self.label, imported_from=str(self.model.tensor_path))
         write_json_atomic(sidecar_path, meta)
         if progress:
             progress(f"imported {len(self.model.stage_ids())} stages from {self.model.tensor_path}")

@@ -48,6 +48,11 @@ class TransformersRuntime(Runtime):
     def versions(self) -> dict[str, str]:
         return package_versions("torch", "transformers")
 
+    def weight_dtypes(self) -> dict[str, int]:
+        from collections import Counter
+
+        return dict(Counter(str(p.dtype).removeprefix("torch.") for p in self.model.parameters()))
+
     @property
     def visual(self) -> Any:
         return self.model.model.visual
