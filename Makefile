@@ -14,7 +14,7 @@ test-slow: setup
 	.venv/bin/python -m pytest -m slow
 
 lint: setup
-	.venv/bin/ruff check lib tests fixtures benchmarks
-	.venv/bin/ruff format --check lib tests fixtures benchmarks
+	.venv/bin/ruff check lib tests fixtures benchmarks examples
+	.venv/bin/ruff format --check lib tests fixtures benchmarks examples
 
 fixtures: setup

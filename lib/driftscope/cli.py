@@ -71,6 +71,13 @@ def _geometry(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stages(args: argparse.Namespace) -> int:
+    from .stage_listing import list_stages
+
+    print(list_stages(args.checkpoint, args.images, args.json, args.write_inputs))
+    return 0
+
+
 def _batch(args: argparse.Namespace) -> int:
     from .batch import exit_code, run_batch
     from .investigation import log
@@ -136,6 +143,14 @@ def parser() -> argparse.ArgumentParser:
     geometry.add_argument("--window-size", type=int, default=112, help="window side in pixels (default 112)")
     geometry.add_argument("--json", action="store_true", help="print JSON instead of a table")
     geometry.set_defaults(func=_geometry)
+    stages = sub.add_parser("stages", help="every stage of a checkpoint as a TapSet writer needs it (docs/tapfile.md)")
+    stages.add_argument("checkpoint", help="checkpoint directory")
+    stages.add_argument("--images", nargs="+", default=[], help="images whose processor output fixes the shapes")
+    stages.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    stages.add_argument(
+        "--write-inputs", metavar="PATH", help="also write the processor output the engine must run on (safetensors)"
+    )
+    stages.set_defaults(func=_stages)
     return main
 
 

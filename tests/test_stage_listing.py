@@ -1,0 +1,66 @@
+"""``driftscope stages``: every stage as an engine author needs it, checked against what the oracle captures."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from conftest import ROOT, SHAPES, TINY
+from driftscope.cli import main
+from safetensors import safe_open
+
+DOC = ROOT / "docs" / "tapfile.md"
+
+
+def _stages(capsys, *args) -> str:
+    assert main(["stages", str(TINY), *args]) == 0
+    return capsys.readouterr().out
+
+
+def test_every_stage_shape_dtype_and_order_match_the_oracles_capture(capsys, captures, full_plan, shapes_inputs):
+    listing = json.loads(_stages(capsys, "--images", str(SHAPES), "--json"))
+    oracle = captures["transformers:f32"]
+    rows = listing["stages"]
+    assert [row["stage"] for row in rows] == full_plan.ids()  # execution order, every stage
+    assert listing["inputs"] == {"grid_thw": [[1, 32, 32]], "inputs_digest": shapes_inputs.digest}
+    for row in rows:
+        stage = row["stage"]
+        assert tuple(row["shape"]) == oracle.shape(stage), stage
+        assert row["integer"] == oracle.declaration(stage)["integer"] == (row["dtype"] == "I64"), stage
+        assert row["token_order"] == oracle.declaration(stage)["token_order"], stage
+        assert row["token_unit"] == oracle.declaration(stage)["token_unit"], stage
+        if row["token_order"] != "none":
+            assert row["active_rows"] == [[0, oracle.shape(stage)[0]]], stage
+        assert row["axes"] and row["description"], stage
+
+
+def test_without_images_the_token_axes_stay_symbolic(capsys):
+    text = _stages(capsys)
+    assert "| `vision.block.0` | tokens, hidden | [patches, 64] |" in text
+    assert "| `vision.merger` | merged_tokens, out_hidden | [merged_tokens, 64] |" in text
+
+
+def test_the_table_in_docs_tapfile_md_is_the_commands_output(capsys):
+    text = DOC.read_text()
+    begin, end = "<!-- stages:begin -->\n", "<!-- stages:end -->"
+    documented = text[text.index(begin) + len(begin) : text.index(end)]
+    printed = _stages(capsys, "--images", "fixtures/images/shapes_448.png")
+    assert "driftscope stages fixtures/checkpoints/tiny-qwen2_5-vl --images fixtures/images/shapes_448.png" in text
+    assert documented == printed, "regenerate the table in docs/tapfile.md with the command above it"
+
+
+def test_write_inputs_gives_the_engine_the_runs_processor_output_and_digest(capsys, tmp_path, shapes_inputs):
+    from driftscope.engine_inputs import inputs_digest
+
+    _stages(capsys, "--images", str(SHAPES), "--write-inputs", str(tmp_path / "inputs.safetensors"))
+    with safe_open(str(tmp_path / "inputs.safetensors"), framework="numpy") as handle:
+        np.testing.assert_array_equal(handle.get_tensor("pixel_values"), shapes_inputs.pixel_values)
+        np.testing.assert_array_equal(handle.get_tensor("grid_thw"), shapes_inputs.grid_thw)
+        digest = handle.metadata()["inputs_digest"]
+        assert digest == shapes_inputs.digest
+        assert inputs_digest(handle.get_tensor("pixel_values"), handle.get_tensor("grid_thw")) == digest
+
+
+def test_write_inputs_without_images_says_what_to_add(capsys, tmp_path):
+    assert main(["stages", str(TINY), "--write-inputs", str(tmp_path / "x.safetensors")]) == 2
+    assert "--write-inputs needs --images" in capsys.readouterr().err
