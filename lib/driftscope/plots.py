@@ -118,7 +118,7 @@ def stage_table(report: Report, only_failing: bool = False):
         table = table[(status != "pass").any(axis=1).to_numpy()]
 
     def highlight(value):
-        return "background-color: #f8d0d0" if value in ("fail", "shape_mismatch") else ""
+        return "background-color: #f8d0d0" if value in ("fail", "shape_mismatch", "layout_mismatch") else ""
 
     formats = {column: "{:.3g}" for column in table.columns if column.endswith("max_abs")}
     return table.style.map(highlight).format(formats, na_rep="")

@@ -35,11 +35,12 @@ def declared_policy(meta: dict) -> dict | None:
 
 
 def observed_dtypes(tapset: TapSet) -> dict[str, int]:
-    """How many floating stages (inputs and side stages left out) were computed in each dtype, as the capture says."""
+    """How many floating stages of the vision tower (side stages left out) were computed in each dtype, as the
+    capture says (``native_dtype``, else the stored dtype)."""
     counts: Counter[str] = Counter()
     for stage_id in tapset.stage_ids():
         declaration = tapset.declaration(stage_id)
-        if stage_id.startswith("inputs.") or declaration.get("side") or declaration.get("integer"):
+        if not stage_id.startswith("vision.") or declaration.get("side") or declaration.get("integer"):
             continue
         native = str(declaration.get("native_dtype") or tapset.stored_dtype(stage_id)).lower()
         native = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat16"}.get(native, native)

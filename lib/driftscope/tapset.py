@@ -25,6 +25,7 @@ from .stages import Stage
 from .weightfile import read_header
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "TapSet", "TapWriter", "storage_array", "tap_paths"]
+
 _DTYPES = {
     np.dtype("float64"): "F64",
     np.dtype("float32"): "F32",
