@@ -48,6 +48,15 @@ def test_every_sidecar_driftscope_writes_follows_the_schema(captures):
         assert not list(validator.iter_errors(json.loads(tapset.sidecar_path.read_text())))
 
 
+def test_the_docs_example_sidecar_follows_the_schema():
+    from driftscope.sidecar import validate_sidecar
+
+    section = DOC[DOC.index("## 4. Sidecar") :]
+    example = json.loads(section[section.index("```json\n") + 8 : section.index("```\n", section.index("```json"))])
+    validate_sidecar(example, ROOT / "docs" / "tapfile.md")
+    assert set(example["stages"]["vision.block.0"]) == set(SCHEMA["$defs"]["stage"]["properties"])
+
+
 def test_every_schema_field_is_documented_with_what_the_tool_does():
     table = DOC[DOC.index("| field |") :]
     documented = set(re.findall(r"`([a-z_.*]+)`", table[: table.index("\n\n")]))
