@@ -44,4 +44,5 @@ fi
 # Fixtures: both scripts are deterministic and skip work that is already done.
 "$VENV/bin/python" fixtures/make_shapes.py >/dev/null
 "$VENV/bin/python" fixtures/make_tiny_qwen25vl.py
+"$VENV/bin/python" fixtures/make_tiny_qwen25vl_deep.py
 echo "[setup] ready: $VENV/bin/driftscope"

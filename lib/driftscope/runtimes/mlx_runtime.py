@@ -52,12 +52,21 @@ class _Recording:
 
 @contextmanager
 def _shadow(owner: Any, name: str, value: Any):
-    """Make ``owner.name`` resolve to ``value`` (an instance attribute), then remove it."""
+    """Make ``owner.name`` resolve to ``value`` (an instance attribute), then put back what was there.
+
+    A precision experiment or hypothesis patch may itself have shadowed ``name`` (e.g. a manual
+    RMSNorm): that instance attribute is restored, not dropped, so a later replay runs the same operator.
+    """
+    missing = object()
+    previous = owner.__dict__.get(name, missing)
     object.__setattr__(owner, name, value)
     try:
         yield
     finally:
-        object.__delattr__(owner, name)
+        if previous is missing:
+            object.__delattr__(owner, name)
+        else:
+            object.__setattr__(owner, name, previous)
 
 
 @contextmanager
