@@ -106,7 +106,7 @@ def test_diff_names_the_changed_stages(two_commits, capsys):
     )
     assert run["first_divergence"] == [{"pair": "mlx:f32", "before": None, "after": "vision.block.5"}]
     assert run["verdict"] == {"before": "pass", "after": "fail"}
-    assert main(["diff", a, b, "--out-root", str(out_root)]) == 0
+    assert main(["diff", a, b, "--out-root", str(out_root)]) == 1  # a run got worse
     text = capsys.readouterr().out
     assert "first divergence of mlx:f32: None -> vision.block.5" in text and "worse" in text
 
