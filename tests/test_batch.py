@@ -85,7 +85,8 @@ def test_both_commits_get_their_directories_index_and_junit(two_commits):
     assert "vision.block.5" in index and 'href="shapes/01_stage_parity.html"' in index
     assert "data:image/png;base64," in index and "http" not in index.split("<body>")[1]  # self-contained
     report = json.loads((out_root / b / "shapes" / "report.json").read_text())
-    assert report["runtimes"][1]["patch"]["target"] == "perturb.py:perturb"
+    # the patch's file, relative to the parameter file's repository (the commit's tree), as it ran
+    assert report["runtimes"][1]["patch"]["target"].endswith("/tree/perturb.py:perturb")
 
 
 def test_a_finished_run_is_not_overwritten_unless_forced(two_commits):
