@@ -85,7 +85,8 @@ def test_both_commits_get_their_directories_index_and_junit(two_commits):
     assert "vision.block.5" in index and 'href="shapes/01_stage_parity.html"' in index
     assert "data:image/png;base64," in index and "http" not in index.split("<body>")[1]  # self-contained
     report = json.loads((out_root / b / "shapes" / "report.json").read_text())
-    assert report["runtimes"][1]["patch"]["target"] == "perturb.py:perturb"
+    # the patch's file, relative to the parameter file's repository (the commit's tree), as it ran
+    assert report["runtimes"][1]["patch"]["target"].endswith("/tree/perturb.py:perturb")
 
 
 def test_a_finished_run_is_not_overwritten_unless_forced(two_commits):
@@ -106,7 +107,7 @@ def test_diff_names_the_changed_stages(two_commits, capsys):
     )
     assert run["first_divergence"] == [{"pair": "mlx:f32", "before": None, "after": "vision.block.5"}]
     assert run["verdict"] == {"before": "pass", "after": "fail"}
-    assert main(["diff", a, b, "--out-root", str(out_root)]) == 0
+    assert main(["diff", a, b, "--out-root", str(out_root)]) == 1  # a run got worse
     text = capsys.readouterr().out
     assert "first divergence of mlx:f32: None -> vision.block.5" in text and "worse" in text
 

@@ -64,7 +64,7 @@ def test_integer_stages_must_be_equal(tmp_path):
     integer = Stage("vision.window_index", ("merged_tokens",), integer=True)
     ref = write(tmp_path, "r", {"i": (np.arange(6), integer)})
     cand = write(tmp_path, "c", {"i": (np.array([0, 1, 2, 4, 3, 5]), integer)})
-    row = compare_stage("vision.window_index", ref, cand, Tolerance(atol=10), 0)
+    row = compare_stage("vision.window_index", ref, cand, Tolerance(atol=10), 0, integer=True)
     assert row.status == "fail" and row.failures == 2 and row.max_coords == [3]
 
 

@@ -10,6 +10,7 @@ import pytest
 import yaml
 from conftest import ROOT, TINY
 from driftscope.contract import Contract, load_contract
+from driftscope.errors import HypothesisPatchError
 from driftscope.investigation import investigate
 from driftscope.params import parse_parameters
 from driftscope.report import Report, rejudge
@@ -90,7 +91,7 @@ def test_rejudging_under_a_stricter_contract_runs_nothing(finished, tmp_path, mo
 
 def test_a_crash_leaves_a_report_that_says_where_it_stopped(tmp_path, tiny_checkpoint_dir):
     params = _params(["transformers:f32", {"runtime": "mlx", "policy": "f32", "patch": f"{__file__}:boom"}])
-    with pytest.raises(RuntimeError, match="planted crash"):
+    with pytest.raises(HypothesisPatchError, match="patch .*:boom raised RuntimeError: planted crash"):
         investigate(params, tmp_path)
     data = json.loads((tmp_path / "report.json").read_text())
     assert data["status"] == "error"

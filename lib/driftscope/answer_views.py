@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
+from .markup import code
 from .report import Report
 
 
@@ -87,7 +88,8 @@ def vision_link(report: Report) -> list[str]:
         vision = next((r.stage for r in rows if r.stage.startswith("vision.")), None)
         text = next((r.stage for r in rows if r.stage.startswith("text.")), None)
         lines.append(
-            f"- `{report.pair_title(key)}`: first vision divergence `{vision}`, first text divergence `{text}`"
+            f"- {code(report.pair_title(key))}: first vision divergence {code(vision)}, "
+            f"first text divergence {code(text)}"
         )
     return lines
 

@@ -15,7 +15,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from .atomic import write_text_atomic
 from .errors import DriftscopeError, ParameterError
+from .names import safe_name
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,8 +81,8 @@ def run_one(params_file: str, out_root: str, commit: str, tree: str, fallback: s
     summary = {"params": params_file, "commit": commit, "status": "error", "verdict": "error", "error": None}
     try:
         tree_path = Path(tree)
-        params = _resolve(load_parameters(params_file, base=tree_path), tree_path, Path(fallback))
-        out = Path(out_root) / commit / params.name
+        params = _resolve(load_parameters(params_file), tree_path, Path(fallback))
+        out = Path(out_root) / commit / safe_name(params.name)
         summary.update(name=params.name, out=str(out))
         report_path = out / "report.json"
         if report_path.exists() and not force:
@@ -127,7 +129,7 @@ def _write_params(params, path: Path) -> None:
 
     data = {k: v for k, v in params.to_dict().items() if v not in (None, [], {})}
     data["runtimes"] = [{k: v for k, v in r.items() if v not in (None, {}, [])} for r in data["runtimes"]]
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    write_text_atomic(path, yaml.safe_dump(data, sort_keys=False))
 
 
 @contextlib.contextmanager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,21 @@ class Checkpoint:
         return self.path.name
 
 
+def _check_weights(file: Path) -> None:
+    """Refuse a safetensors file whose header is unreadable or describes more bytes than the file holds."""
+    from .weightfile import read_header
+
+    fix = f"re-save or copy the checkpoint again: {file.name} is incomplete or damaged"
+    try:
+        entries = read_header(file)
+    except (OSError, ValueError, UnicodeDecodeError, struct.error, KeyError, TypeError, IndexError) as err:
+        raise CheckpointError(f"{file} is not a readable safetensors file ({type(err).__name__}: {err})", fix) from None
+    size = file.stat().st_size
+    end = max((entry.start + entry.nbytes for entry in entries.values()), default=0)
+    if end > size:
+        raise CheckpointError(f"{file} is truncated: its header describes {end} bytes, the file has {size}", fix)
+
+
 def open_checkpoint(path: str | Path, family: str | None = None) -> Checkpoint:
     """Validate ``path`` as a safetensors checkpoint and detect (or check) its family."""
     path = Path(path).expanduser()
@@ -34,7 +50,8 @@ def open_checkpoint(path: str | Path, family: str | None = None) -> Checkpoint:
         raise CheckpointError(
             f"checkpoint path {path} does not exist",
             "point 'checkpoint' at a local directory with config.json and *.safetensors "
-            "(for the tiny fixture run `make fixtures`)",
+            "(for the tiny fixture run `make fixtures`; relative paths in a parameter file resolve against the "
+            "repository holding it, or its own folder outside a repository)",
         )
     if not path.is_dir():
         raise CheckpointError(f"checkpoint path {path} is a file, not a directory", "pass the directory that holds it")
@@ -53,6 +70,8 @@ def open_checkpoint(path: str | Path, family: str | None = None) -> Checkpoint:
             f"checkpoint {path} has no *.safetensors weights",
             "save the model with save_pretrained(..., safe_serialization=True) into this directory",
         )
+    for file in safetensors:
+        _check_weights(file)
     if not config_path.exists():
         raise CheckpointError(f"checkpoint {path} has no config.json", "save the model's config with save_pretrained")
     try:

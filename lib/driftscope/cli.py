@@ -1,35 +1,62 @@
-"""The ``driftscope`` command: run an investigation, re-judge a report, print a report's summary."""
+"""The ``driftscope`` command: run an investigation, re-judge a report, print a report's summary.
+
+Exit codes, for every command that judges (run, rejudge, show, diff, batch): 0 the verdict passes, 1 it
+fails (for diff: a run got worse), 2 something could not run (bad parameters, checkpoint, image,
+contract, runtime, policy or patch; an unreadable or unfinished report; a notebook error).
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from .errors import DriftscopeError
 
 
+def _exit_code(report) -> int:
+    """The one exit-code contract: 0 the verdict passes, 1 it fails, 2 the run could not execute or finish."""
+    if report.status != "complete" or report.verdict not in ("pass", "fail"):
+        return 2
+    return 0 if report.verdict == "pass" else 1
+
+
 def _run(args: argparse.Namespace) -> int:
     from .investigation import default_out_dir, log
     from .params import load_parameters
+    from .preflight import check_parameters
     from .render import investigate_and_render
     from .report import Report
 
     params = load_parameters(args.params)
+    check_parameters(params)  # every parameter error before a kernel starts or a model loads
     out = Path(args.out).resolve() if args.out else default_out_dir(params)
-    out.mkdir(parents=True, exist_ok=True)
+    _output_directory(out)
     log(f"run {params.name} -> {out}")
-    errors = investigate_and_render(params, Path(args.params).resolve(), out, not args.force, Path.cwd(), log)
-    status = 2 if errors else 0
-    report_path = out / "report.json"
-    if not report_path.exists():
-        log("no report.json was written")
+    errors = investigate_and_render(params, Path(params.source).resolve(), out, not args.force, Path.cwd(), log)
+    report = Report.load(out / "report.json")
+    log(f"report: {report.path} (verdict {report.verdict})")
+    code = _exit_code(report)
+    if errors or code == 2:
+        for name, error in errors.items():
+            log(f"could not run: {name}: {error}")
+        if report.status != "complete":
+            log(f"the investigation {report.stopped()}")
         return 2
-    report = Report.load(report_path)
-    log(f"report: {report_path} (verdict {report.verdict})")
-    if status:
-        return status
-    return 0 if report.verdict == "pass" or args.no_gate else 1
+    return 0 if args.no_gate else code
+
+
+def _output_directory(out: Path) -> None:
+    """Make the output directory, or say why it cannot be one."""
+    from .errors import ParameterError
+
+    if out.exists() and not out.is_dir():
+        raise ParameterError(f"--out {out} is a file, not a directory", "pass a directory (it is made if missing)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ParameterError(f"cannot make the output directory {out}: {err.strerror}", "pass another --out") from None
 
 
 def _rejudge(args: argparse.Namespace) -> int:
@@ -40,7 +67,7 @@ def _rejudge(args: argparse.Namespace) -> int:
     report = rejudge(args.report, load_contract(args.contract), args.out)
     print(summary_markdown(report))
     print(f"\nwritten: {report.path}")
-    return 0 if report.verdict == "pass" else 1
+    return _exit_code(report)
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -49,7 +76,7 @@ def _show(args: argparse.Namespace) -> int:
 
     report = Report.load(args.report)
     print(summary_markdown(report))
-    return 0
+    return _exit_code(report)
 
 
 def _geometry(args: argparse.Namespace) -> int:
@@ -94,12 +121,12 @@ def _diff(args: argparse.Namespace) -> int:
     import json
 
     from .batch import REPO_ROOT
-    from .trend import diff_commits, format_diff, resolve_commit_dir
+    from .trend import diff_commits, diff_exit_code, format_diff, resolve_commit_dir
 
     root = Path(args.out_root or REPO_ROOT / "outputs")
     diff = diff_commits(resolve_commit_dir(root, args.rev_a), resolve_commit_dir(root, args.rev_b), args.factor)
     print(json.dumps(diff, indent=1) if args.json else format_diff(diff))
-    return 0
+    return diff_exit_code(diff)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -164,6 +191,15 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args))
     except DriftscopeError as err:
         print(f"driftscope: error: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:  # noqa: BLE001 - exit 2 with one line, never a traceback (unless asked for)
+        if os.environ.get("DRIFTSCOPE_TRACEBACK"):
+            raise
+        print(
+            f"driftscope: internal error: {type(err).__name__}: {err}\n"
+            "  fix: this is a driftscope bug; rerun with DRIFTSCOPE_TRACEBACK=1 and report the traceback",
+            file=sys.stderr,
+        )
         return 2
 
 

@@ -7,12 +7,12 @@ TapSets under another contract without re-running any runtime (``compare_tapsets
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from .contract import Contract, Tolerance
 from .layout import align, count, paired_segments, take_rows
+from .rows import ComparisonRow, first_divergence, growth_stages, rows_frame  # noqa: F401 - re-exported
 from .stages import StagePlan
 from .tapset import TapSet
 from .traversal import STAGES as TRAVERSAL_STAGES
@@ -48,49 +48,10 @@ def _dot(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.einsum("i,i->", a, b))
 
 
-@dataclass
-class ComparisonRow:
-    """One stage compared between a reference and a candidate runtime."""
-
-    stage: str
-    reference: str
-    candidate: str
-    position: int
-    status: str  # pass | fail | shape_mismatch | layout_mismatch | missing | skipped
-    failures: int = 0
-    elements: int = 0
-    failure_fraction: float = 0.0
-    max_abs: float = 0.0
-    rms: float = 0.0
-    mean_abs: float = 0.0
-    cosine: float = 1.0
-    reference_rms: float = 0.0
-    relative_rms: float = 0.0
-    nonfinite_reference: int = 0
-    nonfinite_candidate: int = 0
-    max_index: int | None = None
-    max_coords: list[int] | None = None
-    max_reference_value: float | None = None
-    max_candidate_value: float | None = None
-    atol: float = 0.0
-    rtol: float = 0.0
-    integer: bool = False
-    reference_shape: list[int] | None = None
-    candidate_shape: list[int] | None = None
-    note: str = ""
-    pair: str = ""  # the runtime pair's key in the report ("candidate", or "candidate vs reference")
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def failed(self) -> bool:
-        return self.status in ("fail", "shape_mismatch", "layout_mismatch")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> ComparisonRow:
-        return cls(**data)
+def _json_float(value: float) -> float | str:
+    """A value for the report: finite floats as they are, the others as ``"nan"``, ``"inf"``, ``"-inf"``."""
+    value = float(value)
+    return value if np.isfinite(value) else str(value)
 
 
 class _Accumulator:
@@ -107,6 +68,10 @@ class _Accumulator:
         self.norm_e = 0.0
         self.nonfinite_a = 0
         self.nonfinite_e = 0
+        self.finite = 0  # elements finite on both sides: the metrics are computed over these
+        self.mismatch = 0
+        self.both = 0
+        self.first_nonfinite: tuple[int, float, float] | None = None  # flat index, reference, candidate
         self.max_abs = -1.0
         self.max_index: int | None = None
         self.max_values: tuple[float, float] | None = None
@@ -128,29 +93,42 @@ class _Accumulator:
             return
         # a NaN or inf somewhere in this chunk: count them, then fold with them zeroed on both sides
         e, a = ef.copy(), af.copy()  # the raw values, for the worst element
-        both = self._count_nonfinite(e, a)
+        both = self._count_nonfinite(e, a, offset)
         ef[~both] = 0.0
         af[~both] = 0.0
-        self._fold(ef, af, (_dot(ef, ef), _dot(af, af)), offset, e, a)
+        self._fold(ef, af, (_dot(ef, ef), _dot(af, af)), offset, e, a, both)
 
-    def _count_nonfinite(self, e: np.ndarray, a: np.ndarray) -> np.ndarray:
-        """Count each side's non-finite values and the failures they make; the mask of finite pairs."""
+    def _count_nonfinite(self, e: np.ndarray, a: np.ndarray, offset: int) -> np.ndarray:
+        """Count each side's non-finite values and the failures they make; the mask of finite pairs.
+
+        A non-finite value fails unless the other side holds the same non-finite value (then it is counted
+        in ``both``: not a failure, but nothing was judged there either)."""
         finite_e = np.isfinite(e)
         finite_a = np.isfinite(a)
         self.nonfinite_e += int(e.size - finite_e.sum())
         self.nonfinite_a += int(a.size - finite_a.sum())
         both = finite_e & finite_a
-        # A non-finite value on either side fails unless both sides hold the same non-finite value.
         same_nonfinite = ~both & ((np.isnan(e) & np.isnan(a)) | (e == a))
-        self.failures += int((~both & ~same_nonfinite).sum())
+        mismatch = ~both & ~same_nonfinite
+        count = int(mismatch.sum())
+        self.failures += count
+        self.mismatch += count
+        self.both += int(same_nonfinite.sum())
+        if count and self.first_nonfinite is None:
+            local = int(np.argmax(mismatch))
+            self.first_nonfinite = (offset + local, float(e[local]), float(a[local]))
         return both
 
-    def _fold(self, ef: np.ndarray, af: np.ndarray, norms: tuple[float, float], offset: int, e=None, a=None) -> None:
+    def _fold(
+        self, ef: np.ndarray, af: np.ndarray, norms: tuple[float, float], offset: int, e=None, a=None, finite=None
+    ) -> None:
         """Sums over finite float64 values (``norms``: their sums of squares; ``e``/``a``: the raw values,
-        for the worst element, where they differ from ``ef``/``af``)."""
+        for the worst element, where they differ from ``ef``/``af``; ``finite``: the mask of pairs finite on
+        both sides, where some are not)."""
         n = ef.size
         diff, bound = _scratch.buffers[2][:n], _scratch.buffers[3][:n]
         self.elements += n
+        self.finite += n if finite is None else int(finite.sum())
         self.norm_e += norms[0]
         self.norm_a += norms[1]
         self.dot += _dot(af, ef)
@@ -162,6 +140,8 @@ class _Accumulator:
         self.failures += int(np.count_nonzero(np.greater(diff, bound, out=_scratch.mask[:n])))
         self.sum_sq += _dot(diff, diff)
         self.sum_abs += float(diff.sum())
+        if finite is not None:
+            diff[~finite] = -1.0  # a non-finite pair is never the worst finite element
         self._track_max(diff, ef if e is None else e, af if a is None else a, offset)
 
     def _track_max(self, diff: np.ndarray, e: np.ndarray, a: np.ndarray, offset: int) -> None:
@@ -181,11 +161,15 @@ def compare_stage(
     tolerance: Tolerance,
     position: int,
     merge_unit: int = 4,
+    integer: bool = False,
 ) -> ComparisonRow:
     """Compare one stage of two TapSets; never raises for data problems (they go in the row).
 
     Each side contributes its declared active rows; sides in different token orders are brought to raster
-    order first (``layout``), and the window index is judged by its meaning (``traversal``)."""
+    order first (``layout``), and the window index is judged by its meaning (``traversal``).
+
+    ``integer``: the stage plan declares the stage integer (compared exactly). A TapSet's sidecar never
+    decides this: a sidecar claiming ``integer`` for a float stage would switch the tolerance off."""
     row = ComparisonRow(
         stage_id, reference.label, candidate.label, position, "pass", atol=tolerance.atol, rtol=tolerance.rtol
     )
@@ -196,9 +180,7 @@ def compare_stage(
         side = "reference" if stage_id not in reference else "candidate"
         row.status, row.note = "missing", f"not captured by the {side}"
         return row
-    declaration = reference.declaration(stage_id)
-    cand_declaration = candidate.declaration(stage_id)
-    row.integer = bool(declaration.get("integer") or cand_declaration.get("integer"))
+    row.integer = bool(integer)
     stored_ref, stored_cand = reference.shape(stage_id), candidate.shape(stage_id)
     row.reference_shape, row.candidate_shape = list(stored_ref), list(stored_cand)
     alignment = align(stage_id, reference, candidate, merge_unit)
@@ -285,11 +267,13 @@ def logit_agreement(expected: np.ndarray, actual: np.ndarray, k: int = 5) -> dic
 
 
 def _compare_integer(row: ComparisonRow, expected: np.ndarray, actual: np.ndarray) -> ComparisonRow:
-    diff = expected.astype(np.int64) != actual.astype(np.int64)
+    """Exact equality of the stored values (a side stored as floats is not truncated: 2.5 is not 2)."""
+    expected, actual = np.asarray(expected), np.asarray(actual)
+    diff = expected != actual
     row.elements = int(expected.size)
     row.failures = int(diff.sum())
     row.failure_fraction = row.failures / row.elements if row.elements else 0.0
-    delta = np.abs(expected.astype(np.int64) - actual.astype(np.int64)).ravel()
+    delta = np.abs(expected.astype(np.float64) - actual.astype(np.float64)).ravel()
     row.max_abs = float(delta.max()) if delta.size else 0.0
     row.rms = float(np.sqrt(np.mean(delta.astype(np.float64) ** 2))) if delta.size else 0.0
     row.mean_abs = float(delta.mean()) if delta.size else 0.0
@@ -306,20 +290,32 @@ def _compare_integer(row: ComparisonRow, expected: np.ndarray, actual: np.ndarra
 
 
 def _finish(row: ComparisonRow, acc: _Accumulator, shape: tuple[int, ...], tol: Tolerance) -> ComparisonRow:
+    """Metrics over the elements finite on both sides; non-finite disagreements fail the stage whatever
+    ``max_failure_fraction`` allows, and the worst element is then the first of them."""
+    nan = float("nan")
+    finite = acc.finite
     row.elements = acc.elements
     row.failures = acc.failures
     row.failure_fraction = acc.failures / acc.elements if acc.elements else 0.0
-    row.max_abs = max(acc.max_abs, 0.0)
-    row.rms = float(np.sqrt(acc.sum_sq / acc.elements)) if acc.elements else 0.0
-    row.mean_abs = acc.sum_abs / acc.elements if acc.elements else 0.0
-    row.reference_rms = float(np.sqrt(acc.norm_e / acc.elements)) if acc.elements else 0.0
-    row.relative_rms = row.rms / row.reference_rms if row.reference_rms > 0 else (0.0 if row.rms == 0 else float("inf"))
+    row.max_abs = max(acc.max_abs, 0.0) if finite else (0.0 if not acc.elements else nan)
+    row.rms = float(np.sqrt(acc.sum_sq / finite)) if finite else (0.0 if not acc.elements else nan)
+    row.mean_abs = acc.sum_abs / finite if finite else (0.0 if not acc.elements else nan)
+    row.reference_rms = float(np.sqrt(acc.norm_e / finite)) if finite else (0.0 if not acc.elements else nan)
+    if not finite and acc.elements:
+        row.relative_rms = nan
+    else:
+        row.relative_rms = (
+            row.rms / row.reference_rms if row.reference_rms > 0 else (0.0 if row.rms == 0 else float("inf"))
+        )
     denominator = np.sqrt(acc.norm_a) * np.sqrt(acc.norm_e)
     if denominator > 0:
         row.cosine = float(acc.dot / denominator)
+    elif not finite and acc.elements:
+        row.cosine = nan  # nothing finite to compare: never a perfect 1.0
     else:
         row.cosine = 1.0 if acc.norm_a == acc.norm_e else 0.0
     row.nonfinite_reference, row.nonfinite_candidate = acc.nonfinite_e, acc.nonfinite_a
+    row.nonfinite_mismatch, row.nonfinite_both = acc.mismatch, acc.both
     if acc.max_index is not None and shape:
         row.max_index = acc.max_index
         row.max_coords = [int(c) for c in np.unravel_index(acc.max_index, shape)]
@@ -327,90 +323,48 @@ def _finish(row: ComparisonRow, acc: _Accumulator, shape: tuple[int, ...], tol: 
     row.status = "fail" if row.failure_fraction > tol.max_failure_fraction else "pass"
     if row.status == "pass" and acc.failures and tol.max_failure_fraction:
         row.note = f"{acc.failures} failures within the allowed fraction {tol.max_failure_fraction}"
+    if acc.first_nonfinite is not None:
+        index, reference, candidate = acc.first_nonfinite
+        coords = [int(c) for c in np.unravel_index(index, shape)] if shape else []
+        row.first_nonfinite = {
+            "index": index,
+            "coords": coords,
+            "reference": _json_float(reference),
+            "candidate": _json_float(candidate),
+        }
+        row.status = "fail"
+        row.max_abs = float("inf")
+        row.max_index, row.max_coords = index, coords
+        row.max_reference_value, row.max_candidate_value = reference, candidate
+        row.note = (
+            f"{acc.mismatch} non-finite value(s) the other side lacks (a failure whatever max_failure_fraction "
+            f"allows); first at {coords}: reference {reference:.6g}, candidate {candidate:.6g}"
+        )
+    if acc.both:
+        row.warning = (
+            f"{acc.both} element(s) non-finite on both sides"
+            + (" (every element: nothing could be judged)" if not finite else "")
+            + ": not judged"
+        )
     return row
 
 
 def compare_tapsets(
     reference: TapSet, candidate: TapSet, contract: Contract, plan: StagePlan | None = None
 ) -> list[ComparisonRow]:
-    """Every stage either side captured, compared in execution order."""
+    """Every stage either side captured, compared in execution order (integer where ``plan`` says so)."""
     stage_ids = set(reference.stage_ids()) | set(candidate.stage_ids())
     ordered = plan.ordered(stage_ids) if plan is not None else sorted(stage_ids)
     merge = int((plan.meta if plan else {}).get("spatial_merge_size", 2)) ** 2
     return [
-        compare_stage(stage_id, reference, candidate, contract.tolerance(stage_id), position, merge)
+        compare_stage(
+            stage_id,
+            reference,
+            candidate,
+            contract.tolerance(stage_id),
+            position,
+            merge,
+            integer=plan is not None and stage_id in plan and plan[stage_id].integer,
+        )
         for position, stage_id in enumerate(ordered)
     ]
-
-
-def first_divergence(rows: list[ComparisonRow]) -> ComparisonRow | None:
-    """The first row, in execution order, that fails the contract."""
-    return next((row for row in rows if row.failed), None)
-
-
-def growth_stages(
-    rows: list[ComparisonRow], factor: float = 10.0, floor: float = 1e-4, side: set[str] | frozenset[str] = frozenset()
-) -> list[dict]:
-    """Stages whose relative RMS error is ``factor`` times the previous compared float stage's.
-
-    Only stages whose ``max_abs`` exceeds ``floor`` count, so float32 round-off does not show up;
-    ``side`` stages (inputs such as RoPE tables, off the activation path) are skipped.
-    """
-    found = []
-    previous: ComparisonRow | None = None
-    for row in rows:
-        if row.integer or row.status not in ("pass", "fail") or row.stage in side:
-            continue
-        if previous is not None and row.max_abs > floor and previous.relative_rms > 0:
-            ratio = row.relative_rms / previous.relative_rms
-            if ratio >= factor:
-                found.append(
-                    {
-                        "stage": row.stage,
-                        "previous": previous.stage,
-                        "factor": ratio,
-                        "relative_rms": row.relative_rms,
-                        "max_abs": row.max_abs,
-                    }
-                )
-        elif previous is not None and row.max_abs > floor and previous.relative_rms == 0 and row.relative_rms > 0:
-            found.append(
-                {
-                    "stage": row.stage,
-                    "previous": previous.stage,
-                    "factor": float("inf"),
-                    "relative_rms": row.relative_rms,
-                    "max_abs": row.max_abs,
-                }
-            )
-        previous = row
-    return found
-
-
-def rows_frame(rows: list[ComparisonRow]):
-    """The rows as a pandas DataFrame (one row per stage and runtime pair)."""
-    import pandas as pd
-
-    columns = [
-        "stage",
-        "pair",
-        "reference",
-        "candidate",
-        "status",
-        "failures",
-        "elements",
-        "max_abs",
-        "rms",
-        "mean_abs",
-        "relative_rms",
-        "cosine",
-        "nonfinite_reference",
-        "nonfinite_candidate",
-        "max_coords",
-        "max_reference_value",
-        "max_candidate_value",
-        "note",
-    ]
-    frame = pd.DataFrame([{key: getattr(row, key) for key in columns} for row in rows], columns=columns)
-    frame["pair"] = [row.pair or row.candidate for row in rows]
-    return frame

@@ -1,13 +1,16 @@
 """Tolerance contracts: per-stage-pattern tolerances, the failure rule and the verdict rule.
 
 Failure rule (elementwise): ``|a - e| > atol + rtol * |e|`` with ``e`` the reference.
-Integer stages must be equal. A stage passes when its failures do not exceed
-``max_failure_fraction`` of its elements and no side has non-finite values the other lacks.
+Integer stages (declared so by the stage plan) must be equal. A stage passes when its failures do not
+exceed ``max_failure_fraction`` of its elements and no side has non-finite values the other lacks.
+Every tolerance is a finite number >= 0 (NaN would make every comparison pass).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +52,22 @@ class Contract:
                 return rule.tolerance
         return self.default
 
+    def warnings(self, stage_ids: Iterable[str]) -> list[str]:
+        """What a run should be told about this contract on these stages: rules that match none of them,
+        and stages the contract skips (all of them: nothing is compared)."""
+        stage_ids = list(stage_ids)
+        out = [
+            f"contract rule {rule.pattern!r} matches no stage of the plan"
+            for rule in self.rules
+            if not any(fnmatch.fnmatchcase(stage_id, rule.pattern) for stage_id in stage_ids)
+        ]
+        skipped = [stage_id for stage_id in stage_ids if self.tolerance(stage_id).skip]
+        if stage_ids and len(skipped) == len(stage_ids):
+            out.append(f"the contract skips every stage ({len(skipped)}): nothing is compared")
+        elif skipped:
+            out.append(f"the contract skips {len(skipped)} of {len(stage_ids)} stages (e.g. {skipped[0]})")
+        return out
+
     def to_dict(self) -> dict:
         def tol(t: Tolerance) -> dict:
             return {
@@ -87,7 +106,7 @@ class Contract:
             body = {k: v for k, v in entry.items() if k != "pattern"}
             rules.append(StageRule(str(entry["pattern"]), _tolerance(body, default, f"{where}: stages[{position}]")))
         growth = data.get("growth_factor", 10.0)
-        if not isinstance(growth, (int, float)) or growth <= 1:
+        if isinstance(growth, bool) or not isinstance(growth, (int, float)) or not math.isfinite(growth) or growth <= 1:
             raise ContractError(f"{where}: growth_factor must be a number > 1, got {growth!r}", "use e.g. 10")
         return cls(
             str(data.get("name", Path(source).stem if source else "contract")),
@@ -109,8 +128,16 @@ def _tolerance(data: dict, base: Tolerance, where: str) -> Tolerance:
     for key, kind in fields.items():
         if key in data:
             value = data[key]
-            if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
-                raise ContractError(f"{where}: {key} must be a non-negative number, got {value!r}", f"set {key}: 0.08")
+            if kind is float and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0
+            ):
+                example = "0.0 (no failure allowed) up to 1.0" if key == "max_failure_fraction" else "0.08"
+                raise ContractError(
+                    f"{where}: {key} must be a finite, non-negative number, got {value!r}",
+                    f"set {key} to a number such as {example} (.nan, .inf and negative values would judge nothing)",
+                )
+            if key == "max_failure_fraction" and kind is float and value > 1:
+                raise ContractError(f"{where}: {key} is a fraction of the elements, got {value!r}", f"set {key}: 0.01")
             if kind is bool and not isinstance(value, bool):
                 raise ContractError(f"{where}: {key} must be true or false, got {value!r}", f"set {key}: true")
             values[key] = kind(value)

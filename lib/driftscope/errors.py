@@ -44,5 +44,9 @@ class HypothesisPatchError(DriftscopeError):
     """A hypothesis patch's dotted path cannot be imported or is not callable."""
 
 
+class ReportError(DriftscopeError):
+    """A report.json is missing, unreadable, of another schema, or of a run that did not complete."""
+
+
 class CompileError(DriftscopeError):
     """A compiler (iree-compile) rejected a lowered graph; the message carries its own diagnostic."""

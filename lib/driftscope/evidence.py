@@ -10,6 +10,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 from .atomic import write_text_atomic
+from .names import url_path
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:2em;color:#222}
@@ -82,7 +83,7 @@ def index_rows(directory: Path, summaries: list[dict]) -> list[dict]:
             if report.data.get("status") != "complete":
                 row["error"] = row["error"] or f"stopped at {report.data.get('stopped_at')}"
         for page in sorted(out.glob("*.html")) if out.exists() else []:
-            row["links"].append((f"{out.name}/{page.name}", page.name))
+            row["links"].append((url_path(out.name, page.name), page.name))
         rows.append(row)
     return rows
 
@@ -114,7 +115,7 @@ def write_index(directory: Path, summaries: list[dict]) -> Path:
         )
     body.append("</table>")
     page = (
-        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>driftscope {directory.name}'
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>driftscope {html.escape(directory.name)}'
         f"</title><style>{STYLE}</style></head><body>{''.join(body)}</body></html>"
     )
     target = directory / "index.html"

@@ -23,6 +23,7 @@ class VisionInputs:
     image_sizes: list[tuple[int, int]]  # (height, width) as loaded
     resized: list[tuple[int, int]] = field(default_factory=list)  # (height, width) after smart resize
     processor: dict = field(default_factory=dict)
+    conversions: list[str | None] = field(default_factory=list)  # per image: how it became RGB (None: it was)
     text: Any = None  # TextInputs when the run follows the prompt past the vision tower
 
     @property
@@ -45,24 +46,49 @@ class VisionInputs:
             "patches": int(self.pixel_values.shape[0]),
             "digest": self.digest,
             "processor": self.processor,
+            "conversions": self.conversions,
             **({"text": self.text.summary()} if self.text is not None else {}),
         }
 
 
 def load_image(path: str | Path):
-    """Open an image as RGB, or say clearly why it cannot be used."""
+    """Open an image in its own mode (RGBA, L, P, ...), or say clearly why it cannot be used."""
     from PIL import Image, UnidentifiedImageError
 
     path = Path(path)
     if not path.exists():
         raise InputError(
-            f"image {path} does not exist", "check the path in 'images' (relative paths are from the repository root)"
+            f"image {path} does not exist",
+            "check the path in 'images' (relative paths in a parameter file resolve against the repository "
+            "holding it, or its own folder outside a repository)",
         )
     try:
         with Image.open(path) as handle:
-            return handle.convert("RGB")
+            handle.load()
+            return handle.copy()
     except (UnidentifiedImageError, OSError) as err:
         raise InputError(f"{path} is not an image PIL can read ({err})", "pass a PNG or JPEG file") from err
+
+
+def as_processor_sees(image, processor, path: str | Path) -> tuple[Any, str | None]:
+    """The RGB image the checkpoint's processor makes of ``image`` and what was done (None: it was RGB).
+
+    Transparency is composited onto white and grayscale or palette images are expanded, with transformers'
+    own ``convert_to_rgb`` (what the Qwen processors run when ``do_convert_rgb`` is set)."""
+    from PIL import Image
+    from transformers.image_transforms import convert_to_rgb
+
+    if image.mode == "RGB":
+        return image, None
+    if not getattr(processor, "do_convert_rgb", True):
+        raise InputError(
+            f"image {path} is {image.mode}, and the checkpoint's processor does not convert images to RGB",
+            "save the image as RGB, or set do_convert_rgb: true in the checkpoint's preprocessor_config.json",
+        )
+    alpha = "A" in image.getbands() or image.info.get("transparency") is not None
+    done = "transparency composited onto white" if alpha else "converted to RGB"
+    converted = Image.fromarray(convert_to_rgb(image, return_numpy=True))
+    return converted, f"{image.mode}: {done} (as the processor's convert_to_rgb does)"
 
 
 def load_image_processor(checkpoint: Checkpoint):
@@ -101,10 +127,11 @@ def prepare_inputs(checkpoint: Checkpoint, image_paths: list[str | Path]) -> Vis
         raise InputError("no images given", "list at least one image under 'images'")
     processor = load_image_processor(checkpoint)
     settings = processor_settings(processor)
-    images, sizes, resized = [], [], []
+    images, sizes, resized, conversions = [], [], [], []
     factor = settings["patch_size"] * settings["merge_size"]
     for path in image_paths:
-        image = load_image(path)
+        image, conversion = as_processor_sees(load_image(path), processor, path)
+        conversions.append(conversion)
         width, height = image.size
         if width * height < settings["min_pixels"]:
             side = int(np.ceil(np.sqrt(settings["min_pixels"])))
@@ -131,4 +158,5 @@ def prepare_inputs(checkpoint: Checkpoint, image_paths: list[str | Path]) -> Vis
         image_sizes=sizes,
         resized=[tuple(int(v) for v in r) for r in resized],
         processor=settings,
+        conversions=conversions,
     )

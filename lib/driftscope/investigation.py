@@ -6,8 +6,10 @@ The report is written after every step, so a crash leaves a report that says whe
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
@@ -16,14 +18,15 @@ from typing import TYPE_CHECKING, TextIO
 from .checkpoint import open_checkpoint
 from .checkpoint_storage import checkpoint_storage
 from .compare import compare_tapsets
-from .contract import load_contract
 from .environment import current_commit, fingerprint
-from .errors import DriftscopeError, TapFileError
+from .errors import DriftscopeError, ReportError, TapFileError
 from .families import stage_plan
 from .inputs import prepare_inputs
+from .names import remove_partial_files, safe_name
 from .params import Parameters, load_parameters
+from .preflight import check_parameters
 from .report import Report, judge
-from .runlock import RunLock, run_lock
+from .runlock import RunLock, held_by_parent, run_lock, wait_for_result
 from .runtime_checks import apply_checks, capture_checks, observed_dtypes, unreadable
 from .runtimes import get_runtime
 from .stages import StagePlan
@@ -53,9 +56,9 @@ def log(message: str) -> None:
 
 
 def default_out_dir(params: Parameters, root: Path | None = None) -> Path:
-    """``outputs/<commit>/<name>/`` under the repository root."""
+    """``outputs/<commit>/<name>/`` under the repository root (the name made safe as a directory name)."""
     root = REPO_ROOT if root is None else root
-    return root / "outputs" / current_commit(root) / params.name
+    return root / "outputs" / current_commit(root) / safe_name(params.name)
 
 
 def investigate(
@@ -65,37 +68,69 @@ def investigate(
 
     One investigation writes into a directory at a time. With ``reuse``, a run of the same directory in
     progress in another process is waited for and its report returned; if it failed, its error is raised
-    rather than running it again (so too for a failed run by this process's parent: ``driftscope run``
-    runs the investigation itself and starts the notebook's kernel). Without ``reuse``, a run in progress
-    is an error. ``lock``: the directory's lock, already held by the caller.
+    rather than running it again (so too in a notebook started by ``driftscope run``, which runs the
+    investigation itself and holds the directory until its notebooks are rendered). A run that was killed
+    (its report says ``running`` but its process is gone) is run again. Without ``reuse``, a run in
+    progress is an error. ``lock``: the directory's lock, already held by the caller.
     """
     if not isinstance(params, Parameters):
         params = load_parameters(params)
     out = Path(out_dir) if out_dir else default_out_dir(params)
+    if lock is None and reuse and held_by_parent(out):
+        wait_for_result(out)  # this is a notebook of the `driftscope run` that holds the directory
+        return _finished(params, out, waited=True, parent=True)
     with nullcontext(lock) if lock else run_lock(out, wait=reuse, log=log) as held:
         report_path = out / "report.json"
-        if reuse and report_path.exists():
-            previous = Report.load(report_path)
-            if previous.data.get("parameters_digest") == params.digest:
-                if previous.data.get("status") == "complete":
-                    if held.waited and (out / LOG_NAME).exists():  # show the progress of the run waited for
-                        print((out / LOG_NAME).read_text(), end="", flush=True)
-                    log(f"reusing the finished run in {out}")
-                    return previous
-                # the run this process waited for, or the one its parent ran (the CLI that started this kernel)
-                if held.waited or previous.data.get("pid") == os.getppid():
-                    error = previous.data.get("error") or {}
-                    cause = f"{error['type']}: {error['message']}" if error else "no error recorded (killed?)"
-                    raise InvestigationFailed(
-                        f"the investigation this run waited for stopped at {previous.data.get('stopped_at')}: {cause}",
-                        f"see {report_path} and {out / LOG_NAME}; fix the cause and run again",
-                    )
+        if reuse:
+            previous = _finished(params, out, held.waited)
+            if previous is not None:
+                return previous
         with open(out / LOG_NAME, "w", encoding="utf-8") as log_file:
             _log_files.append(log_file)
             try:
                 return _investigate(params, out, report_path)
             finally:
                 _log_files.remove(log_file)
+
+
+def _finished(params: Parameters, out: Path, waited: bool, parent: bool = False) -> Report | None:
+    """The finished report of these parameters in ``out``, or None to run them (again).
+
+    A failed report of the run this process ``waited`` for (or its ``parent`` ran) raises its error instead."""
+    report_path = out / "report.json"
+    try:
+        previous = Report.load(report_path) if report_path.exists() or parent else None
+    except ReportError as err:
+        if parent:
+            raise InvestigationFailed(
+                f"the run that started this notebook left no usable report: {err.problem}",
+                f"see {out / LOG_NAME} and the run's own output",
+            ) from None
+        log(f"ignoring the unreadable report in {out}: {err.problem}")
+        return None
+    if previous is None or previous.data.get("parameters_digest") != params.digest:
+        if parent:
+            raise InvestigationFailed(
+                f"the run that started this notebook (pid {os.getppid()}) wrote no report of these parameters",
+                f"see {out / LOG_NAME} and the run's own output",
+            )
+        return None
+    status = previous.status
+    if status == "complete":
+        if waited and (out / LOG_NAME).exists():  # show the progress of the run waited for
+            print((out / LOG_NAME).read_text(), end="", flush=True)
+        log(f"reusing the finished run in {out}")
+        return previous
+    if waited:
+        error = previous.data.get("error") or {}
+        cause = f"{error['type']}: {error['message']}" if error else f"no error recorded ({previous.stopped()})"
+        raise InvestigationFailed(
+            f"the investigation this run waited for stopped at {previous.data.get('stopped_at')}: {cause}",
+            f"see {report_path} and {out / LOG_NAME}; fix the cause and run again",
+        )
+    if status == "dead":
+        log(f"the run in {out} died: {previous.stopped()}; running it again")
+    return None
 
 
 def _investigate(params: Parameters, out: Path, report_path: Path) -> Report:
@@ -108,15 +143,27 @@ def _investigate(params: Parameters, out: Path, report_path: Path) -> Report:
         parameters_file=params.source,
         parameters_digest=params.digest,
         pid=os.getpid(),
+        host=socket.gethostname(),
         environment=fingerprint(),
     )
+    removed = remove_partial_files(out)
+    if removed:
+        log(f"removed {len(removed)} partial file(s) an earlier run left (e.g. {removed[0].name})")
     try:
         _run(params, report, out)
     except BaseException as err:
         report.fail(err)
         log(f"stopped at {report.data['stopped_at']}: {type(err).__name__}: {err}")
+        _log_detail("".join(traceback.format_exception(err)))
         raise
     return report
+
+
+def _log_detail(text: str) -> None:
+    """Write ``text`` (e.g. a traceback) to the run's log file only."""
+    for handle in _log_files:
+        handle.write(text)
+        handle.flush()
 
 
 def _replay_one(report: Report, out: Path, label: str, runtime, reference, candidate, contract, plan) -> list:
@@ -128,7 +175,7 @@ def _replay_one(report: Report, out: Path, label: str, runtime, reference, candi
     report.step(f"replay:{label}")
     log(f"replay {label} on {reference.label}'s stage inputs")
     accumulated = compare_tapsets(reference, candidate, contract, plan)
-    safe = label.replace(":", "-").replace("/", "-")
+    safe = safe_name(label)
     drill = drill_down(
         reference,
         runtime,
@@ -194,7 +241,7 @@ def _capture_one(
     """One runtime's capture (and replay) into ``tapsets`` and the report; its model is released after."""
     report.step(f"capture:{spec.display}")
     log(f"capture {spec.display}: {len(plan)} stages")
-    safe = spec.display.replace(":", "-").replace("/", "-")
+    safe = safe_name(spec.display)
     try:
         tapset = runtime.capture(
             inputs, plan, out / "taps" / safe, progress=lambda message, label=spec.display: log(f"  {label}: {message}")
@@ -238,9 +285,10 @@ def _capture_one(
 
 
 def _run(params: Parameters, report: Report, out: Path) -> None:
+    report.step("parameters")
+    contract = check_parameters(params)  # every parameter error before any model loads
     report.step("checkpoint")
     checkpoint = open_checkpoint(params.checkpoint, params.family)
-    contract = load_contract(params.contract)
     plan = stage_plan(checkpoint.family, checkpoint.config).select(params.stages)
     if params.text:
         from .families.qwen2_5_vl import text_stages
@@ -335,3 +383,5 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
     report.step("done")
     verdict = report.data["verdict"]
     log(f"verdict: {verdict['status']}" + "".join(f"\n  {reason}" for reason in verdict["reasons"]))
+    for warning in report.data.get("warnings") or []:
+        log(f"warning: {warning}")

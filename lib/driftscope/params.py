@@ -1,4 +1,10 @@
-"""Parameter files: one investigation each, validated with errors that list the valid keys."""
+"""Parameter files: one investigation each, validated with errors that list the valid keys.
+
+Relative paths in a parameter file (checkpoint, images, contract, a patch's ``file.py``, a runtime's
+``options.path``) resolve against one root: the repository holding the file (the nearest folder above it
+with a ``.git``), or the file's own folder outside a repository. The same file then works from the
+repository root, from ``notebooks/`` (where JupyterLab's kernel runs) and from anywhere else.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ from typing import Any
 import yaml
 
 from .errors import ParameterError
+from .names import safe_name
 from .patches import HypothesisPatch, parse_patch
 from .stages import StageSelection
 
@@ -34,6 +41,10 @@ TOP_KEYS = {
     "notebooks": "notebooks to render for this run (default: [01_stage_parity])",
 }
 RUNTIME_KEYS = {"runtime", "policy", "patch", "label", "options"}
+PATH_RULE = (
+    "relative paths in a parameter file resolve against the repository holding it "
+    "(or its own folder outside a repository)"
+)
 STAGE_KEYS = {"blocks", "substages", "include", "exclude"}
 
 
@@ -53,7 +64,7 @@ class RuntimeSpec:
         return {
             "runtime": self.runtime,
             "policy": self.policy,
-            "patch": None if self.patch is None else {"callable": self.patch.target, "kwargs": self.patch.kwargs},
+            "patch": None if self.patch is None else {"callable": self.patch.located, "kwargs": self.patch.kwargs},
             "label": self.display,
             "options": self.options,
         }
@@ -202,7 +213,27 @@ def _power(data: Any) -> dict | None:
     }
 
 
-def _runtime(entry: Any, position: int) -> RuntimeSpec:
+def parameter_root(path: str | Path) -> Path:
+    """What relative paths in the parameter file ``path`` resolve against: the nearest folder above it
+    holding a ``.git`` (its repository), or the file's own folder outside a repository."""
+    folder = Path(path).resolve().parent
+    for candidate in (folder, *folder.parents):
+        if (candidate / ".git").exists():
+            return candidate
+    return folder
+
+
+def _resolve(value: str | Path, base: Path) -> Path:
+    candidate = Path(value).expanduser()
+    return candidate if candidate.is_absolute() else base / candidate
+
+
+def _patch_file(patch: HypothesisPatch | None, base: Path) -> HypothesisPatch | None:
+    """A patch whose relative ``file.py`` is found under the parameter file's root (recorded as written)."""
+    return None if patch is None else HypothesisPatch(patch.target, patch.kwargs, base)
+
+
+def _runtime(entry: Any, position: int, base: Path) -> RuntimeSpec:
     where = f"runtimes[{position}]"
     if isinstance(entry, str):
         runtime, _, policy = entry.partition(":")
@@ -215,19 +246,25 @@ def _runtime(entry: Any, position: int) -> RuntimeSpec:
     label = entry.get("label")
     if label is not None:
         _expect(label, str, f"{where}.label", "mlx-f16-norm2-f32")
+    options = dict(options)
+    if isinstance(options.get("path"), str):  # e.g. the tapfile runtime's TapSet
+        options["path"] = str(_resolve(options["path"], base))
     return RuntimeSpec(
         _expect(entry["runtime"], str, f"{where}.runtime", "mlx"),
         _expect(entry.get("policy", "f32"), str, f"{where}.policy", "f16"),
-        parse_patch(entry.get("patch")),
+        _patch_file(parse_patch(entry.get("patch")), base),
         label,
-        dict(options),
+        options,
     )
 
 
 def parse_parameters(data: Any, source: str | None = None, base: Path | None = None) -> Parameters:
-    """Validate a parameter mapping; relative paths resolve against ``base`` (default: the cwd)."""
+    """Validate a parameter mapping; relative paths resolve against ``base`` (default: the root of the
+    parameter file ``source`` when it is one, see :func:`parameter_root`; else the cwd)."""
     where = source or "parameters"
-    base = Path.cwd() if base is None else Path(base)
+    if base is None:
+        base = parameter_root(source) if source and Path(source).is_file() else Path.cwd()
+    base = Path(base)
     _expect(data, dict, where, "a YAML mapping with checkpoint, images and runtimes")
     _unknown(data, TOP_KEYS, where)
     for key in ("checkpoint", "images", "runtimes"):
@@ -236,8 +273,7 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
 
     def path(value: Any, key: str) -> Path:
         _expect(value, str, key, "fixtures/images/shapes_448.png")
-        candidate = Path(value).expanduser()
-        return candidate if candidate.is_absolute() else base / candidate
+        return _resolve(value, base)
 
     images = _expect(data["images"], list, "images", "[fixtures/images/shapes_448.png]")
     runtimes = _expect(data["runtimes"], list, "runtimes", "[{runtime: transformers}, {runtime: mlx, policy: f16}]")
@@ -245,11 +281,18 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
         raise ParameterError(
             "runtimes lists fewer than two runtimes; nothing to compare", "list a reference and at least one candidate"
         )
-    specs = [_runtime(entry, i) for i, entry in enumerate(runtimes)]
+    specs = [_runtime(entry, i, base) for i, entry in enumerate(runtimes)]
     labels = [spec.display for spec in specs]
     duplicates = sorted({label for label in labels if labels.count(label) > 1})
     if duplicates:
         raise ParameterError(f"runtime labels repeat: {duplicates}", "give repeated runtimes distinct 'label's")
+    files = [safe_name(label) for label in labels]
+    clashes = sorted({label for label, file in zip(labels, files, strict=True) if files.count(file) > 1})
+    if clashes:
+        raise ParameterError(
+            f"runtime labels {clashes} name the same TapSet file ({safe_name(clashes[0])})",
+            "give them labels that differ in more than ':' versus '-'",
+        )
     reference = data.get("reference")
     if reference is not None and reference not in labels:
         raise ParameterError(f"reference {reference!r} is not one of the runtimes {labels}", "name one of them")
@@ -309,13 +352,28 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
     )
 
 
+def find_parameter_file(path: str | Path) -> Path:
+    """``path``, or a relative path not found from the cwd looked up at the cwd's repository root
+    (a notebook opened in JupyterLab runs in ``notebooks/`` and names ``parameters/x.yaml``)."""
+    path = Path(path).expanduser()
+    if path.exists() or path.is_absolute():
+        return path
+    in_repository = parameter_root(Path.cwd() / "_") / path
+    return in_repository if in_repository.exists() else path
+
+
 def load_parameters(path: str | Path, base: Path | None = None) -> Parameters:
-    """Read and validate a parameter YAML file."""
-    path = Path(path)
+    """Read and validate a parameter YAML file; relative paths in it resolve against ``base`` (default:
+    :func:`parameter_root` of the file)."""
+    given = path
+    path = find_parameter_file(path)
     if not path.exists():
-        raise ParameterError(f"parameter file {path} does not exist", "pass a YAML file from parameters/")
+        raise ParameterError(
+            f"parameter file {given} does not exist (looked in {Path.cwd()} and its repository root)",
+            "pass a YAML file from parameters/",
+        )
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
         raise ParameterError(f"parameter file {path} is not valid YAML: {err}", "fix the YAML syntax") from err
-    return parse_parameters(data, str(path), base)
+    return parse_parameters(data, str(path), parameter_root(path) if base is None else base)

@@ -21,13 +21,30 @@ from .errors import HypothesisPatchError
 class HypothesisPatch:
     target: str
     kwargs: dict = field(default_factory=dict)
+    root: Path | None = field(default=None, compare=False)  # what a relative ``file.py`` is relative to
 
     def resolve(self) -> Callable[..., Any]:
-        return resolve_callable(self.target)
+        return resolve_callable(self.target, self.root)
+
+    @property
+    def located(self) -> str:
+        """``target`` with a relative ``file.py`` made absolute under ``root`` (valid from any directory)."""
+        module, _, attr = self.target.rpartition(":")
+        if self.root is None or not module.endswith(".py") or Path(module).expanduser().is_absolute():
+            return self.target
+        return f"{Path(self.root) / module}:{attr}"
 
     def apply(self, model: Any) -> Any:
+        """Call the patch on ``model``; an exception it raises becomes a :class:`HypothesisPatchError`
+        naming the patch (the original traceback stays chained to it, and goes to the run's log)."""
         function = self.resolve()
-        result = function(model, **self.kwargs)
+        try:
+            result = function(model, **self.kwargs)
+        except Exception as err:
+            raise HypothesisPatchError(
+                f"patch {self.target} raised {type(err).__name__}: {err}",
+                "fix the patch function (its traceback is in the run's investigation.log) or drop it from 'runtimes'",
+            ) from err
         return model if result is None else result
 
     def describe(self) -> dict:
@@ -35,8 +52,9 @@ class HypothesisPatch:
         return {"target": self.target, "kwargs": self.kwargs, "doc": inspect.getdoc(function) or ""}
 
 
-def resolve_callable(target: str) -> Callable[..., Any]:
-    """Import the callable named by ``target`` or explain why it cannot be found."""
+def resolve_callable(target: str, root: Path | None = None) -> Callable[..., Any]:
+    """Import the callable named by ``target`` (a relative ``file.py`` under ``root``, default the cwd)
+    or explain why it cannot be found."""
     if ":" in target:
         module_name, attr = target.rsplit(":", 1)
     elif "." in target:
@@ -47,10 +65,14 @@ def resolve_callable(target: str) -> Callable[..., Any]:
         )
     try:
         if module_name.endswith(".py"):
-            path = Path(module_name)
+            path = Path(module_name).expanduser()
+            if root is not None and not path.is_absolute():
+                path = Path(root) / path
             if not path.exists():
                 raise HypothesisPatchError(
-                    f"patch file {path} does not exist", "check the path (relative to the repository root)"
+                    f"patch file {path} does not exist",
+                    "check the path (in a parameter file, a relative path is resolved against the repository "
+                    "holding that file, or its own folder outside a repository)",
                 )
             spec = importlib.util.spec_from_file_location(f"driftscope_patch_{path.stem}", path)
             module = importlib.util.module_from_spec(spec)
@@ -61,6 +83,13 @@ def resolve_callable(target: str) -> Callable[..., Any]:
         raise HypothesisPatchError(
             f"cannot import {module_name!r} for hypothesis patch {target!r}: {err}",
             "make the module importable (installed or on PYTHONPATH) or use 'file.py:function'",
+        ) from err
+    except HypothesisPatchError:
+        raise
+    except Exception as err:  # a module that fails while it is imported (SyntaxError, its own errors)
+        raise HypothesisPatchError(
+            f"importing {module_name!r} for hypothesis patch {target!r} raised {type(err).__name__}: {err}",
+            "fix the module so that it imports",
         ) from err
     function = getattr(module, attr, None)
     if not callable(function):

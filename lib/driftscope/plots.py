@@ -81,6 +81,7 @@ def error_curves(report: Report, metrics: tuple[str, ...] = ("max_abs", "rms", "
 def input_images(report: Report, window_px: int = 112) -> Figure:
     """The input images as the processor resized them, with the attention-window grid drawn over."""
     from PIL import Image
+    from transformers.image_transforms import convert_to_rgb
 
     inputs = report.data.get("inputs", {})
     paths = inputs.get("images", [])
@@ -88,8 +89,9 @@ def input_images(report: Report, window_px: int = 112) -> Figure:
     axes = figure.subplots(1, max(len(paths), 1), squeeze=False)[0]
     for axis, path, size, grid in zip(axes, paths, inputs.get("resized", []), inputs.get("grid_thw", []), strict=False):
         height, width = size
-        with Image.open(path) as image:
-            axis.imshow(np.asarray(image.convert("RGB").resize((width, height))))
+        with Image.open(path) as image:  # RGB as the processor made it (transparency onto white)
+            rgb = Image.fromarray(convert_to_rgb(image, return_numpy=True))
+            axis.imshow(np.asarray(rgb.resize((width, height))))
         for x in range(window_px, width, window_px):
             axis.axvline(x, color="white", linewidth=0.8)
         for y in range(window_px, height, window_px):
@@ -121,7 +123,14 @@ def stage_table(report: Report, only_failing: bool = False):
         return "background-color: #f8d0d0" if value in ("fail", "shape_mismatch", "layout_mismatch") else ""
 
     formats = {column: "{:.3g}" for column in table.columns if column.endswith("max_abs")}
-    return table.style.map(highlight).format(formats, na_rep="")
+    # a Styler writes labels raw into its HTML: every value, stage id and runtime label is escaped
+    return (
+        table.style.map(highlight)
+        .format(na_rep="", escape="html")
+        .format(formats, na_rep="", escape="html")
+        .format_index(escape="html", axis=0)
+        .format_index(escape="html", axis=1)
+    )
 
 
 def mutation_curves(report: Report) -> Figure:

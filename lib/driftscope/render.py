@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
 
+from .atomic import write_text_atomic
 from .errors import DriftscopeError
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
@@ -119,12 +119,14 @@ def _since(path: Path, started: float) -> bool:
 
 
 def _stopped_at(report_path: Path) -> str | None:
-    """Where a report's investigation stopped with an error, or None (no report, or it did not fail)."""
+    """Where a report's investigation stopped with an error or was killed, or None (no report, or it did not)."""
+    from .report import Report
+
     try:
-        data = json.loads(report_path.read_text())
-    except (OSError, ValueError):
+        report = Report.load(report_path)
+    except DriftscopeError:
         return None
-    return str(data.get("stopped_at")) if data.get("status") == "error" else None
+    return str(report.data.get("stopped_at")) if report.status in ("error", "dead") else None
 
 
 def investigate_and_render(params, params_path: Path, out_dir: Path, reuse: bool, cwd: Path, log) -> dict[str, str]:
@@ -132,25 +134,29 @@ def investigate_and_render(params, params_path: Path, out_dir: Path, reuse: bool
 
     The kernel's start-up and the notebook's imports overlap the investigation's own; each notebook's
     ``investigate(..., reuse=True)`` waits for this run (the output directory's lock) and reads its report.
-    Returns ``{notebook: error}`` like :func:`run_notebooks`; a failed investigation shows in the notebooks.
+    Returns ``{notebook: error}`` like :func:`run_notebooks` (``"investigation"``: the investigation's own
+    error); a failed investigation shows in the notebooks. The output directory stays locked until the last
+    notebook is rendered, so no other run can replace the report under them.
     """
     from .investigation import investigate
-    from .runlock import run_lock
+    from .runlock import result_lock, run_lock
 
     errors: dict[str, str] = {}
 
     def notebooks() -> None:
         errors.update(run_notebooks(params.notebooks, out_dir, params_path, True, cwd, log, echo=False))
 
-    with run_lock(out_dir) as lock:  # held before the kernel can ask for it
+    with run_lock(out_dir) as lock:  # held before the kernel can ask for it, until the last notebook is rendered
         thread = threading.Thread(target=notebooks, name="driftscope-notebooks", daemon=True)
-        thread.start()
-        try:
-            investigate(params, out_dir, reuse=reuse, lock=lock)
-        except Exception as err:  # noqa: BLE001 - the report records where it stopped; the notebooks show it
-            if not _stopped_at(out_dir / "report.json"):  # it failed before its report could say so
-                log(f"the investigation could not start: {type(err).__name__}: {err}")
-    thread.join()
+        with result_lock(out_dir):  # this run's kernels wait on this one for the report
+            thread.start()
+            try:
+                investigate(params, out_dir, reuse=reuse, lock=lock)
+            except Exception as err:  # noqa: BLE001 - the report records where it stopped; the notebooks show it
+                errors["investigation"] = f"{type(err).__name__}: {err}"
+                if not _stopped_at(out_dir / "report.json"):  # it failed before its report could say so
+                    log(f"the investigation could not start: {type(err).__name__}: {err}")
+        thread.join()
     return errors
 
 
@@ -171,6 +177,6 @@ def to_html(executed: Path) -> tuple[Path, Path]:
         )
         body, _ = exporter.from_notebook_node(notebook)
         target = executed.with_name(executed.stem + suffix)
-        target.write_text(body, encoding="utf-8")
+        write_text_atomic(target, body)
         written.append(target)
     return written[0], written[1]

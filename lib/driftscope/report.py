@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,7 +13,7 @@ from typing import Any
 from .atomic import write_json_atomic
 from .compare import ComparisonRow, compare_tapsets, first_divergence, growth_stages
 from .contract import Contract
-from .errors import TapFileError
+from .errors import ReportError, TapFileError
 from .runtime_checks import apply_checks
 from .stages import Stage, StagePlan
 from .tapset import TapSet
@@ -49,13 +51,26 @@ class Report:
 
     @classmethod
     def load(cls, path: str | Path) -> Report:
+        """Read a report (or a run directory's), or raise :class:`ReportError` saying what is wrong with it."""
         path = Path(path)
+        fix = "pass a run's output directory (outputs/<commit>/<name>/) or its report.json"
         if path.is_dir():
+            if not (path / "report.json").exists():
+                raise ReportError(f"{path} holds no report.json", fix)
             path = path / "report.json"
-        data = json.loads(path.read_text())
-        if data.get("schema_version") != SCHEMA_VERSION:
-            raise TapFileError(
-                f"report {path} has schema_version {data.get('schema_version')}",
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ReportError(f"report {path} does not exist", fix) from None
+        except (OSError, UnicodeDecodeError, ValueError) as err:
+            raise ReportError(
+                f"report {path} is not readable JSON ({err})", "re-run the investigation that writes it"
+            ) from None
+        version = data.get("schema_version") if isinstance(data, dict) else None
+        if version != SCHEMA_VERSION:
+            what = f"has schema_version {version!r}" if isinstance(data, dict) else "is not a JSON object"
+            raise ReportError(
+                f"{path} is not a driftscope report of this version: it {what}",
                 f"this driftscope reads schema_version {SCHEMA_VERSION}; re-run the investigation",
             )
         return cls(path, data)
@@ -76,6 +91,28 @@ class Report:
         self.data.setdefault("verdict", {})
         self.data["verdict"] = {"status": "error", "reasons": [f"stopped at {self.data.get('stopped_at')}: {err}"]}
         self.save()
+
+    # the run's state ----------------------------------------------------------------------------
+    @property
+    def status(self) -> str:
+        """``complete``, ``error``, ``running``, or ``dead``: a running report whose process is gone (killed)."""
+        status = str(self.data.get("status", "unknown"))
+        if status == "running" and not process_alive(self.data.get("pid"), self.data.get("host")):
+            return "dead"
+        return status
+
+    def stopped(self) -> str:
+        """Where an unfinished run stopped and why, in one line (empty for a complete run)."""
+        status = self.status
+        where = f"stopped at {self.data.get('stopped_at')}"
+        if status == "dead":
+            return f"{where} (process {self.data.get('pid')} is gone)"
+        if status == "running":
+            return f"running, at {self.data.get('stopped_at')} (process {self.data.get('pid')})"
+        if status == "error":
+            error = self.data.get("error") or {}
+            return f"{where}: {error.get('type', 'error')}: {error.get('message', '')}"
+        return ""
 
     # convenient views -------------------------------------------------------------------------
     @property
@@ -124,6 +161,25 @@ class Report:
         return rows_frame(self.rows)
 
 
+def process_alive(pid: object, host: object = None) -> bool:
+    """Whether process ``pid`` still runs (a zombie does not); a process on another host counts as alive."""
+    if host is not None and host != socket.gethostname():
+        return True
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
 def pair_key(reference: str, candidate: str, main_reference: str) -> str:
     """How a runtime pair is named in the report: the candidate's label when judged against the main reference."""
     return candidate if reference == main_reference else f"{candidate} vs {reference}"
@@ -160,33 +216,23 @@ def judge(
             row.pair = key
         rows.extend(pair_rows)
         divergence = first_divergence(pair_rows)
-        first[key] = (
-            None
-            if divergence is None
-            else {
-                "stage": divergence.stage,
-                "status": divergence.status,
-                "failures": divergence.failures,
-                "elements": divergence.elements,
-                "max_abs": divergence.max_abs,
-                "max_coords": divergence.max_coords,
-                "reference_value": divergence.max_reference_value,
-                "candidate_value": divergence.max_candidate_value,
-                "note": divergence.note,
-            }
-        )
+        first[key] = None if divergence is None else _divergence_record(divergence)
         growth[key] = growth_stages(pair_rows, contract.growth_factor, side=side)
         onset[key] = next((row.stage for row in pair_rows if not row.integer and row.relative_rms > DRIFT_FLOOR), None)
         missing = [row.stage for row in pair_rows if row.status == "missing"]
-        failed = divergence is not None
+        compared_rows = [row for row in pair_rows if row.status not in ("missing", "skipped")]
+        failed = divergence is not None or not compared_rows
         per_candidate[key] = "fail" if failed else "pass"
-        if failed:
-            reasons.append(
-                f"{key}: first divergence at {divergence.stage} "
-                f"({divergence.failures}/{divergence.elements} elements over tolerance)"
-            )
+        if divergence is not None:
+            reasons.append(f"{key}: first divergence at {divergence.stage} ({_divergence_reason(divergence)})")
+        if not compared_rows:
+            reasons.append(f"{key}: no stage was compared (every stage skipped by the contract or missing)")
         if missing:
             reasons.append(f"{key}: {len(missing)} stages captured by only one side (e.g. {missing[0]})")
+        for row in pair_rows:
+            if row.warning:
+                reasons.append(f"{key}: {row.stage}: {row.warning}")
+    warnings = contract.warnings(plan.ids())
     status = "fail" if any(v == "fail" for v in per_candidate.values()) else "pass"
     return {
         "pairs": pairs_out,
@@ -194,8 +240,36 @@ def judge(
         "first_divergence": first,
         "growth": growth,
         "drift_onset": onset,
+        "warnings": warnings,
         "verdict": {"status": status, "per_candidate": per_candidate, "reasons": reasons},
     }
+
+
+def _divergence_record(row: ComparisonRow) -> dict:
+    """The first divergent stage of a pair: where its worst element is (the first non-finite one, if any)."""
+    nonfinite = row.first_nonfinite
+    return {
+        "stage": row.stage,
+        "status": row.status,
+        "failures": row.failures,
+        "elements": row.elements,
+        "max_abs": row.max_abs,
+        "max_coords": nonfinite["coords"] if nonfinite else row.max_coords,
+        "reference_value": nonfinite["reference"] if nonfinite else row.max_reference_value,
+        "candidate_value": nonfinite["candidate"] if nonfinite else row.max_candidate_value,
+        "nonfinite_mismatch": row.nonfinite_mismatch,
+        "note": row.note,
+    }
+
+
+def _divergence_reason(row: ComparisonRow) -> str:
+    if row.first_nonfinite:
+        where = row.first_nonfinite
+        return (
+            f"{row.nonfinite_mismatch} non-finite value(s) the other side lacks; first at {where['coords']}: "
+            f"reference {where['reference']}, candidate {where['candidate']}"
+        )
+    return f"{row.failures}/{row.elements} elements over tolerance"
 
 
 def _rejudge_replay(report: Report, reference: TapSet, rows: list[dict], contract: Contract) -> dict:
@@ -218,8 +292,15 @@ def _rejudge_replay(report: Report, reference: TapSet, rows: list[dict], contrac
 
 
 def rejudge(report_path: str | Path, contract: Contract, out_path: str | Path | None = None) -> Report:
-    """Re-apply another contract to a saved run's TapSets; no runtime is run again."""
+    """Re-apply another contract to a saved run's TapSets; no runtime is run again.
+
+    Only a complete run is re-judged: a failed, killed or running one has not captured every runtime."""
     report = Report.load(report_path)
+    if report.status != "complete":
+        raise ReportError(
+            f"{report.path} is of a run that did not complete ({report.status}: {report.stopped()})",
+            "rejudge re-applies a contract to a finished run; run it to the end first (driftscope run)",
+        )
     labels = [runtime["label"] for runtime in report.data["runtimes"]]
     reference_label = report.data["reference"]
     reference = report.tapset(reference_label)

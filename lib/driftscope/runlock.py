@@ -1,9 +1,10 @@
-"""One investigation per output directory at a time: an exclusive ``flock`` on ``<out>/.investigation.lock``.
+"""One run per output directory at a time: an exclusive ``flock`` on ``<out>/.investigation.lock``.
 
 A second process asking for the same directory either fails with a clear error or, when it only wants
-the result (``reuse``), waits for the running one and then reads its report. This is how ``driftscope
-run`` runs the investigation in its own process while papermill starts the notebook's kernel: the
-notebook's ``investigate(..., reuse=True)`` waits for the run instead of starting a second one.
+the result (``reuse``), waits for the running one and then reads its report. ``driftscope run`` holds
+the directory until its last notebook is rendered, and ``<out>/.result.lock`` while its investigation
+runs: the notebooks it starts (their kernels are its children) wait on that one for the report, so a
+second run cannot re-investigate under notebooks that are still rendering the first one's report.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from .errors import DriftscopeError
 
 LOCK_NAME = ".investigation.lock"
+RESULT_NAME = ".result.lock"
 
 
 class BusyError(DriftscopeError):
@@ -73,3 +75,43 @@ def run_lock(out: Path, wait: bool = False, log: Callable[[str], None] | None = 
             yield lock
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
+def result_lock(out: Path) -> Iterator[None]:
+    """Held by ``driftscope run`` while its investigation writes the report its notebooks will read."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(Path(out) / RESULT_NAME, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def held_by_parent(out: Path) -> bool:
+    """Whether the directory's lock is held by this process's parent (a ``driftscope run`` whose notebook this is)."""
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    path = Path(out) / LOCK_NAME
+    if holder(out) != str(os.getppid()) or not path.exists():
+        return False
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return False
+
+
+def wait_for_result(out: Path) -> None:
+    """Wait until no investigation holds ``out``'s result lock (its report is then final)."""
+    with result_lock(out):
+        pass

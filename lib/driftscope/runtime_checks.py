@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from .markup import code, text
 from .tapset import TapSet
 
 COULD_NOT_RUN = "could not run"
@@ -121,14 +122,15 @@ def apply_checks(data: dict, checks: dict[str, list[dict]]) -> None:
             if _RANK[status] > _RANK.get(per_pair.get(key, "pass"), 1):
                 per_pair[key] = status
         reasons.extend(f"{label}: {entry['check']} {entry['status']}: {entry['detail']}" for entry in bad)
-    if any(status != "pass" for status in per_pair.values()):
-        verdict["status"] = "fail"
+    worst = max(per_pair.values(), key=lambda status: _RANK.get(status, 1), default="pass")
+    if _RANK.get(worst, 1) > 0:  # a runtime that could not run leaves the run unjudged: exit 2, not 1
+        verdict["status"] = COULD_NOT_RUN if worst == COULD_NOT_RUN else "fail"
 
 
 def checks_markdown(data: dict, statuses: tuple[str, ...] = ("warn", "fail", COULD_NOT_RUN)) -> str:
     """The checks whose status is one of ``statuses``, one line each (empty when there are none)."""
     lines = [
-        f"- `{label}` {entry['check']}: **{entry['status']}**: {entry['detail']}"
+        f"- {code(label)} {text(entry['check'])}: **{text(entry['status'])}**: {text(entry['detail'])}"
         for label, entries in (data.get("checks") or {}).items()
         for entry in entries
         if entry["status"] in statuses

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from .errors import ParameterError
+from .errors import ParameterError, ReportError
 from .report import Report
 
 
@@ -31,10 +31,16 @@ def resolve_commit_dir(out_root: Path, revision: str) -> Path:
     )
 
 
-def reports(commit_dir: Path) -> dict[str, Report]:
+def reports(commit_dir: Path, unreadable: dict[str, str] | None = None) -> dict[str, Report]:
+    """The runs of one commit directory by name; reports that cannot be read go to ``unreadable`` (name -> why)."""
     found = {}
     for path in sorted(Path(commit_dir).glob("*/report.json")):
-        report = Report.load(path)
+        try:
+            report = Report.load(path)
+        except ReportError as err:
+            if unreadable is not None:
+                unreadable[path.parent.name] = err.problem
+            continue
         found[report.data.get("name") or path.parent.name] = report
     return found
 
@@ -78,9 +84,15 @@ def diff_reports(a: Report, b: Report, factor: float = 1.5, floor: float = 1e-6)
 
 
 def diff_commits(dir_a: Path, dir_b: Path, factor: float = 1.5, floor: float = 1e-6) -> dict:
-    ra, rb = reports(dir_a), reports(dir_b)
+    bad_a: dict[str, str] = {}
+    bad_b: dict[str, str] = {}
+    ra, rb = reports(dir_a, bad_a), reports(dir_b, bad_b)
     out = {"before": Path(dir_a).name, "after": Path(dir_b).name, "runs": {}}
+    for name, why in [*bad_a.items(), *bad_b.items()]:
+        out["runs"][name] = {"unreadable": why}
     for name in sorted(set(ra) | set(rb)):
+        if name in out["runs"]:
+            continue
         if name not in ra or name not in rb:
             out["runs"][name] = {"only_in": Path(dir_b if name in rb else dir_a).name}
             continue
@@ -88,9 +100,26 @@ def diff_commits(dir_a: Path, dir_b: Path, factor: float = 1.5, floor: float = 1
     return out
 
 
+def diff_exit_code(diff: dict) -> int:
+    """2: a report could not be read; 1: a run got worse (a verdict no longer passes, or a stage is worse); else 0."""
+    runs = diff["runs"].values()
+    if any("unreadable" in run for run in runs):
+        return 2
+    for run in runs:
+        verdict = run.get("verdict", {})
+        if verdict.get("before") == "pass" and verdict.get("after") != "pass":
+            return 1
+        if any(change["change"] == "worse" for change in run.get("stages", [])):
+            return 1
+    return 0
+
+
 def format_diff(diff: dict) -> str:
     lines = [f"driftscope diff {diff['before']} -> {diff['after']}"]
     for name, run in diff["runs"].items():
+        if "unreadable" in run:
+            lines.append(f"\n{name}: unreadable ({run['unreadable']})")
+            continue
         if "only_in" in run:
             lines.append(f"\n{name}: only in {run['only_in']}")
             continue

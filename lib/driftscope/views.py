@@ -2,24 +2,25 @@
 
 from __future__ import annotations
 
+from .markup import code, text
 from .report import Report
 from .runtime_checks import checks_markdown
 
 
 def summary_markdown(report: Report) -> str:
-    """Verdict, first divergence per candidate, drift onset and growth, as Markdown."""
+    """Verdict, first divergence per candidate, drift onset and growth, as Markdown (every value escaped)."""
     data = report.data
     verdict = data.get("verdict", {})
+    contract = data.get("contract") or {}
+    tolerance = contract.get("default", {})
     lines = [
-        f"**Verdict: {verdict.get('status', 'unknown').upper()}** for `{data.get('name')}` "
-        f"(commit `{data.get('commit')}`, reference `{data.get('reference')}`, contract "
-        f"`{data.get('contract', {}).get('name')}`: atol {data.get('contract', {}).get('default', {}).get('atol')}, "
-        f"rtol {data.get('contract', {}).get('default', {}).get('rtol')})",
+        f"**Verdict: {text(str(verdict.get('status', 'unknown')).upper())}** for {code(data.get('name'))} "
+        f"(commit {code(data.get('commit'))}, reference {code(data.get('reference'))}, contract "
+        f"{code(contract.get('name'))}: atol {text(tolerance.get('atol'))}, rtol {text(tolerance.get('rtol'))})",
         "",
     ]
-    if data.get("status") != "complete":
-        error = data.get("error") or {}
-        lines.append(f"Run **{data.get('status')}**, stopped at `{data.get('stopped_at')}`: {error.get('message', '')}")
+    if report.status != "complete":
+        lines.append(f"Run **{text(report.status)}**: {text(report.stopped())}")
         return "\n".join(lines)
     lines += [
         "| runtime pair | verdict | first divergence | failures | max_abs there | drift starts | first 10x growth |",
@@ -28,21 +29,32 @@ def summary_markdown(report: Report) -> str:
     for label in report.pair_keys():
         first = data.get("first_divergence", {}).get(label)
         growth = data.get("growth", {}).get(label) or []
-        where = f"`{first['stage']}`" if first else "none"
+        where = code(first["stage"], True) if first else "none"
         count = f"{first['failures']}/{first['elements']}" if first else "0"
-        worst = f"{first['max_abs']:.3g}" if first else ""
-        grows = f"`{growth[0]['stage']}`" if growth else "none"
+        worst = _number(first["max_abs"]) if first else ""
+        grows = code(growth[0]["stage"], True) if growth else "none"
         onset = data.get("drift_onset", {}).get(label)
         status = verdict.get("per_candidate", {}).get(label)
         lines.append(
-            f"| `{report.pair_title(label)}` | {status} | {where} | {count} | {worst} | "
-            f"{'`' + onset + '`' if onset else 'none'} | {grows} |"
+            f"| {code(report.pair_title(label), True)} | {text(status)} | {where} | {count} | {worst} | "
+            f"{code(onset, True) if onset else 'none'} | {grows} |"
         )
     for label in data.get("checks") or {}:  # a runtime whose capture could not be read has no pair rows
         if label not in report.pair_keys() and label in verdict.get("per_candidate", {}):
-            lines.append(f"| `{label}` | {verdict['per_candidate'][label]} | | | | | |")
+            lines.append(f"| {code(label, True)} | {text(verdict['per_candidate'][label])} | | | | | |")
+    for label in report.pair_keys():
+        first = data.get("first_divergence", {}).get(label)
+        if first and first.get("max_coords") is not None:
+            kind = "first non-finite element" if first.get("nonfinite_mismatch") else "worst element"
+            lines.append(
+                f"\n{code(report.pair_title(label))} at {code(first['stage'])}: {kind} at {code(first['max_coords'])}: "
+                f"reference {text(_number(first.get('reference_value'), 6))}, "
+                f"candidate {text(_number(first.get('candidate_value'), 6))}"
+            )
     for reason in verdict.get("reasons", []):
-        lines.append(f"\n- {reason}")
+        lines.append(f"\n- {text(reason)}")
+    for warning in data.get("warnings") or []:
+        lines.append(f"\n- **warning**: {text(warning)}")
     checks = checks_markdown(data, ("warn",))  # failed checks are among the verdict's reasons above
     if checks:
         lines.append("\n" + checks)
@@ -51,11 +63,20 @@ def summary_markdown(report: Report) -> str:
         detected = [m["mutation"] for m in power["mutations"] if m["detected"]]
         blind = [m["mutation"] for m in power["mutations"] if not m["detected"]]
         lines.append(
-            f"\n**Fixture power** ({power['runtime']} with each mutation, gate {power.get('gate')}): "
+            f"\n**Fixture power** ({code(power['runtime'])} with each mutation, gate {text(power.get('gate'))}): "
             f"detects {len(detected)}/{len(power['mutations'])}; blind to "
-            + (", ".join(f"`{name}`" for name in blind) or "nothing")
+            + (", ".join(code(name) for name in blind) or "nothing")
         )
     return "\n".join(lines)
+
+
+def _number(value: object, digits: int = 3) -> str:
+    """A metric for display: floats to ``digits`` significant digits; ``None`` (non-finite in JSON) as ``nan``."""
+    if value is None:
+        return "nan"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    return str(value)
 
 
 def power_frame(report: Report):

@@ -101,17 +101,22 @@ class Runtime(ABC):
         patch: HypothesisPatch | None = None,
         options: dict | None = None,
     ):
-        if policy not in self.policies:
-            get_policy(policy)  # unknown names list every registered policy
-            raise RuntimeUnavailableError(
-                f"runtime {self.name!r} does not offer policy {policy!r}", f"use one of: {', '.join(self.policies)}"
-            )
+        self.check_policy(policy)
         self.checkpoint = checkpoint
         self.policy: PrecisionPolicy = get_policy(policy)
         self.patch = patch
         self.options = dict(options or {})
         self.model: Any = None
         self.timings: dict[str, float] = {}
+
+    @classmethod
+    def check_policy(cls, policy: str) -> None:
+        """Raise a clear error unless this runtime offers ``policy`` (before anything is loaded)."""
+        if policy not in cls.policies:
+            get_policy(policy)  # unknown names list every registered policy
+            raise RuntimeUnavailableError(
+                f"runtime {cls.name!r} does not offer policy {policy!r}", f"use one of: {', '.join(cls.policies)}"
+            )
 
     def load(self) -> None:
         """Load the model (once) and apply the hypothesis patch."""

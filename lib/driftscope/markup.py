@@ -1,0 +1,36 @@
+"""Text from a run (run names, runtime labels, stage ids, error messages) made safe for Markdown and HTML.
+
+Notebook outputs in Markdown are rendered to HTML by JupyterLab and nbconvert, which pass raw HTML through:
+a runtime label ``<script>...</script>`` would become a script in the rendered evidence. Every value from a
+report goes into Markdown through :func:`code` or :func:`text`, and into HTML through :func:`html_text`.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+
+_MARKDOWN_PUNCTUATION = re.compile(r"([\\`*_\[\]|~])")  # emphasis, code, links, tables
+
+
+def html_text(value: object) -> str:
+    """``value`` as HTML text (``<``, ``>``, ``&`` and quotes escaped)."""
+    return html.escape(str(value), quote=True)
+
+
+def text(value: object) -> str:
+    """``value`` as Markdown text that renders as itself: HTML escaped, Markdown punctuation backslashed."""
+    return _MARKDOWN_PUNCTUATION.sub(r"\\\1", html.escape(str(value), quote=False))
+
+
+def code(value: object, in_table: bool = False) -> str:
+    """``value`` as Markdown inline code, whatever backticks it holds (the renderer escapes code spans).
+
+    ``in_table``: the span sits in a table cell, where a bare ``|`` would end the cell (GFM)."""
+    body = str(value).replace("\n", " ")
+    if in_table:
+        body = body.replace("|", "\\|")
+    longest = max((len(run) for run in re.findall(r"`+", body)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if longest or body.startswith(" ") or body.endswith(" ") else ""
+    return f"{fence}{pad}{body}{pad}{fence}"

@@ -1,0 +1,139 @@
+"""Comparison rows: one stage of one runtime pair as a plain struct, and what is read off a list of them
+(the first divergence, where the error grows, a DataFrame). Computed by ``compare``."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class ComparisonRow:
+    """One stage compared between a reference and a candidate runtime."""
+
+    stage: str
+    reference: str
+    candidate: str
+    position: int
+    status: str  # pass | fail | shape_mismatch | layout_mismatch | missing | skipped
+    failures: int = 0
+    elements: int = 0
+    failure_fraction: float = 0.0
+    max_abs: float = 0.0
+    rms: float = 0.0
+    mean_abs: float = 0.0
+    cosine: float = 1.0
+    reference_rms: float = 0.0
+    relative_rms: float = 0.0
+    nonfinite_reference: int = 0
+    nonfinite_candidate: int = 0
+    nonfinite_mismatch: int = 0  # elements non-finite on one side where the other side differs (always a failure)
+    nonfinite_both: int = 0  # elements with the same non-finite value on both sides (a warning: not judged)
+    first_nonfinite: dict | None = None  # {index, coords, reference, candidate} of the first such element
+    max_index: int | None = None
+    max_coords: list[int] | None = None
+    max_reference_value: float | None = None
+    max_candidate_value: float | None = None
+    atol: float = 0.0
+    rtol: float = 0.0
+    integer: bool = False
+    reference_shape: list[int] | None = None
+    candidate_shape: list[int] | None = None
+    note: str = ""
+    warning: str = ""  # something the verdict should mention although the row passes (e.g. NaN on both sides)
+    pair: str = ""  # the runtime pair's key in the report ("candidate", or "candidate vs reference")
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return self.status in ("fail", "shape_mismatch", "layout_mismatch")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ComparisonRow:
+        """A row read back from JSON (where non-finite metrics were written as null)."""
+        data = dict(data)
+        for key in _FLOAT_METRICS:
+            if key in data and data[key] is None:
+                data[key] = float("nan")
+        return cls(**data)
+
+
+_FLOAT_METRICS = ("failure_fraction", "max_abs", "rms", "mean_abs", "cosine", "reference_rms", "relative_rms")
+
+
+def first_divergence(rows: list[ComparisonRow]) -> ComparisonRow | None:
+    """The first row, in execution order, that fails the contract."""
+    return next((row for row in rows if row.failed), None)
+
+
+def growth_stages(
+    rows: list[ComparisonRow], factor: float = 10.0, floor: float = 1e-4, side: set[str] | frozenset[str] = frozenset()
+) -> list[dict]:
+    """Stages whose relative RMS error is ``factor`` times the previous compared float stage's.
+
+    Only stages whose ``max_abs`` exceeds ``floor`` count, so float32 round-off does not show up;
+    ``side`` stages (inputs such as RoPE tables, off the activation path) are skipped.
+    """
+    found = []
+    previous: ComparisonRow | None = None
+    for row in rows:
+        if row.integer or row.status not in ("pass", "fail") or row.stage in side:
+            continue
+        if previous is not None and row.max_abs > floor and previous.relative_rms > 0:
+            ratio = row.relative_rms / previous.relative_rms
+            if ratio >= factor:
+                found.append(
+                    {
+                        "stage": row.stage,
+                        "previous": previous.stage,
+                        "factor": ratio,
+                        "relative_rms": row.relative_rms,
+                        "max_abs": row.max_abs,
+                    }
+                )
+        elif previous is not None and row.max_abs > floor and previous.relative_rms == 0 and row.relative_rms > 0:
+            found.append(
+                {
+                    "stage": row.stage,
+                    "previous": previous.stage,
+                    "factor": float("inf"),
+                    "relative_rms": row.relative_rms,
+                    "max_abs": row.max_abs,
+                }
+            )
+        previous = row
+    return found
+
+
+def rows_frame(rows: list[ComparisonRow]):
+    """The rows as a pandas DataFrame (one row per stage and runtime pair)."""
+    import pandas as pd
+
+    columns = [
+        "stage",
+        "pair",
+        "reference",
+        "candidate",
+        "status",
+        "failures",
+        "elements",
+        "max_abs",
+        "rms",
+        "mean_abs",
+        "relative_rms",
+        "cosine",
+        "nonfinite_reference",
+        "nonfinite_candidate",
+        "nonfinite_mismatch",
+        "nonfinite_both",
+        "max_coords",
+        "max_reference_value",
+        "max_candidate_value",
+        "note",
+        "warning",
+    ]
+    frame = pd.DataFrame([{key: getattr(row, key) for key in columns} for row in rows], columns=columns)
+    frame["pair"] = [row.pair or row.candidate for row in rows]
+    return frame

@@ -1,0 +1,21 @@
+"""Hypothesis patches the hostile-input tests plant in runs (a module of their own: a run imports it by path)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+
+def boom(model, **_):
+    """Raises while the runtime loads (stands in for any crash in a user's patch)."""
+    raise RuntimeError("planted crash")
+
+
+def hang_once(model, marker: str, **_):
+    """Writes ``marker`` and blocks the first run that loads it (a run to kill mid-capture); later runs pass."""
+    path = Path(marker)
+    if path.exists():
+        return model
+    path.write_text("loading\n")
+    time.sleep(600)
+    return model

@@ -1,0 +1,156 @@
+"""Issue 14, the run half: one exit-code contract, patch errors, the directory lock and killed runs.
+
+One test per numbered case; each failed on the code before the fix. Processes are coordinated through the
+state they assert (a marker the child writes once it is there, the report's step), never through sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT, TINY
+from driftscope.cli import main
+from driftscope.errors import HypothesisPatchError, RegistryError
+from driftscope.investigation import investigate
+from driftscope.params import load_parameters, parse_parameters
+
+CHECKER = ROOT / "fixtures" / "images" / "checkerboard_140.png"
+PATCHES = ROOT / "tests" / "hostile_patches.py"
+RUN = {
+    "checkpoint": str(TINY),
+    "images": [str(CHECKER)],
+    "runtimes": ["transformers:f32", "mlx:f32"],
+    "stages": {"blocks": True},
+    "replay": False,
+    "notebooks": [],
+}
+
+
+def write(path: Path, **changes) -> Path:
+    path.write_text(yaml.safe_dump({**RUN, "name": path.stem, **changes}))
+    return path
+
+
+def driftscope(*args) -> subprocess.Popen:
+    """``driftscope`` in a process of its own, importing this checkout's library."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "lib")}
+    command = [sys.executable, "-m", "driftscope", *map(str, args)]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(condition, what: str, child: subprocess.Popen | None = None, seconds: float = 300) -> None:
+    """Poll ``condition`` until it holds (the state a test goes on from), failing clearly if it never does."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert child is None or child.poll() is None, f"the child exited before {what}: {child.communicate()}"
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.05)
+
+
+def test_12_run_exit_codes_and_every_parameter_error_before_any_model_loads(tmp_path, tiny_checkpoint_dir, capsys):
+    # unknown runtime: found by the CLI before anything starts; nothing written
+    params = write(tmp_path / "onnx.yaml", runtimes=["transformers:f32", "mlx:f32", "onnx:f32"])
+    assert main(["run", str(params), "--out", str(tmp_path / "a")]) == 2
+    assert "unknown runtime 'onnx'" in capsys.readouterr().err and not (tmp_path / "a" / "report.json").exists()
+    # through the library: the report stops at the parameters step and no runtime has captured anything
+    for runtimes, error, message in (
+        (["transformers:f32", "mlx:f8"], RegistryError, "unknown precision policy 'f8'"),
+        (
+            ["transformers:f32", "mlx:f32", {"runtime": "mlx", "label": "p", "patch": "no_such_module_xyz:fn"}],
+            HypothesisPatchError,
+            "cannot import 'no_such_module_xyz'",
+        ),
+    ):
+        out = tmp_path / f"lib-{len(runtimes)}"
+        with pytest.raises(error, match=message):
+            investigate(parse_parameters({**RUN, "name": "p", "runtimes": runtimes}, "test"), out)
+        report = json.loads((out / "report.json").read_text())
+        assert report["stopped_at"] == "parameters" and not (out / "taps").exists(), report["stopped_at"]
+    # an investigation that fails is exit 2 whether or not notebooks are listed
+    crash = {"runtime": "mlx", "policy": "f32", "patch": f"{PATCHES}:boom"}
+    params = write(tmp_path / "crash.yaml", runtimes=["transformers:f32", crash])
+    assert main(["run", str(params), "--out", str(tmp_path / "b")]) == 2
+    assert "could not run: investigation: HypothesisPatchError" in capsys.readouterr().out
+
+
+def test_13_a_patch_that_raises_is_named_and_its_traceback_kept_in_the_log(tmp_path, tiny_checkpoint_dir):
+    crash = {"runtime": "mlx", "policy": "f32", "patch": f"{PATCHES}:boom"}
+    with pytest.raises(HypothesisPatchError) as caught:
+        investigate(parse_parameters({**RUN, "name": "p", "runtimes": ["transformers:f32", crash]}, "test"), tmp_path)
+    assert caught.value.problem == f"patch {PATCHES}:boom raised RuntimeError: planted crash"
+    assert "investigation.log" in caught.value.fix
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["error"] == {"type": "HypothesisPatchError", "message": str(caught.value)}
+    logged = (tmp_path / "investigation.log").read_text()
+    assert "Traceback (most recent call last)" in logged and 'raise RuntimeError("planted crash")' in logged
+
+
+def test_17_the_directory_stays_locked_until_the_last_notebook_is_rendered(tmp_path, tiny_checkpoint_dir, monkeypatch):
+    from driftscope import render
+    from driftscope.runlock import BusyError, run_lock
+
+    params = write(tmp_path / "locked.yaml", notebooks=["01_stage_parity"])
+    out = tmp_path / "out"
+    seen: dict[str, object] = {}
+    real_to_html = render.to_html
+
+    def to_html_then_probe(executed: Path):
+        """Render for real, then try the directory as another run would (the notebook is already rendered)."""
+        rendered = real_to_html(executed)
+        try:
+            with run_lock(out):
+                seen["lock"] = "free"
+        except BusyError as err:
+            seen["lock"] = str(err)
+        second = driftscope("run", params, "--out", out, "--force")
+        seen["second"] = (second.communicate()[1], second.returncode)[::-1]
+        return rendered
+
+    monkeypatch.setattr(render, "to_html", to_html_then_probe)
+    assert main(["run", str(params), "--out", str(out)]) == 0
+    assert f"(pid {os.getpid()}) is writing to" in str(seen["lock"])
+    code, err = seen["second"]
+    assert code == 2 and "is writing to" in err, err
+    # the notebook rendered this run's report: the second run did not replace it under the first one's notebook
+    assert json.loads((out / "report.json").read_text())["pid"] == os.getpid()
+
+
+def test_18_a_killed_run_is_recognised_as_dead_and_its_partial_files_are_removed(tmp_path, tiny_checkpoint_dir, capsys):
+    from driftscope.render import _stopped_at
+
+    marker = tmp_path / "loading"
+    hang = {
+        "runtime": "mlx",
+        "policy": "f32",
+        "patch": {"callable": f"{PATCHES}:hang_once", "kwargs": {"marker": str(marker)}},
+    }
+    params = write(tmp_path / "killed.yaml", runtimes=["transformers:f32", hang])
+    out = tmp_path / "out"
+    child = driftscope("run", params, "--out", out)
+    wait_for(marker.exists, "the run reached its MLX patch", child)  # after step capture:mlx:f32 was written
+    child.send_signal(signal.SIGKILL)
+    child.communicate()
+    assert json.loads((out / "report.json").read_text())["status"] == "running"  # what the killed run left
+    gone = f"stopped at capture:mlx:f32 (process {child.pid} is gone)"
+    assert main(["show", str(out)]) == 2
+    assert gone in capsys.readouterr().out
+    (tmp_path / "c.yaml").write_text("default: {atol: 0.08}\n")
+    assert main(["rejudge", str(out), "--contract", str(tmp_path / "c.yaml")]) == 2
+    assert f"did not complete (dead: {gone})" in capsys.readouterr().err
+    assert _stopped_at(out / "report.json") == "capture:mlx:f32"  # `driftscope run` renders no further notebook
+    # the next run (a notebook's reuse) says the last one died, runs it again, and cleans what a kill leaves
+    (out / "taps" / "ghost.safetensors.partial").write_bytes(b"\0" * 64)
+    (out / ".report.json.dead.tmp").write_text("{")
+    report = investigate(load_parameters(params), out, reuse=True)
+    printed = capsys.readouterr().out
+    assert f"died: {gone}; running it again" in printed and "removed 2 partial file(s)" in printed
+    assert report.data["status"] == "complete" and report.verdict == "pass"
+    assert not list(out.rglob("*.partial")) and not list(out.glob(".*.tmp"))
