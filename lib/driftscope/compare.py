@@ -58,6 +58,9 @@ class ComparisonRow:
     elements: int = 0
     failure_fraction: float = 0.0
     max_abs: float = 0.0
+    #: largest |a - e| / (atol + rtol * |e|) among the elements over tolerance: how far the worst failing
+    #: element is past its bound (0 when none fails; inf, stored as null, for a non-finite failure)
+    max_excess: float | None = 0.0
     rms: float = 0.0
     mean_abs: float = 0.0
     cosine: float = 1.0
@@ -105,6 +108,7 @@ class _Accumulator:
         self.nonfinite_a = 0
         self.nonfinite_e = 0
         self.max_abs = -1.0
+        self.max_excess = 0.0
         self.max_index: int | None = None
         self.max_values: tuple[float, float] | None = None
 
@@ -139,7 +143,10 @@ class _Accumulator:
         both = finite_e & finite_a
         # A non-finite value on either side fails unless both sides hold the same non-finite value.
         same_nonfinite = ~both & ((np.isnan(e) & np.isnan(a)) | (e == a))
-        self.failures += int((~both & ~same_nonfinite).sum())
+        failing = int((~both & ~same_nonfinite).sum())
+        self.failures += failing
+        if failing:
+            self.max_excess = float("inf")
         return both
 
     def _fold(self, ef: np.ndarray, af: np.ndarray, norms: tuple[float, float], offset: int, e=None, a=None) -> None:
@@ -156,7 +163,12 @@ class _Accumulator:
         np.abs(ef, out=bound)
         bound *= self.tol.rtol
         bound += self.tol.atol
-        self.failures += int(np.count_nonzero(np.greater(diff, bound, out=_scratch.mask[:n])))
+        over = _scratch.mask[:n]
+        failing = int(np.count_nonzero(np.greater(diff, bound, out=over)))
+        if failing:
+            self.failures += failing
+            with np.errstate(divide="ignore"):
+                self.max_excess = max(self.max_excess, float(np.max(diff[over] / bound[over])))
         self.sum_sq += _dot(diff, diff)
         self.sum_abs += float(diff.sum())
         self._track_max(diff, ef if e is None else e, af if a is None else a, offset)
@@ -314,6 +326,7 @@ def _finish(row: ComparisonRow, acc: _Accumulator, shape: tuple[int, ...], tol: 
     row.failures = acc.failures
     row.failure_fraction = acc.failures / acc.elements if acc.elements else 0.0
     row.max_abs = max(acc.max_abs, 0.0)
+    row.max_excess = acc.max_excess
     row.rms = float(np.sqrt(acc.sum_sq / acc.elements)) if acc.elements else 0.0
     row.mean_abs = acc.sum_abs / acc.elements if acc.elements else 0.0
     row.reference_rms = float(np.sqrt(acc.norm_e / acc.elements)) if acc.elements else 0.0
