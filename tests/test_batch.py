@@ -16,9 +16,6 @@ from conftest import ROOT, TINY
 from driftscope.batch import run_batch
 from driftscope.cli import main
 from driftscope.errors import ParameterError
-from driftscope.evidence import write_index
-from driftscope.runrecord import commit_entries, exit_code
-from driftscope.storage import OutputRoot
 from driftscope.trend import diff_commits, resolve_commit_dir
 
 CHECKER = ROOT / "fixtures" / "images" / "checkerboard_140.png"
@@ -186,6 +183,10 @@ def test_diff_lists_the_contract_first_and_stages_in_execution_order(two_commits
 def test_runs_that_cannot_execute_never_show_green(tmp_path, tiny_checkpoint_dir):
     """Items 4 and 11: a missing image and a missing notebook are 'could not run' in the summary, the
     index, the JUnit and the exit code alike; with --jobs each run says when it starts and ends."""
+    from driftscope.evidence import write_index
+    from driftscope.runrecord import commit_entries, exit_code
+    from driftscope.storage import OutputRoot
+
     good = _write(tmp_path / "good.yaml", _params("good"))
     bad = _write(tmp_path / "bad.yaml", _params("bad", image=tmp_path / "missing.png"))
     nobook = _write(tmp_path / "nobook.yaml", _params("nobook", notebooks=["99_no_such_notebook"]))
@@ -210,6 +211,10 @@ def test_runs_that_cannot_execute_never_show_green(tmp_path, tiny_checkpoint_dir
         assert start < done
     assert re.search(r"done  good: pass in \d+\.\ds", "\n".join(lines))
     assert lines[-1].startswith(f"batch: 3 run(s) for {result.commit}: 1 pass, 0 fail, 2 could not run")
+    # run again, its finished report is not reused as a pass: its notebook still could not run
+    again = run_batch([nobook], out_root=tmp_path / "out", log=lambda m: None)
+    assert not again.summaries[0]["reused"] and "99_no_such_notebook" in again.summaries[0]["error"]
+    assert again.code == 2
     # a verdict nobody could judge counts as 'could not run', in the headline and in the exit code
     shutil.copytree(directory / "good", directory / "unjudged")
     data = json.loads((directory / "unjudged" / "report.json").read_text())

@@ -112,7 +112,9 @@ def parser() -> argparse.ArgumentParser:
     batch = sub.add_parser("batch", help="run parameter sets for a commit; write the evidence index and JUnit XML")
     batch.add_argument("params", nargs="+", help="parameter YAML files")
     batch.add_argument("--commit", help="run a git revision of the parameters' repository (a temporary worktree)")
-    batch.add_argument("--jobs", type=int, default=1, help="local worker processes (default 1)")
+    batch.add_argument(
+        "--jobs", type=int, default=1, help="runs at a time on this machine, each its own process (default 1)"
+    )
     batch.add_argument("--scheduler", help="Dask distributed scheduler address (e.g. tcp://10.0.0.5:8786)")
     batch.add_argument("--force", action="store_true", help="re-run finished runs of the same commit and parameters")
     batch.add_argument(

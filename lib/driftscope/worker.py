@@ -96,12 +96,10 @@ def run_one(
         with _tree(task, own_checkout) as (tree, fallback):
             summary["checkout"] = str(tree)
             params = _parameters(task, tree)
-            previous = root.read_json(task.commit, directory, "report.json")
-            if not task.force and _finished(previous, params.digest):
-                record = root.read_json(task.commit, directory, RECORD) or {}
-                original = record.get("seconds") if record.get("report_updated") == previous.get("updated") else None
-                summary.update(from_report(previous), reused=True, checkout=str(tree))
-                summary["seconds"] = float(original if original is not None else duration(previous))
+            previous = None if task.force else _reusable(root, task.commit, directory, params)
+            if previous is not None:
+                report, seconds = previous
+                summary.update(from_report(report), reused=True, seconds=seconds)
                 return summary
             _link_inputs(params, tree, Path(fallback))
             with _workspace(root, task.commit, directory) as out:
@@ -121,8 +119,17 @@ def run_one(
     return summary
 
 
-def _finished(report: dict | None, digest: str) -> bool:
-    return bool(report) and report.get("status") == "complete" and report.get("parameters_digest") == digest
+def _reusable(root: OutputRoot, commit: str, directory: str, params) -> tuple[dict, float] | None:
+    """(report, original seconds) of a finished run of these parameters whose notebooks all rendered."""
+    report = root.read_json(commit, directory, "report.json")
+    if not report or report.get("status") != "complete" or report.get("parameters_digest") != params.digest:
+        return None
+    record = root.read_json(commit, directory, RECORD) or {}
+    if record.get("report_updated") == report.get("updated"):  # the batch that ran it says how it ended
+        return None if record.get("error") else (report, float(record.get("seconds") or duration(report)))
+    pages = set(root.files(commit, directory))
+    rendered = all(f"{Path(name).stem}.html" in pages for name in params.notebooks)
+    return (report, duration(report)) if rendered else None
 
 
 def _parameters(task: RunTask, tree: Path):
@@ -263,7 +270,11 @@ def _failure(log: Path, code: int) -> str:
         lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
     except OSError:
         lines = []
-    said = [line for line in lines if "failed:" in line or "not run:" in line or "driftscope: error:" in line]
+    said = [
+        line
+        for before, line in zip(["", *lines], lines, strict=False)
+        if "failed:" in line or "not run:" in line or "driftscope: error:" in line or "driftscope: error:" in before
+    ]
     if said:
         return "; ".join(line.split("] ", 1)[-1] for line in said[:3])
     reason = f"killed by signal {-code}" if code < 0 else f"exited {code}"

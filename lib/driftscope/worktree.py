@@ -45,8 +45,8 @@ def temporary_worktree(top: Path, sha: str) -> Iterator[Path]:
     """A detached worktree of ``sha`` of the repository ``top``, removed when the block ends (also on Ctrl-C)."""
     with tempfile.TemporaryDirectory(prefix=f"driftscope-{sha}-") as temp:
         tree = Path(temp) / "tree"
-        git(["worktree", "add", "--detach", str(tree), sha], top)
         try:
+            git(["worktree", "add", "--detach", str(tree), sha], top)
             yield tree
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=top, capture_output=True)
