@@ -3,31 +3,40 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
 import yaml
 from conftest import ROOT, TINY
-from driftscope.batch import exit_code, run_batch
+from driftscope.batch import run_batch
 from driftscope.cli import main
+from driftscope.errors import ParameterError
 from driftscope.trend import diff_commits, resolve_commit_dir
 
 CHECKER = ROOT / "fixtures" / "images" / "checkerboard_140.png"
+SHAPES_336 = ROOT / "fixtures" / "images" / "shapes_336.png"
+NO_OP = """def perturb(model):
+    return model
+"""
 PERTURB = """from driftscope.hypotheses import scale_block_output
 
 
 def perturb(model):
     return scale_block_output(model, block=5, factor=1.5)
 """
+LOOSE = "name: loose\ndefault: {atol: 0.1, rtol: 0.1}\n"
 
 
 def _git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
 
 
-def _params(name: str, patch: str | None = None, image: Path = CHECKER) -> dict:
+def _params(name: str, patch: str | None = None, image: Path | str = CHECKER, **extra) -> dict:
     mlx = {"runtime": "mlx", "policy": "f32"}
     if patch:
         mlx["patch"] = patch
@@ -39,24 +48,42 @@ def _params(name: str, patch: str | None = None, image: Path = CHECKER) -> dict:
         "stages": {"blocks": True},
         "replay": False,
         "notebooks": ["01_stage_parity"],
+        **extra,
     }
+
+
+def _write(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
 
 
 @pytest.fixture(scope="module")
 def two_commits(tmp_path_factory, tiny_checkpoint_dir):
-    """A repository of parameters; commit B adds a hypothesis patch that perturbs MLX block 5."""
+    """A repository whose parameter file is the same in both commits (repository-relative paths, the
+    checkpoint git-ignored); commit B's hypothesis patch perturbs MLX block 5 and its contract is looser."""
     repo = tmp_path_factory.mktemp("params-repo")
     _git(repo, "init", "-q")
     _git(repo, "config", "user.email", "ci@example.invalid")
     _git(repo, "config", "user.name", "ci")
-    (repo / "shapes.yaml").write_text(yaml.safe_dump(_params("shapes")))
+    (repo / ".gitignore").write_text("fixtures/checkpoints/\n")
+    (repo / "fixtures" / "checkpoints").mkdir(parents=True)
+    (repo / "fixtures" / "checkpoints" / "tiny").symlink_to(TINY)
+    (repo / "images").mkdir()
+    shutil.copy(CHECKER, repo / "images" / "probe.png")
+    shutil.copy(CHECKER, repo / "images" / "later.png")
+    (repo / "contracts").mkdir()
+    (repo / "contracts" / "run.yaml").write_text("name: run\ndefault: {atol: 0.08, rtol: 0.08}\n")
+    (repo / "perturb.py").write_text(NO_OP)
+    params = _params("shapes", "perturb.py:perturb", "images/probe.png", contract="contracts/run.yaml")
+    _write(repo / "shapes.yaml", dict(params, checkpoint="fixtures/checkpoints/tiny"))
     _git(repo, "add", ".")
     _git(repo, "commit", "-qm", "A")
     commit_a = _git(repo, "rev-parse", "--short=12", "HEAD")
     (repo / "perturb.py").write_text(PERTURB)
-    (repo / "shapes.yaml").write_text(yaml.safe_dump(_params("shapes", "perturb.py:perturb")))
+    (repo / "contracts" / "run.yaml").write_text(LOOSE)
+    shutil.copy(SHAPES_336, repo / "images" / "later.png")
     _git(repo, "add", ".")
-    _git(repo, "commit", "-qm", "B: perturb block 5")
+    _git(repo, "commit", "-qm", "B: perturb block 5, loosen the contract")
     commit_b = _git(repo, "rev-parse", "--short=12", "HEAD")
     out_root = tmp_path_factory.mktemp("outputs")
     results = {}
@@ -77,7 +104,7 @@ def test_both_commits_get_their_directories_index_and_junit(two_commits):
             "shapes/01_stage_parity.nocode.html",
         ):
             assert (directory / name).exists(), (commit, name)
-    assert exit_code(results[a][0]) == 0 and exit_code(results[b][0]) == 1
+    assert results[a].code == 0 and results[b].code == 1
     junit = ElementTree.parse(out_root / b / "junit.xml").getroot()
     assert junit.get("tests") == "1" and junit.get("failures") == "1"
     assert junit.find("testcase").find("failure") is not None
@@ -85,18 +112,49 @@ def test_both_commits_get_their_directories_index_and_junit(two_commits):
     assert "vision.block.5" in index and 'href="shapes/01_stage_parity.html"' in index
     assert "data:image/png;base64," in index and "http" not in index.split("<body>")[1]  # self-contained
     report = json.loads((out_root / b / "shapes" / "report.json").read_text())
-    # the patch's file, relative to the parameter file's repository (the commit's tree), as it ran
-    assert report["runtimes"][1]["patch"]["target"].endswith("/tree/perturb.py:perturb")
+    assert report["runtimes"][1]["patch"]["target"] == "perturb.py:perturb"
+    assert not list(Path(tempfile.gettempdir()).glob(f"driftscope-{a}-*"))  # the worktrees are gone
+    assert _git(repo, "worktree", "list").count("\n") == 0
 
 
-def test_a_finished_run_is_not_overwritten_unless_forced(two_commits):
-    repo, out_root, a, _, _ = two_commits
+def test_commit_runs_are_reused_and_keep_repository_relative_parameters(two_commits):
+    """Items 7 and 10: a second batch of the same commit reuses the run (no temporary path in its identity);
+    JUnit reports the original duration, the run name as classname, the commit as a property."""
+    repo, out_root, a, _, results = two_commits
     stamp = (out_root / a / "shapes" / "report.json").stat().st_mtime_ns
-    summaries, _ = run_batch([repo / "shapes.yaml"], commit=a, out_root=out_root, log=lambda m: None)
-    assert summaries[0]["skipped"] and (out_root / a / "shapes" / "report.json").stat().st_mtime_ns == stamp
+    result = run_batch([repo / "shapes.yaml"], commit=a, out_root=out_root, log=lambda m: None)
+    assert result.summaries[0]["reused"] and (out_root / a / "shapes" / "report.json").stat().st_mtime_ns == stamp
+    saved = (out_root / a / "shapes" / "parameters.yaml").read_text()
+    report = json.loads((out_root / a / "shapes" / "report.json").read_text())
+    assert report["parameters"]["checkpoint"] == "fixtures/checkpoints/tiny"
+    assert report["parameters"]["images"] == ["images/probe.png"]
+    assert "driftscope-" not in saved and tempfile.gettempdir() not in json.dumps(report["parameters"])
+    case = ElementTree.parse(out_root / a / "junit.xml").getroot().find("testcase")
+    original = results[a].summaries[0]["seconds"]
+    assert original > 1 and float(case.get("time")) == pytest.approx(original, abs=0.01)
+    assert case.get("classname") == "shapes" and case.get("name") == "shapes"
+    assert {p.get("name"): p.get("value") for p in case.iter("property")}["commit"] == a
 
 
-def test_diff_names_the_changed_stages(two_commits, capsys):
+def test_commit_runs_todays_parameter_file_and_the_index_keeps_the_other_runs(two_commits):
+    """Items 6 and 3: a parameter file that only exists today runs in commit A's tree (A's image), named by
+    its run name; A's index and JUnit then list both of A's runs."""
+    repo, out_root, a, _, _ = two_commits
+    later = _write(repo / "later.yaml", dict(_params("later-run", image="images/later.png"), notebooks=[]))
+    later.write_text(later.read_text().replace(str(TINY), "fixtures/checkpoints/tiny"))
+    result = run_batch([later], commit=a, out_root=out_root, log=lambda m: None)
+    summary = result.summaries[0]
+    assert summary["verdict"] == "pass" and not summary["error"], summary
+    report = json.loads((out_root / a / "later-run" / "report.json").read_text())
+    assert report["inputs"]["image_sizes"] == [[140, 140]]  # A's later.png; today's is 336x336
+    junit = ElementTree.parse(out_root / a / "junit.xml").getroot()
+    assert sorted(case.get("name") for case in junit.iter("testcase")) == ["later-run", "shapes"]
+    index = (out_root / a / "index.html").read_text()
+    assert "<b>later-run</b>" in index and "<b>shapes</b>" in index and "2 run(s): 2 pass" in index
+    assert [e["name"] for e in result.entries] == ["later-run", "shapes"] and result.code == 0
+
+
+def test_diff_lists_the_contract_first_and_stages_in_execution_order(two_commits, capsys):
     repo, out_root, a, b, _ = two_commits
     diff = diff_commits(resolve_commit_dir(out_root, a), resolve_commit_dir(out_root, b[:8]))
     run = diff["runs"]["shapes"]
@@ -107,25 +165,81 @@ def test_diff_names_the_changed_stages(two_commits, capsys):
     )
     assert run["first_divergence"] == [{"pair": "mlx:f32", "before": None, "after": "vision.block.5"}]
     assert run["verdict"] == {"before": "pass", "after": "fail"}
-    assert main(["diff", a, b, "--out-root", str(out_root)]) == 1  # a run got worse
+    assert [(c["scope"], c["change"]) for c in run["contract"]] == [("default", "looser")]
+    assert run["parameters"] == []  # the same parameter file in both commits
+    plan = [s["id"] for s in json.loads((out_root / b / "shapes" / "report.json").read_text())["stage_plan"]]
+    listed = [c["stage"] for c in run["stages"]]
+    assert listed == [stage for stage in plan if stage in listed]
+    assert main(["diff", a, b, "--out-root", str(out_root)]) == 0
     text = capsys.readouterr().out
     assert "first divergence of mlx:f32: None -> vision.block.5" in text and "worse" in text
+    contract_line = next(i for i, line in enumerate(text.splitlines()) if "CONTRACT looser" in line)
+    first_stage = next(i for i, line in enumerate(text.splitlines()) if line.strip().startswith("worse"))
+    assert contract_line < first_stage
+    assert main(["diff", a, b, "--out-root", str(out_root), "--fail-on", "worse"]) == 1
+    assert main(["diff", a, a, "--out-root", str(out_root), "--fail-on", "worse"]) == 0
 
 
-def test_a_run_that_cannot_execute_does_not_stop_the_others(tmp_path, tiny_checkpoint_dir):
-    good = tmp_path / "good.yaml"
-    good.write_text(yaml.safe_dump(_params("good")))
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump(_params("bad", image=tmp_path / "missing.png")))
-    summaries, directory = run_batch([bad, good], out_root=tmp_path / "out", log=lambda m: None)
-    by_name = {s["name"]: s for s in summaries}
-    assert by_name["good"]["verdict"] == "pass"
+def test_runs_that_cannot_execute_never_show_green(tmp_path, tiny_checkpoint_dir):
+    """Items 4 and 11: a missing image and a missing notebook are 'could not run' in the summary, the
+    index, the JUnit and the exit code alike; with --jobs each run says when it starts and ends."""
+    from driftscope.evidence import write_index
+    from driftscope.runrecord import commit_entries, exit_code
+    from driftscope.storage import OutputRoot
+
+    good = _write(tmp_path / "good.yaml", _params("good"))
+    bad = _write(tmp_path / "bad.yaml", _params("bad", image=tmp_path / "missing.png"))
+    nobook = _write(tmp_path / "nobook.yaml", _params("nobook", notebooks=["99_no_such_notebook"]))
+    lines = []
+    result = run_batch([bad, good, nobook], jobs=2, out_root=tmp_path / "out", log=lines.append)
+    by_name = {s["name"]: s for s in result.summaries}
+    assert by_name["good"]["verdict"] == "pass" and not by_name["good"]["error"]
     assert by_name["bad"]["status"] == "error" and "missing.png" in by_name["bad"]["error"]
-    assert exit_code(summaries) == 2
+    assert by_name["nobook"]["verdict"] == "pass" and "99_no_such_notebook" in by_name["nobook"]["error"]
+    assert result.code == exit_code(result.summaries) == 2
+    directory = tmp_path / "out" / result.commit
     report = json.loads((directory / "bad" / "report.json").read_text())
     assert report["status"] == "error" and report["stopped_at"] == "inputs"
     junit = ElementTree.parse(directory / "junit.xml").getroot()
-    assert junit.get("errors") == "1"
+    assert junit.get("errors") == "2" and junit.get("failures") == "0"
+    index = (directory / "index.html").read_text()
+    assert "3 run(s): 1 pass, 0 fail, 2 could not run; exit code 2" in index
+    assert index.count('<tr class="pass">') == 1 and index.count('<tr class="error">') == 2
+    for name in ("good", "bad", "nobook"):
+        start = next(i for i, line in enumerate(lines) if line.startswith(f"  start {name}"))
+        done = next(i for i, line in enumerate(lines) if line.startswith(f"  done  {name}:"))
+        assert start < done
+    assert re.search(r"done  good: pass in \d+\.\ds", "\n".join(lines))
+    assert lines[-1].startswith(f"batch: 3 run(s) for {result.commit}: 1 pass, 0 fail, 2 could not run")
+    # run again, its finished report is not reused as a pass: its notebook still could not run
+    again = run_batch([nobook], out_root=tmp_path / "out", log=lambda m: None)
+    assert not again.summaries[0]["reused"] and "99_no_such_notebook" in again.summaries[0]["error"]
+    assert again.code == 2
+    # a verdict nobody could judge counts as 'could not run', in the headline and in the exit code
+    shutil.copytree(directory / "good", directory / "unjudged")
+    data = json.loads((directory / "unjudged" / "report.json").read_text())
+    data.pop("verdict")
+    data["name"] = "unjudged"
+    (directory / "unjudged" / "report.json").write_text(json.dumps(data))
+    (directory / "unjudged" / "run.json").unlink()
+    entries = commit_entries(OutputRoot(tmp_path / "out"), result.commit)
+    write_index(OutputRoot(tmp_path / "out"), result.commit, entries)
+    assert (
+        "4 run(s): 1 pass, 0 fail, 3 could not run (1 with verdict unknown); exit code 2"
+        in (directory / "index.html").read_text()
+    )
+    assert exit_code(entries) == 2
+
+
+def test_two_parameter_files_with_one_run_name_are_refused(tmp_path, capsys):
+    one = _write(tmp_path / "one.yaml", _params("same"))
+    two = _write(tmp_path / "two.yaml", _params("same", image=SHAPES_336))
+    with pytest.raises(ParameterError, match="share a run name") as err:
+        run_batch([one, two], out_root=tmp_path / "out", log=lambda m: None)
+    assert str(one) in str(err.value) and str(two) in str(err.value)
+    assert main(["batch", str(one), str(two), "--out-root", str(tmp_path / "out")]) == 2
+    assert "give each parameter file its own 'name'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_two_run_batch_through_a_local_dask_cluster(tmp_path, tiny_checkpoint_dir):
@@ -133,20 +247,39 @@ def test_a_two_run_batch_through_a_local_dask_cluster(tmp_path, tiny_checkpoint_
 
     files = []
     for name, image in (("one", CHECKER), ("two", ROOT / "fixtures" / "images" / "shapes_336.png")):
-        path = tmp_path / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(_params(name, image=image)))
-        files.append(path)
+        files.append(_write(tmp_path / f"{name}.yaml", _params(name, image=image)))
+    lines = []
     with LocalCluster(
         n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
     ) as cluster:
-        summaries, directory = run_batch(
-            files, scheduler=cluster.scheduler_address, out_root=tmp_path / "out", log=lambda m: None
-        )
-    assert sorted(s["name"] for s in summaries) == ["one", "two"]
-    assert all(s["verdict"] == "pass" for s in summaries)
+        result = run_batch(files, scheduler=cluster.scheduler_address, out_root=tmp_path / "out", log=lines.append)
+    assert sorted(s["name"] for s in result.summaries) == ["one", "two"]
+    assert all(s["verdict"] == "pass" for s in result.summaries)
+    directory = tmp_path / "out" / result.commit
     for name in ("one", "two"):
         assert (directory / name / "01_stage_parity.html").exists()
+        assert any(line.startswith(f"  start {name} on ") for line in lines), lines
     assert (directory / "index.html").exists()
+
+
+def test_an_unreachable_scheduler_still_replaces_the_index_and_junit(tmp_path):
+    """Item 2: the executor's own failure writes the evidence (every run 'could not run') and exits 2."""
+    import dask
+
+    good = _write(tmp_path / "good.yaml", _params("good"))
+    directory = tmp_path / "out" / "nocommit"
+    directory.mkdir(parents=True)
+    (directory / "index.html").write_text("previous batch: all green")
+    (directory / "junit.xml").write_text('<testsuite tests="1" failures="0" errors="0"/>')
+    with dask.config.set({"distributed.comm.timeouts.connect": "2s"}):
+        result = run_batch([good], scheduler="tcp://127.0.0.1:9", out_root=tmp_path / "out", log=lambda m: None)
+        command = ["batch", str(good), "--scheduler", "tcp://127.0.0.1:9", "--out-root", str(tmp_path / "out")]
+        assert main(command) == 2
+    assert result.code == 2 and "cannot reach the Dask scheduler" in result.problem
+    index = (directory / "index.html").read_text()
+    assert "previous batch" not in index and "could not run" in index and "did not finish" in index
+    junit = ElementTree.parse(directory / "junit.xml").getroot()
+    assert junit.get("errors") == "1" and "Dask scheduler" in junit.find("testcase/error").get("message")
 
 
 def test_reviewers_pages_in_headless_chromium(two_commits):

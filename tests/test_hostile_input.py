@@ -242,39 +242,54 @@ def test_7_contract_rules_that_match_nothing_and_skipping_everything(finished, t
 
 
 def test_8_run_names_are_labels_and_every_output_stays_under_the_root(tmp_path, tiny_checkpoint_dir):
-    from driftscope.batch import run_one
-    from driftscope.evidence import write_index
+    from driftscope.batch import run_batch
     from driftscope.investigation import default_out_dir
 
     names = ["../escaped", str(tmp_path / "absolute" / "run"), "plain#1?x=%41"]
-    root = tmp_path / "outputs"
-    summaries = []
+    files = []
     for name in names:
         params = parse_parameters({**RUN, "name": name}, "test")
         out = default_out_dir(params, root=tmp_path)
         assert out.parent == tmp_path / "outputs" / "nocommit" and re.fullmatch(r"[A-Za-z0-9._-]+", out.name)
-        file = tmp_path / f"p{len(summaries)}.yaml"
+        file = tmp_path / "params" / f"p{len(files)}.yaml"
+        file.parent.mkdir(exist_ok=True)
         file.write_text(yaml.safe_dump({**RUN, "name": name}))
-        summary = run_one(str(file), str(root), "c", str(tmp_path), str(tmp_path))
-        run_dir = Path(summary["out"])
-        assert run_dir.resolve().parent == (root / "c").resolve() and run_dir.is_dir()
+        files.append(file)
+    root = tmp_path / "outputs"
+    result = run_batch(files, out_root=root, log=lambda message: None)
+    assert all(summary["verdict"] == "pass" and not summary["error"] for summary in result.summaries), result.summaries
+    commit_dir = root / result.commit
+    for summary in result.summaries:
+        run_dir = commit_dir / summary["dir"]
+        assert run_dir.resolve().parent == commit_dir.resolve() and (run_dir / "report.json").is_file()
+        assert re.fullmatch(r"[A-Za-z0-9._-]+", summary["dir"])
         (run_dir / "01_stage_parity.html").write_text("<html></html>")
-        summaries.append(summary)
-    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["outputs"]  # nothing written beside it
-    index = write_index(root / "c", summaries).read_text()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["outputs", "params"]  # nothing beside it
+    assert not (tmp_path / "absolute").exists() and not (tmp_path.parent / "escaped").exists()
+    from driftscope.evidence import write_index
+    from driftscope.runrecord import commit_entries
+    from driftscope.storage import OutputRoot
+
+    storage = OutputRoot(root)
+    write_index(storage, result.commit, commit_entries(storage, result.commit))
+    index = (commit_dir / "index.html").read_text()
     links = re.findall(r'<a href="([^"]+)">', index)
     assert len(links) == 3
     for link in links:
         assert not set("#?") & set(link)  # no raw fragment or query: special characters only as %XX
-        assert (root / "c" / unquote(link)).is_file(), link
+        assert (commit_dir / unquote(link)).is_file(), link
 
 
 def test_9_labels_and_names_are_escaped_in_every_rendered_page(notebook_run, tmp_path):
     from driftscope.evidence import write_index
+    from driftscope.runrecord import commit_entries
+    from driftscope.storage import OutputRoot
 
     _, out = notebook_run
-    summary = {"params": "p.yaml", "name": "<script>alert(1)</script>", "out": str(out), "commit": "c"}
-    index = write_index(tmp_path, [{**summary, "verdict": "pass", "status": "complete"}])
+    root = OutputRoot(tmp_path / "root")
+    shutil.copytree(out, tmp_path / "root" / "c" / "run")
+    entries = [dict(entry, name="<script>alert(1)</script>") for entry in commit_entries(root, "c")]
+    index = Path(write_index(root, "c", entries))
     for page in (out / "01_stage_parity.html", out / "01_stage_parity.nocode.html", index):
         html = page.read_text()
         scripts = re.findall(r"<script\b[^>]*>(.*?)</script>", html, flags=re.S | re.I)
@@ -313,14 +328,15 @@ def test_10_relative_paths_resolve_against_the_parameter_files_repository(notebo
 def test_11_output_files_get_the_umask_permissions(tmp_path):
     from driftscope.atomic import write_json_atomic
     from driftscope.evidence import write_index, write_junit
+    from driftscope.storage import OutputRoot
 
-    summary = {"params": "p.yaml", "name": "n", "verdict": "pass", "status": "complete", "commit": "c"}
+    summary = {"params": "p.yaml", "name": "n", "verdict": "pass", "status": "complete", "commit": "c", "dir": "n"}
     previous = os.umask(0o022)
     try:
         written = [
             write_json_atomic(tmp_path / "report.json", {"a": 1}),
-            write_index(tmp_path, [summary]),
-            write_junit(tmp_path / "junit.xml", [summary]),
+            Path(write_index(OutputRoot(tmp_path), "c", [summary])),
+            Path(write_junit(OutputRoot(tmp_path), "c", [summary])),
         ]
         tapset = taps(tmp_path, "t", {"s": np.zeros(3, np.float32)})
         written += [tapset.sidecar_path, tapset.tensor_path]

@@ -1,152 +1,85 @@
-"""Per-commit batch runs: every parameter set's notebooks, locally (process pool) or on Dask.
+"""Per-commit batches: every parameter file's run for one commit, then the commit's evidence index and JUnit XML.
 
-``run_one`` is the unit of work (one parameter set -> ``<out_root>/<commit>/<name>/``); it never
-raises, so one failing run cannot stop the others; its report says where it stopped.
+Guarantees (the README's batch section states them for users):
+
+- two parameter files with the same run name are refused before anything runs;
+- the index and the JUnit XML are replaced when the batch starts (its runs "in progress") and always
+  written at its end, also when the executor fails or the batch is stopped: they list every run of the
+  commit under the output root, newest result per run, never the previous batch's view;
+- runs of ``--commit REV`` run today's parameter files in REV's tree and are reused like HEAD's.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import os
-import subprocess
-import tempfile
-import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from .atomic import write_text_atomic
-from .errors import DriftscopeError, ParameterError
-from .names import safe_name
+import yaml
+
+from .errors import ParameterError
+from .executor import BatchInterrupted, execute, interruptible, not_run
+from .runrecord import commit_entries, counts, exit_code, mark_dead
+from .storage import OutputRoot
+from .worker import RunTask, run_dir_name, write_record
+from .worktree import checkout, short_sha, toplevel
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def _git(args: list[str], cwd: Path) -> str:
-    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
-    if done.returncode != 0:
+@dataclass
+class BatchResult:
+    """This batch's run summaries and the commit's evidence (every run under the root)."""
+
+    commit: str
+    summaries: list[dict]
+    entries: list[dict]
+    index: str
+    junit: str
+    problem: str | None = None
+
+    @property
+    def code(self) -> int:
+        """The gate: the exit code the index's headline states."""
+        return exit_code(self.entries)
+
+
+def run_name(path: Path, text: str) -> str:
+    """The run's name as :func:`driftscope.params.parse_parameters` gives it: ``name``, else the file's stem."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        data = None
+    name = data.get("name") if isinstance(data, dict) else None
+    return name if isinstance(name, str) and name else path.stem
+
+
+def _repository(files: list[Path]) -> tuple[Path, list[str], bool]:
+    """(the parameter files' repository root, or outside one the current directory; their names; in git?)."""
+    tops = {toplevel(path.parent) for path in files}
+    if len(tops) > 1:
         raise ParameterError(
-            f"git {' '.join(args)} failed in {cwd}: {done.stderr.strip()}",
-            "pass a revision of the repository that holds the parameter files",
+            f"the parameter files come from different repositories: {sorted(str(t) for t in tops)}",
+            "run one batch per repository",
         )
-    return done.stdout.strip()
+    top = tops.pop()
+    if top is None:
+        return Path.cwd(), [str(path) for path in files], False
+    return top, [path.relative_to(top).as_posix() for path in files], True
 
 
-@contextlib.contextmanager
-def checkout(revision: str | None, where: Path) -> Iterator[tuple[Path, str]]:
-    """(working directory, commit label): the current tree, or a temporary git worktree of ``revision``."""
-    from .environment import current_commit
-
-    if revision is None:
-        yield where, current_commit(where)
-        return
-    top = Path(_git(["rev-parse", "--show-toplevel"], where))
-    sha = _git(["rev-parse", "--short=12", f"{revision}^{{commit}}"], top)
-    with tempfile.TemporaryDirectory(prefix=f"driftscope-{sha}-") as temp:
-        tree = Path(temp) / "tree"
-        _git(["worktree", "add", "--detach", str(tree), sha], top)
-        try:
-            yield tree, sha
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=top, capture_output=True)
-
-
-def _resolve(params, tree: Path, fallback: Path):
-    """Paths the commit's tree lacks (git-ignored fixtures such as checkpoints) come from the main checkout."""
-
-    def fix(path: Path) -> Path:
-        if path.exists():
-            return path
-        try:
-            relative = path.relative_to(tree)
-        except ValueError:
-            return path
-        return fallback / relative if (fallback / relative).exists() else path
-
-    return dataclasses.replace(
-        params,
-        checkpoint=fix(params.checkpoint),
-        images=[fix(p) for p in params.images],
-        contract=None if params.contract is None else fix(params.contract),
-    )
-
-
-def run_one(params_file: str, out_root: str, commit: str, tree: str, fallback: str, force: bool = False) -> dict:
-    """Execute one parameter set's notebooks into ``out_root/commit/name``; returns a summary, never raises."""
-    from .params import load_parameters
-    from .render import run_notebooks
-    from .report import Report
-
-    start = time.perf_counter()
-    summary = {"params": params_file, "commit": commit, "status": "error", "verdict": "error", "error": None}
-    try:
-        tree_path = Path(tree)
-        params = _resolve(load_parameters(params_file), tree_path, Path(fallback))
-        out = Path(out_root) / commit / safe_name(params.name)
-        summary.update(name=params.name, out=str(out))
-        report_path = out / "report.json"
-        if report_path.exists() and not force:
-            previous = Report.load(report_path)
-            if previous.data.get("status") == "complete" and previous.data.get("parameters_digest") == params.digest:
-                summary.update(status="complete", verdict=previous.verdict, skipped=True)
-                return summary
-        out.mkdir(parents=True, exist_ok=True)
-        resolved = out / "parameters.yaml"
-        _write_params(params, resolved)
-        env_lib = tree_path / "lib"
-        notebooks = tree_path / "notebooks" if (tree_path / "notebooks").is_dir() else None
-        with _pythonpath(env_lib if (env_lib / "driftscope").is_dir() else None):
-            errors = run_notebooks(params.notebooks, out, resolved, not force, tree_path, notebook_dir=notebooks)
-        if errors:
-            name, error = next(iter(errors.items()))
-            summary["error"] = f"notebook {name}: {error}"
-        if report_path.exists():
-            report = Report.load(report_path)
-            summary.update(
-                status=report.data.get("status"), verdict=report.verdict, stopped_at=report.data.get("stopped_at")
-            )
-            if report.data.get("status") != "complete":
-                error = report.data.get("error") or {}
-                summary["error"] = (
-                    f"stopped at {report.data.get('stopped_at')}: {error.get('message')}" if error else summary["error"]
-                )
-        elif summary["error"] is None:
-            summary["error"] = "no report.json was written"
-    except DriftscopeError as err:
-        summary["error"] = str(err)
-    except Exception as err:  # noqa: BLE001 - a run that cannot execute is reported, not raised
-        summary["error"] = f"{type(err).__name__}: {err}"
-    finally:
-        summary["seconds"] = round(time.perf_counter() - start, 2)
-    if summary["error"] and summary["status"] == "complete":
-        summary["status"] = "error"
-    return summary
-
-
-def _write_params(params, path: Path) -> None:
-    """The resolved parameters (absolute paths) the notebooks of this run load."""
-    import yaml
-
-    data = {k: v for k, v in params.to_dict().items() if v not in (None, [], {})}
-    data["runtimes"] = [{k: v for k, v in r.items() if v not in (None, {}, [])} for r in data["runtimes"]]
-    write_text_atomic(path, yaml.safe_dump(data, sort_keys=False))
-
-
-@contextlib.contextmanager
-def _pythonpath(lib: Path | None) -> Iterator[None]:
-    """Kernels import the commit's own driftscope (``<tree>/lib``) when the tree has one."""
-    if lib is None:
-        yield
-        return
-    previous = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = str(lib) + (os.pathsep + previous if previous else "")
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = previous
+def _refuse_duplicates(files: list[Path], names: list[str]) -> None:
+    seen: dict[str, list[str]] = {}
+    for path, name in zip(files, names, strict=True):
+        seen.setdefault(run_dir_name(name), []).append(str(path))
+    repeated = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    if repeated:
+        listed = "; ".join(f"{name!r}: {', '.join(paths)}" for name, paths in sorted(repeated.items()))
+        raise ParameterError(
+            f"parameter files share a run name (their results would overwrite each other): {listed}",
+            "give each parameter file its own 'name'",
+        )
 
 
 def run_batch(
@@ -156,58 +89,75 @@ def run_batch(
     scheduler: str | None = None,
     force: bool = False,
     out_root: str | Path | None = None,
-    log=print,
-) -> tuple[list[dict], Path]:
-    """Run every parameter set for ``commit``; write the evidence index and JUnit XML; return summaries and dir."""
-    from .evidence import write_index, write_junit
+    log: Callable[[str], None] = print,
+    timeout: float | None = None,
+) -> BatchResult:
+    """Run every parameter file for ``commit`` (default: the checkout as it is); write the index and JUnit XML.
 
-    out_root = Path(out_root or REPO_ROOT / "outputs").resolve()
+    ``out_root``: a local directory or a URL fsspec understands (default: this repository's ``outputs/``).
+    ``timeout``: seconds to reach the Dask ``scheduler`` (default: Dask's connect timeout).
+    """
+    root = OutputRoot(out_root or REPO_ROOT / "outputs")
     files = [Path(p).resolve() for p in params_files]
-    missing = [str(p) for p in files if not p.exists()]
+    missing = [str(p) for p in files if not p.is_file()]
     if missing:
         raise ParameterError(f"parameter files do not exist: {missing}", "pass YAML files from parameters/")
-    where = files[0].parent
-    with checkout(commit, where) as (tree, label):
-        top = Path(_git(["rev-parse", "--show-toplevel"], where)) if commit else where
-        mapped = [str(tree / p.relative_to(top)) if commit else str(p) for p in files]
-        fallback = str(top if commit else tree)
-        tasks = [(path, str(out_root), label, str(tree if commit else Path.cwd()), fallback, force) for path in mapped]
-        log(
-            f"batch: {len(tasks)} run(s) for commit {label} -> {out_root / label}"
-            + (f" on Dask scheduler {scheduler}" if scheduler else f" with {jobs} local job(s)")
-        )
-        summaries = _execute(tasks, jobs, scheduler)
-    for summary in summaries:
-        log(
-            f"  {summary.get('name', summary['params'])}: {summary['verdict']}"
-            + (f" ({summary['error']})" if summary.get("error") else "")
-            + (" [reused]" if summary.get("skipped") else "")
-        )
-    directory = out_root / label
-    directory.mkdir(parents=True, exist_ok=True)
-    write_index(directory, summaries)
-    write_junit(directory / "junit.xml", summaries)
-    return summaries, directory
+    texts = [path.read_text(encoding="utf-8") for path in files]
+    names = [run_name(path, text) for path, text in zip(files, texts, strict=True)]
+    _refuse_duplicates(files, names)
+    top, sources, in_git = _repository(files)
+    if commit is not None and not in_git:
+        raise ParameterError("--commit needs parameter files inside a git repository", "run without --commit")
+    from .environment import current_commit
+
+    label = short_sha(commit, top) if commit else current_commit(top) if in_git else "nocommit"
+    batch = uuid.uuid4().hex[:12]
+    tasks = [RunTask(name, source, "", label, root.location) for name, source in zip(names, sources, strict=True)]
+    summaries: list[dict] = []
+    problem = None
+    with interruptible():
+        try:
+            with checkout(label if commit else None, top) as tree:
+                tasks = [
+                    RunTask(name, source, text, label, root.location, force, str(tree), str(top), batch)
+                    for name, source, text in zip(names, sources, texts, strict=True)
+                ]
+                _evidence(root, label, [not_run(t, "the batch is still running (or was killed)") for t in tasks])
+                log(
+                    f"batch: {len(tasks)} run(s) for commit {label} -> {root.url(label)}"
+                    + (f" on Dask scheduler {scheduler}" if scheduler else f" with {jobs} local job(s)")
+                )
+                summaries, problem = execute(tasks, jobs, scheduler, log, timeout)
+        except BatchInterrupted as err:  # while the worktree was made or removed
+            problem = f"the batch was stopped ({err.args[0]})"
+            done = {s["name"] for s in summaries}
+            summaries += [not_run(t, problem) for t in tasks if t.name not in done]
+        for summary in summaries:
+            if summary.get("lost"):
+                _bury(root, label, summary)
+        try:
+            result = _evidence(root, label, summaries, problem)
+        except BatchInterrupted:  # a signal during the last writes: write them again (no second interruption)
+            result = _evidence(root, label, summaries, problem)
+    found = counts(summaries)
+    log(
+        f"batch: {len(summaries)} run(s) for {label}: {found['pass']} pass, {found['fail']} fail, "
+        f"{found['error']} could not run" + (f"; {problem}" if problem else "")
+    )
+    return BatchResult(label, summaries, result[0], result[1], result[2], problem)
 
 
-def _execute(tasks: list[tuple], jobs: int, scheduler: str | None) -> list[dict]:
-    if scheduler:
-        from distributed import Client
-
-        with Client(scheduler) as client:
-            futures = [client.submit(run_one, *task, pure=False) for task in tasks]
-            return client.gather(futures)
-    if jobs <= 1 or len(tasks) == 1:
-        return [run_one(*task) for task in tasks]
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(pool.map(run_one, *zip(*tasks, strict=True)))
+def _bury(root: OutputRoot, label: str, summary: dict) -> None:
+    """A run whose worker was lost: its report, left ``running``, is marked dead; its record says so."""
+    task_dir = run_dir_name(summary["name"])
+    summary["dir"] = task_dir
+    if not root.remote:
+        mark_dead(root.path(label, task_dir), summary["error"])
+    write_record(root, label, summary)
 
 
-def exit_code(summaries: list[dict]) -> int:
-    """0: every verdict passes; 1: a verdict fails; 2: a run could not execute."""
-    if any(s["status"] != "complete" or s.get("error") for s in summaries):
-        return 2
-    return 0 if all(s["verdict"] == "pass" for s in summaries) else 1
+def _evidence(root: OutputRoot, label: str, summaries: list[dict], problem: str | None = None):
+    from .evidence import write_index, write_junit
+
+    entries = commit_entries(root, label, summaries)
+    return entries, write_index(root, label, entries, problem), write_junit(root, label, entries)

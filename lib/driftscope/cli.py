@@ -106,15 +106,12 @@ def _stages(args: argparse.Namespace) -> int:
 
 
 def _batch(args: argparse.Namespace) -> int:
-    from .batch import exit_code, run_batch
+    from .batch import run_batch
     from .investigation import log
 
-    summaries, directory = run_batch(
-        args.params, args.commit, args.jobs, args.scheduler, args.force, args.out_root, log=log
-    )
-    code = exit_code(summaries)
-    log(f"index: {directory / 'index.html'}; junit: {directory / 'junit.xml'}; exit {code}")
-    return code
+    result = run_batch(args.params, args.commit, args.jobs, args.scheduler, args.force, args.out_root, log=log)
+    log(f"index: {result.index}; junit: {result.junit}; exit {result.code}")
+    return result.code
 
 
 def _diff(args: argparse.Namespace) -> int:
@@ -126,7 +123,7 @@ def _diff(args: argparse.Namespace) -> int:
     root = Path(args.out_root or REPO_ROOT / "outputs")
     diff = diff_commits(resolve_commit_dir(root, args.rev_a), resolve_commit_dir(root, args.rev_b), args.factor)
     print(json.dumps(diff, indent=1) if args.json else format_diff(diff))
-    return diff_exit_code(diff)
+    return diff_exit_code(diff, args.fail_on)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -149,10 +146,14 @@ def parser() -> argparse.ArgumentParser:
     batch = sub.add_parser("batch", help="run parameter sets for a commit; write the evidence index and JUnit XML")
     batch.add_argument("params", nargs="+", help="parameter YAML files")
     batch.add_argument("--commit", help="run a git revision of the parameters' repository (a temporary worktree)")
-    batch.add_argument("--jobs", type=int, default=1, help="local worker processes (default 1)")
+    batch.add_argument(
+        "--jobs", type=int, default=1, help="runs at a time on this machine, each its own process (default 1)"
+    )
     batch.add_argument("--scheduler", help="Dask distributed scheduler address (e.g. tcp://10.0.0.5:8786)")
     batch.add_argument("--force", action="store_true", help="re-run finished runs of the same commit and parameters")
-    batch.add_argument("--out-root", help="outputs root (default: outputs/ of this repository)")
+    batch.add_argument(
+        "--out-root", help="outputs root: a directory or a URL such as s3://bucket/runs (default: outputs/)"
+    )
     batch.set_defaults(func=_batch)
     diff = sub.add_parser("diff", help="compare the runs of two commits stage by stage")
     diff.add_argument("rev_a")
@@ -160,6 +161,9 @@ def parser() -> argparse.ArgumentParser:
     diff.add_argument("--out-root", help="outputs root (default: outputs/ of this repository)")
     diff.add_argument("--factor", type=float, default=1.5, help="a change beyond this ratio counts (default 1.5)")
     diff.add_argument("--json", action="store_true", help="print JSON")
+    diff.add_argument(
+        "--fail-on", choices=["worse"], help="exit 1 when a stage got worse beyond the noise floor (a CI gate)"
+    )
     diff.set_defaults(func=_diff)
     geometry = sub.add_parser("geometry", help="window, permutation and packing facts for image sizes")
     geometry.add_argument("sizes", nargs="+", metavar="HxW", help="image sizes, height x width (e.g. 448x672)")

@@ -73,6 +73,7 @@ class _Accumulator:
         self.both = 0
         self.first_nonfinite: tuple[int, float, float] | None = None  # flat index, reference, candidate
         self.max_abs = -1.0
+        self.max_excess = 0.0
         self.max_index: int | None = None
         self.max_values: tuple[float, float] | None = None
 
@@ -117,6 +118,8 @@ class _Accumulator:
         if count and self.first_nonfinite is None:
             local = int(np.argmax(mismatch))
             self.first_nonfinite = (offset + local, float(e[local]), float(a[local]))
+        if count:
+            self.max_excess = float("inf")
         return both
 
     def _fold(
@@ -137,7 +140,12 @@ class _Accumulator:
         np.abs(ef, out=bound)
         bound *= self.tol.rtol
         bound += self.tol.atol
-        self.failures += int(np.count_nonzero(np.greater(diff, bound, out=_scratch.mask[:n])))
+        over = _scratch.mask[:n]
+        failing = int(np.count_nonzero(np.greater(diff, bound, out=over)))
+        if failing:
+            self.failures += failing
+            with np.errstate(divide="ignore"):
+                self.max_excess = max(self.max_excess, float(np.max(diff[over] / bound[over])))
         self.sum_sq += _dot(diff, diff)
         self.sum_abs += float(diff.sum())
         if finite is not None:
@@ -307,6 +315,7 @@ def _finish(row: ComparisonRow, acc: _Accumulator, shape: tuple[int, ...], tol: 
         row.relative_rms = (
             row.rms / row.reference_rms if row.reference_rms > 0 else (0.0 if row.rms == 0 else float("inf"))
         )
+    row.max_excess = acc.max_excess
     denominator = np.sqrt(acc.norm_a) * np.sqrt(acc.norm_e)
     if denominator > 0:
         row.cosine = float(acc.dot / denominator)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,13 +21,14 @@ from .errors import ParameterError
 from .names import safe_name
 from .patches import HypothesisPatch, parse_patch
 from .stages import StageSelection
+from .storage import is_url, localize
 
 TOP_KEYS = {
     "name": "run name (default: the file's stem)",
     "description": "one line saying what this investigation asks",
     "family": "model family (default: detected from the checkpoint's config.json)",
-    "checkpoint": "local checkpoint directory (safetensors)",
-    "images": "list of image paths shared by every runtime",
+    "checkpoint": "checkpoint directory (safetensors): a path or a URL (s3://, gs://, file://)",
+    "images": "list of image paths or URLs shared by every runtime",
     "runtimes": "list of {runtime, policy, patch, label, options}; the first is the reference",
     "reference": "label of the reference runtime (default: the first)",
     "replay": "same-input replay for introduced/inherited labels: true (every candidate that can), false, or labels",
@@ -37,7 +39,7 @@ TOP_KEYS = {
     "text": "follow the prompt past the vision tower: true, or {prompt: ..., max_new_tokens: 16, expect: [words]}",
     "pairs": "extra runtime pairs to judge besides reference-vs-each, e.g. [[mlx:f32, iree:f32]] (reference first)",
     "stages": "{blocks: bool, substages: [block indices] | all, include: [globs], exclude: [globs]}",
-    "contract": "tolerance contract YAML path (default: atol 0.08, rtol 0.08)",
+    "contract": "tolerance contract YAML path or URL (default: atol 0.08, rtol 0.08)",
     "notebooks": "notebooks to render for this run (default: [01_stage_parity])",
 }
 RUNTIME_KEYS = {"runtime", "policy", "patch", "label", "options"}
@@ -64,7 +66,7 @@ class RuntimeSpec:
         return {
             "runtime": self.runtime,
             "policy": self.policy,
-            "patch": None if self.patch is None else {"callable": self.patch.located, "kwargs": self.patch.kwargs},
+            "patch": None if self.patch is None else {"callable": self.patch.target, "kwargs": self.patch.kwargs},
             "label": self.display,
             "options": self.options,
         }
@@ -88,18 +90,21 @@ class Parameters:
     relative: dict | None = None
     power: dict | None = None
     text: dict | None = None
+    #: checkpoint, images and contract as the file wrote them (repository-relative paths, URLs): the run's
+    #: identity in ``to_dict`` and ``digest``, so a checkout's location never changes it
+    written: dict = field(default_factory=dict, compare=False, repr=False)
 
     def to_dict(self) -> dict:
         return {
             "name": self.name,
             "description": self.description,
             "family": self.family,
-            "checkpoint": str(self.checkpoint),
-            "images": [str(p) for p in self.images],
+            "checkpoint": self.written.get("checkpoint", str(self.checkpoint)),
+            "images": self.written.get("images", [str(p) for p in self.images]),
             "runtimes": [spec.to_dict() for spec in self.runtimes],
             "reference": self.reference_label,
             "stages": self.stages.to_dict(),
-            "contract": None if self.contract is None else str(self.contract),
+            "contract": self.written.get("contract", None if self.contract is None else str(self.contract)),
             "notebooks": list(self.notebooks),
             "pairs": [list(pair) for pair in self.pairs],
             "replay": self.replay if isinstance(self.replay, bool) else list(self.replay),
@@ -213,6 +218,12 @@ def _power(data: Any) -> dict | None:
     }
 
 
+#: When set, relative paths of every parameter file resolve against this directory instead of the file's
+#: repository: a batch runs a copy of a commit's parameter file (saved in the run's directory) in that
+#: commit's worktree, and the notebooks' kernels inherit the variable.
+ROOT_VARIABLE = "DRIFTSCOPE_PARAMETER_ROOT"
+
+
 def parameter_root(path: str | Path) -> Path:
     """What relative paths in the parameter file ``path`` resolve against: the nearest folder above it
     holding a ``.git`` (its repository), or the file's own folder outside a repository."""
@@ -273,6 +284,8 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
 
     def path(value: Any, key: str) -> Path:
         _expect(value, str, key, "fixtures/images/shapes_448.png")
+        if is_url(value):  # s3://, gs://, file://...: a local copy, fetched once
+            return localize(value)
         return _resolve(value, base)
 
     images = _expect(data["images"], list, "images", "[fixtures/images/shapes_448.png]")
@@ -349,6 +362,11 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
         relative=relative,
         power=power,
         text=text,
+        written={
+            "checkpoint": data["checkpoint"],
+            "images": list(images),
+            "contract": data.get("contract"),
+        },
     )
 
 
@@ -376,4 +394,6 @@ def load_parameters(path: str | Path, base: Path | None = None) -> Parameters:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
         raise ParameterError(f"parameter file {path} is not valid YAML: {err}", "fix the YAML syntax") from err
-    return parse_parameters(data, str(path), parameter_root(path) if base is None else base)
+    if base is None:
+        base = Path(os.environ[ROOT_VARIABLE]) if os.environ.get(ROOT_VARIABLE) else parameter_root(path)
+    return parse_parameters(data, str(path), base)

@@ -26,14 +26,6 @@ class HypothesisPatch:
     def resolve(self) -> Callable[..., Any]:
         return resolve_callable(self.target, self.root)
 
-    @property
-    def located(self) -> str:
-        """``target`` with a relative ``file.py`` made absolute under ``root`` (valid from any directory)."""
-        module, _, attr = self.target.rpartition(":")
-        if self.root is None or not module.endswith(".py") or Path(module).expanduser().is_absolute():
-            return self.target
-        return f"{Path(self.root) / module}:{attr}"
-
     def apply(self, model: Any) -> Any:
         """Call the patch on ``model``; an exception it raises becomes a :class:`HypothesisPatchError`
         naming the patch (the original traceback stays chained to it, and goes to the run's log)."""

@@ -19,6 +19,9 @@ class ComparisonRow:
     elements: int = 0
     failure_fraction: float = 0.0
     max_abs: float = 0.0
+    #: largest |a - e| / (atol + rtol * |e|) among the elements over tolerance: how far the worst failing
+    #: element is past its bound (0 when none fails; inf, stored as null, for a non-finite failure)
+    max_excess: float | None = 0.0
     rms: float = 0.0
     mean_abs: float = 0.0
     cosine: float = 1.0

@@ -53,11 +53,60 @@ def _metrics(report: Report) -> dict[tuple[str, str], float]:
     }
 
 
-def diff_reports(a: Report, b: Report, factor: float = 1.5, floor: float = 1e-6) -> dict:
-    """Per pair and stage: better / worse / unchanged (beyond ``factor`` and ``floor``), new and vanished."""
-    ma, mb = _metrics(a), _metrics(b)
+def _tolerances(contract: dict | None) -> dict[str, dict]:
+    """``{"default" | stage pattern: tolerance}`` of a report's contract."""
+    contract = contract or {}
+    found = {"default": contract.get("default") or {}}
+    for rule in contract.get("stages") or []:
+        found[rule.get("pattern")] = {k: v for k, v in rule.items() if k != "pattern"}
+    return found
+
+
+def contract_changes(a: Report, b: Report) -> list[dict]:
+    """Tolerances that differ between two reports' contracts, each marked looser or stricter."""
+    before, after = _tolerances(a.data.get("contract")), _tolerances(b.data.get("contract"))
     changes = []
-    for key in sorted(set(ma) | set(mb)):
+    for scope in list(before) + [s for s in after if s not in before]:
+        old, new = before.get(scope), after.get(scope)
+        if old == new:
+            continue
+        direction = "added" if old is None else "removed" if new is None else "changed"
+        if old is not None and new is not None:
+            keys = ("atol", "rtol", "max_failure_fraction")
+            looser = any(float(new.get(k, 0)) > float(old.get(k, 0)) for k in keys) or (
+                new.get("skip") and not old.get("skip")
+            )
+            stricter = any(float(new.get(k, 0)) < float(old.get(k, 0)) for k in keys) or (
+                old.get("skip") and not new.get("skip")
+            )
+            direction = "looser" if looser and not stricter else "stricter" if stricter and not looser else "changed"
+        changes.append({"scope": scope, "change": direction, "before": old, "after": new})
+    return changes
+
+
+def parameter_changes(a: Report, b: Report) -> list[dict]:
+    """Parameters (other than the description) that differ between two reports."""
+    pa, pb = a.data.get("parameters") or {}, b.data.get("parameters") or {}
+    keys = [k for k in list(pa) + [k for k in pb if k not in pa] if k != "description"]
+    return [{"key": k, "before": pa.get(k), "after": pb.get(k)} for k in keys if pa.get(k) != pb.get(k)]
+
+
+def _execution_order(a: Report, b: Report) -> dict[str, int]:
+    order: dict[str, int] = {}
+    for report in (b, a):
+        for stage in report.data.get("stage_plan", []):
+            order.setdefault(stage["id"], len(order))
+    return order
+
+
+def diff_reports(a: Report, b: Report, factor: float = 1.5, floor: float = 1e-6) -> dict:
+    """Changed contract and parameters, then per pair and stage (execution order): better / worse / unchanged
+    (beyond ``factor`` and ``floor``), new and vanished."""
+    ma, mb = _metrics(a), _metrics(b)
+    order = _execution_order(a, b)
+    pairs = {p: i for i, p in enumerate(dict.fromkeys(b.pair_keys() + a.pair_keys() + [k[0] for k in (*ma, *mb)]))}
+    changes = []
+    for key in sorted(set(ma) | set(mb), key=lambda k: (pairs[k[0]], order.get(k[1], len(order)), k[1])):
         pair, stage = key
         if key not in ma:
             changes.append({"pair": pair, "stage": stage, "change": "new", "before": None, "after": mb[key]})
@@ -75,12 +124,28 @@ def diff_reports(a: Report, b: Report, factor: float = 1.5, floor: float = 1e-6)
         changes.append({"pair": pair, "stage": stage, "change": change, "before": before, "after": after})
     fa, fb = a.data.get("first_divergence") or {}, b.data.get("first_divergence") or {}
     moved = []
-    for pair in sorted(set(fa) | set(fb)):
+    for pair in sorted(set(fa) | set(fb), key=lambda p: pairs.get(p, len(pairs))):
         sa = (fa.get(pair) or {}).get("stage")
         sb = (fb.get(pair) or {}).get("stage")
         if sa != sb:
             moved.append({"pair": pair, "before": sa, "after": sb})
-    return {"verdict": {"before": a.verdict, "after": b.verdict}, "first_divergence": moved, "stages": changes}
+    return {
+        "verdict": {"before": a.verdict, "after": b.verdict},
+        "contract": contract_changes(a, b),
+        "parameters": parameter_changes(a, b),
+        "first_divergence": moved,
+        "stages": changes,
+    }
+
+
+def worse_stages(diff: dict) -> list[tuple[str, str, str]]:
+    """(run, pair, stage) of every stage that got worse beyond the noise floor, for ``--fail-on worse``."""
+    return [
+        (name, change["pair"], change["stage"])
+        for name, run in diff["runs"].items()
+        for change in run.get("stages", [])
+        if change["change"] == "worse"
+    ]
 
 
 def diff_commits(dir_a: Path, dir_b: Path, factor: float = 1.5, floor: float = 1e-6) -> dict:
@@ -100,18 +165,18 @@ def diff_commits(dir_a: Path, dir_b: Path, factor: float = 1.5, floor: float = 1
     return out
 
 
-def diff_exit_code(diff: dict) -> int:
-    """2: a report could not be read; 1: a run got worse (a verdict no longer passes, or a stage is worse); else 0."""
+def diff_exit_code(diff: dict, fail_on: str | None = None) -> int:
+    """2: a report could not be read; with ``fail_on="worse"``, 1 when a run got worse (a verdict no longer
+    passes, or a stage is worse beyond the noise floor: the CI gate); else 0."""
     runs = diff["runs"].values()
     if any("unreadable" in run for run in runs):
         return 2
-    for run in runs:
-        verdict = run.get("verdict", {})
-        if verdict.get("before") == "pass" and verdict.get("after") != "pass":
-            return 1
-        if any(change["change"] == "worse" for change in run.get("stages", [])):
-            return 1
-    return 0
+    if fail_on != "worse":
+        return 0
+    regressed = any(
+        run.get("verdict", {}).get("before") == "pass" and run.get("verdict", {}).get("after") != "pass" for run in runs
+    )
+    return 1 if regressed or worse_stages(diff) else 0
 
 
 def format_diff(diff: dict) -> str:
@@ -128,6 +193,15 @@ def format_diff(diff: dict) -> str:
             f"\n{name}: verdict {run['verdict']['before']} -> {run['verdict']['after']}; "
             f"{len(changed)} changed stage(s)"
         )
+        for change in run.get("contract", []):
+            lines.append(
+                f"  CONTRACT {change['change']:8s} {change['scope']}: {_short(change['before'])} -> "
+                f"{_short(change['after'])}"
+            )
+        if any(c["change"] != "stricter" for c in run.get("contract", [])):
+            lines.append("  (verdicts under different contracts: `driftscope rejudge` both under one to compare them)")
+        for change in run.get("parameters", []):
+            lines.append(f"  PARAMETER {change['key']}: {_short(change['before'])} -> {_short(change['after'])}")
         for move in run["first_divergence"]:
             lines.append(f"  first divergence of {move['pair']}: {move['before']} -> {move['after']}")
         for change in changed:
@@ -135,6 +209,13 @@ def format_diff(diff: dict) -> str:
             after = "-" if change["after"] is None else f"{change['after']:.3g}"
             lines.append(f"  {change['change']:9s} {change['pair']:24s} {change['stage']:40s} {before} -> {after}")
     return "\n".join(lines)
+
+
+def _short(value, limit: int = 100) -> str:
+    import json
+
+    text = "-" if value is None else json.dumps(value, sort_keys=True)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def stage_commit_heatmap(out_root: Path, commits: list[str], run: str, pair: str | None = None) -> Figure:
