@@ -157,7 +157,7 @@ def run_batch(
     log=print,
 ) -> tuple[list[dict], Path]:
     """Run every parameter set for ``commit``; write the evidence index and JUnit XML; return summaries and dir."""
-    from .evidence import write_index, write_junit
+    from .views.evidence import write_index, write_junit
 
     out_root = Path(out_root or REPO_ROOT / "outputs").resolve()
     files = [Path(p).resolve() for p in params_files]

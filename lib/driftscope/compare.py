@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .contract import Contract, Tolerance
-from .stages import StagePlan
+from .stages import StagePlan, TokenOrder
 from .tapset import TapSet
 
 #: Elements read and compared at a time (bounds memory on big taps). The float64 working copies of a
@@ -171,15 +171,6 @@ class _Accumulator:
                 self.max_values = (float(e[local]), float(a[local]))
 
 
-def _restore_raster(array: np.ndarray, window_index: np.ndarray, unit: str | None, merge_unit: int) -> np.ndarray:
-    """Rows of a window-ordered array put back in raster order using that runtime's own window index."""
-    reverse = np.argsort(window_index, kind="stable")
-    if unit == "merged":
-        return array[reverse]
-    grouped = array.reshape(len(window_index), merge_unit, *array.shape[1:])
-    return grouped[reverse].reshape(array.shape)
-
-
 def _active_slice(declaration: dict, length: int) -> list[tuple[int, int]]:
     ranges = declaration.get("active_rows")
     if not ranges:
@@ -193,9 +184,11 @@ def compare_stage(
     candidate: TapSet,
     tolerance: Tolerance,
     position: int,
-    merge_unit: int = 4,
+    order: TokenOrder | None = None,
 ) -> ComparisonRow:
-    """Compare one stage of two TapSets; never raises for data problems (they go in the row)."""
+    """Compare one stage of two TapSets; never raises for data problems (they go in the row).
+
+    ``order``: how the stage's token order goes back to raster order, when the two sides' orders differ."""
     row = ComparisonRow(
         stage_id, reference.label, candidate.label, position, "pass", atol=tolerance.atol, rtol=tolerance.rtol
     )
@@ -223,13 +216,16 @@ def compare_stage(
         row.extra.update(logit_agreement(np.asarray(reference[stage_id]), np.asarray(candidate[stage_id])))
 
     accumulator = _Accumulator(tolerance)
-    reorder = _needs_reorder(stage_id, declaration, reference, candidate)
+    reorder = _needs_reorder(order, reference, candidate)
     if reorder is not None:
         ref_index, cand_index = reorder
         unit = declaration.get("token_unit")
-        expected = _restore_raster(reference[stage_id], ref_index, unit, merge_unit)
-        actual = _restore_raster(candidate[stage_id], cand_index, unit, merge_unit)
-        row.note = "window orders differ: both sides restored to raster order with their own window index"
+        expected = order.to_raster(reference[stage_id], ref_index, unit)
+        actual = order.to_raster(candidate[stage_id], cand_index, unit)
+        row.note = (
+            f"{declaration.get('token_order')} orders differ: both sides restored to raster order with their own "
+            f"{order.index}"
+        )
         for start, stop in _active_slice(declaration, ref_shape[0]):
             inner = int(np.prod(ref_shape[1:]))
             accumulator.add(expected[start:stop], actual[start:stop], start * inner)
@@ -272,10 +268,10 @@ def logit_agreement(expected: np.ndarray, actual: np.ndarray, k: int = 5) -> dic
     }
 
 
-def _needs_reorder(stage_id: str, declaration: dict, reference: TapSet, candidate: TapSet):
-    if declaration.get("token_order") != "window":
+def _needs_reorder(order: TokenOrder | None, reference: TapSet, candidate: TapSet):
+    if order is None:
         return None
-    key = "vision.window_index"
+    key = order.index
     if key not in reference or key not in candidate:
         return None
     ref_index, cand_index = reference[key], candidate[key]
@@ -340,9 +336,15 @@ def compare_tapsets(
     """Every stage either side captured, compared in execution order."""
     stage_ids = set(reference.stage_ids()) | set(candidate.stage_ids())
     ordered = plan.ordered(stage_ids) if plan is not None else sorted(stage_ids)
-    merge = int((plan.meta if plan else {}).get("spatial_merge_size", 2)) ** 2
     return [
-        compare_stage(stage_id, reference, candidate, contract.tolerance(stage_id), position, merge)
+        compare_stage(
+            stage_id,
+            reference,
+            candidate,
+            contract.tolerance(stage_id),
+            position,
+            TokenOrder.of(plan, reference.declaration(stage_id).get("token_order") if stage_id in reference else None),
+        )
         for position, stage_id in enumerate(ordered)
     ]
 

@@ -11,6 +11,8 @@ import fnmatch
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Stage:
@@ -117,3 +119,24 @@ class StagePlan:
         known = sorted((i for i in stage_ids if i in self._index), key=self._index.__getitem__)
         unknown = sorted(i for i in stage_ids if i not in self._index)
         return known + unknown
+
+
+@dataclass(frozen=True)
+class TokenOrder:
+    """How rows of a stage in a non-raster token order go back to raster order: ``index`` is the integer
+    stage (captured by each side) holding the permutation, applied to groups of ``rows_per_index[unit]``
+    rows. A family declares its orders in its plan's ``meta["token_orders"]``."""
+
+    index: str
+    rows_per_index: dict[str, int]
+
+    @classmethod
+    def of(cls, plan: StagePlan | None, token_order: str | None) -> TokenOrder | None:
+        declared = ((plan.meta if plan else {}).get("token_orders") or {}).get(token_order)
+        return cls(declared["index"], dict(declared["rows_per_index"])) if declared else None
+
+    def to_raster(self, array: np.ndarray, permutation: np.ndarray, unit: str | None) -> np.ndarray:
+        """Rows of ``array`` put back in raster order using that runtime's own ``permutation``."""
+        reverse = np.argsort(permutation, kind="stable")
+        grouped = array.reshape(len(permutation), int(self.rows_per_index.get(unit or "", 1)), *array.shape[1:])
+        return grouped[reverse].reshape(array.shape)

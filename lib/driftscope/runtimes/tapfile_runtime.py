@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ParameterError
-from ..inputs import VisionInputs
+from ..inputs import ModelInputs
 from ..stages import StagePlan
 from ..tapset import TapSet, tap_paths
 from .base import Progress, Runtime, StageSink
@@ -32,12 +32,10 @@ class TapfileRuntime(Runtime):
     def label(self) -> str:
         return str(self.options.get("label") or f"tapfile:{Path(self.options.get('path', '?')).stem}")
 
-    def _capture(self, inputs: VisionInputs, sink: StageSink) -> None:  # pragma: no cover - capture() is overridden
+    def _capture(self, inputs: ModelInputs, sink: StageSink) -> None:  # pragma: no cover - capture() is overridden
         raise NotImplementedError
 
-    def capture(
-        self, inputs: VisionInputs, plan: StagePlan, out_base: Path, progress: Progress | None = None
-    ) -> TapSet:
+    def capture(self, inputs: ModelInputs, plan: StagePlan, out_base: Path, progress: Progress | None = None) -> TapSet:
         """Copy the external TapSet next to the run's other taps, labelled for this run."""
         self.load()
         digest = self.model.meta.get("inputs_digest")

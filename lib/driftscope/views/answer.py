@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
-from .report import Report
+from ..report import Report
 
 
 def texts_frame(report: Report):

@@ -6,8 +6,9 @@ import numpy as np
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
+from ..report import Report
 from .errormaps import StageDifference, patch_error_grid
-from .report import Report
+from .plots import block_outputs, landmarks
 
 LABEL_COLORS = {"introduced": "#d62728", "amplified": "#ff7f0e", "inherited": "#1f77b4", "clean": "#bbbbbb"}
 
@@ -23,8 +24,10 @@ def default_focus(report: Report) -> tuple[str | None, str | None]:
 
 
 def block_of(stage: str | None) -> int | None:
-    if stage and stage.startswith("vision.block."):
-        return int(stage.split(".")[2])
+    """The block number of a stage id (``<tower>.block.<n>[.<substage>]``), or None."""
+    parts = (stage or "").split(".")
+    if len(parts) >= 3 and parts[1] == "block" and parts[2].isdigit():
+        return int(parts[2])
     return None
 
 
@@ -42,10 +45,11 @@ def label_frame(report: Report, pair: str, blocks: list[int] | None = None):
 
 def introduced_curve(report: Report, pair: str) -> Figure:
     """Accumulated and op-local relative RMS over every block output, labels as marker colours."""
+    blocks, marks = block_outputs(report), landmarks(report)
     labels = [
         x
         for x in (report.data.get("replay") or {}).get(pair, {}).get("labels", [])
-        if x["stage"].count(".") == 2 or x["stage"].startswith("vision.merger")
+        if x["stage"] in blocks or any(x["stage"] == m or x["stage"].startswith(m + ".") for m in marks)
     ]
     figure = Figure(figsize=(11, 3.6), layout="constrained")
     axis = figure.subplots()
@@ -61,7 +65,7 @@ def introduced_curve(report: Report, pair: str) -> Figure:
     for name, color in LABEL_COLORS.items():
         axis.scatter([], [], c=color, label=name)
     axis.set_yscale("log")
-    axis.set_xticks(xs, [x["stage"].replace("vision.", "") for x in labels], rotation=90, fontsize=7)
+    axis.set_xticks(xs, [x["stage"].split(".", 1)[-1] for x in labels], rotation=90, fontsize=7)
     axis.set_ylabel("relative RMS error")
     axis.set_title(f"{pair}: accumulated vs op-local error per block (marker: label)")
     axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.005, 1.0))

@@ -6,9 +6,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .geometry.windows import position_ids, reverse_by_argsort
-from .report import Report
-from .tapset import TapSet
+from ..families import get_family
+from ..families.base import ImageTokens
+from ..report import Report
+from ..stages import TokenOrder
+from ..tapset import TapSet
 
 
 @dataclass
@@ -34,6 +36,12 @@ class StageDifference:
         return bad | ~np.isfinite(self.actual) | ~np.isfinite(self.expected)
 
 
+def _layout(report: Report, reference: TapSet, unit: str | None) -> list[ImageTokens]:
+    """Where each image's token rows (raster order) sit in the image, as the checkpoint's family says."""
+    hooks = get_family(report.data["family"]).view_hooks()
+    return hooks.token_layout(reference, unit, report.data.get("plan_meta", {}))
+
+
 def _as_matrix(array: np.ndarray) -> np.ndarray:
     array = np.asarray(array, dtype=np.float32)
     return array.reshape(array.shape[0], -1) if array.ndim > 1 else array[:, None]
@@ -53,12 +61,13 @@ def stage_difference(report: Report, stage: str, pair: str, replay: bool = False
         candidate = TapSet(report.directory / report.data["replay"][pair]["tapset"])
     row = next((r for r in report.rows if r.stage == stage and (r.pair or r.candidate) == pair), None)
     atol, rtol = (row.atol, row.rtol) if row else (0.08, 0.08)
-    bounds = np.asarray(reference["vision.cu_seqlens"]) if "vision.cu_seqlens" in reference else None
     declaration = reference.declaration(stage)
     expected, actual = _as_matrix(reference[stage]), _as_matrix(candidate[stage])
     rows = [(0, expected.shape[0])]
-    if bounds is not None and declaration.get("token_unit") == "patch" and bounds[-1] == expected.shape[0]:
-        rows = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    if declaration.get("token_unit") == "patch":  # one panel per image (the token order keeps images apart)
+        layout = _layout(report, reference, "patch")
+        if layout and layout[-1].stop == expected.shape[0]:
+            rows = [(tokens.start, tokens.stop) for tokens in layout]
     return StageDifference(stage, expected, actual, atol, rtol, declaration.get("token_order", "none"), rows)
 
 
@@ -141,20 +150,12 @@ def patch_error_grid(report: Report, stage: str, pair: str, image: int = 0, repl
     difference = stage_difference(report, stage, pair, replay)
     reference, _ = _pair_tapsets(report, pair)
     per_row = np.sqrt(np.mean(difference.diff**2, axis=1))
-    grids = np.asarray(reference["inputs.grid_thw"]).reshape(-1, 3)
-    unit = int(report.data.get("plan_meta", {}).get("spatial_merge_size", 2))
-    merged = reference.declaration(stage).get("token_unit") == "merged"
-    if difference.token_order == "window":  # back to processor order with the reference's own window index
-        index = np.asarray(reference["vision.window_index"])
-        reverse = reverse_by_argsort(index)
-        per_row = per_row[reverse] if merged else per_row.reshape(len(index), -1)[reverse].reshape(-1)
-    sizes = grids.prod(axis=1) // (unit * unit if merged else 1)
-    start = int(sizes[:image].sum())
-    values = per_row[start : start + int(sizes[image])]
-    t, h, w = (int(v) for v in grids[image])
-    if merged:
-        return values.reshape(h // unit, w // unit)
-    positions = position_ids([[t, h, w]], unit)
-    grid = np.zeros((h, w))
-    grid[positions[:, 0], positions[:, 1]] = values[: h * w]
+    unit = reference.declaration(stage).get("token_unit")
+    order = TokenOrder.of(report.plan, difference.token_order)
+    if order is not None and order.index in reference:  # back to raster order with the reference's own index
+        per_row = order.to_raster(per_row, np.asarray(reference[order.index]), unit)
+    tokens = _layout(report, reference, unit)[image]
+    values = per_row[tokens.start : tokens.stop]
+    grid = np.zeros(tokens.shape)
+    grid[tokens.cells[:, 0], tokens.cells[:, 1]] = values[: len(tokens.cells)]
     return grid

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from xml.etree import ElementTree
 
-from .atomic import write_text_atomic
+from ..atomic import write_text_atomic
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:2em;color:#222}
@@ -50,7 +50,7 @@ def _worst(report) -> str:
 
 
 def index_rows(directory: Path, summaries: list[dict]) -> list[dict]:
-    from .report import Report
+    from ..report import Report
 
     rows = []
     for summary in summaries:

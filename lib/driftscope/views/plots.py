@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from .report import Report
+from ..report import Report
 
 COLORS = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f", "#17becf"]
 
@@ -22,14 +22,25 @@ def _stage_axis(report: Report, activations_only: bool = False) -> tuple[list[st
     return ordered, {stage_id: position for position, stage_id in enumerate(ordered)}
 
 
-def _block_ticks(ordered: list[str]) -> tuple[list[int], list[str]]:
+def landmarks(report: Report) -> list[str]:
+    """Stages the family marks as landmarks of its plan (e.g. the embedding and the tower's output)."""
+    return list(report.data.get("plan_meta", {}).get("landmarks", []))
+
+
+def block_outputs(report: Report) -> set[str]:
+    """Stage ids of block outputs (a block number, no substage), from the report's stage plan."""
+    return {s["id"] for s in report.data.get("stage_plan", []) if s.get("block") is not None and not s.get("substage")}
+
+
+def _block_ticks(report: Report, ordered: list[str]) -> tuple[list[int], list[str]]:
+    blocks = {s["id"]: s["block"] for s in report.data.get("stage_plan", []) if s["id"] in block_outputs(report)}
+    marks = set(landmarks(report))
     ticks, labels = [], []
     for position, stage_id in enumerate(ordered):
-        parts = stage_id.split(".")
-        if len(parts) == 3 and parts[1] == "block":
+        if stage_id in blocks:
             ticks.append(position)
-            labels.append(f"b{parts[2]}")
-        elif stage_id in ("vision.patch_embed", "vision.merger"):
+            labels.append(f"b{blocks[stage_id]}")
+        elif stage_id in marks:
             ticks.append(position)
             labels.append(stage_id.split(".")[-1])
     return ticks, labels
@@ -70,7 +81,7 @@ def error_curves(report: Report, metrics: tuple[str, ...] = ("max_abs", "rms", "
         axis.grid(True, which="major", alpha=0.3)
         if metric == "max_abs" and atol:
             axis.axhline(atol, color="black", linestyle=":", linewidth=1, label=f"atol {atol}")
-    ticks, labels = _block_ticks(ordered)
+    ticks, labels = _block_ticks(report, ordered)
     axes[-1].set_xticks(ticks, labels, rotation=90, fontsize=7)
     axes[-1].set_xlabel("stage (execution order; dashed: first divergence)")
     axes[0].legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, borderaxespad=0.0)
@@ -78,24 +89,28 @@ def error_curves(report: Report, metrics: tuple[str, ...] = ("max_abs", "rms", "
     return figure
 
 
-def input_images(report: Report, window_px: int = 112) -> Figure:
-    """The input images as the processor resized them, with the attention-window grid drawn over."""
+def input_images(report: Report) -> Figure:
+    """The input images as the processor resized them, with the family's overlay (e.g. its attention-window
+    grid) drawn over and its caption."""
     from PIL import Image
+
+    from ..families import get_family
 
     inputs = report.data.get("inputs", {})
     paths = inputs.get("images", [])
+    overlay = get_family(report.data["family"]).view_hooks().input_overlay
     figure = Figure(figsize=(3.2 * max(len(paths), 1), 3.4), layout="constrained")
     axes = figure.subplots(1, max(len(paths), 1), squeeze=False)[0]
-    for axis, path, size, grid in zip(axes, paths, inputs.get("resized", []), inputs.get("grid_thw", []), strict=False):
+    for index, (axis, path, size) in enumerate(zip(axes, paths, inputs.get("resized", []), strict=False)):
         height, width = size
         with Image.open(path) as image:
             axis.imshow(np.asarray(image.convert("RGB").resize((width, height))))
-        for x in range(window_px, width, window_px):
+        step, caption = overlay(inputs, index)
+        for x in range(step, width, step) if step else ():
             axis.axvline(x, color="white", linewidth=0.8)
-        for y in range(window_px, height, window_px):
+        for y in range(step, height, step) if step else ():
             axis.axhline(y, color="white", linewidth=0.8)
-        windows = -(-height // window_px) * -(-width // window_px)
-        axis.set_title(f"{Path(path).name}\n{height}x{width}, grid {grid}, {windows} window(s)", fontsize=8)
+        axis.set_title(f"{Path(path).name}\n{caption}", fontsize=8)
         axis.set_axis_off()
     return figure
 
@@ -133,7 +148,7 @@ def mutation_curves(report: Report) -> Figure:
     axes = figure.subplots(max(len(detected), 1), 1, sharex=True, squeeze=False)[:, 0]
     atol = report.data.get("contract", {}).get("default", {}).get("atol")
     real = [row for row in report.rows if row.stage in position and row.status in ("pass", "fail")]
-    ticks, labels = _block_ticks(ordered)
+    ticks, labels = _block_ticks(report, ordered)
     for axis, mutation in zip(axes, detected, strict=False):
         for key in report.pair_keys():
             pair = sorted((r for r in real if (r.pair or r.candidate) == key), key=lambda r: position[r.stage])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .report import Report
+from ..report import Report
 
 
 def summary_markdown(report: Report) -> str:
@@ -100,16 +100,16 @@ def divergence_frame(report: Report):
 
 
 def block_frame(report: Report):
-    """Rows of block outputs, the merger and any failing stage: the compact stage table."""
+    """Rows of block outputs, the plan's landmarks (and their parts) and any failing stage: the compact table."""
+    from .plots import block_outputs, landmarks
+
     frame = report.frame()
     if frame.empty:
         return frame
-    parts = frame["stage"].str.split(".")
-    is_block = parts.map(lambda p: len(p) == 3 and p[1] == "block")
+    marks = landmarks(report)
     keep = (
-        is_block
-        | frame["stage"].str.startswith("vision.merger")
+        frame["stage"].isin(block_outputs(report))
+        | frame["stage"].map(lambda stage: any(stage == m or stage.startswith(m + ".") for m in marks))
         | (frame["status"] != "pass")
-        | frame["stage"].eq("vision.patch_embed")
     )
     return frame[keep].reset_index(drop=True)

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from .errors import ParameterError
-from .report import Report
+from ..errors import ParameterError
+from ..report import Report
 
 
 def resolve_commit_dir(out_root: Path, revision: str) -> Path:

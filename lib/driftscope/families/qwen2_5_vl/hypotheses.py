@@ -1,4 +1,4 @@
-"""Ready-made hypothesis patches (``patch: driftscope.hypotheses:NAME`` in a parameter file).
+"""Qwen2.5-VL's ready-made hypothesis patches (``patch: driftscope.hypotheses:NAME`` in a parameter file).
 
 Each takes the loaded model of the runtime it is given (mlx-vlm's ``Model`` or transformers'
 ``Qwen2_5_VLForConditionalGeneration``) and changes it in place to test a "what if".
@@ -7,6 +7,8 @@ Each takes the loaded model of the runtime it is given (mlx-vlm's ``Model`` or t
 from __future__ import annotations
 
 from typing import Any
+
+__all__ = ["norm2_in_float32", "perturb_image_embeddings", "scale_block_output"]
 
 
 def _vision(model: Any) -> Any:

@@ -12,7 +12,7 @@ import glob
 from pathlib import Path
 from typing import Any
 
-from .errors import CheckpointError
+from ...errors import CheckpointError
 
 
 def adapt_config(config: dict) -> dict:

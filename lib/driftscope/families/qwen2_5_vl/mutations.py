@@ -1,4 +1,4 @@
-"""Named, documented defects applied to a candidate runtime (eager MLX), to prove a fixture's power.
+"""Qwen2.5-VL's named, documented defects, applied to eager MLX (mlx-vlm), to prove a fixture's power.
 
 Each mutation says which stage it should disturb first and, from the inputs' geometry alone,
 when the fixture is blind to it (one window, one image, an involutive permutation). Mutations
@@ -8,44 +8,27 @@ register by name, like runtimes.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
+from ...inputs import ModelInputs
+from ...registry import Registry
+from ...runtimes.mlx_runtime import module_attr, use_manual_rmsnorm
+from ...stages import StagePlan
+from ..base import Mutation
 from .geometry import is_involution, window_layout
-from .inputs import VisionInputs
-from .registry import Registry
-from .runtimes.mlx_runtime import MLXRuntime, _module_attr, use_manual_rmsnorm
-from .stages import StagePlan
-
-
-@dataclass(frozen=True)
-class Mutation:
-    """A defect: ``install`` changes the loaded model; ``during`` (if any) is a context active while capturing."""
-
-    name: str
-    description: str
-    declared: Callable[[StagePlan], list[str]]  # candidate first-disturbed stages, most specific first
-    install: Callable[[Any, dict], None] | None = None  # (model, settings) at load time
-    blind: Callable[[VisionInputs, StagePlan], str | None] = lambda inputs, plan: None
-    settings: dict = field(default_factory=dict)
-    during: Callable[[Any, dict], Any] | None = None  # (model, settings) -> context manager
-
-    def declared_stage(self, plan: StagePlan) -> str | None:
-        """The first declared stage that the plan captures."""
-        return next((stage for stage in self.declared(plan) if stage in plan), None)
-
+from .mlx_taps import rms_norms
 
 MUTATIONS: Registry[Mutation] = Registry("mutation")
 
 
-def _grids(inputs: VisionInputs) -> list[list[int]]:
-    return [list(map(int, g)) for g in np.asarray(inputs.grid_thw).reshape(-1, 3)]
+def _grids(inputs: ModelInputs) -> list[list[int]]:
+    return [list(map(int, g)) for g in np.asarray(inputs["grid_thw"]).reshape(-1, 3)]
 
 
-def _windows_per_image(inputs: VisionInputs) -> list[int]:
+def _windows_per_image(inputs: ModelInputs) -> list[int]:
     return [window_layout([g]).windows_per_image[0] for g in _grids(inputs)]
 
 
@@ -58,14 +41,14 @@ def _full_blocks(plan: StagePlan) -> list[int]:
     return sorted(plan.meta.get("fullatt_block_indexes", []))
 
 
-def _one_window(inputs: VisionInputs, plan: StagePlan) -> str | None:
+def _one_window(inputs: ModelInputs, plan: StagePlan) -> str | None:
     counts = _windows_per_image(inputs)
     if all(n == 1 for n in counts):
         return f"every image has a single attention window ({counts}): the window permutation is the identity"
     return None
 
 
-def _involution(inputs: VisionInputs, plan: StagePlan) -> str | None:
+def _involution(inputs: ModelInputs, plan: StagePlan) -> str | None:
     index = window_layout(_grids(inputs)).window_index
     if is_involution(index):
         return (
@@ -75,12 +58,12 @@ def _involution(inputs: VisionInputs, plan: StagePlan) -> str | None:
     return None
 
 
-def _one_image(inputs: VisionInputs, plan: StagePlan) -> str | None:
+def _one_image(inputs: ModelInputs, plan: StagePlan) -> str | None:
     grids = _grids(inputs)
     if len(grids) < 2:
         return "one image: there is nothing to leak across (pack two or more images in the bucket)"
     sizes = np.cumsum([0] + [t * h * w for t, h, w in grids])
-    images = [inputs.pixel_values[a:b] for a, b in zip(sizes[:-1], sizes[1:], strict=True)]
+    images = [inputs["pixel_values"][a:b] for a, b in zip(sizes[:-1], sizes[1:], strict=True)]
     if all(img.shape == images[0].shape and np.array_equal(img, images[0]) for img in images[1:]):
         return "the packed images are identical: attending across copies of the same tokens changes nothing"
     return None
@@ -131,7 +114,7 @@ def _rank_scatter(model, settings) -> Iterator[None]:
         def argsort(index, axis=0):  # the shipped construction: reverse[orig] = rank, i.e. the index itself
             return index
 
-    with _module_attr(vision_module, "mx", _Core()):
+    with module_attr(vision_module, "mx", _Core()):
         yield
 
 
@@ -147,12 +130,12 @@ def _silu_by_division(model, settings) -> Iterator[None]:
     import mlx.core as mx
     import mlx.nn as nn
 
-    with _module_attr(nn, "silu", lambda x: x / (1 + mx.exp(-x))):
+    with module_attr(nn, "silu", lambda x: x / (1 + mx.exp(-x))):
         yield
 
 
 def _manual_rmsnorm(model, settings):
-    use_manual_rmsnorm(model)
+    use_manual_rmsnorm(rms_norms(model))
 
 
 def _drop_rotary(model, settings):
@@ -244,23 +227,3 @@ for mutation in (
     ),
 ):
     MUTATIONS.register(mutation.name, mutation)
-
-
-class MutatedMLXRuntime(MLXRuntime):
-    """The MLX runtime with one mutation installed (its label says which)."""
-
-    def __init__(self, checkpoint, policy: str, mutation: Mutation, options: dict | None = None):
-        super().__init__(checkpoint, policy, None, {**(options or {}), "label": f"mlx:{policy}+{mutation.name}"})
-        self.mutation = mutation
-
-    def _load(self) -> Any:
-        model = super()._load()
-        if self.mutation.install is not None:
-            self.mutation.install(model, dict(self.mutation.settings))
-        return model
-
-    def _capture(self, inputs, sink) -> None:
-        with ExitStack() as stack:
-            if self.mutation.during is not None:
-                stack.enter_context(self.mutation.during(self.model, dict(self.mutation.settings)))
-            super()._capture(inputs, sink)

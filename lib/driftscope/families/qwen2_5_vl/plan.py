@@ -1,10 +1,10 @@
-"""Qwen2.5-VL vision tower: the stage plan in execution order."""
+"""Qwen2.5-VL's stage plan: vision and text stages in execution order, substages, what each replay reads."""
 
 from __future__ import annotations
 
-from ..stages import Stage, StagePlan
+from ...stages import Stage, StagePlan
 
-FAMILY = "qwen2_5_vl"
+NAME = "qwen2_5_vl"
 
 #: Substages of one vision block, in execution order: (name, axes).
 BLOCK_SUBSTAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -100,11 +100,20 @@ def vision_plan(config: dict) -> StagePlan:
         Stage("vision.merger.window", ("merged_tokens", "out_hidden"), "window", "merged", description="merger output"),
         Stage("vision.merger", ("merged_tokens", "out_hidden"), "raster", "merged", description="restored to raster"),
     ]
-    meta = {"fullatt_block_indexes": full, "spatial_merge_size": int(vision.get("spatial_merge_size", 2))}
-    return StagePlan(FAMILY, stages, depth, meta)
+    merge = int(vision.get("spatial_merge_size", 2))
+    meta = {
+        "fullatt_block_indexes": full,
+        "spatial_merge_size": merge,
+        # window-ordered stages go back to raster order through each side's own window index
+        "token_orders": {
+            "window": {"index": "vision.window_index", "rows_per_index": {"patch": merge**2, "merged": 1}}
+        },
+        "landmarks": ["vision.patch_embed", "vision.merger"],
+    }
+    return StagePlan(NAME, stages, depth, meta)
 
 
-#: Block input of block 0: the patch embedding in window order (built from the reference's taps).
+#: Block input of block 0: the patch embedding in window order (a view of the reference's tap, ``stage@view``).
 BLOCK0_INPUT = "vision.patch_embed@window"
 
 #: What each substage reads, by substage name; "in" is the block's input.
@@ -127,6 +136,14 @@ SUBSTAGE_INPUTS: dict[str, tuple[str, ...]] = {
 
 def block_input(block: int) -> str:
     return BLOCK0_INPUT if block == 0 else block_stage_id(block - 1)
+
+
+def parse_stage(stage_id: str) -> tuple[int | None, str]:
+    """``vision.block.3.mlp.up`` -> (3, "mlp.up"); ``vision.block.3`` -> (3, "block"); merger -> (None, name)."""
+    parts = stage_id.split(".")
+    if stage_id.startswith("vision.block."):
+        return int(parts[2]), ".".join(parts[3:]) or "block"
+    return None, ".".join(parts[1:])
 
 
 def replay_inputs(stage_id: str, depth: int) -> tuple[str, ...] | None:

@@ -1,4 +1,4 @@
-"""What every replayed stage needs besides its inputs: rotary tables, attention bounds, window order."""
+"""What every replayed Qwen2.5-VL stage needs besides its inputs: rotary tables, attention bounds, window order."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..families.qwen2_5_vl import BLOCK0_INPUT
-from ..tapset import TapSet
+from ...stages import StagePlan
+from ...tapset import TapSet
+from .plan import BLOCK0_INPUT
 
 
 @dataclass
@@ -41,7 +42,7 @@ class ReplayContext:
         ]
         missing = [stage for stage in needed if stage not in reference]
         if missing:
-            from ..errors import TapFileError
+            from ...errors import TapFileError
 
             raise TapFileError(
                 f"the reference TapSet {reference.tensor_path.name} lacks {missing} needed to replay",
@@ -61,6 +62,12 @@ class ReplayContext:
         ctx.sin = ctx.to_window(np.asarray(reference["vision.rotary.sin"], dtype=np.float32))
         return ctx
 
+    @classmethod
+    def from_plan(cls, reference: TapSet, plan: StagePlan) -> ReplayContext:
+        return cls.from_tapset(
+            reference, plan.meta.get("fullatt_block_indexes", []), int(plan.meta.get("spatial_merge_size", 2)) ** 2
+        )
+
     def stage(self, reference: TapSet, stage_id: str) -> np.ndarray | None:
         """A reference stage as a replay input (the block-0 input is the patch embedding in window order)."""
         if stage_id == BLOCK0_INPUT:
@@ -68,11 +75,3 @@ class ReplayContext:
                 return None
             return self.to_window(np.asarray(reference["vision.patch_embed"]))
         return np.asarray(reference[stage_id]) if stage_id in reference else None
-
-
-def parse_stage(stage_id: str) -> tuple[int | None, str]:
-    """``vision.block.3.mlp.up`` -> (3, "mlp.up"); ``vision.block.3`` -> (3, "block"); merger -> (None, name)."""
-    parts = stage_id.split(".")
-    if stage_id.startswith("vision.block."):
-        return int(parts[2]), ".".join(parts[3:]) or "block"
-    return None, ".".join(parts[1:])

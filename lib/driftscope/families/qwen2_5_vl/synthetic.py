@@ -1,16 +1,17 @@
 """Random-weight Qwen2.5-VL checkpoints built from a config, saved with ``save_pretrained``.
 
-Used by the fixture scripts (tiny checkpoint) and the benchmarks (real-size vision tower). Nothing
-is downloaded: the tokenizer is a byte-level BPE trained here on a fixed corpus, the image
-processor is transformers' PIL class.
+Used by the fixture script and the shared family tests (the tiny checkpoints) and the benchmarks
+(a real-size vision tower). Nothing is downloaded: the tokenizer is a byte-level BPE trained here on a
+fixed corpus, the image processor is transformers' PIL class.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ...synthetic import reinitialize, train_tokenizer
 
 SPECIAL_TOKENS = [
     "<|endoftext|>",
@@ -21,14 +22,6 @@ SPECIAL_TOKENS = [
     "<|vision_pad|>",
     "<|image_pad|>",
     "<|video_pad|>",
-]
-
-CORPUS = [
-    "a red square, a blue circle and a green triangle on a light grey background.",
-    "The image shows a red square and a blue circle. There is also a green triangle.",
-    "Describe the image. What shapes do you see? Which colours are they?",
-    "square circle triangle red blue green orange black white checkerboard shapes colours",
-    "user assistant system You are a helpful assistant.",
 ]
 
 CHAT_TEMPLATE = (
@@ -68,44 +61,8 @@ class SyntheticQwen25VLSpec:
 
 
 def build_tokenizer(vocab_size: int):
-    """A byte-level BPE tokenizer with Qwen's special tokens, trained on a fixed tiny corpus."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(CORPUS * 4, trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=SPECIAL_TOKENS[1:],
-    )
-
-
-def _reinitialize(model, seed: int, gain: float) -> None:
-    """Seeded weights independent of transformers' init: N(0, gain/sqrt(fan_in)) for matrices,
-    1 + N(0, 0.1) for norm scales, N(0, 0.02) for biases."""
-    import torch
-
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
-            if name.endswith("bias"):
-                values = torch.randn(param.shape, generator=generator) * 0.02
-            elif param.ndim == 1:
-                values = 1.0 + torch.randn(param.shape, generator=generator) * 0.1
-            else:
-                fan_in = math.prod(param.shape[1:])
-                values = torch.randn(param.shape, generator=generator) * (gain / math.sqrt(fan_in))
-            param.copy_(values.to(param.dtype))
+    """A byte-level BPE tokenizer with Qwen's special tokens, trained on the fixed tiny corpus."""
+    return train_tokenizer(vocab_size, SPECIAL_TOKENS, eos_token="<|im_end|>", pad_token="<|endoftext|>")
 
 
 def plant_massive_channel(model, channel: int, gain: float) -> None:
@@ -168,7 +125,7 @@ def make_checkpoint(out_dir: Path, spec: SyntheticQwen25VLSpec = SyntheticQwen25
     )
     torch.manual_seed(spec.seed)
     model = Qwen2_5_VLForConditionalGeneration(config).eval()
-    _reinitialize(model, spec.seed, spec.weight_gain)
+    reinitialize(model, spec.seed, spec.weight_gain)
     if spec.massive_channel is not None:
         plant_massive_channel(model, spec.massive_channel, spec.massive_gain)
     model.save_pretrained(out_dir, safe_serialization=True)
@@ -200,9 +157,7 @@ QWEN25_VL_3B_SHAPED = SyntheticQwen25VLSpec(
 )
 
 
-def benchmark_cache_dir() -> Path:
-    """Where generated benchmark checkpoints live: ``$DRIFTSCOPE_CACHE/checkpoints`` or ``~/.cache/driftscope``."""
-    import os
-
-    root = os.environ.get("DRIFTSCOPE_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "driftscope") / "checkpoints"
+#: The tiny fixture (depth 8, full attention at 3 and 7, hidden 64) and its massive-activation twin.
+TINY_SPEC = SyntheticQwen25VLSpec()
+MASSIVE_CHANNEL = 17
+MASSIVE_SPEC = SyntheticQwen25VLSpec(massive_channel=MASSIVE_CHANNEL)

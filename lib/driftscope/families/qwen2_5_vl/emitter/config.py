@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...errors import CheckpointError
+from ....errors import CheckpointError
 
 
 @dataclass(frozen=True)

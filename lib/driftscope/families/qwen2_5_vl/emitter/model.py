@@ -13,8 +13,17 @@ from collections.abc import Iterable
 import jax
 import jax.numpy as jnp
 
+from ....compiled.layers import (
+    Contract,
+    apply_rope,
+    attention,
+    linear,
+    patch_embed,
+    rms_norm,
+    rotary_tables,
+    segment_mask,
+)
 from .config import VisionSpec
-from .layers import Contract, apply_rope, attention, linear, patch_embed, rms_norm, rotary_tables, segment_mask
 
 FINAL = "vision.merger"
 

@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 import jax
 
+from ....compiled.layers import Contract, apply_rope, attention, linear, rms_norm, segment_mask
 from .config import VisionSpec
-from .layers import Contract, apply_rope, attention, linear, rms_norm, segment_mask
 
 
 def _qkv(spec, contract, w, h):

@@ -12,9 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ...errors import CheckpointError
-from ...weightfile import TensorFiles
-from .layers import Contract, linear, rms_norm
+from ....compiled.layers import Contract, linear, rms_norm
+from ....errors import CheckpointError
+from ....weightfile import TensorFiles
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Vision geometry: exact index math for windows, resizing, packing, masks and M-RoPE (numpy only)."""
+"""Qwen2.5-VL vision geometry: exact index math for windows, resizing, packing, masks and M-RoPE (numpy only)."""
 
 from .masks import MaskAudit, audit_masks, bucket_masks, segment_mask
 from .mrope import mrope_positions

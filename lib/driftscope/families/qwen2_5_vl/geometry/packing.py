@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import InputError
+from ....errors import InputError
 from .windows import _grids, cu_seqlens, position_ids, window_layout
 
 

@@ -1,4 +1,4 @@
-"""Figures for notebook 03: windows over the image, the permutation, a wrong un-reorder, masks."""
+"""Qwen2.5-VL's geometry figures (notebook 03): windows over the image, the permutation, a wrong un-reorder, masks."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from .geometry import ResizeSpec, audit_masks, bucket_masks, pack_images, smart_resize, window_layout
-from .geometry.windows import reverse_by_argsort, reverse_by_rank_scatter
+from .masks import audit_masks, bucket_masks
+from .packing import pack_images
+from .resize import ResizeSpec, smart_resize
+from .windows import reverse_by_argsort, reverse_by_rank_scatter, window_layout
 
 WINDOW_PX = 112
 

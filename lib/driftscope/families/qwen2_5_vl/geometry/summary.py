@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import InputError
+from ....errors import InputError
 from .masks import audit_masks, bucket_masks
 from .packing import pack_images
 from .resize import ResizeSpec, grid_for
