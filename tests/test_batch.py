@@ -12,7 +12,7 @@ import yaml
 from conftest import ROOT, TINY
 from driftscope.batch import exit_code, run_batch
 from driftscope.cli import main
-from driftscope.trend import diff_commits, resolve_commit_dir
+from driftscope.views.trend import diff_commits, resolve_commit_dir
 
 CHECKER = ROOT / "fixtures" / "images" / "checkerboard_140.png"
 PERTURB = """from driftscope.hypotheses import scale_block_output
