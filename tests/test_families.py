@@ -197,3 +197,15 @@ def test_a_runtime_the_family_does_not_support_says_which_do():
     with pytest.raises(RuntimeUnavailableError, match=f"does not support model family '{family.name}'") as err:
         family.engine("no-such-runtime")
     assert all(runtime in err.value.fix for runtime in family.engines)
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_the_geometry_cli_and_notebook_ask_the_family(name, tiny, capsys):
+    from driftscope.cli import main
+    from driftscope.views.geometry import family_for
+
+    checkpoint, _, _ = tiny(name)
+    assert family_for(checkpoint.path).name == name  # detected from the checkpoint's config.json
+    assert main(["geometry", "448x448", "--family", name]) == 0 and capsys.readouterr().out.strip()
+    assert main(["geometry", "448x448", "--family", "no-such-family"]) == 2
+    assert "unknown model family 'no-such-family'" in capsys.readouterr().err

@@ -15,12 +15,14 @@ from ..families.base import Section
 
 
 def family_for(checkpoint: str | Path | None = None, family: str | None = None) -> Family:
-    """``family`` if given, else the family of the checkpoint's config.json, else the default family."""
-    if family is None and checkpoint is not None:
-        config = Path(checkpoint) / "config.json"
-        if not config.exists():
-            raise CheckpointError(f"{config} does not exist", "point --checkpoint at a checkpoint directory")
-        return get_family(detect_family(json.loads(config.read_text())))
+    """``family`` if given, else the family of the checkpoint's config.json (when it has one), else the
+    default family."""
+    config = Path(checkpoint) / "config.json" if checkpoint is not None else None
+    if family is None and config is not None and config.exists():
+        try:
+            return get_family(detect_family(json.loads(config.read_text())))
+        except json.JSONDecodeError as err:
+            raise CheckpointError(f"{config} is not valid JSON: {err}", "re-save the config") from err
     return get_family(family or DEFAULT_FAMILY)
 
 
