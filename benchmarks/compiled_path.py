@@ -28,25 +28,24 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     from driftscope.checkpoint import open_checkpoint
-    from driftscope.compiled.graph import lower_vision_tower
     from driftscope.compiled.iree import IreeModule, compile_graph
-    from driftscope.emitters.qwen2_5_vl import VisionSpec, load_vision_weights
     from driftscope.families import stage_plan
-    from driftscope.geometry import pack_images
+    from driftscope.families.qwen2_5_vl.emitter import VisionSpec, load_vision_weights
+    from driftscope.families.qwen2_5_vl.emitter.program import HOST_STAGES, lower_vision_tower
+    from driftscope.families.qwen2_5_vl.geometry import pack_images
     from driftscope.inputs import prepare_inputs
     from driftscope.precision import get_policy
-    from driftscope.runtimes.compiled import HOST_STAGES
     from driftscope.stages import StageSelection
 
     checkpoint = open_checkpoint(args.checkpoint)
     spec = VisionSpec.from_config(checkpoint.config)
     weights = load_vision_weights(checkpoint.path, spec)
     inputs = prepare_inputs(checkpoint, [args.image])
-    bucket = pack_images(inputs.grid_thw, None, spec.spatial_merge_size, spec.window_size, spec.patch_size)
+    bucket = pack_images(inputs["grid_thw"], None, spec.spatial_merge_size, spec.window_size, spec.patch_size)
     plan = stage_plan(checkpoint.family, checkpoint.config).select(StageSelection.everything())
     every = tuple(stage.id for stage in plan if stage.id not in HOST_STAGES)
     policy = get_policy(args.policy)
-    feeds = {"pixel_values": inputs.pixel_values.astype("float32"), **bucket.graph_inputs()}
+    feeds = {"pixel_values": inputs["pixel_values"].astype("float32"), **bucket.graph_inputs()}
 
     def timed(call, repeats):
         samples = []
@@ -90,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
             }
 
     print(
-        f"checkpoint {checkpoint.path.name}, image {Path(args.image).name}, grid {inputs.grid_thw.tolist()}, "
+        f"checkpoint {checkpoint.path.name}, image {Path(args.image).name}, grid {inputs['grid_thw'].tolist()}, "
         f"bucket {bucket.rows} rows, policy {policy.name}, median of {args.repeats} runs\n"
     )
     print("| graph | outputs | lower s | jax compile s | jax run s | iree-compile s | iree run s | vmfb bytes |")

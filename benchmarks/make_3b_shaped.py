@@ -13,7 +13,8 @@ import argparse
 import time
 from pathlib import Path
 
-from driftscope.synthetic import QWEN25_VL_3B_SHAPED, benchmark_cache_dir, make_checkpoint
+from driftscope.families.qwen2_5_vl.synthetic import QWEN25_VL_3B_SHAPED, make_checkpoint
+from driftscope.synthetic import benchmark_cache_dir
 
 
 def ensure_3b_shaped(out: Path | None = None) -> Path:

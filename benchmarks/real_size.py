@@ -134,12 +134,12 @@ def main(argv: list[str] | None = None) -> None:
 
     def warm_compile(runtime) -> float:
         """A second compile of the production-like graph: the cache lookup and module load."""
-        from driftscope.compiled.graph import lower_vision_tower
         from driftscope.compiled.iree import IreeModule, compile_graph
-        from driftscope.geometry import pack_images
+        from driftscope.families.qwen2_5_vl.emitter.program import lower_vision_tower
+        from driftscope.families.qwen2_5_vl.geometry import pack_images
         from driftscope.precision import get_policy
 
-        rows_ = pack_images(inputs.grid_thw).rows
+        rows_ = pack_images(inputs["grid_thw"]).rows
         spec, weights = runtime.model.spec, runtime.model.weights  # lowering reads their shapes only
         graph = lower_vision_tower(spec, get_policy("f32"), weights, rows_, ("vision.merger",))
         start = time.perf_counter()
@@ -199,8 +199,8 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     print(
-        f"\n3B-shaped vision tower (depth 32, hidden 1280), image {image.name} -> grid {inputs.grid_thw.tolist()}, "
-        f"{inputs.pixel_values.shape[0]} patches; weights {gib(weights_bytes)} GiB f32; MLX BLAS: {mlx_blas()}\n"
+        f"\n3B-shaped vision tower (depth 32, hidden 1280), image {image.name} -> grid {inputs['grid_thw'].tolist()}, "
+        f"{inputs['pixel_values'].shape[0]} patches; weights {gib(weights_bytes)} GiB f32; MLX BLAS: {mlx_blas()}\n"
     )
     print(
         "| runtime | plain forward s | all block outputs tapped s | every substage tapped s | "
@@ -340,7 +340,7 @@ def measure_one(runtime_spec: str, kind: str, images: list[str], out: Path, chec
     else:
         seconds = tapped_capture(runtime, inputs, plan, out / f"{name}-{kind}")[1]
     return {
-        "patches": int(inputs.pixel_values.shape[0]),
+        "patches": int(inputs["pixel_values"].shape[0]),
         "seconds": seconds,
         "loaded": loaded,
         "peak": rss.peak,

@@ -5,7 +5,8 @@ docs/tapfile.schema.json. A TapSet is ``NAME.safetensors`` (one tensor per stage
 (the sidecar). Typical use, after ``driftscope stages CHECKPOINT --images IMG --write-inputs inputs.safetensors``:
 
     inputs, metadata = read_safetensors("inputs.safetensors")   # what the engine must run on
-    digest = inputs_digest(inputs["pixel_values"], inputs["grid_thw"])
+    order = metadata["digest_order"].split(",")                  # e.g. pixel_values,grid_thw[,input_ids]
+    digest = inputs_digest(*(inputs[name] for name in order))
     writer = TapSetWriter("taps/my-engine", runtime="my-engine", policy="bf16", inputs_digest=digest)
     writer.add("vision.patch_embed", patch_embed, token_order="raster", token_unit="patch")
     writer.add("vision.block.0", block0, token_order="window", token_unit="patch", store="BF16")
@@ -33,14 +34,13 @@ READ = {**STORED, "BOOL": "|b1"}
 ALIGN = 8  # the header is padded with spaces so the data starts on an 8-byte boundary
 
 
-def inputs_digest(pixel_values: np.ndarray, grid_thw: np.ndarray, input_ids: np.ndarray | None = None) -> str:
-    """First 16 hex digits of sha256 over pixel_values (float32), grid_thw (int64) and, when the run follows
-    a prompt, input_ids (int64): raw little-endian bytes, C order, in that sequence."""
+def inputs_digest(*arrays: np.ndarray) -> str:
+    """First 16 hex digits of sha256 over the inputs in ``digest_order`` (the inputs file's metadata): each
+    array's raw little-endian bytes as stored (e.g. pixel_values float32, grid_thw int64, input_ids int64)."""
     sha = hashlib.sha256()
-    sha.update(np.ascontiguousarray(pixel_values, dtype="<f4").tobytes())
-    sha.update(np.ascontiguousarray(grid_thw, dtype="<i8").tobytes())
-    if input_ids is not None:
-        sha.update(np.ascontiguousarray(input_ids, dtype="<i8").tobytes())
+    for array in arrays:
+        array = np.asarray(array)
+        sha.update(np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes())
     return sha.hexdigest()[:16]
 
 
@@ -137,7 +137,7 @@ def main(argv: list[str]) -> int:
         print("usage: python examples/tapfile_writer.py INPUTS.safetensors OUT_BASE", file=sys.stderr)
         return 2
     inputs, metadata = read_safetensors(argv[0])
-    digest = inputs_digest(inputs["pixel_values"], inputs["grid_thw"], inputs.get("input_ids"))
+    digest = inputs_digest(*(inputs[name] for name in metadata["digest_order"].split(",")))
     if metadata.get("inputs_digest") not in (None, digest):
         print(f"digest {digest} differs from the file's {metadata['inputs_digest']}", file=sys.stderr)
         return 1

@@ -65,7 +65,7 @@ def test_every_runtime_agrees_on_the_prefill_top1_and_mlx_on_16_greedy_tokens(an
 
 
 def test_oracle_positions_equal_the_geometry_library(answered):
-    from driftscope.geometry import mrope_positions
+    from driftscope.families.qwen2_5_vl.geometry import mrope_positions
 
     report, out = answered
     oracle = report.tapset("transformers:f32")
@@ -89,7 +89,8 @@ def test_perturbed_image_embeddings_fail_after_the_tower_and_change_the_answer(t
 
 
 def test_text_slots_that_a_runtime_changes_are_counted():
-    from driftscope.runtimes.base import Runtime, StageSink
+    from driftscope.families.qwen2_5_vl.text import put_text_inputs
+    from driftscope.runtimes.base import StageSink
     from driftscope.text_inputs import TextInputs
 
     puts = {}
@@ -103,7 +104,7 @@ def test_text_slots_that_a_runtime_changes_are_counted():
     embeds = rows.copy()
     embeds[1:3] = -1.0  # image slots: replaced, as they must be
     embeds[4, 0] += 1.0  # a text slot that should not have changed
-    Runtime.put_text_inputs(None, inputs, Sink(), embeds, rows, np.zeros((3, 5)), np.zeros(1))
+    put_text_inputs(inputs, Sink(), embeds, rows, np.zeros((3, 5)), np.zeros(1))
     assert puts["text.embeds.text_slots_changed"].tolist() == [1]
     assert puts["text.embeds.image"].shape == (2, 4) and puts["text.embeds.text"].shape == (3, 4)
     assert StageSink  # the sink interface the runtimes use

@@ -16,7 +16,7 @@ from conftest import ROOT, TINY
 from driftscope.batch import run_batch
 from driftscope.cli import main
 from driftscope.errors import ParameterError
-from driftscope.trend import diff_commits, resolve_commit_dir
+from driftscope.views.trend import diff_commits, resolve_commit_dir
 
 CHECKER = ROOT / "fixtures" / "images" / "checkerboard_140.png"
 SHAPES_336 = ROOT / "fixtures" / "images" / "shapes_336.png"
@@ -183,9 +183,9 @@ def test_diff_lists_the_contract_first_and_stages_in_execution_order(two_commits
 def test_runs_that_cannot_execute_never_show_green(tmp_path, tiny_checkpoint_dir):
     """Items 4 and 11: a missing image and a missing notebook are 'could not run' in the summary, the
     index, the JUnit and the exit code alike; with --jobs each run says when it starts and ends."""
-    from driftscope.evidence import write_index
     from driftscope.runrecord import commit_entries, exit_code
     from driftscope.storage import OutputRoot
+    from driftscope.views.evidence import write_index
 
     good = _write(tmp_path / "good.yaml", _params("good"))
     bad = _write(tmp_path / "bad.yaml", _params("bad", image=tmp_path / "missing.png"))

@@ -29,16 +29,16 @@ def test_a_capture_keeps_the_operators_a_precision_experiment_or_patch_put_in_pl
     plan = stage_plan(tiny_checkpoint.family, tiny_checkpoint.config).select(StageSelection(True, (0,)))
     manual = get_runtime("mlx")(tiny_checkpoint, "f16", options={"rmsnorm": "manual"})
     manual.capture(shapes_inputs, plan, tmp_path / "manual")
-    assert all(isinstance(block.norm1, ManualRMSNorm) for block in manual.tower.blocks)
-    assert all(isinstance(block.norm2, ManualRMSNorm) for block in manual.tower.blocks)
+    assert all(isinstance(block.norm1, ManualRMSNorm) for block in manual.model.vision_tower.blocks)
+    assert all(isinstance(block.norm2, ManualRMSNorm) for block in manual.model.vision_tower.blocks)
 
     patched = get_runtime("mlx")(
         tiny_checkpoint, "f16", parse_patch("driftscope.hypotheses:norm2_in_float32"), {"rmsnorm": "manual"}
     )
     patched.capture(shapes_inputs, plan, tmp_path / "patched")
-    norm2 = patched.tower.blocks[0].norm2
+    norm2 = patched.model.vision_tower.blocks[0].norm2
     assert type(norm2).__qualname__.startswith(norm2_in_float32.__name__)  # still the patch's float32 norm
-    assert isinstance(patched.tower.blocks[0].norm1, ManualRMSNorm)
+    assert isinstance(patched.model.vision_tower.blocks[0].norm1, ManualRMSNorm)
 
 
 def _deep_checkpoint():
@@ -75,9 +75,9 @@ def test_the_massive_channels_first_exceed_256_at_block_17s_norm2_input(tmp_path
 def test_the_layer17_story(tmp_path):
     """Manual F16 RMSNorm diverges at block 17's norm2 (introduced, rows collapsed); the fused norm, IREE
     f16-contract and the norm2-in-float32 patch stay inside the default contract."""
-    from driftscope.errormaps import StageDifference, collapsed_rows
     from driftscope.investigation import investigate
     from driftscope.params import parse_parameters
+    from driftscope.views.errormaps import StageDifference, collapsed_rows
 
     _deep_checkpoint()
     data = yaml.safe_load(CASE.read_text())

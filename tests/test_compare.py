@@ -3,7 +3,7 @@ import pytest
 from driftscope import compare
 from driftscope.compare import compare_stage, compare_tapsets, first_divergence, growth_stages
 from driftscope.contract import Contract, Tolerance
-from driftscope.stages import Stage
+from driftscope.stages import Stage, TokenOrder
 from driftscope.tapset import TapWriter
 
 
@@ -89,8 +89,10 @@ def test_window_ordered_stages_are_restored_with_each_sides_window_index(tmp_pat
     integer = Stage("vision.window_index", ("merged_tokens",), integer=True)
     ref = write(tmp_path, "r", {"w": (index_a, integer), "s": (windowed(index_a), stage)})
     cand = write(tmp_path, "c", {"w": (index_b, integer), "s": (windowed(index_b), stage)})
-    row = compare_stage("vision.block.0", ref, cand, Tolerance(), 1)
+    order = TokenOrder("vision.window_index", {"patch": 4, "merged": 1})  # as the family's plan declares it
+    row = compare_stage("vision.block.0", ref, cand, Tolerance(), 1, {"window": order})
     assert row.status == "pass" and row.max_abs == 0.0 and "restored to raster" in row.note
+    assert compare_stage("vision.block.0", ref, cand, Tolerance(), 1).status == "fail"  # compared as stored
 
 
 def test_first_divergence_and_growth(tmp_path):

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from conftest import ROOT
 from driftscope.compare import compare_tapsets, first_divergence
-from driftscope.compiled.graph import lower_vision_tower
 from driftscope.compiled.iree import compile_graph
 from driftscope.contract import load_contract
-from driftscope.emitters.qwen2_5_vl import VisionSpec, load_vision_weights
-from driftscope.geometry import pack_images
+from driftscope.families.qwen2_5_vl.emitter import VisionSpec, load_vision_weights
+from driftscope.families.qwen2_5_vl.emitter.program import lower_vision_tower
+from driftscope.families.qwen2_5_vl.geometry import pack_images
 from driftscope.inputs import prepare_inputs
 from driftscope.precision import get_policy
 from driftscope.report import judge
@@ -98,7 +98,7 @@ def two_images(tiny_checkpoint, tmp_path_factory, iree_cache):
     inputs = prepare_inputs(tiny_checkpoint, [CHECKER, ROOT / "fixtures" / "images" / "shapes_336.png"])
     plan = stage_plan(tiny_checkpoint.family, tiny_checkpoint.config).select(StageSelection.everything())
     out = tmp_path_factory.mktemp("two")
-    rows = int(inputs.grid_thw.prod(axis=1).sum())
+    rows = int(inputs["grid_thw"].prod(axis=1).sum())
     bucket = rows + (-rows % 4) + 64
     taps = {"transformers": get_runtime("transformers")(tiny_checkpoint).capture(inputs, plan, out / "t")}
     for name in ("jax", "iree"):
@@ -110,8 +110,8 @@ def two_images(tiny_checkpoint, tmp_path_factory, iree_cache):
 @pytest.mark.parametrize("name", ["jax", "iree"])
 def test_two_images_in_one_padded_bucket_match_the_oracle(two_images, name):
     inputs, plan, taps, bucket = two_images
-    assert len(inputs.grid_thw) == 2
-    active = int(inputs.grid_thw.prod(axis=1).sum())
+    assert len(inputs["grid_thw"]) == 2
+    active = int(inputs["grid_thw"].prod(axis=1).sum())
     assert taps[name].meta["bucket"] == {"rows": bucket, "active_rows": [[0, active]]}
     rows = compare_tapsets(taps["transformers"], taps[name], load_contract(None), plan)
     assert len(rows) == len(plan)

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from driftscope.compare import compare_tapsets
 from driftscope.contract import Contract, Tolerance
-from driftscope.evidence import _worst, headline, worst_stage, write_junit
 from driftscope.report import Report
 from driftscope.runrecord import exit_code, outcome
 from driftscope.storage import OutputRoot
 from driftscope.tapset import TapWriter
+from driftscope.views.evidence import _worst, headline, worst_stage, write_junit
 
 
 def _tapset(path, label, stages):

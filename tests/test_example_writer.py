@@ -126,5 +126,5 @@ def test_the_script_reads_the_inputs_driftscope_writes_and_starts_a_tapset(capsy
     assert shapes_inputs.digest in done.stdout
     taps = TapSet(tmp_path / "engine")
     assert taps.meta["inputs_digest"] == shapes_inputs.digest
-    np.testing.assert_array_equal(taps["inputs.pixel_values"], shapes_inputs.pixel_values)
+    np.testing.assert_array_equal(taps["inputs.pixel_values"], shapes_inputs["pixel_values"])
     assert json.loads((tmp_path / "engine.json").read_text())["format_version"] == 1

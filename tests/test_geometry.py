@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from driftscope.geometry import (
+from driftscope.families.qwen2_5_vl.geometry import (
     ResizeSpec,
     audit_masks,
     audit_unreorder,
@@ -86,7 +86,7 @@ def test_smart_resize_equals_transformers(height, width, min_pixels, max_pixels)
 
 @pytest.fixture(scope="module")
 def processor(tiny_checkpoint):
-    from driftscope.inputs import load_image_processor
+    from driftscope.families.qwen2_5_vl.processor import load_image_processor
 
     return load_image_processor(tiny_checkpoint)
 

@@ -266,9 +266,9 @@ def test_8_run_names_are_labels_and_every_output_stays_under_the_root(tmp_path, 
         (run_dir / "01_stage_parity.html").write_text("<html></html>")
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["outputs", "params"]  # nothing beside it
     assert not (tmp_path / "absolute").exists() and not (tmp_path.parent / "escaped").exists()
-    from driftscope.evidence import write_index
     from driftscope.runrecord import commit_entries
     from driftscope.storage import OutputRoot
+    from driftscope.views.evidence import write_index
 
     storage = OutputRoot(root)
     write_index(storage, result.commit, commit_entries(storage, result.commit))
@@ -281,9 +281,9 @@ def test_8_run_names_are_labels_and_every_output_stays_under_the_root(tmp_path, 
 
 
 def test_9_labels_and_names_are_escaped_in_every_rendered_page(notebook_run, tmp_path):
-    from driftscope.evidence import write_index
     from driftscope.runrecord import commit_entries
     from driftscope.storage import OutputRoot
+    from driftscope.views.evidence import write_index
 
     _, out = notebook_run
     root = OutputRoot(tmp_path / "root")
@@ -327,8 +327,8 @@ def test_10_relative_paths_resolve_against_the_parameter_files_repository(notebo
 
 def test_11_output_files_get_the_umask_permissions(tmp_path):
     from driftscope.atomic import write_json_atomic
-    from driftscope.evidence import write_index, write_junit
     from driftscope.storage import OutputRoot
+    from driftscope.views.evidence import write_index, write_junit
 
     summary = {"params": "p.yaml", "name": "n", "verdict": "pass", "status": "complete", "commit": "c", "dir": "n"}
     previous = os.umask(0o022)
@@ -399,7 +399,8 @@ def test_15_a_truncated_or_corrupt_checkpoint_is_found_when_it_opens(tmp_path, t
 
 
 def test_16_transparent_palette_and_gray_images_become_rgb_as_the_processor_makes_them(tmp_path, tiny_checkpoint):
-    from driftscope.inputs import load_image_processor, prepare_inputs
+    from driftscope.families.qwen2_5_vl.processor import load_image_processor
+    from driftscope.inputs import prepare_inputs
 
     processor = load_image_processor(tiny_checkpoint)
     rng = np.random.default_rng(3)
@@ -422,7 +423,7 @@ def test_16_transparent_palette_and_gray_images_become_rgb_as_the_processor_make
         image.save(tmp_path / name)
         inputs = prepare_inputs(tiny_checkpoint, [tmp_path / name])
         reference = processor(images=[Image.fromarray(expected[name])], return_tensors="np")["pixel_values"]
-        np.testing.assert_array_equal(inputs.pixel_values, np.asarray(reference, np.float32), err_msg=name)
+        np.testing.assert_array_equal(inputs["pixel_values"], np.asarray(reference, np.float32), err_msg=name)
         recorded = inputs.summary()["conversions"][0]
         assert recorded.startswith(f"{image.mode}: ")
         assert ("composited onto white" in recorded) == (name != "gray.png"), recorded

@@ -164,7 +164,7 @@ def test_a_window_with_other_tokens_fails_the_traversal(oracle, full_plan, tmp_p
     engine = rewrite(oracle, tmp_path / "swapped", traversal_engine(oracle, swap_across_windows))
     rows = {row.stage: row for row in compare_tapsets(oracle, engine, Contract(), full_plan)}
     assert rows["vision.window_index"].status == "fail"
-    assert "window membership differs: 2 of the reference's 4 windows" in rows["vision.window_index"].note
+    assert "segment membership differs: 2 of the reference's 4 segments" in rows["vision.window_index"].note
 
     def repeat_a_token(windows):
         out = [w.copy() for w in windows]

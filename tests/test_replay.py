@@ -8,10 +8,10 @@ from conftest import ROOT, SHAPES
 from driftscope.compare import compare_tapsets
 from driftscope.contract import load_contract
 from driftscope.families import stage_plan
+from driftscope.families.qwen2_5_vl.replay import ReplayContext
 from driftscope.inputs import prepare_inputs
 from driftscope.patches import parse_patch
 from driftscope.replay import drill_down
-from driftscope.replay.context import ReplayContext
 from driftscope.runtimes import get_runtime
 from driftscope.stages import StageSelection
 
@@ -34,7 +34,7 @@ def test_replaying_the_oracle_on_its_own_taps_reproduces_them(tiny_checkpoint, o
         "vision.block.7.mlp.down",
         "vision.merger.hidden",
     ):
-        from driftscope.families.qwen2_5_vl import replay_inputs
+        from driftscope.families.qwen2_5_vl.plan import replay_inputs
 
         inputs = [ctx.stage(oracle, name) for name in replay_inputs(stage, 8)]
         assert np.array_equal(runtime.replay(stage, inputs, ctx), np.asarray(oracle[stage])), stage
@@ -77,7 +77,7 @@ def test_a_perturbed_block_is_introduced_and_later_blocks_inherit(
 
 def test_massive_activation_collapses_rows_under_manual_f16_rmsnorm(tmp_path):
     from driftscope.checkpoint import open_checkpoint
-    from driftscope.errormaps import StageDifference, collapsed_rows, top_channels
+    from driftscope.views.errormaps import StageDifference, collapsed_rows, top_channels
 
     if not (MASSIVE / "model.safetensors").exists():
         from make_tiny_qwen25vl import main

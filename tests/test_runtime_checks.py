@@ -145,7 +145,8 @@ def test_the_doc_states_exactly_what_the_digest_hashes(shapes_inputs):
     namespace: dict = {}
     exec(code, namespace)  # the doc's own recipe, against the digest driftscope computes
     digest = namespace["inputs_digest"]
-    assert digest(shapes_inputs.pixel_values, shapes_inputs.grid_thw) == shapes_inputs.digest
+    assert digest(shapes_inputs["pixel_values"], shapes_inputs["grid_thw"]) == shapes_inputs.digest
     ids = np.arange(7, dtype=np.int64)
     with_text = type(shapes_inputs)(**{**shapes_inputs.__dict__, "text": SimpleNamespace(input_ids=ids)})
-    assert digest(shapes_inputs.pixel_values, shapes_inputs.grid_thw, ids) == with_text.digest != shapes_inputs.digest
+    arrays = (shapes_inputs["pixel_values"], shapes_inputs["grid_thw"])
+    assert digest(*arrays, ids) == with_text.digest != shapes_inputs.digest

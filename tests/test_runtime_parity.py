@@ -65,8 +65,8 @@ def test_transformers_block_taps_equal_its_own_hidden_states(captures, tiny_chec
     ).eval()
     with torch.no_grad():
         out = model.model.visual(
-            torch.from_numpy(shapes_inputs.pixel_values),
-            torch.from_numpy(shapes_inputs.grid_thw),
+            torch.from_numpy(shapes_inputs["pixel_values"]),
+            torch.from_numpy(shapes_inputs["grid_thw"]),
             output_hidden_states=True,
         )
     taps = captures["transformers:f32"]

@@ -22,7 +22,11 @@ def test_every_stage_shape_dtype_and_order_match_the_oracles_capture(capsys, cap
     oracle = captures["transformers:f32"]
     rows = listing["stages"]
     assert [row["stage"] for row in rows] == full_plan.ids()  # execution order, every stage
-    assert listing["inputs"] == {"grid_thw": [[1, 32, 32]], "inputs_digest": shapes_inputs.digest}
+    assert listing["inputs"]["grid_thw"] == [[1, 32, 32]] and listing["inputs"]["inputs_digest"] == shapes_inputs.digest
+    assert listing["inputs"]["arrays"] == {
+        "pixel_values": {"shape": [1024, 1176], "dtype": "float32"},
+        "grid_thw": {"shape": [1, 3], "dtype": "int64"},
+    }
     for row in rows:
         stage = row["stage"]
         assert tuple(row["shape"]) == oracle.shape(stage), stage
@@ -54,11 +58,12 @@ def test_write_inputs_gives_the_engine_the_runs_processor_output_and_digest(caps
 
     _stages(capsys, "--images", str(SHAPES), "--write-inputs", str(tmp_path / "inputs.safetensors"))
     with safe_open(str(tmp_path / "inputs.safetensors"), framework="numpy") as handle:
-        np.testing.assert_array_equal(handle.get_tensor("pixel_values"), shapes_inputs.pixel_values)
-        np.testing.assert_array_equal(handle.get_tensor("grid_thw"), shapes_inputs.grid_thw)
+        np.testing.assert_array_equal(handle.get_tensor("pixel_values"), shapes_inputs["pixel_values"])
+        np.testing.assert_array_equal(handle.get_tensor("grid_thw"), shapes_inputs["grid_thw"])
         digest = handle.metadata()["inputs_digest"]
-        assert digest == shapes_inputs.digest
-        assert inputs_digest(handle.get_tensor("pixel_values"), handle.get_tensor("grid_thw")) == digest
+        assert digest == shapes_inputs.digest and handle.metadata()["digest_order"] == "pixel_values,grid_thw"
+        stored = {name: handle.get_tensor(name) for name in handle.metadata()["digest_order"].split(",")}
+        assert inputs_digest(stored) == digest
 
 
 def test_write_inputs_without_images_says_what_to_add(capsys, tmp_path):

@@ -157,7 +157,7 @@ def _bury(root: OutputRoot, label: str, summary: dict) -> None:
 
 
 def _evidence(root: OutputRoot, label: str, summaries: list[dict], problem: str | None = None):
-    from .evidence import write_index, write_junit
+    from .views.evidence import write_index, write_junit
 
     entries = commit_entries(root, label, summaries)
     return entries, write_index(root, label, entries, problem), write_junit(root, label, entries)

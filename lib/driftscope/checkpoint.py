@@ -1,4 +1,4 @@
-"""Checkpoint directories: validation (safetensors only) and family detection."""
+"""Checkpoint directories: validation (safetensors only) and family detection (``families.detect_family``)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import CheckpointError
+from .families import detect_family
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-
-#: config.json ``model_type`` -> driftscope family name.
-MODEL_TYPES = {"qwen2_5_vl": "qwen2_5_vl"}
 
 
 @dataclass(frozen=True)
@@ -78,18 +76,5 @@ def open_checkpoint(path: str | Path, family: str | None = None) -> Checkpoint:
         config = json.loads(config_path.read_text())
     except json.JSONDecodeError as err:
         raise CheckpointError(f"{config_path} is not valid JSON: {err}", "re-save the config") from err
-    model_type = config.get("model_type")
-    detected = MODEL_TYPES.get(model_type)
-    if family is None:
-        if detected is None:
-            raise CheckpointError(
-                f"checkpoint model_type {model_type!r} is not a supported family",
-                f"supported model types: {', '.join(sorted(MODEL_TYPES))}",
-            )
-        family = detected
-    elif detected is not None and detected != family:
-        raise CheckpointError(
-            f"parameter family {family!r} does not match the checkpoint's model_type {model_type!r}",
-            f"set family: {detected}",
-        )
+    family = detect_family(config, family)
     return Checkpoint(path.resolve(), config, family)

@@ -62,7 +62,7 @@ def _output_directory(out: Path) -> None:
 def _rejudge(args: argparse.Namespace) -> int:
     from .contract import load_contract
     from .report import rejudge
-    from .views import summary_markdown
+    from .views.tables import summary_markdown
 
     report = rejudge(args.report, load_contract(args.contract), args.out)
     print(summary_markdown(report))
@@ -72,7 +72,7 @@ def _rejudge(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     from .report import Report
-    from .views import summary_markdown
+    from .views.tables import summary_markdown
 
     report = Report.load(args.report)
     print(summary_markdown(report))
@@ -80,21 +80,10 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _geometry(args: argparse.Namespace) -> int:
-    import json
+    from .views.geometry import geometry_text
 
-    from .geometry.resize import ResizeSpec
-    from .geometry.summary import bucket_summary, format_text, image_rows
-
-    spec = ResizeSpec.from_checkpoint(args.checkpoint)
-    images = image_rows(args.sizes, spec, args.window_size)
-    bucket = None
-    if args.bucket is not None:
-        bucket = bucket_summary(args.sizes, args.bucket, spec, args.window_size)
-    if args.json:
-        print(json.dumps({"processor": spec.source, "images": images, "bucket": bucket}, indent=2))
-    else:
-        print(f"processor settings: {spec.source}")
-        print(format_text(images, bucket))
+    options = {"window_size": args.window_size} if args.window_size else {}
+    print(geometry_text(args.sizes, args.bucket, args.checkpoint, args.family, args.json, **options))
     return 0
 
 
@@ -118,7 +107,7 @@ def _diff(args: argparse.Namespace) -> int:
     import json
 
     from .batch import REPO_ROOT
-    from .trend import diff_commits, diff_exit_code, format_diff, resolve_commit_dir
+    from .views.trend import diff_commits, diff_exit_code, format_diff, resolve_commit_dir
 
     root = Path(args.out_root or REPO_ROOT / "outputs")
     diff = diff_commits(resolve_commit_dir(root, args.rev_a), resolve_commit_dir(root, args.rev_b), args.factor)
@@ -165,13 +154,16 @@ def parser() -> argparse.ArgumentParser:
         "--fail-on", choices=["worse"], help="exit 1 when a stage got worse beyond the noise floor (a CI gate)"
     )
     diff.set_defaults(func=_diff)
-    geometry = sub.add_parser("geometry", help="window, permutation and packing facts for image sizes")
+    geometry = sub.add_parser(
+        "geometry", help="the model family's geometry facts (windows, packing, ...) for image sizes"
+    )
     geometry.add_argument("sizes", nargs="+", metavar="HxW", help="image sizes, height x width (e.g. 448x672)")
     geometry.add_argument(
         "--bucket", type=int, help="pack the images into a bucket of N patch rows and audit its masks"
     )
     geometry.add_argument("--checkpoint", help="read resize settings from this checkpoint's preprocessor_config.json")
-    geometry.add_argument("--window-size", type=int, default=112, help="window side in pixels (default 112)")
+    geometry.add_argument("--family", help="model family (default: the checkpoint's, else the default family)")
+    geometry.add_argument("--window-size", type=int, help="attention window side in pixels (families with windows)")
     geometry.add_argument("--json", action="store_true", help="print JSON instead of a table")
     geometry.set_defaults(func=_geometry)
     stages = sub.add_parser("stages", help="every stage of a checkpoint as a TapSet writer needs it (docs/tapfile.md)")

@@ -13,10 +13,9 @@ import numpy as np
 from .contract import Contract, Tolerance
 from .layout import align, count, paired_segments, take_rows
 from .rows import ComparisonRow, first_divergence, growth_stages, rows_frame  # noqa: F401 - re-exported
-from .stages import StagePlan
+from .stages import StagePlan, TokenOrder, orders_of
 from .tapset import TapSet
-from .traversal import STAGES as TRAVERSAL_STAGES
-from .traversal import judge_traversal
+from .traversal import judge_traversal, traversal_order
 
 #: Elements read and compared at a time (bounds memory on big taps). The float64 working copies of a
 #: chunk live in buffers allocated once per thread and reused: fresh temporaries per chunk were handed
@@ -168,13 +167,14 @@ def compare_stage(
     candidate: TapSet,
     tolerance: Tolerance,
     position: int,
-    merge_unit: int = 4,
+    orders: dict[str, TokenOrder] | None = None,
     integer: bool = False,
 ) -> ComparisonRow:
     """Compare one stage of two TapSets; never raises for data problems (they go in the row).
 
     Each side contributes its declared active rows; sides in different token orders are brought to raster
-    order first (``layout``), and the window index is judged by its meaning (``traversal``).
+    order first (``layout``, with ``orders``: the plan's non-raster token orders, ``stages.orders_of``), and
+    an order's index and segment bounds are judged by their meaning (``traversal``).
 
     ``integer``: the stage plan declares the stage integer (compared exactly). A TapSet's sidecar never
     decides this: a sidecar claiming ``integer`` for a float stage would switch the tolerance off."""
@@ -191,7 +191,8 @@ def compare_stage(
     row.integer = bool(integer)
     stored_ref, stored_cand = reference.shape(stage_id), candidate.shape(stage_id)
     row.reference_shape, row.candidate_shape = list(stored_ref), list(stored_cand)
-    alignment = align(stage_id, reference, candidate, merge_unit)
+    orders = orders or {}
+    alignment = align(stage_id, reference, candidate, orders)
     ref_shape = (count(alignment.reference_rows), *stored_ref[1:]) if stored_ref else ()
     cand_shape = (count(alignment.candidate_rows), *stored_cand[1:]) if stored_cand else ()
     if ref_shape != cand_shape or alignment.refusal:
@@ -209,8 +210,9 @@ def compare_stage(
             take_rows(reference[stage_id], alignment.reference_rows),
             take_rows(candidate[stage_id], alignment.candidate_rows),
         )
-        if stage_id in TRAVERSAL_STAGES and row.failures:
-            return _judge_traversal(row, reference, candidate, merge_unit)
+        traversed = traversal_order(orders, stage_id)
+        if traversed is not None and row.failures:
+            return _judge_traversal(row, reference, candidate, traversed)
         return row
     if stage_id.startswith("text.logits"):
         row.extra.update(logit_agreement(np.asarray(reference[stage_id]), np.asarray(candidate[stage_id])))
@@ -218,7 +220,7 @@ def compare_stage(
     accumulator = _Accumulator(tolerance)
     row.note = alignment.note
     if alignment.reorders:  # whole arrays, in raster order: coordinates are raster coordinates of the active rows
-        expected, actual = alignment.arrays(reference, candidate, stage_id, merge_unit)
+        expected, actual = alignment.arrays(reference, candidate, stage_id)
         accumulator.add(expected, actual, 0)
         return _finish(row, accumulator, ref_shape, tolerance)
     inner = int(np.prod(stored_ref[1:])) if len(stored_ref) > 1 else 1
@@ -237,9 +239,9 @@ def compare_stage(
     return _finish(row, accumulator, stored_ref, tolerance)
 
 
-def _judge_traversal(row: ComparisonRow, reference: TapSet, candidate: TapSet, merge_unit: int) -> ComparisonRow:
-    """The window index and bounds judged by their meaning: another order of the same windows passes."""
-    traversal = judge_traversal(reference, candidate, merge_unit)
+def _judge_traversal(row: ComparisonRow, reference: TapSet, candidate: TapSet, order: TokenOrder) -> ComparisonRow:
+    """An order's index and segment bounds judged by their meaning: another order of the same segments passes."""
+    traversal = judge_traversal(reference, candidate, order)
     if traversal is None or traversal.status == "equal":
         return row
     row.extra["traversal"] = traversal.status
@@ -364,7 +366,7 @@ def compare_tapsets(
     """Every stage either side captured, compared in execution order (integer where ``plan`` says so)."""
     stage_ids = set(reference.stage_ids()) | set(candidate.stage_ids())
     ordered = plan.ordered(stage_ids) if plan is not None else sorted(stage_ids)
-    merge = int((plan.meta if plan else {}).get("spatial_merge_size", 2)) ** 2
+    orders = orders_of(plan)
     return [
         compare_stage(
             stage_id,
@@ -372,7 +374,7 @@ def compare_tapsets(
             candidate,
             contract.tolerance(stage_id),
             position,
-            merge,
+            orders,
             integer=plan is not None and stage_id in plan and plan[stage_id].integer,
         )
         for position, stage_id in enumerate(ordered)

@@ -1,74 +1,78 @@
-"""Ready-made hypothesis patches (``patch: driftscope.hypotheses:NAME`` in a parameter file).
+"""Ready-made hypothesis patches by name: ``patch: driftscope.hypotheses:NAME`` in a parameter file.
 
-Each takes the loaded model of the runtime it is given (mlx-vlm's ``Model`` or transformers'
-``Qwen2_5_VLForConditionalGeneration``) and changes it in place to test a "what if".
+Each family keeps its own (``families/<family>/hypotheses.py``); a name here stands for the patch of
+that name of the family being patched, which the runtime sets while it applies a patch
+(:func:`hypotheses_of`). A patch file may also import them: ``from driftscope.hypotheses import NAME``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
+from .errors import HypothesisPatchError
 
-def _vision(model: Any) -> Any:
-    if hasattr(model, "vision_tower"):  # mlx-vlm
-        return model.vision_tower
-    return model.model.visual  # transformers
+_FAMILY: ContextVar[str | None] = ContextVar("driftscope_hypotheses_family", default=None)
 
 
-class _Scaled:
-    """Calls a block and multiplies its output by a constant."""
-
-    def __init__(self, block: Any, factor: float):
-        self.block = block
-        self.factor = factor
-
-    def __call__(self, *args, **kwargs):
-        return self.block(*args, **kwargs) * self.factor
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.block, name)
+@contextmanager
+def hypotheses_of(family: str) -> Iterator[None]:
+    """Within this block, ``driftscope.hypotheses.NAME`` is ``family``'s patch of that name."""
+    token = _FAMILY.set(family)
+    try:
+        yield
+    finally:
+        _FAMILY.reset(token)
 
 
-def scale_block_output(model: Any, block: int, factor: float = 1.01) -> Any:
-    """Multiply vision block ``block``'s output by ``factor`` (a planted defect in one block)."""
-    vision = _vision(model)
-    if hasattr(vision, "vision_tower") or isinstance(vision.blocks, list):  # mlx-vlm keeps blocks in a list
-        vision.blocks[block] = _Scaled(vision.blocks[block], factor)
-    else:
-        original = vision.blocks[block]
-        original.register_forward_hook(lambda module, args, out: out * factor)
-    return model
+def _families() -> list[Any]:
+    from .families import FAMILIES
+
+    return [FAMILIES.get(name) for name in FAMILIES]
 
 
-def norm2_in_float32(model: Any) -> Any:
-    """Run every vision block's norm2 in float32 and cast back ("what if norm2 ran in f32?"; MLX only)."""
-    import mlx.core as mx
+class _FamilyPatch:
+    """The patch ``name`` of whichever family is being patched when it is called."""
 
-    vision = _vision(model)
+    def __init__(self, name: str, doc: str | None):
+        self.__name__ = self.__qualname__ = name
+        self.__doc__ = doc
 
-    class _Float32Norm:
-        def __init__(self, norm: Any):
-            self.norm = norm
-            self.weight = norm.weight.astype(mx.float32)
+    def target(self) -> Any:
+        family = _FAMILY.get()
+        candidates = [f for f in _families() if family is None or f.name == family]
+        for candidate in candidates:
+            function = getattr(candidate.hypothesis_module(), self.__name__, None)
+            if callable(function):
+                return function
+        raise HypothesisPatchError(
+            f"model family {family!r} has no ready hypothesis patch {self.__name__!r}",
+            f"use one of: {', '.join(names(family)) or 'none'}, or write your own 'file.py:function'",
+        )
 
-        def __call__(self, x):
-            return mx.fast.rms_norm(x.astype(mx.float32), self.weight, self.norm.eps).astype(x.dtype)
-
-    for block in vision.blocks:
-        object.__setattr__(block, "norm2", _Float32Norm(block.norm2))
-    return model
+    def __call__(self, model: Any, **kwargs: Any) -> Any:
+        return self.target()(model, **kwargs)
 
 
-def perturb_image_embeddings(model: Any, scale: float = -2.0) -> Any:
-    """Multiply the merged image embeddings by ``scale`` where mlx-vlm writes them into the prompt (MLX only).
+def names(family: str | None = None) -> list[str]:
+    """The ready patches of ``family`` (of every family when None)."""
+    found = set()
+    for candidate in _families():
+        if family is None or candidate.name == family:
+            module = candidate.hypothesis_module()
+            found |= {name for name in getattr(module, "__all__", ()) if callable(getattr(module, name, None))}
+    return sorted(found)
 
-    The vision tower is untouched, so every vision stage still passes and the first failing stage is
-    ``text.embeds.image``: the shape of a merge that scrambles or rescales image features.
-    """
-    original = model.merge_input_ids_with_image_features
 
-    def merge(image_token_id, video_token_id, image_features, inputs_embeds, input_ids):
-        return original(image_token_id, video_token_id, image_features * scale, inputs_embeds, input_ids)
-
-    object.__setattr__(model, "merge_input_ids_with_image_features", merge)
-    return model
+def __getattr__(name: str) -> _FamilyPatch:
+    if name.startswith("__") or name not in names():
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    family = _FAMILY.get()
+    docs = [
+        getattr(candidate.hypothesis_module(), name).__doc__
+        for candidate in _families()
+        if (family is None or candidate.name == family) and hasattr(candidate.hypothesis_module(), name)
+    ]
+    return _FamilyPatch(name, docs[0] if docs else None)

@@ -1,4 +1,9 @@
-"""Shared inputs: the oracle's processor output that every runtime receives unchanged."""
+"""Shared inputs: the oracle's processor output that every runtime receives unchanged.
+
+What the arrays are is the family's business (``Family.prepare_inputs``): pixel values and grids for
+one family, crops and pooling indices for another. Here they are named arrays with a digest and a
+summary, and each becomes an ``inputs.<name>`` stage of every capture.
+"""
 
 from __future__ import annotations
 
@@ -8,45 +13,48 @@ from typing import Any
 
 import numpy as np
 
-from .checkpoint import Checkpoint
 from .engine_inputs import inputs_digest
 from .errors import InputError
 
 
 @dataclass
-class VisionInputs:
-    """Pixel values and grids for one packed call of the vision tower."""
+class ModelInputs:
+    """The processor output for one packed call, as named arrays, and what the summary shows of it."""
 
-    pixel_values: np.ndarray  # (patches, C * T * P * P) float32, processor order
-    grid_thw: np.ndarray  # (images, 3) int64
+    arrays: dict[str, np.ndarray]  # processor outputs by name, in digest order
     image_paths: list[str]
     image_sizes: list[tuple[int, int]]  # (height, width) as loaded
-    resized: list[tuple[int, int]] = field(default_factory=list)  # (height, width) after smart resize
-    processor: dict = field(default_factory=dict)
-    conversions: list[str | None] = field(default_factory=list)  # per image: how it became RGB (None: it was)
+    image_tokens: np.ndarray  # prompt placeholders each image takes
+    facts: dict = field(default_factory=dict)  # the family's facts for the summary (resized sizes, grids, ...)
+    headline: str = ""  # one line for the log
     text: Any = None  # TextInputs when the run follows the prompt past the vision tower
 
-    @property
-    def image_tokens(self) -> np.ndarray:
-        merge = int(self.processor.get("merge_size", 2))
-        return (self.grid_thw.prod(axis=1) // (merge * merge)).astype(np.int64)
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.arrays[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.arrays
 
     @property
     def digest(self) -> str:
-        """What an engine's sidecar declares as ``inputs_digest`` (``engine_inputs.inputs_digest``)."""
-        return inputs_digest(self.pixel_values, self.grid_thw, None if self.text is None else self.text.input_ids)
+        """sha256 over each array's little-endian bytes (in ``arrays`` order, as stored), then the prompt's token
+        ids as int64: what an engine's sidecar declares as ``inputs_digest`` (``engine_inputs.inputs_digest``)."""
+        return inputs_digest(self.arrays, None if self.text is None else self.text.input_ids)
+
+    def stages(self) -> dict[str, np.ndarray]:
+        """The ``inputs.*`` stages every capture writes: each array, and the image tokens per image."""
+        return {
+            **{f"inputs.{name}": array for name, array in self.arrays.items()},
+            "inputs.image_tokens": self.image_tokens,
+        }
 
     def summary(self) -> dict:
         return {
             "images": self.image_paths,
             "image_sizes": [list(s) for s in self.image_sizes],
-            "resized": [list(s) for s in self.resized],
-            "grid_thw": self.grid_thw.tolist(),
+            **self.facts,
             "image_tokens": self.image_tokens.tolist(),
-            "patches": int(self.pixel_values.shape[0]),
             "digest": self.digest,
-            "processor": self.processor,
-            "conversions": self.conversions,
             **({"text": self.text.summary()} if self.text is not None else {}),
         }
 
@@ -74,7 +82,7 @@ def as_processor_sees(image, processor, path: str | Path) -> tuple[Any, str | No
     """The RGB image the checkpoint's processor makes of ``image`` and what was done (None: it was RGB).
 
     Transparency is composited onto white and grayscale or palette images are expanded, with transformers'
-    own ``convert_to_rgb`` (what the Qwen processors run when ``do_convert_rgb`` is set)."""
+    own ``convert_to_rgb`` (what Hugging Face image processors run when ``do_convert_rgb`` is set)."""
     from PIL import Image
     from transformers.image_transforms import convert_to_rgb
 
@@ -91,72 +99,8 @@ def as_processor_sees(image, processor, path: str | Path) -> tuple[Any, str | No
     return converted, f"{image.mode}: {done} (as the processor's convert_to_rgb does)"
 
 
-def load_image_processor(checkpoint: Checkpoint):
-    """The checkpoint's own image processor, built from transformers' PIL class (no torchvision)."""
-    from transformers import AutoImageProcessor
+def prepare_inputs(checkpoint, image_paths: list[str | Path]) -> ModelInputs:
+    """The checkpoint family's processor output for the images (``Family.prepare_inputs``)."""
+    from .families import get_family
 
-    try:
-        return AutoImageProcessor.from_pretrained(str(checkpoint.path), backend="pil")
-    except TypeError:
-        return AutoImageProcessor.from_pretrained(str(checkpoint.path))
-    except OSError as err:
-        raise InputError(
-            f"checkpoint {checkpoint.path} has no usable preprocessor_config.json ({err})",
-            "save the image processor next to the weights (processor.save_pretrained)",
-        ) from err
-
-
-def processor_settings(processor) -> dict:
-    size = getattr(processor, "size", None) or {}
-    size = dict(size) if not isinstance(size, dict) else size
-    return {
-        "class": type(processor).__name__,
-        "min_pixels": int(size.get("shortest_edge") or getattr(processor, "min_pixels", 56 * 56)),
-        "max_pixels": int(size.get("longest_edge") or getattr(processor, "max_pixels", 28 * 28 * 1280)),
-        "patch_size": int(getattr(processor, "patch_size", 14)),
-        "merge_size": int(getattr(processor, "merge_size", 2)),
-        "temporal_patch_size": int(getattr(processor, "temporal_patch_size", 2)),
-    }
-
-
-def prepare_inputs(checkpoint: Checkpoint, image_paths: list[str | Path]) -> VisionInputs:
-    """Run the checkpoint's processor on the images; refuse images below its minimum pixels."""
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
-
-    if not image_paths:
-        raise InputError("no images given", "list at least one image under 'images'")
-    processor = load_image_processor(checkpoint)
-    settings = processor_settings(processor)
-    images, sizes, resized, conversions = [], [], [], []
-    factor = settings["patch_size"] * settings["merge_size"]
-    for path in image_paths:
-        image, conversion = as_processor_sees(load_image(path), processor, path)
-        conversions.append(conversion)
-        width, height = image.size
-        if width * height < settings["min_pixels"]:
-            side = int(np.ceil(np.sqrt(settings["min_pixels"])))
-            raise InputError(
-                f"image {path} is {height}x{width} = {width * height} pixels, below the processor's "
-                f"min_pixels {settings['min_pixels']}; the processor would upscale it and the run would "
-                "not test the image you gave",
-                f"use an image of at least {side}x{side} pixels, or lower min_pixels in the checkpoint's "
-                "preprocessor_config.json",
-            )
-        try:
-            resized.append(smart_resize(height, width, factor, settings["min_pixels"], settings["max_pixels"]))
-        except ValueError as err:
-            raise InputError(
-                f"image {path} ({height}x{width}) cannot be resized: {err}", "use a less extreme aspect ratio"
-            ) from err
-        images.append(image)
-        sizes.append((height, width))
-    out = processor(images=images, return_tensors="np")
-    return VisionInputs(
-        pixel_values=np.asarray(out["pixel_values"], dtype=np.float32),
-        grid_thw=np.asarray(out["image_grid_thw"], dtype=np.int64),
-        image_paths=[str(p) for p in image_paths],
-        image_sizes=sizes,
-        resized=[tuple(int(v) for v in r) for r in resized],
-        processor=settings,
-        conversions=conversions,
-    )
+    return get_family(checkpoint.family).prepare_inputs(checkpoint, image_paths)

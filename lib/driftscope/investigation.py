@@ -20,8 +20,7 @@ from .checkpoint_storage import checkpoint_storage
 from .compare import compare_tapsets
 from .environment import current_commit, fingerprint
 from .errors import DriftscopeError, ReportError, TapFileError
-from .families import stage_plan
-from .inputs import prepare_inputs
+from .families import get_family
 from .names import remove_partial_files, safe_name
 from .params import Parameters, load_parameters
 from .preflight import check_parameters
@@ -33,7 +32,7 @@ from .stages import StagePlan
 
 if TYPE_CHECKING:
     from .contract import Contract
-    from .inputs import VisionInputs
+    from .inputs import ModelInputs
     from .params import RuntimeSpec
     from .runtimes.base import Runtime
     from .tapset import TapSet
@@ -200,7 +199,11 @@ def _power(params: Parameters, report: Report, out: Path, checkpoint, inputs, re
     from .power import fixture_power, power_gate
 
     report.step("power")
-    log(f"fixture power: {len(params.power['mutations'])} mutations against {reference.label}")
+    names = params.power["mutations"]
+    if names == "all":
+        names = get_family(checkpoint.family).mutation_registry().names()
+        names += [name for name in params.power["require"] if name not in names]
+    log(f"fixture power: {len(names)} mutations against {reference.label}")
     power = fixture_power(
         reference,
         checkpoint,
@@ -208,7 +211,7 @@ def _power(params: Parameters, report: Report, out: Path, checkpoint, inputs, re
         plan,
         contract,
         out / "taps" / "mutations",
-        params.power["mutations"],
+        names,
         params.power["policy"],
         log,
     )
@@ -232,7 +235,7 @@ def _capture_one(
     out: Path,
     spec: RuntimeSpec,
     runtime: Runtime,
-    inputs: VisionInputs,
+    inputs: ModelInputs,
     plan: StagePlan,
     contract: Contract,
     tapsets: dict[str, TapSet],
@@ -289,13 +292,12 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
     contract = check_parameters(params)  # every parameter error before any model loads
     report.step("checkpoint")
     checkpoint = open_checkpoint(params.checkpoint, params.family)
-    plan = stage_plan(checkpoint.family, checkpoint.config).select(params.stages)
+    family = get_family(checkpoint.family)
+    plan = family.vision_plan(checkpoint.config).select(params.stages)
     if params.text:
-        from .families.qwen2_5_vl import text_stages
-
         plan = StagePlan(
             plan.family,
-            plan.stages + text_stages(checkpoint.config, params.text["max_new_tokens"]),
+            plan.stages + family.text_stages(checkpoint.config, params.text["max_new_tokens"]),
             plan.depth,
             dict(plan.meta),
         )
@@ -319,16 +321,11 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
             )
         )
     report.step("inputs")
-    inputs = prepare_inputs(checkpoint, params.images)
+    inputs = family.prepare_inputs(checkpoint, params.images)
     if params.text:
-        from .text_inputs import build_text_inputs
-
-        inputs.text = build_text_inputs(checkpoint, inputs.image_tokens.tolist(), **params.text)
+        inputs.text = family.text_inputs(checkpoint, inputs, **params.text)
     report.data["inputs"] = inputs.summary()
-    log(
-        f"inputs: {len(params.images)} image(s), grid {inputs.grid_thw.tolist()}, "
-        f"{inputs.pixel_values.shape[0]} patches"
-    )
+    log(f"inputs: {len(params.images)} image(s), {inputs.headline}")
 
     tapsets = {}
     compared = {}  # (reference, candidate) label -> comparison rows, from a replay or the background comparer

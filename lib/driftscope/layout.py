@@ -1,11 +1,11 @@
 """How two TapSets' rows line up for one stage: their active rows and their token orders.
 
-Token orders (docs/tapfile.md): ``raster`` is the processor's patch row order (merged tokens row-major over
-the merged grid, the ``merge x merge`` patches of each merged token contiguous, in row-major order inside
-it); ``window`` is that order permuted window by window by ``vision.window_index`` (merged-token units).
-Two sides in different orders are brought to raster order with the permutation the inputs imply (the
-window side's own ``vision.window_index``, else the other side's); with no permutation to use, the stage
-is refused as a layout mismatch rather than compared element by element as if it were numerical drift.
+Token orders (docs/tapfile.md): ``raster`` is the processor's row order; a family may declare other orders in
+its plan (``StagePlan.meta["token_orders"]``, read as :class:`~driftscope.stages.TokenOrder`): rows permuted
+group by group by an integer index stage each side captures. Two sides in different orders are brought to
+raster order with the permutation the inputs imply (the permuted side's own index, else the other side's);
+with no permutation to use, the stage is refused as a layout mismatch rather than compared element by
+element as if it were numerical drift.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .stages import TokenOrder
 from .tapset import TapSet
 
-WINDOW_INDEX = "vision.window_index"
 Ranges = list[tuple[int, int]]
 
 
@@ -56,23 +56,9 @@ def take_rows(array: np.ndarray, ranges: Ranges) -> np.ndarray:
     return np.concatenate([array[start:stop] for start, stop in ranges])
 
 
-def restore_raster(array: np.ndarray, window_index: np.ndarray, unit: str | None, merge_unit: int) -> np.ndarray:
-    """Rows of a window-ordered array put back in raster order with ``window_index``."""
-    reverse = np.argsort(window_index, kind="stable")
-    if unit == "merged":
-        return array[reverse]
-    grouped = array.reshape(len(window_index), merge_unit, *array.shape[1:])
-    return grouped[reverse].reshape(array.shape)
-
-
-def _is_permutation(index: np.ndarray, rows: int, unit: str | None, merge_unit: int) -> bool:
-    size = rows if unit == "merged" else rows // max(merge_unit, 1)
-    return len(index) == size and np.array_equal(np.sort(index), np.arange(size))
-
-
 @dataclass
 class Alignment:
-    """For one stage: each side's active rows, the window index restoring each side to raster (None: compare as
+    """For one stage: each side's active rows, the index restoring each side to raster (None: compare as
     stored), a note for the row, and ``refusal`` when the two layouts cannot be brought together."""
 
     reference_rows: Ranges
@@ -80,6 +66,7 @@ class Alignment:
     reference_index: np.ndarray | None = None
     candidate_index: np.ndarray | None = None
     unit: str | None = None
+    order: TokenOrder | None = None
     note: str = ""
     refusal: str | None = None
 
@@ -87,7 +74,7 @@ class Alignment:
     def reorders(self) -> bool:
         return self.reference_index is not None or self.candidate_index is not None
 
-    def arrays(self, reference: TapSet, candidate: TapSet, stage_id: str, merge_unit: int):
+    def arrays(self, reference: TapSet, candidate: TapSet, stage_id: str):
         """Both sides' active rows, in raster order where a side is restored."""
         out = []
         for tapset, ranges, index in (
@@ -95,7 +82,7 @@ class Alignment:
             (candidate, self.candidate_rows, self.candidate_index),
         ):
             array = take_rows(np.asarray(tapset[stage_id]), ranges)
-            out.append(array if index is None else restore_raster(array, index, self.unit, merge_unit))
+            out.append(array if index is None else self.order.to_raster(array, index, self.unit))
         return out
 
 
@@ -104,8 +91,9 @@ def _order(declaration: dict, fallback: str) -> str:
     return fallback if order in (None, "none") else order
 
 
-def align(stage_id: str, reference: TapSet, candidate: TapSet, merge_unit: int) -> Alignment:
-    """How ``stage_id``'s rows line up between the two sides (see the module docstring)."""
+def align(stage_id: str, reference: TapSet, candidate: TapSet, orders: dict[str, TokenOrder]) -> Alignment:
+    """How ``stage_id``'s rows line up between the two sides (see the module docstring); ``orders``: the
+    plan's non-raster token orders by name (``stages.orders_of``)."""
     ref_decl, cand_decl = reference.declaration(stage_id), candidate.declaration(stage_id)
     ref_shape, cand_shape = reference.shape(stage_id), candidate.shape(stage_id)
     alignment = Alignment(
@@ -115,32 +103,47 @@ def align(stage_id: str, reference: TapSet, candidate: TapSet, merge_unit: int) 
     )
     ref_order = _order(ref_decl, "none")
     cand_order = _order(cand_decl, ref_order)  # an engine that declares no order is read in the reference's
-    if "window" not in (ref_order, cand_order):
+    permuted = [name for name in (ref_order, cand_order) if name not in ("raster", "none")]
+    if not permuted:
         return alignment
+    if len(set(permuted)) > 1:
+        alignment.refusal = f"layout mismatch: candidate {cand_order}, reference {ref_order}"
+        return alignment
+    order = orders.get(permuted[0])
+    if order is None:  # an order the plan does not declare: nothing to restore with, compared as stored
+        if ref_order != cand_order:
+            alignment.refusal = (
+                f"layout mismatch: candidate {cand_order}, reference {ref_order}, and the stage plan declares no "
+                f"way to restore {permuted[0]!r} order"
+            )
+        return alignment
+    alignment.order = order
     rows = count(alignment.reference_rows)
-    indices = [t[WINDOW_INDEX] if WINDOW_INDEX in t else None for t in (reference, candidate)]
-    valid = [i is not None and _is_permutation(i, rows, alignment.unit, merge_unit) for i in indices]
+    indices = [np.asarray(t[order.index]).reshape(-1) if order.index in t else None for t in (reference, candidate)]
+    valid = [i is not None and order.is_permutation(i, rows, alignment.unit) for i in indices]
     if ref_order == cand_order:
         if all(valid) and not np.array_equal(indices[0], indices[1]):
             alignment.reference_index, alignment.candidate_index = indices
-            alignment.note = "window orders differ: both sides restored to raster order with their own window index"
+            alignment.note = (
+                f"{ref_order} orders differ: both sides restored to raster order with their own {order.index}"
+            )
         return alignment
-    window_side = 0 if ref_order == "window" else 1
     names = ("reference", "candidate")
-    own, other = window_side, 1 - window_side
+    own = 0 if ref_order == permuted[0] else 1
+    other = 1 - own
     chosen = own if valid[own] else other if valid[other] else None
     if chosen is None:
         alignment.refusal = (
-            f"layout mismatch: candidate {cand_order}, reference {ref_order}, and no valid {WINDOW_INDEX} on either "
+            f"layout mismatch: candidate {cand_order}, reference {ref_order}, and no valid {order.index} on either "
             "side to reorder with"
         )
         return alignment
-    if window_side == 0:
+    if own == 0:
         alignment.reference_index = indices[chosen]
     else:
         alignment.candidate_index = indices[chosen]
     alignment.note = (
-        f"layout: candidate {cand_order}, reference {ref_order}: the {names[window_side]} restored to raster "
-        f"order with the {names[chosen]}'s {WINDOW_INDEX}"
+        f"layout: candidate {cand_order}, reference {ref_order}: the {names[own]} restored to raster "
+        f"order with the {names[chosen]}'s {order.index}"
     )
     return alignment

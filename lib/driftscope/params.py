@@ -159,8 +159,8 @@ def _stages(data: Any) -> StageSelection:
         for index in substages:
             _expect(index, int, "stages.substages entries", "block indices like 3 or -1")
         substages = tuple(substages)
-    include = tuple(_expect(data.get("include", []), list, "stages.include", "['vision.merger*']"))
-    exclude = tuple(_expect(data.get("exclude", []), list, "stages.exclude", "['vision.rotary.*']"))
+    include = tuple(_expect(data.get("include", []), list, "stages.include", "['vision.block.7.*']"))
+    exclude = tuple(_expect(data.get("exclude", []), list, "stages.exclude", "['vision.block.0.*']"))
     return StageSelection(
         bool(_expect(data.get("blocks", True), bool, "stages.blocks", "true")), substages, include, exclude
     )
@@ -200,22 +200,30 @@ def _text(data: Any) -> dict | None:
 
 
 def _power(data: Any) -> dict | None:
-    from .mutations import MUTATIONS
+    from .families import known_mutations
 
     data = _section(data, "power", {"mutations", "policy", "require"}, "{require: [identity_window_permutation]}")
     if data is None:
         return None
     names = data.get("mutations", "all")
-    names = MUTATIONS.names() if names == "all" else list(_expect(names, list, "power.mutations", "[tanh_gelu]"))
+    names = "all" if names == "all" else list(_expect(names, list, "power.mutations", "[tanh_gelu]"))
     required = list(_expect(data.get("require", []), list, "power.require", "[identity_window_permutation]"))
-    for name in names + required:
-        MUTATIONS.get(name)  # an unknown name lists the valid ones
-    missing = [name for name in required if name not in names]
+    known = known_mutations()
+    for name in (names if names != "all" else []) + required:
+        known.get(name)  # an unknown name lists the valid ones (the checkpoint's family is checked at run time)
+    missing = [name for name in required if names != "all" and name not in names]
     return {
-        "mutations": names + missing,
+        "mutations": names if names == "all" else names + missing,
         "policy": _expect(data.get("policy", "f32"), str, "power.policy", "f32"),
         "require": required,
     }
+
+
+def _family(name: Any) -> str:
+    from .families import get_family
+
+    _expect(name, str, "family", "a family name such as the checkpoint's model_type")
+    return get_family(name).name  # an unknown name lists the registered ones
 
 
 #: When set, relative paths of every parameter file resolve against this directory instead of the file's
@@ -348,7 +356,7 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
     return Parameters(
         name=_expect(name, str, "name", "shapes-mlx-f16"),
         description=_expect(data.get("description", ""), str, "description", "'one line'"),
-        family=data.get("family") and _expect(data["family"], str, "family", "qwen2_5_vl"),
+        family=data.get("family") and _family(data["family"]),
         checkpoint=path(data["checkpoint"], "checkpoint"),
         images=[path(image, "images entries") for image in images],
         runtimes=specs,

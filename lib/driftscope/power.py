@@ -3,14 +3,39 @@
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 from .compare import ComparisonRow, compare_tapsets, first_divergence
 from .contract import Contract
-from .inputs import VisionInputs
-from .mutations import MUTATIONS, MutatedMLXRuntime
+from .families import get_family
+from .families.base import Mutation
+from .inputs import ModelInputs
+from .runtimes import get_runtime
+from .runtimes.base import Runtime
 from .stages import StagePlan
 from .tapset import TapSet
+
+
+def mutated_runtime(checkpoint, policy: str, mutation: Mutation) -> Runtime:
+    """The family's mutation runtime with ``mutation`` installed (its label says which)."""
+    base = get_runtime(get_family(checkpoint.family).mutation_runtime)
+
+    class Mutated(base):
+        def _load(self) -> Any:
+            model = super()._load()
+            if mutation.install is not None:
+                mutation.install(model, dict(mutation.settings))
+            return model
+
+        def _capture(self, inputs, sink) -> None:
+            with ExitStack() as stack:
+                if mutation.during is not None:
+                    stack.enter_context(mutation.during(self.model, dict(mutation.settings)))
+                super()._capture(inputs, sink)
+
+    return Mutated(checkpoint, policy, None, {"label": f"{base.name}:{policy}+{mutation.name}"})
 
 
 def _margin(rows: list[ComparisonRow]) -> float:
@@ -32,7 +57,7 @@ def _margin(rows: list[ComparisonRow]) -> float:
 def fixture_power(
     reference: TapSet,
     checkpoint,
-    inputs: VisionInputs,
+    inputs: ModelInputs,
     plan: StagePlan,
     contract: Contract,
     out_dir: Path,
@@ -41,10 +66,12 @@ def fixture_power(
     log=None,
 ) -> dict:
     """Per mutation: detected, first divergence, the declared stage, whether they match, the margin, why blind."""
+    family = get_family(checkpoint.family)
+    mutations = family.mutation_registry()
     results = []
-    for name in names or MUTATIONS.names():
-        mutation = MUTATIONS.get(name)
-        runtime = MutatedMLXRuntime(checkpoint, policy, mutation)
+    for name in names or mutations.names():
+        mutation = mutations.get(name)
+        runtime = mutated_runtime(checkpoint, policy, mutation)
         start = time.perf_counter()
         tapset = runtime.capture(inputs, plan, Path(out_dir) / name)
         rows = compare_tapsets(reference, tapset, contract, plan)
@@ -78,7 +105,7 @@ def fixture_power(
         )
         if log:
             log(f"  mutation {name}: " + (f"detected at {first.stage}" if detected else f"NOT detected ({reason})"))
-    return {"runtime": f"mlx:{policy}", "mutations": results}
+    return {"runtime": f"{family.mutation_runtime}:{policy}", "mutations": results}
 
 
 def power_gate(power: dict, required: list[str]) -> list[str]:

@@ -11,54 +11,17 @@ import json
 
 import numpy as np
 
-from .families.qwen2_5_vl import vision_config
-from .geometry.windows import cu_seqlens, window_layout
-from .inputs import VisionInputs
+from .inputs import ModelInputs
 from .stages import StagePlan
 
 COLUMNS = ("stage", "axes", "shape", "dtype", "token_order", "token_unit", "active_rows", "integer", "description")
 
 
-def axis_sizes(config: dict, inputs: VisionInputs | None = None) -> dict[str, int | str]:
-    """The size of every axis name the stage plan uses (token axes by name when ``inputs`` is None)."""
-    vision = vision_config(config)
-    hidden, heads = int(vision.get("hidden_size", 1280)), int(vision.get("num_heads", 16))
-    merge = int(vision.get("spatial_merge_size", 2))
-    patch, temporal = int(vision.get("patch_size", 14)), int(vision.get("temporal_patch_size", 2))
-    sizes: dict[str, int | str] = {
-        "hidden": hidden,
-        "heads": heads,
-        "head_dim": hidden // heads,
-        "intermediate": int(vision.get("intermediate_size", 3420)),
-        "merged_hidden": hidden * merge * merge,
-        "out_hidden": int(vision.get("out_hidden_size", 2048)),
-        "channels": int(vision.get("in_channels", vision.get("in_chans", 3))) * temporal * patch * patch,
-        "thw": 3,
-    }
-    for name in ("patches", "merged_tokens", "images", "windows+1", "images+1"):
-        sizes[name] = name
-    if inputs is not None:
-        grid = np.asarray(inputs.grid_thw, dtype=np.int64)
-        patches = int(grid.prod(axis=1).sum())
-        layout = window_layout(grid, merge, int(vision.get("window_size", 112)), patch)
-        sizes.update(
-            {
-                "patches": patches,
-                "merged_tokens": patches // (merge * merge),
-                "images": len(grid),
-                "windows+1": len(layout.cu_window_seqlens),
-                "images+1": len(cu_seqlens(grid)),
-            }
-        )
-    return sizes
-
-
-def stage_rows(plan: StagePlan, config: dict, inputs: VisionInputs | None = None) -> list[dict]:
-    """One record per stage of ``plan``, in execution order."""
-    sizes = axis_sizes(config, inputs)
+def stage_rows(plan: StagePlan, sizes: dict[str, int | str]) -> list[dict]:
+    """One record per stage of ``plan``, in execution order (``sizes``: the family's axis sizes)."""
     rows = []
     for stage in plan:
-        tokens = sizes["merged_tokens" if stage.token_unit == "merged" else "patches"]
+        tokens = sizes.get(f"tokens:{stage.token_unit or 'patch'}", "tokens")
         shape = [tokens if axis == "tokens" else sizes.get(axis, axis) for axis in stage.axes]
         has_tokens = stage.token_order != "none"
         rows.append(
@@ -101,20 +64,24 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def format_json(rows: list[dict], inputs: VisionInputs | None) -> str:
-    header = None if inputs is None else {"grid_thw": inputs.grid_thw.tolist(), "inputs_digest": inputs.digest}
+def _arrays(inputs: ModelInputs) -> dict[str, dict]:
+    return {name: {"shape": list(a.shape), "dtype": str(a.dtype)} for name, a in inputs.arrays.items()}
+
+
+def format_json(rows: list[dict], inputs: ModelInputs | None) -> str:
+    header = None
+    if inputs is not None:
+        values = {name: a.tolist() for name, a in inputs.arrays.items() if np.issubdtype(a.dtype, np.integer)}
+        header = {"arrays": _arrays(inputs), **values, "inputs_digest": inputs.digest}
     return json.dumps({"inputs": header, "stages": rows}, indent=1)
 
 
-def describe_inputs(config: dict, inputs: VisionInputs | None) -> str:
-    """One line above the table: which grids the shapes are for, and the inputs digest to declare."""
+def describe_inputs(note: str, inputs: ModelInputs | None) -> str:
+    """One line above the table: which inputs the shapes are for, and the inputs digest to declare."""
     if inputs is None:
-        unit = int(vision_config(config).get("spatial_merge_size", 2)) ** 2
-        return f"shapes for any images: patches = sum of t*h*w over the grids, merged_tokens = patches / {unit}"
-    return (
-        f"shapes for grid_thw {inputs.grid_thw.tolist()} ({int(inputs.pixel_values.shape[0])} patches); "
-        f"inputs_digest {inputs.digest}"
-    )
+        return f"shapes for any images: {note}"
+    arrays = ", ".join(f"{name} {info['dtype']} {info['shape']}" for name, info in _arrays(inputs).items())
+    return f"shapes for {inputs.headline} (inputs in digest order: {arrays}); inputs_digest {inputs.digest}"
 
 
 def list_stages(checkpoint_path: str, images: list[str], as_json: bool = False, write_to: str | None = None) -> str:
@@ -122,18 +89,20 @@ def list_stages(checkpoint_path: str, images: list[str], as_json: bool = False, 
     from .checkpoint import open_checkpoint
     from .engine_inputs import write_inputs
     from .errors import ParameterError
-    from .families import stage_plan
+    from .families import get_family
     from .inputs import prepare_inputs
     from .stages import StageSelection
 
     checkpoint = open_checkpoint(checkpoint_path)
-    plan = stage_plan(checkpoint.family, checkpoint.config).select(StageSelection.everything())
+    family = get_family(checkpoint.family)
+    plan = family.vision_plan(checkpoint.config).select(StageSelection.everything())
     inputs = prepare_inputs(checkpoint, images) if images else None
     if write_to:
         if inputs is None:
             raise ParameterError("--write-inputs needs --images", "name the images the engine will run on")
         write_inputs(write_to, inputs)
-    rows = stage_rows(plan, checkpoint.config, inputs)
+    hooks = family.view_hooks()
+    rows = stage_rows(plan, hooks.axis_sizes(checkpoint.config, inputs))
     if as_json:
         return format_json(rows, inputs)
-    return describe_inputs(checkpoint.config, inputs) + "\n\n" + format_table(rows)
+    return describe_inputs(hooks.shapes_note(checkpoint.config), inputs) + "\n\n" + format_table(rows)

@@ -11,6 +11,8 @@ import fnmatch
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Stage:
@@ -117,3 +119,49 @@ class StagePlan:
         known = sorted((i for i in stage_ids if i in self._index), key=self._index.__getitem__)
         unknown = sorted(i for i in stage_ids if i not in self._index)
         return known + unknown
+
+
+@dataclass(frozen=True)
+class TokenOrder:
+    """How rows of a stage in a non-raster token order go back to raster order: ``index`` is the integer
+    stage (captured by each side) holding the permutation, applied to groups of ``rows_per_index[unit]``
+    rows; ``segments``, when the order visits segments (e.g. attention windows), the integer stage of their
+    bounds in rows of ``segment_unit``. A family declares its orders in its plan's ``meta["token_orders"]``."""
+
+    index: str
+    rows_per_index: dict[str, int]
+    segments: str | None = None
+    segment_unit: str = "patch"
+
+    @classmethod
+    def of(cls, plan: StagePlan | None, token_order: str | None) -> TokenOrder | None:
+        return orders_of(plan).get(token_order or "")
+
+    def group(self, unit: str | None) -> int:
+        return int(self.rows_per_index.get(unit or "", 1))
+
+    def is_permutation(self, index: np.ndarray, rows: int, unit: str | None) -> bool:
+        """Whether ``index`` permutes the ``rows`` rows of a stage in ``unit`` (groups of ``group(unit)``)."""
+        size = rows // max(self.group(unit), 1)
+        index = np.asarray(index).reshape(-1)
+        return len(index) == size and np.array_equal(np.sort(index), np.arange(size))
+
+    def to_raster(self, array: np.ndarray, permutation: np.ndarray, unit: str | None) -> np.ndarray:
+        """Rows of ``array`` put back in raster order using that runtime's own ``permutation``."""
+        reverse = np.argsort(np.asarray(permutation).reshape(-1), kind="stable")
+        grouped = array.reshape(len(reverse), self.group(unit), *array.shape[1:])
+        return grouped[reverse].reshape(array.shape)
+
+
+def orders_of(plan: StagePlan | None) -> dict[str, TokenOrder]:
+    """The non-raster token orders ``plan`` declares, by name."""
+    declared = (plan.meta if plan else {}).get("token_orders") or {}
+    return {
+        name: TokenOrder(
+            entry["index"],
+            dict(entry["rows_per_index"]),
+            entry.get("segments"),
+            entry.get("segment_unit", "patch"),
+        )
+        for name, entry in declared.items()
+    }

@@ -1,27 +1,11 @@
-"""Random-weight Qwen2.5-VL checkpoints built from a config, saved with ``save_pretrained``.
-
-Used by the fixture scripts (tiny checkpoint) and the benchmarks (real-size vision tower). Nothing
-is downloaded: the tokenizer is a byte-level BPE trained here on a fixed corpus, the image
-processor is transformers' PIL class.
-"""
+"""What every family's random-weight checkpoint builder shares: a tokenizer trained here on a fixed
+tiny corpus (nothing is downloaded), seeded weights independent of transformers' init, and where
+generated benchmark checkpoints live."""
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
-
-SPECIAL_TOKENS = [
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|vision_pad|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-]
 
 CORPUS = [
     "a red square, a blue circle and a green triangle on a light grey background.",
@@ -31,44 +15,12 @@ CORPUS = [
     "user assistant system You are a helpful assistant.",
 ]
 
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for item in message['content'] %}"
-    "{% if item['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}{% endfor %}{% endif %}"
-    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 
-
-@dataclass(frozen=True)
-class SyntheticQwen25VLSpec:
-    """Shape and seed of a random-weight Qwen2.5-VL checkpoint."""
-
-    vision_depth: int = 8
-    vision_hidden: int = 64
-    vision_heads: int = 4
-    vision_intermediate: int = 128
-    fullatt_block_indexes: tuple[int, ...] = (3, 7)
-    text_hidden: int = 64
-    text_layers: int = 2
-    text_heads: int = 4
-    text_kv_heads: int = 2
-    text_intermediate: int = 128
-    mrope_section: tuple[int, ...] = (2, 3, 3)
-    vocab_size: int = 512
-    window_size: int = 112
-    min_pixels: int = 56 * 56
-    max_pixels: int = 28 * 28 * 1280
-    seed: int = 0
-    weight_gain: float = 1.0
-    massive_channel: int | None = None  # plant a massive activation in this hidden channel of the vision tower
-    massive_gain: float = 0.5  # patch-embedding weight of that channel: |x| ~ gain * |sum of a patch's pixels|
-    extra: dict = field(default_factory=dict)
-
-
-def build_tokenizer(vocab_size: int):
-    """A byte-level BPE tokenizer with Qwen's special tokens, trained on a fixed tiny corpus."""
+def train_tokenizer(
+    vocab_size: int, special_tokens: list[str], eos_token: str, pad_token: str, corpus: list[str] = CORPUS
+):
+    """A byte-level BPE tokenizer with ``special_tokens`` (the first is not an additional special token),
+    trained on ``corpus``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -77,20 +29,20 @@ def build_tokenizer(vocab_size: int):
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(CORPUS * 4, trainer=trainer)
+    tokenizer.train_from_iterator(corpus * 4, trainer=trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=SPECIAL_TOKENS[1:],
+        eos_token=eos_token,
+        pad_token=pad_token,
+        additional_special_tokens=special_tokens[1:],
     )
 
 
-def _reinitialize(model, seed: int, gain: float) -> None:
+def reinitialize(model, seed: int, gain: float) -> None:
     """Seeded weights independent of transformers' init: N(0, gain/sqrt(fan_in)) for matrices,
     1 + N(0, 0.1) for norm scales, N(0, 0.02) for biases."""
     import torch
@@ -106,98 +58,6 @@ def _reinitialize(model, seed: int, gain: float) -> None:
                 fan_in = math.prod(param.shape[1:])
                 values = torch.randn(param.shape, generator=generator) * (gain / math.sqrt(fan_in))
             param.copy_(values.to(param.dtype))
-
-
-def plant_massive_channel(model, channel: int, gain: float) -> None:
-    """Make one hidden channel of the patch embedding huge (|x| of hundreds on ordinary images).
-
-    Real ViTs carry such "massive activations"; squaring them in float16 (max 65504) overflows
-    above |x| = 256, which is what a manual F16 RMSNorm does and a fused kernel avoids.
-    """
-    import torch
-
-    with torch.no_grad():
-        weight = model.model.visual.patch_embed.proj.weight
-        weight[channel] = torch.full_like(weight[channel], gain)
-
-
-def make_checkpoint(out_dir: Path, spec: SyntheticQwen25VLSpec = SyntheticQwen25VLSpec()) -> Path:
-    """Write a random-weight Qwen2.5-VL checkpoint (safetensors, tokenizer, processor) to ``out_dir``."""
-    import torch
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(spec.vocab_size)
-    token_id = tokenizer.convert_tokens_to_ids
-    eos = token_id("<|im_end|>")
-    config = Qwen2_5_VLConfig(
-        text_config=dict(
-            hidden_size=spec.text_hidden,
-            intermediate_size=spec.text_intermediate,
-            num_hidden_layers=spec.text_layers,
-            num_attention_heads=spec.text_heads,
-            num_key_value_heads=spec.text_kv_heads,
-            vocab_size=spec.vocab_size,
-            max_position_embeddings=4096,
-            rope_parameters={"rope_type": "default", "mrope_section": list(spec.mrope_section), "rope_theta": 1e6},
-            bos_token_id=token_id("<|endoftext|>"),
-            eos_token_id=eos,
-            pad_token_id=token_id("<|endoftext|>"),
-        ),
-        vision_config=dict(
-            depth=spec.vision_depth,
-            hidden_size=spec.vision_hidden,
-            intermediate_size=spec.vision_intermediate,
-            num_heads=spec.vision_heads,
-            out_hidden_size=spec.text_hidden,
-            fullatt_block_indexes=list(spec.fullatt_block_indexes),
-            window_size=spec.window_size,
-            patch_size=14,
-            spatial_merge_size=2,
-            temporal_patch_size=2,
-        ),
-        image_token_id=token_id("<|image_pad|>"),
-        video_token_id=token_id("<|video_pad|>"),
-        vision_start_token_id=token_id("<|vision_start|>"),
-        vision_end_token_id=token_id("<|vision_end|>"),
-        eos_token_id=eos,
-        tie_word_embeddings=False,
-        **spec.extra,
-    )
-    torch.manual_seed(spec.seed)
-    model = Qwen2_5_VLForConditionalGeneration(config).eval()
-    _reinitialize(model, spec.seed, spec.weight_gain)
-    if spec.massive_channel is not None:
-        plant_massive_channel(model, spec.massive_channel, spec.massive_gain)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    image_processor = Qwen2VLImageProcessorPil(min_pixels=spec.min_pixels, max_pixels=spec.max_pixels)
-    # The combined Qwen2_5_VLProcessor also wants a video processor, which needs torchvision; the
-    # image processor and tokenizer are saved side by side instead, as a real checkpoint has them.
-    image_processor.save_pretrained(out_dir)
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(out_dir)
-    (out_dir / "driftscope_fixture.json").write_text(json.dumps({"spec": repr(spec)}, indent=1) + "\n")
-    return out_dir
-
-
-#: The vision tower of Qwen2.5-VL-3B (depth 32, hidden 1280, 16 heads, MLP 3420, merger to 2048, full
-#: attention at 7, 15, 23, 31) with a one-layer text side of the same width, for benchmarks.
-QWEN25_VL_3B_SHAPED = SyntheticQwen25VLSpec(
-    vision_depth=32,
-    vision_hidden=1280,
-    vision_heads=16,
-    vision_intermediate=3420,
-    fullatt_block_indexes=(7, 15, 23, 31),
-    text_hidden=2048,
-    text_layers=1,
-    text_heads=16,
-    text_kv_heads=2,
-    text_intermediate=256,
-    mrope_section=(16, 24, 24),
-    vocab_size=512,
-)
 
 
 def benchmark_cache_dir() -> Path:

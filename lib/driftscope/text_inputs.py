@@ -1,4 +1,4 @@
-"""The prompt side of an investigation: token ids around the images, built from the checkpoint's tokenizer."""
+"""The prompt side of an investigation: token ids around the images (the family builds them), the tokenizer."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import CheckpointError, InputError
+from .errors import CheckpointError
 
 DEFAULT_PROMPT = "Name every shape in the image and its colour."
 
@@ -46,29 +46,6 @@ def load_tokenizer(path: str | Path):
             f"checkpoint {path} has no tokenizer transformers can load ({err})",
             "save the tokenizer next to the weights (tokenizer.json, tokenizer_config.json)",
         ) from err
-
-
-def build_text_inputs(
-    checkpoint,
-    image_tokens: list[int],
-    prompt: str = DEFAULT_PROMPT,
-    max_new_tokens: int = 16,
-    expect: list[str] | None = None,
-) -> TextInputs:
-    """Qwen chat format: each image as <|vision_start|> n x <|image_pad|> <|vision_end|>, then the prompt."""
-    tokenizer = load_tokenizer(checkpoint.path)
-    config = checkpoint.config
-    images = "".join("<|vision_start|>" + "<|image_pad|>" * int(n) + "<|vision_end|>" for n in image_tokens)
-    text = f"<|im_start|>user\n{images}{prompt}<|im_end|>\n<|im_start|>assistant\n"
-    ids = np.asarray(tokenizer(text)["input_ids"], dtype=np.int64)
-    image_token_id = int(config.get("image_token_id", tokenizer.convert_tokens_to_ids("<|image_pad|>")))
-    found = int((ids == image_token_id).sum())
-    if found != sum(int(n) for n in image_tokens):
-        raise InputError(
-            f"the tokenizer turned {sum(image_tokens)} image placeholders into {found} image tokens",
-            "use the checkpoint's own tokenizer, where <|image_pad|> is one special token",
-        )
-    return TextInputs(ids, image_token_id, prompt, int(max_new_tokens), list(expect or []))
 
 
 def decode(checkpoint, tokens: list[int]) -> str:

@@ -1,9 +1,9 @@
-"""Lower the JAX vision tower of one bucket shape, policy and tap selection to StableHLO text."""
+"""Lower a family's JAX graph (one bucket shape, policy and tap selection) to StableHLO text."""
 
 from __future__ import annotations
 
-import functools
 import hashlib
+import inspect
 import json
 import re
 from dataclasses import dataclass
@@ -11,12 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from ..emitters.qwen2_5_vl import VisionSpec, vision_tower
-from ..emitters.qwen2_5_vl.layers import Contract
 from ..precision import PrecisionPolicy
-
-#: Graph input names after the weights, in call order.
-INPUT_NAMES = ("pixel_values", "patch_gather", "positions", "window_segments", "image_segments", "merged_restore")
+from .layers import Contract
 
 
 def contract_for(policy: PrecisionPolicy) -> Contract:
@@ -38,6 +34,7 @@ class LoweredGraph:
     rows: int
     taps: tuple[str, ...]
     lowered: Any  # jax.stages.Lowered, for the jax runtime
+    input_names: tuple[str, ...] = ()  # graph inputs after the weights, in call order
 
     @property
     def output_bytes(self) -> int:
@@ -50,53 +47,48 @@ class LoweredGraph:
 
     def arguments(self, weights: dict, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
         """Flat argument list in the order the compiled function takes them (weights first, by name)."""
-        return [weights[name] for name in sorted(weights)] + [inputs[name] for name in INPUT_NAMES]
+        return [weights[name] for name in sorted(weights)] + [inputs[name] for name in self.input_names]
 
 
-def _header(policy: PrecisionPolicy, spec: VisionSpec, rows: int, taps: tuple[str, ...]) -> str:
-    lines = [
-        "// driftscope: Qwen2.5-VL vision tower (driftscope.emitters.qwen2_5_vl)",
-        f"// precision policy: {policy.name}: {policy.description}",
-        f"// policy contract: dot_inputs={policy.dot_inputs or 'float32'} state={policy.state or 'float32'} "
-        "accumulate=float32 norm=float32 softmax=float32 rope=float32 outputs=float32",
-        f"// bucket rows: {rows}; depth {spec.depth}; full attention blocks {list(spec.fullatt_block_indexes)}",
-        f"// taps: {len(taps)} stages",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def lower_vision_tower(
-    spec: VisionSpec, policy: PrecisionPolicy, weights: dict, rows: int, taps: tuple[str, ...]
+def lower_graph(
+    function,
+    name: str,
+    weights: dict,
+    inputs: dict[str, tuple[tuple[int, ...], str]],
+    header: list[str],
+    policy: PrecisionPolicy,
+    rows: int,
+    taps: tuple[str, ...],
 ) -> LoweredGraph:
-    """Lower for a bucket of ``rows`` patch rows; weights are arguments, never constants."""
+    """Lower ``function(weights, *inputs)`` with weights as float32 arguments (never constants) and each
+    input as ``(shape, dtype)``, in order; the text starts with ``header`` and the policy's contract."""
     import jax
     import jax.numpy as jnp
 
-    contract = contract_for(policy)
-    taps = tuple(sorted(set(taps)))
-    body = functools.partial(vision_tower, spec=spec, contract=contract, taps=taps)
+    def call(weights, *arguments):
+        return function(weights, *arguments)
 
-    def call(weights, pixel_values, patch_gather, positions, window_segments, image_segments, merged_restore):
-        return body(weights, pixel_values, patch_gather, positions, window_segments, image_segments, merged_restore)
-
-    call.__name__ = "vision_tower_" + re.sub(r"\W", "_", policy.name)
+    call.__name__ = name + "_" + re.sub(r"\W", "_", policy.name)
+    parameter = inspect.Parameter.POSITIONAL_OR_KEYWORD  # named arguments in the StableHLO's arg_info
+    call.__signature__ = inspect.Signature([inspect.Parameter(n, parameter) for n in ("weights", *inputs)])
     shape = jax.ShapeDtypeStruct
-    weight_specs = {name: shape(array.shape, jnp.float32) for name, array in weights.items()}
+    weight_specs = {key: shape(array.shape, jnp.float32) for key, array in weights.items()}
     lowered = jax.jit(call, keep_unused=True).lower(
-        weight_specs,
-        shape((rows, spec.patch_dim), jnp.float32),
-        shape((rows,), jnp.int32),
-        shape((rows, 2), jnp.int32),
-        shape((rows,), jnp.int32),
-        shape((rows,), jnp.int32),
-        shape((rows // spec.merge_unit,), jnp.int32),
+        weight_specs, *(shape(dims, jnp.dtype(dtype)) for dims, dtype in inputs.values())
     )
-    text = _header(policy, spec, rows, taps) + lowered.as_text()
-    names = jax.tree_util.tree_structure(lowered.out_info)
+    lines = [
+        header[0],
+        f"// precision policy: {policy.name}: {policy.description}",
+        f"// policy contract: dot_inputs={policy.dot_inputs or 'float32'} state={policy.state or 'float32'} "
+        "accumulate=float32 norm=float32 softmax=float32 rope=float32 outputs=float32",
+        *header[1:],
+        f"// taps: {len(taps)} stages",
+    ]
+    text = "\n".join(lines) + "\n" + lowered.as_text()
     output_names = sorted(lowered.out_info)  # dict outputs flatten in sorted key order
-    assert names.num_leaves == len(output_names)
+    assert jax.tree_util.tree_structure(lowered.out_info).num_leaves == len(output_names)
     digest = hashlib.sha256(text.encode()).hexdigest()
-    return LoweredGraph(text, digest, output_names, policy, rows, taps, lowered)
+    return LoweredGraph(text, digest, output_names, policy, rows, taps, lowered, tuple(inputs))
 
 
 def lower_function(jitted, args: tuple, policy: PrecisionPolicy) -> LoweredGraph:

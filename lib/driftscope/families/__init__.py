@@ -1,17 +1,78 @@
-"""Model families: each builds the StagePlan for a checkpoint's config."""
+"""Model families: each folder here is one family, found and registered by name.
+
+A family folder's ``__init__`` defines ``FAMILY`` (a :class:`~driftscope.families.base.Family`); a folder
+without one (work in progress) is skipped. The checkpoint's ``config.json`` ``model_type`` picks the
+family, and ``family:`` in a parameter file overrides it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+import pkgutil
 
+from ..errors import CheckpointError
 from ..registry import Registry
 from ..stages import StagePlan
-from . import qwen2_5_vl
+from .base import Family, Mutation
 
-FAMILIES: Registry[Callable[[dict], StagePlan]] = Registry("model family")
-FAMILIES.register("qwen2_5_vl", qwen2_5_vl.vision_plan)
+FAMILIES: Registry[Family] = Registry("model family")
+
+#: The family the geometry CLI and notebook use when no checkpoint names one.
+DEFAULT_FAMILY = "qwen2_5_vl"
+
+
+def _register_folders() -> None:
+    for found in pkgutil.iter_modules(__path__):
+        if not found.ispkg:
+            continue
+        family = getattr(importlib.import_module(f"{__name__}.{found.name}"), "FAMILY", None)
+        if isinstance(family, Family):
+            FAMILIES.register(family.name, family)
+
+
+_register_folders()
+
+
+def get_family(name: str) -> Family:
+    """The family registered as ``name`` (an unknown name lists the valid ones)."""
+    return FAMILIES.get(name)
+
+
+def model_types() -> dict[str, str]:
+    """config.json ``model_type`` -> family name, over every registered family."""
+    return {model_type: name for name in FAMILIES for model_type in FAMILIES.get(name).model_types}
+
+
+def detect_family(config: dict, requested: str | None = None) -> str:
+    """The family of a checkpoint config; ``requested`` (a parameter file's ``family:``) overrides it
+    when the config's model type is unknown and must agree with it when it is known."""
+    model_type = config.get("model_type")
+    detected = model_types().get(model_type)
+    if requested is None:
+        if detected is None:
+            raise CheckpointError(
+                f"checkpoint model_type {model_type!r} is not a supported family",
+                f"supported model types: {', '.join(sorted(model_types()))}",
+            )
+        return detected
+    if detected is not None and detected != requested:
+        raise CheckpointError(
+            f"parameter family {requested!r} does not match the checkpoint's model_type {model_type!r}",
+            f"set family: {detected}",
+        )
+    return get_family(requested).name  # an unknown name lists the valid ones
+
+
+def known_mutations() -> Registry[Mutation]:
+    """Every registered family's mutations by name (to check a parameter file before its checkpoint is read)."""
+    known: Registry[Mutation] = Registry("mutation")
+    for name in FAMILIES:
+        registry = get_family(name).mutation_registry()
+        for mutation in registry:
+            known.register(mutation, registry.get(mutation))
+    return known
 
 
 def stage_plan(family: str, config: dict) -> StagePlan:
     """The vision StagePlan of ``family`` for a checkpoint ``config`` (its config.json as a dict)."""
-    return FAMILIES.get(family)(config)
+    return get_family(family).vision_plan(config)

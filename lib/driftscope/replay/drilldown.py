@@ -13,10 +13,9 @@ from pathlib import Path
 
 from ..compare import ComparisonRow, compare_tapsets
 from ..contract import Contract
-from ..families.qwen2_5_vl import BLOCK0_INPUT, replay_inputs
+from ..families import get_family
 from ..stages import StagePlan
 from ..tapset import TapSet, TapWriter
-from .context import ReplayContext
 
 AMPLIFY = 10.0  # an operator that multiplies the incoming relative error by this much is "amplified"
 DRIFT_FLOOR = 1e-4  # relative RMS below which error is float32 round-off, not drift
@@ -50,10 +49,12 @@ class Drilldown:
 
 
 def replay_tapset(reference: TapSet, runtime, plan: StagePlan, out_base: Path, progress=None) -> TapSet:
-    """Replay every replayable stage of ``plan`` whose inputs the reference captured; stream to a TapSet."""
-    ctx = ReplayContext.from_tapset(
-        reference, plan.meta.get("fullatt_block_indexes", []), int(plan.meta.get("spatial_merge_size", 2)) ** 2
-    )
+    """Replay every replayable stage of ``plan`` whose inputs the reference captured; stream to a TapSet.
+
+    The family says what each replay reads and builds the side inputs every replay needs (its context,
+    whose ``stage(reference, name)`` gives a reference stage, or a view of one, ``stage@view``)."""
+    family = get_family(plan.family)
+    ctx = family.replay_context(reference, plan)
     meta = {
         "runtime": runtime.name,
         "label": f"{runtime.label} (replay)",
@@ -63,7 +64,7 @@ def replay_tapset(reference: TapSet, runtime, plan: StagePlan, out_base: Path, p
     start = time.perf_counter()
     with TapWriter(out_base, meta) as writer:
         for stage in plan:
-            needs = replay_inputs(stage.id, plan.depth)
+            needs = family.replay_inputs(stage.id, plan)
             if not needs or stage.id not in reference:
                 continue
             values = [ctx.stage(reference, name) for name in needs]
@@ -76,13 +77,15 @@ def replay_tapset(reference: TapSet, runtime, plan: StagePlan, out_base: Path, p
     return TapSet(writer.tensor_path)
 
 
-def _incoming(stage_id: str, depth: int, accumulated: dict[str, ComparisonRow]) -> float | None:
-    names = [("vision.patch_embed" if name == BLOCK0_INPUT else name) for name in replay_inputs(stage_id, depth) or ()]
+def _incoming(stage_id: str, plan: StagePlan, accumulated: dict[str, ComparisonRow]) -> float | None:
+    """The largest accumulated relative error among the stages a replay of ``stage_id`` reads."""
+    needs = get_family(plan.family).replay_inputs(stage_id, plan) or ()
+    names = [name.split("@")[0] for name in needs]  # a view of a stage carries that stage's error
     values = [accumulated[name].relative_rms for name in names if name in accumulated]
     return max(values) if values else None
 
 
-def label_stages(op_local: list[ComparisonRow], accumulated: list[ComparisonRow], depth: int) -> list[dict]:
+def label_stages(op_local: list[ComparisonRow], accumulated: list[ComparisonRow], plan: StagePlan) -> list[dict]:
     """introduced / amplified / inherited / clean for every replayed stage, with the amplification factor."""
     by_stage = {row.stage: row for row in accumulated}
     labels = []
@@ -90,7 +93,7 @@ def label_stages(op_local: list[ComparisonRow], accumulated: list[ComparisonRow]
         acc = by_stage.get(row.stage)
         if acc is None:
             continue
-        incoming = _incoming(row.stage, depth, by_stage)
+        incoming = _incoming(row.stage, plan, by_stage)
         factor = acc.relative_rms / incoming if incoming else (math.inf if acc.relative_rms > 0 else None)
         if row.failed:
             label = "introduced"
@@ -133,7 +136,7 @@ def judge_replay(
         row.pair = pair
         row.candidate = f"{candidate} (replay)"
     drill = Drilldown(pair, reference.label, candidate, rows, tapset=str(replayed.tensor_path))
-    drill.labels = label_stages(rows, accumulated, plan.depth)
+    drill.labels = label_stages(rows, accumulated, plan)
     return drill
 
 

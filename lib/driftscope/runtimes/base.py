@@ -1,4 +1,8 @@
-"""The Runtime interface: load a checkpoint under a precision policy, capture a TapSet."""
+"""The Runtime interface: load a checkpoint under a precision policy, capture a TapSet.
+
+An engine knows no model family: it asks the checkpoint's family (``self.taps``) what to load, where to
+tap and how to replay, and keeps the engine's own concerns (policy, dtype, plumbing, orchestration).
+"""
 
 from __future__ import annotations
 
@@ -8,19 +12,22 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..checkpoint import Checkpoint
 from ..compare import top2_margin
 from ..errors import RuntimeUnavailableError
-from ..geometry.windows import unique_consecutive
-from ..inputs import VisionInputs
+from ..hypotheses import hypotheses_of
+from ..inputs import ModelInputs
 from ..patches import HypothesisPatch
 from ..precision import PrecisionPolicy, get_policy
 from ..stages import StagePlan
 from ..tapset import TapSet, TapWriter
+
+if TYPE_CHECKING:
+    from ..families.base import Family
 
 Progress = Callable[[str], None]
 
@@ -70,7 +77,7 @@ class StageSink:
     def put_bounds(self, stage_id: str, bounds: np.ndarray) -> None:
         """Attention bounds as segments (repeats dropped), recording how many empty windows there were."""
         raw = np.asarray(bounds)
-        canonical = unique_consecutive(raw)
+        canonical = raw[np.concatenate([[True], raw[1:] != raw[:-1]])] if raw.size else raw
         self.put(stage_id, canonical, raw_length=int(raw.size), empty_windows=int(raw.size - canonical.size))
 
     def wants(self, stage_id: str) -> bool:
@@ -118,6 +125,17 @@ class Runtime(ABC):
                 f"runtime {cls.name!r} does not offer policy {policy!r}", f"use one of: {', '.join(cls.policies)}"
             )
 
+    @property
+    def family(self) -> Family:
+        from ..families import get_family
+
+        return get_family(self.checkpoint.family)
+
+    @property
+    def taps(self) -> Any:
+        """The checkpoint family's module for this engine: what to load, where to tap, how to replay."""
+        return self.family.engine(self.name)
+
     def load(self) -> None:
         """Load the model (once) and apply the hypothesis patch."""
         if self.model is not None:
@@ -125,7 +143,8 @@ class Runtime(ABC):
         start = time.perf_counter()
         self.model = self._load()
         if self.patch is not None:
-            self.model = self.patch.apply(self.model)
+            with hypotheses_of(self.checkpoint.family):
+                self.model = self.patch.apply(self.model)
         self.timings["load_s"] = time.perf_counter() - start
 
     def release(self) -> None:
@@ -139,23 +158,29 @@ class Runtime(ABC):
     def _load(self) -> Any: ...
 
     @abstractmethod
-    def _capture(self, inputs: VisionInputs, sink: StageSink) -> None: ...
+    def _capture(self, inputs: ModelInputs, sink: StageSink) -> None: ...
 
     @abstractmethod
     def versions(self) -> dict[str, str]: ...
 
-    def metadata(self, inputs: VisionInputs) -> dict:
+    def metadata(self, inputs: ModelInputs) -> dict:
         return {
             "runtime": self.name,
             "label": self.label,
             "policy": self.policy.to_dict(),
-            "patch": self.patch.describe() if self.patch else None,
+            "patch": self._describe_patch(),
             "versions": self.versions(),
             "inputs_digest": inputs.digest,
             "checkpoint": str(self.checkpoint.path),
             "family": self.checkpoint.family,
             "options": self.options,
         }
+
+    def _describe_patch(self) -> dict | None:
+        if self.patch is None:
+            return None
+        with hypotheses_of(self.checkpoint.family):
+            return self.patch.describe()
 
     @property
     def label(self) -> str:
@@ -172,9 +197,7 @@ class Runtime(ABC):
         """The policy as the report records it for this capture."""
         return self.policy.to_dict()
 
-    def capture(
-        self, inputs: VisionInputs, plan: StagePlan, out_base: Path, progress: Progress | None = None
-    ) -> TapSet:
+    def capture(self, inputs: ModelInputs, plan: StagePlan, out_base: Path, progress: Progress | None = None) -> TapSet:
         """Run the vision tower once on ``inputs``, streaming the planned stages to ``out_base``."""
         self.load()
         writer = TapWriter(out_base, self.metadata(inputs))
@@ -191,33 +214,15 @@ class Runtime(ABC):
         writer.meta["timings"] = dict(self.timings)
         return writer.close()
 
-    def _capture_text(self, inputs: VisionInputs, sink: StageSink) -> None:
+    def _capture_text(self, inputs: ModelInputs, sink: StageSink) -> None:
         """Prefill and greedy decode on the prompt (runtimes without a text side capture nothing here)."""
         if sink.progress:
             sink.progress(f"runtime {self.name!r} has no text side: text stages are left out")
 
-    def put_text_inputs(
-        self,
-        inputs: VisionInputs,
-        sink: StageSink,
-        embeds: np.ndarray,
-        token_rows: np.ndarray,
-        position_ids: np.ndarray,
-        rope_deltas: np.ndarray,
-    ) -> None:
-        """The prompt-side stages every text-capable runtime writes the same way."""
-        text = inputs.text
-        image = text.input_ids == text.image_token_id
-        sink.put("text.input_ids", text.input_ids)
-        sink.put("text.position_ids", np.asarray(position_ids).reshape(3, -1))
-        sink.put("text.rope_deltas", np.asarray(rope_deltas).reshape(-1))
-        sink.put("text.embeds.image", embeds[image])
-        sink.put("text.embeds.text", embeds[~image])
-        changed = (embeds[~image] != token_rows[~image]).any(axis=-1).sum()
-        sink.put("text.embeds.text_slots_changed", np.array([changed], dtype=np.int64))
-
     #: whether ``replay`` is implemented (same-input replay of single stages)
     can_replay: bool = False
+    #: whether the text capture decodes greedily past the prefill (``text.generate.*``)
+    decodes: bool = False
 
     def replay(self, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
         """Run only ``stage_id``'s operator on ``inputs`` (another runtime's stage values); float32 result."""
@@ -225,7 +230,6 @@ class Runtime(ABC):
             f"runtime {self.name!r} cannot replay single stages", "replay with transformers, mlx, jax or iree"
         )
 
-    def put_inputs(self, inputs: VisionInputs, sink: StageSink) -> None:
-        sink.put("inputs.pixel_values", inputs.pixel_values)
-        sink.put("inputs.grid_thw", inputs.grid_thw)
-        sink.put("inputs.image_tokens", inputs.image_tokens)
+    def put_inputs(self, inputs: ModelInputs, sink: StageSink) -> None:
+        for stage_id, value in inputs.stages().items():
+            sink.put(stage_id, value)

@@ -1,9 +1,10 @@
 """Runtimes that run our own lowered JAX graph: ``jax`` (XLA CPU) and ``iree`` (iree-compile + iree.runtime).
 
-Both lower the same function (``driftscope.compiled.graph``) for a packed bucket, so a ``jax`` vs
-``transformers`` divergence is an emitter effect and an ``iree`` vs ``jax`` one a compiler/runtime
-effect. The whole tower is one graph whose outputs are the selected taps: the production-like
-graph is the same function lowered with only ``vision.merger`` as output (``taps: final``).
+Both lower the same function, the checkpoint family's JAX emitter (its ``emitter.program`` module,
+:class:`CompiledTaps`), for a packed bucket, so a ``jax`` vs ``transformers`` divergence is an emitter
+effect and an ``iree`` vs ``jax`` one a compiler/runtime effect. The whole tower is one graph whose
+outputs are the selected taps: the production-like graph is the same function lowered with only the
+tower's output as output (``taps: final``).
 """
 
 from __future__ import annotations
@@ -11,32 +12,23 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..compiled.graph import LoweredGraph, contract_for, lower_vision_tower
-from ..emitters.qwen2_5_vl import VisionSpec, load_vision_weights
-from ..emitters.qwen2_5_vl.model import FINAL
+from ..compiled.graph import LoweredGraph, contract_for
+from ..compiled.layers import Contract
 from ..errors import ParameterError
-from ..geometry import Bucket, pack_images
-from ..inputs import VisionInputs
+from ..inputs import ModelInputs
+from ..precision import PrecisionPolicy
+from ..stages import Stage
 from .base import Runtime, StageSink, package_versions, require
 
-#: Stages computed on the host (index math), not by the graph.
-HOST_STAGES = (
-    "inputs.pixel_values",
-    "inputs.grid_thw",
-    "inputs.image_tokens",
-    "vision.window_index",
-    "vision.cu_window_seqlens",
-    "vision.cu_seqlens",
-)
 COMPILED_POLICIES = ("f32", "f16-contract", "f16-state")
-#: "whole": the tower as one graph whose outputs are the selected taps; "blocks": stem, one function per block
-#: (the same compiled artifact for every block), merger, with the taps streamed out between calls; "auto"
-#: (default): whole while its tapped outputs fit ``options.whole_taps_mib``, else blocks (memory stays
-#: bounded by the model plus one block's taps however many substages are tapped)
+#: "whole": the tower as one graph whose outputs are the selected taps; "blocks": the family's pieces (e.g. a
+#: stem, one function per block, the same compiled artifact for every block, a head), with the taps streamed
+#: out between calls; "auto" (default): whole while its tapped outputs fit ``options.whole_taps_mib``, else
+#: blocks (memory stays bounded by the model plus one block's taps however many substages are tapped)
 GRAPH_MODES = ("auto", "whole", "blocks")
 #: Default budget for the tapped outputs a whole graph holds at once before ``auto`` goes block by block.
 WHOLE_TAPS_MIB = 512
@@ -46,8 +38,42 @@ WHOLE_TAPS_MIB = 512
 class EmittedModel:
     """What a hypothesis patch receives for the compiled runtimes: the spec and the float32 weights."""
 
-    spec: VisionSpec
+    spec: Any
     weights: dict[str, np.ndarray]
+
+
+class Bucket(Protocol):
+    """A family's host-side plan of one packed call: ``rows`` in the bucket, which of them are real."""
+
+    rows: int
+    active_rows: list[list[int]]
+
+
+@runtime_checkable
+class CompiledTaps(Protocol):
+    """What a family tells this engine (module-level names of ``families/<family>/emitter/program.py``)."""
+
+    HOST_STAGES: tuple[str, ...]  # stages computed on the host (inputs, index math), not by the graph
+    FINAL: str  # the tower's output: what the production graph returns
+    TOWER_OUTPUTS: tuple[str, ...]  # graph outputs the text side reads (every lowering returns them)
+
+    def load(self, checkpoint: Any) -> EmittedModel: ...
+
+    def bucket(self, model: EmittedModel, inputs: ModelInputs, rows: int | None) -> Bucket: ...
+
+    def put_host_stages(self, bucket: Bucket, sink: StageSink) -> None: ...
+
+    def lower(self, model: EmittedModel, policy: PrecisionPolicy, bucket: Bucket, taps: tuple) -> LoweredGraph: ...
+
+    def arguments(self, graph: LoweredGraph, model: EmittedModel, bucket: Bucket, inputs: ModelInputs) -> list: ...
+
+    def output_rows(self, bucket: Bucket, stage: Stage) -> int: ...
+
+    def capture_pieces(self, runtime: CompiledRuntime, bucket: Bucket, inputs: ModelInputs, sink: StageSink): ...
+
+    def capture_text(self, runtime: CompiledRuntime, inputs: ModelInputs, sink: StageSink, tower: dict): ...
+
+    def replay_call(self, model: EmittedModel, stage_id: str, inputs: list, ctx: Any, contract: Contract): ...
 
 
 class CompiledRuntime(Runtime):
@@ -55,42 +81,42 @@ class CompiledRuntime(Runtime):
 
     def _load(self) -> Any:
         require("jax", "jax", self.name)
-        spec = VisionSpec.from_config(self.checkpoint.config)
-        return EmittedModel(spec, load_vision_weights(self.checkpoint.path, spec))
+        return self.taps.load(self.checkpoint)
 
     def weight_dtypes(self) -> dict[str, int]:
         from collections import Counter
 
         return dict(Counter(str(array.dtype) for array in self.model.weights.values()))
 
-    def bucket(self, inputs: VisionInputs) -> Bucket:
-        spec = self.model.spec
+    @property
+    def contract(self) -> Contract:
+        return contract_for(self.policy)
+
+    def bucket(self, inputs: ModelInputs) -> Bucket:
         rows = self.options.get("bucket")
         if rows is not None and not isinstance(rows, int):
             raise ParameterError(f"options.bucket must be an integer row count, got {rows!r}", "write e.g. bucket: 256")
-        return pack_images(inputs.grid_thw, rows, spec.spatial_merge_size, spec.window_size, spec.patch_size)
+        return self.taps.bucket(self.model, inputs, rows)
 
     def graph_taps(self, wanted: list[str]) -> tuple[str, ...]:
         if self.options.get("taps") == "final":
-            return (FINAL,)
-        return tuple(s for s in wanted if s not in HOST_STAGES)
+            return (self.taps.FINAL,)
+        return tuple(s for s in wanted if s not in self.taps.HOST_STAGES)
 
     def lower(self, bucket: Bucket, taps: tuple[str, ...]) -> LoweredGraph:
         start = time.perf_counter()
-        graph = lower_vision_tower(self.model.spec, self.policy, self.model.weights, bucket.rows, taps)
+        graph = self.taps.lower(self.model, self.policy, bucket, taps)
         self.timings["lower_s"] = time.perf_counter() - start
         return graph
 
-    def arguments(self, graph: LoweredGraph, bucket: Bucket, inputs: VisionInputs) -> list[np.ndarray]:
-        pixels = np.zeros((bucket.rows, inputs.pixel_values.shape[1]), dtype=np.float32)
-        pixels[: bucket.active] = inputs.pixel_values
-        return graph.arguments(self.model.weights, {"pixel_values": pixels, **bucket.graph_inputs()})
+    def arguments(self, graph: LoweredGraph, bucket: Bucket, inputs: ModelInputs) -> list[np.ndarray]:
+        return self.taps.arguments(graph, self.model, bucket, inputs)
 
     def execute(self, graph: LoweredGraph, arguments: list[np.ndarray]) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
     def release(self) -> None:
-        for name in ("_pieces", "_device_weights", "_block_weights", "_text_weights", "_merged"):
+        for name in ("_pieces", "_device_weights", "_block_weights", "_text_weights", "_tower"):
             self.__dict__.pop(name, None)
         super().release()
 
@@ -102,63 +128,21 @@ class CompiledRuntime(Runtime):
         return mode
 
     def call(self, name: str, function, args: tuple) -> dict[str, np.ndarray]:
-        """Run one piece (stem, block, merger) of the block-by-block path; ``args[0]`` holds its weights."""
+        """Run one piece (e.g. stem, block, head) of the block-by-block path; ``args[0]`` holds its weights."""
         raise NotImplementedError
 
-    def _capture_blocks(self, inputs: VisionInputs, sink: StageSink, bucket: Bucket) -> None:
-        """One call per piece: the stem, each block (one function for every block), the merger; taps stream out."""
-        import functools
-
-        from ..emitters.qwen2_5_vl.model import SUBSTAGES, block_graph, merger_graph, stem_graph
-        from ..emitters.qwen2_5_vl.stages import stage_weights
-
-        spec, contract, weights = self.model.spec, contract_for(self.policy), self.model.weights
-        active, merged = bucket.active, bucket.active_merged
-        pixels = np.zeros((bucket.rows, inputs.pixel_values.shape[1]), dtype=np.float32)
-        pixels[:active] = inputs.pixel_values
-        feeds = bucket.graph_inputs()
+    def _capture_blocks(self, inputs: ModelInputs, sink: StageSink, bucket: Bucket) -> None:
+        """One call per piece of the family's tower (e.g. stem, each block, the head); taps stream out."""
         start = time.perf_counter()
-        stem = self.call(
-            "stem",
-            functools.partial(stem_graph, spec=spec, contract=contract),
-            ({"proj.weight": weights["patch_embed.proj.weight"]}, pixels, feeds["patch_gather"], feeds["positions"]),
-        )
-        for stage_id in ("vision.patch_embed", "vision.rotary.cos", "vision.rotary.sin"):
-            sink.put(stage_id, stem[stage_id][:active], bucket_rows=bucket.rows)
-        x, cos, sin = stem["x"], stem["cos"], stem["sin"]
-        if not hasattr(self, "_block_weights"):
-            self._block_weights = [stage_weights(weights, b, "block") for b in range(spec.depth)]
-        for b in range(spec.depth):
-            substages = any(sink.wants(f"vision.block.{b}.{name}") for name in SUBSTAGES)
-            segments = feeds["image_segments"] if spec.is_full(b) else feeds["window_segments"]
-            out = self.call(
-                f"block{'+substages' if substages else ''}",
-                functools.partial(block_graph, spec=spec, contract=contract, substages=substages),
-                (self._block_weights[b], x, cos, sin, segments),
-            )
-            for name in SUBSTAGES if substages else ():
-                sink.put(f"vision.block.{b}.{name}", out[f"block.{name}"][:active], bucket_rows=bucket.rows)
-            x = out["block.out"]
-            sink.put(f"vision.block.{b}", x[:active], bucket_rows=bucket.rows)
-        out = self.call(
-            "merger",
-            functools.partial(merger_graph, spec=spec, contract=contract),
-            (stage_weights(weights, None, "merger"), x, feeds["merged_restore"]),
-        )
-        sink.put("vision.merger.norm", out["vision.merger.norm"][:active], bucket_rows=bucket.rows)
-        for stage_id in ("vision.merger.hidden", "vision.merger.window", FINAL):
-            sink.put(stage_id, out[stage_id][:merged], bucket_rows=bucket.rows)
-        self._merged = out[FINAL][:merged]
+        self._tower = self.taps.capture_pieces(self, bucket, inputs, sink)
         self.timings["run_s"] = time.perf_counter() - start - self.timings.get("compile_s", 0.0)
         sink.writer.meta["bucket"] = {"rows": bucket.rows, "active_rows": bucket.active_rows}
         sink.writer.meta["graph"] = {"mode": "blocks", "requested": self.graph_mode}
 
-    def _capture(self, inputs: VisionInputs, sink: StageSink) -> None:
+    def _capture(self, inputs: ModelInputs, sink: StageSink) -> None:
         bucket = self.bucket(inputs)
         self.put_inputs(inputs, sink)
-        sink.put("vision.window_index", bucket.window_index)
-        sink.put_bounds("vision.cu_window_seqlens", bucket.cu_window_seqlens_raw)
-        sink.put("vision.cu_seqlens", bucket.cu_seqlens)
+        self.taps.put_host_stages(bucket, sink)
         self._say = sink.progress or (lambda message: None)
         mode = self.graph_mode
         if mode != "blocks":
@@ -177,12 +161,15 @@ class CompiledRuntime(Runtime):
             self._capture_blocks(inputs, sink, bucket)
             return
         outputs = self.execute(graph, self.arguments(graph, bucket, inputs))
-        self._merged = outputs.get(FINAL)[: bucket.active_merged] if FINAL in outputs else None
+        self._tower = {
+            stage: outputs[stage][: self.taps.output_rows(bucket, sink.plan[stage])]
+            for stage in self.taps.TOWER_OUTPUTS
+            if stage in outputs and stage in sink.plan
+        }
         start = time.perf_counter()
         for stage in sink.plan:
             if stage.id in outputs:
-                rows = bucket.active_merged if stage.token_unit == "merged" else bucket.active
-                sink.put(stage.id, outputs[stage.id][:rows], bucket_rows=bucket.rows)
+                sink.put(stage.id, outputs[stage.id][: self.taps.output_rows(bucket, stage)], bucket_rows=bucket.rows)
         self.timings["write_s"] = time.perf_counter() - start
         sink.writer.meta["bucket"] = {"rows": bucket.rows, "active_rows": bucket.active_rows}
         sink.writer.meta["graph"] = {
@@ -195,59 +182,28 @@ class CompiledRuntime(Runtime):
 
     can_replay = True
 
-    def _capture_text(self, inputs: VisionInputs, sink: StageSink) -> None:
-        """Prefill logits through our JAX text decoder on embeddings merged from this runtime's own tower."""
-        import jax
-
-        from ..emitters.qwen2_5_vl.text import TextSpec, load_text_weights, text_prefill
-        from ..geometry import mrope_positions
-
-        text = inputs.text
-        spec = TextSpec.from_config(self.checkpoint.config)
-        if not hasattr(self, "_text_weights"):
-            self._text_weights = load_text_weights(self.checkpoint.path, spec)
-        weights = self._text_weights
-        rows = weights["embed_tokens.weight"][text.input_ids]
-        image = text.input_ids == text.image_token_id
-        embeds = rows.copy()
-        embeds[image] = self._merged  # the tower's raster-order output, image after image
-        positions, delta = mrope_positions(
-            image.astype(int).tolist(), inputs.grid_thw.tolist(), self.model.spec.spatial_merge_size
-        )
-        self.put_text_inputs(inputs, sink, embeds, rows, positions, np.array([delta]))
-        function = jax.jit(
-            lambda w, e, p: text_prefill(w, e, p, spec=spec, contract=contract_for(self.policy)), keep_unused=True
-        )
-        args = (weights, embeds.astype(np.float32), positions.astype(np.int32))
-        for stage_id, value in self.run_text(function, args).items():
-            sink.put(stage_id, np.asarray(value, dtype=np.float32))
+    def _capture_text(self, inputs: ModelInputs, sink: StageSink) -> None:
+        """The family's JAX text decoder on embeddings merged from this runtime's own tower output."""
+        self.taps.capture_text(self, inputs, sink, self._tower)
 
     def run_text(self, function, args) -> dict[str, np.ndarray]:
         return {k: np.asarray(v) for k, v in function(*args).items()}
 
     def replay_call(self, stage_id: str, inputs: list[np.ndarray], ctx: Any):
-        """(function, weights, flat arguments) of one stage, for the jax and iree runtimes."""
-        from ..emitters.qwen2_5_vl.stages import stage_function, stage_weights
-        from ..replay.context import parse_stage
-
+        """(jitted function, arguments) of one stage, for the jax and iree runtimes: one function per stage
+        kind, so the blocks of a kind share one jit and one compiled artifact."""
         self.load()
-        block, kind = parse_stage(stage_id)
-        weights = stage_weights(self.model.weights, block, kind)
-        bounds = ctx.bounds(block) if block is not None else np.array([0, len(ctx.cos)])
-        segments = np.repeat(np.arange(len(bounds) - 1, dtype=np.int32), np.diff(bounds))
+        kind, function, args = self.taps.replay_call(self.model, stage_id, inputs, ctx, self.contract)
         cache = self.__dict__.setdefault("_replay_functions", {})
-        if kind not in cache:  # one jitted function per stage kind: blocks of a kind share its compilation
+        if kind not in cache:
             import jax
 
-            function = stage_function(kind, self.model.spec, contract_for(self.policy))
-
-            def call(weights, arguments, cos, sin, segments, function=function):
-                return function(weights, arguments, cos, sin, segments)
+            def call(*args, function=function):
+                return function(*args)
 
             call.__name__ = f"replay_{kind.replace('.', '_')}_{self.policy.name.replace('-', '_')}"
             cache[kind] = jax.jit(call, keep_unused=True)
-        arguments = tuple(np.asarray(x, dtype=np.float32) for x in inputs)
-        return cache[kind], (weights, arguments, ctx.cos.astype(np.float32), ctx.sin.astype(np.float32), segments)
+        return cache[kind], args
 
 
 class JaxRuntime(CompiledRuntime):
@@ -343,7 +299,7 @@ class IreeRuntime(CompiledRuntime):
         self.timings["run_s"] = time.perf_counter() - start
         return out
 
-    def _capture(self, inputs: VisionInputs, sink: StageSink) -> None:
+    def _capture(self, inputs: ModelInputs, sink: StageSink) -> None:
         super()._capture(inputs, sink)
         sink.writer.meta["artifact"] = self.artifact.to_dict()
 

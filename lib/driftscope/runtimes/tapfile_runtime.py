@@ -13,7 +13,7 @@ from typing import Any
 
 from ..atomic import write_json_atomic
 from ..errors import ParameterError
-from ..inputs import VisionInputs
+from ..inputs import ModelInputs
 from ..precision import POLICIES
 from ..runtime_checks import declared_policy
 from ..stages import StagePlan
@@ -45,12 +45,10 @@ class TapfileRuntime(Runtime):
     def label(self) -> str:
         return str(self.options.get("label") or f"tapfile:{Path(self.options.get('path', '?')).stem}")
 
-    def _capture(self, inputs: VisionInputs, sink: StageSink) -> None:  # pragma: no cover - capture() is overridden
+    def _capture(self, inputs: ModelInputs, sink: StageSink) -> None:  # pragma: no cover - capture() is overridden
         raise NotImplementedError
 
-    def capture(
-        self, inputs: VisionInputs, plan: StagePlan, out_base: Path, progress: Progress | None = None
-    ) -> TapSet:
+    def capture(self, inputs: ModelInputs, plan: StagePlan, out_base: Path, progress: Progress | None = None) -> TapSet:
         """Copy the external TapSet next to the run's other taps, labelled for this run (the rest as declared)."""
         self.load()
         tensor_path, sidecar_path = tap_paths(out_base)

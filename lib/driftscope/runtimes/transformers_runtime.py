@@ -1,23 +1,27 @@
-"""The ``transformers`` oracle: float32 on CPU (float64 on request), captured through hooks."""
+"""The ``transformers`` oracle: float32 on CPU (float64 on request), captured through hooks.
+
+The checkpoint's family says which model class to load, which modules to hook for which stage and
+which modules replay a stage (its ``transformers_taps`` module, :class:`TransformersTaps`).
+"""
 
 from __future__ import annotations
 
-from contextlib import ExitStack, contextmanager
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..families.qwen2_5_vl import block_stage_id
-from ..inputs import VisionInputs
+from ..inputs import ModelInputs
 from .base import Runtime, StageSink, package_versions, require
 
 
-def _np(tensor) -> np.ndarray:
+def to_numpy(tensor) -> np.ndarray:
     return tensor.detach().cpu().numpy()
 
 
 @contextmanager
-def _replaced(module: Any, name: str, value: Any):
+def replaced(module: Any, name: str, value: Any):
+    """``module.name`` is ``value`` inside the block (a function the forward looks up, wrapped to record)."""
     original = getattr(module, name)
     setattr(module, name, value)
     try:
@@ -26,8 +30,23 @@ def _replaced(module: Any, name: str, value: Any):
         setattr(module, name, original)
 
 
+@runtime_checkable
+class TransformersTaps(Protocol):
+    """What a family tells this engine (module-level names of ``families/<family>/transformers_taps.py``)."""
+
+    MODEL_CLASS: str  # the transformers class loaded with from_pretrained
+
+    def run_vision(self, model: Any, inputs: ModelInputs) -> Any: ...
+
+    def capture(self, model: Any, inputs: ModelInputs, sink: StageSink) -> None: ...
+
+    def capture_text(self, model: Any, inputs: ModelInputs, sink: StageSink) -> None: ...
+
+    def replay(self, model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray: ...
+
+
 class TransformersRuntime(Runtime):
-    """Hugging Face transformers' own Qwen2.5-VL code, eager attention, on the CPU."""
+    """Hugging Face transformers' own model code, eager attention, on the CPU."""
 
     name = "transformers"
     policies = ("f32", "f64")
@@ -37,7 +56,7 @@ class TransformersRuntime(Runtime):
         transformers = require("transformers", "transformers", self.name)
         dtype = torch.float64 if self.policy.name == "f64" else torch.float32
         torch.set_num_threads(int(self.options.get("threads", torch.get_num_threads())))
-        model = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(
+        model = getattr(transformers, self.taps.MODEL_CLASS).from_pretrained(
             str(self.checkpoint.path),
             dtype=dtype,
             attn_implementation=self.options.get("attn_implementation", "eager"),
@@ -53,221 +72,23 @@ class TransformersRuntime(Runtime):
 
         return dict(Counter(str(p.dtype).removeprefix("torch.") for p in self.model.parameters()))
 
-    @property
-    def visual(self) -> Any:
-        return self.model.model.visual
-
-    def run_vision(self, inputs: VisionInputs):
-        """The plain vision forward (no taps): merged features in raster order."""
-        import torch
-
+    def run_vision(self, inputs: ModelInputs):
+        """The plain vision forward (no taps): the tower's output."""
         self.load()
-        dtype = next(self.visual.parameters()).dtype
-        with torch.no_grad():
-            out = self.visual(torch.from_numpy(inputs.pixel_values).to(dtype), torch.from_numpy(inputs.grid_thw))
-        return out.pooler_output
+        return self.taps.run_vision(self.model, inputs)
 
-    def _capture(self, inputs: VisionInputs, sink: StageSink) -> None:
-        import torch
-        from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as modeling
-
-        visual = self.visual
-        state: dict[str, Any] = {"block": None}
-        hooks = []
-
-        def hook(module, stage_id: str, kind: str = "out", index: int = 0):
-            if not sink.wants(stage_id):
-                return
-            if kind == "out":
-                hooks.append(module.register_forward_hook(lambda m, a, o: sink.put(stage_id, _np(o))))
-            else:
-                hooks.append(module.register_forward_pre_hook(lambda m, a: sink.put(stage_id, _np(a[index]))))
-
-        hook(visual.patch_embed, "vision.patch_embed")
-
-        def rotary(module, args, out) -> None:  # a hook that returns a value would replace the output
-            sink.put("vision.rotary.cos", _np(out[0]))
-            sink.put("vision.rotary.sin", _np(out[1]))
-
-        hooks.append(visual.rotary_pos_emb.register_forward_hook(rotary))
-        full = set(visual.fullatt_block_indexes)
-        for index, block in enumerate(visual.blocks):
-
-            def before_block(module, args, kwargs, index=index):
-                state["block"] = index
-                if index in full:
-                    sink.put("vision.cu_seqlens", _np(kwargs["cu_seqlens"]))
-                elif sink.wants("vision.cu_window_seqlens"):
-                    sink.put_bounds("vision.cu_window_seqlens", _np(kwargs["cu_seqlens"]))
-
-            hooks.append(block.register_forward_pre_hook(before_block, with_kwargs=True))
-            hook(block, block_stage_id(index))
-            hook(block.norm1, block_stage_id(index, "norm1"))
-            hook(block.attn.proj, block_stage_id(index, "attn.context"), "in")
-            hook(block.attn, block_stage_id(index, "attn.out"))
-            hook(block.norm2, block_stage_id(index, "residual1"), "in")
-            hook(block.norm2, block_stage_id(index, "norm2"))
-            hook(block.mlp.gate_proj, block_stage_id(index, "mlp.gate"))
-            hook(block.mlp.act_fn, block_stage_id(index, "mlp.act"))
-            hook(block.mlp.up_proj, block_stage_id(index, "mlp.up"))
-            hook(block.mlp.down_proj, block_stage_id(index, "mlp.product"), "in")
-            hook(block.mlp.down_proj, block_stage_id(index, "mlp.down"))
-            heads = block.attn.num_heads
-
-            def qkv_out(module, args, out, index=index, heads=heads):
-                stage_id = block_stage_id(index, "attn.v")
-                if sink.wants(stage_id):
-                    sink.put(stage_id, _np(out.reshape(out.shape[0], 3, heads, -1)[:, 2]))
-
-            hooks.append(block.attn.qkv.register_forward_hook(qkv_out))
-        hook(visual.merger.ln_q, "vision.merger.norm")
-        hook(visual.merger.mlp[1], "vision.merger.hidden")
-        hook(visual.merger, "vision.merger.window")
-
-        original_rope = modeling.apply_rotary_pos_emb_vision
-
-        def rope(q, k, cos, sin):
-            q_out, k_out = original_rope(q, k, cos, sin)
-            block = state["block"]
-            sink.put(block_stage_id(block, "attn.q"), _np(q_out))
-            sink.put(block_stage_id(block, "attn.k"), _np(k_out))
-            return q_out, k_out
-
-        original_window = modeling.get_vision_window_index
-
-        def window_index(*args, **kwargs):
-            index, cu_window = original_window(*args, **kwargs)
-            sink.put("vision.window_index", _np(index))
-            return index, cu_window
-
+    def _capture(self, inputs: ModelInputs, sink: StageSink) -> None:
         self.put_inputs(inputs, sink)
-        dtype = next(visual.parameters()).dtype
-        try:
-            with ExitStack() as stack, torch.no_grad():
-                stack.enter_context(_replaced(modeling, "apply_rotary_pos_emb_vision", rope))
-                stack.enter_context(_replaced(modeling, "get_vision_window_index", window_index))
-                out = visual(torch.from_numpy(inputs.pixel_values).to(dtype), torch.from_numpy(inputs.grid_thw))
-            sink.put("vision.merger", _np(out.pooler_output))
-        finally:
-            for handle in hooks:
-                handle.remove()
+        self.taps.capture(self.model, inputs, sink)
 
     can_replay = True
+    decodes = True
 
-    def _capture_text(self, inputs: VisionInputs, sink: StageSink) -> None:
+    def _capture_text(self, inputs: ModelInputs, sink: StageSink) -> None:
         """Prefill the whole model on the prompt (hooks on the text layers), then greedy decode with the cache."""
-        import torch
-
-        from .base import put_greedy
-
-        model, text = self.model, inputs.text
-        language = model.model.language_model
-        seen: dict[str, Any] = {}
-        hooks = [
-            language.register_forward_pre_hook(
-                lambda module, args, kwargs: seen.update(
-                    embeds=kwargs.get("inputs_embeds"), positions=kwargs.get("position_ids")
-                ),
-                with_kwargs=True,
-            )
-        ]
-        for index, layer in enumerate(language.layers):
-            hooks.append(
-                layer.register_forward_hook(
-                    lambda module, args, out, index=index: sink.put(
-                        f"text.layer.{index}.last", _np((out[0] if isinstance(out, tuple) else out)[0, -1])
-                    )
-                )
-            )
-        hooks.append(language.norm.register_forward_hook(lambda m, a, out: sink.put("text.norm.last", _np(out[0, -1]))))
-        dtype = next(model.parameters()).dtype
-        ids = torch.from_numpy(text.input_ids)[None]
-        try:
-            with torch.no_grad():
-                out = model(
-                    input_ids=ids,
-                    pixel_values=torch.from_numpy(inputs.pixel_values).to(dtype),
-                    image_grid_thw=torch.from_numpy(inputs.grid_thw),
-                    mm_token_type_ids=torch.from_numpy(text.mm_token_type_ids)[None],
-                    use_cache=True,
-                )
-        finally:
-            for hook in hooks:
-                hook.remove()
-        embeds = _np(seen["embeds"][0])
-        rows = _np(language.embed_tokens(ids)[0])
-        positions = seen["positions"]
-        positions = _np(positions[-3:, 0] if positions.dim() == 3 else positions)
-        self.put_text_inputs(inputs, sink, embeds, rows, positions, _np(model.model.rope_deltas))
-        logits = _np(out.logits[0, -1])
-        sink.put("text.logits.last", logits)
-        cache = out.cache  # the decode steps append to it in place
-
-        def step(token: int) -> np.ndarray:
-            with torch.no_grad():
-                return _np(model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True).logits[0, -1])
-
-        put_greedy(sink, logits, step, text.max_new_tokens)
+        self.taps.capture_text(self.model, inputs, sink)
 
     def replay(self, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
-        """The stage's own torch modules (the ones the forward ran) applied to ``inputs``."""
-        import torch
-        from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as modeling
-
-        from ..replay.context import parse_stage
-
+        """The stage's own torch modules (the ones the forward ran) applied to ``inputs``; float32 result."""
         self.load()
-        visual = self.visual
-        dtype = next(visual.parameters()).dtype
-        args = [torch.from_numpy(np.ascontiguousarray(x)).to(dtype) for x in inputs]
-        block, kind = parse_stage(stage_id)
-        with torch.no_grad():
-            if block is None:
-                merger = visual.merger
-                if kind == "merger.norm":
-                    out = merger.ln_q(args[0])
-                elif kind == "merger.hidden":
-                    out = merger.mlp[1](merger.mlp[0](args[0].reshape(-1, merger.hidden_size)))
-                else:
-                    out = merger.mlp[2](args[0])
-                return _np(out).astype(np.float32)
-            blk = visual.blocks[block]
-            cos = torch.from_numpy(ctx.cos).to(dtype)
-            sin = torch.from_numpy(ctx.sin).to(dtype)
-            bounds = torch.from_numpy(ctx.bounds(block).astype(np.int32))
-            if kind == "block":
-                out = blk(args[0], cu_seqlens=bounds, position_embeddings=(cos, sin))
-            elif kind == "norm1":
-                out = blk.norm1(args[0])
-            elif kind in ("attn.q", "attn.k", "attn.v"):
-                rows = args[0].shape[0]
-                q, k, v = blk.attn.qkv(args[0]).reshape(rows, 3, blk.attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
-                q, k = modeling.apply_rotary_pos_emb_vision(q, k, cos, sin)
-                out = {"attn.q": q, "attn.k": k, "attn.v": v}[kind]
-            elif kind == "attn.context":
-                q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in args)
-                lengths = (bounds[1:] - bounds[:-1]).tolist()
-                parts = [
-                    modeling.eager_attention_forward(blk.attn, qs, ks, vs, None, scaling=blk.attn.scaling)[0]
-                    for qs, ks, vs in zip(*(torch.split(t, lengths, dim=2) for t in (q, k, v)), strict=True)
-                ]
-                out = torch.cat(parts, dim=1).reshape(args[0].shape[0], -1)
-            elif kind == "attn.out":
-                out = blk.attn.proj(args[0])
-            elif kind == "residual1":
-                out = args[0] + args[1]
-            elif kind == "norm2":
-                out = blk.norm2(args[0])
-            elif kind == "mlp.gate":
-                out = blk.mlp.gate_proj(args[0])
-            elif kind == "mlp.act":
-                out = blk.mlp.act_fn(args[0])
-            elif kind == "mlp.up":
-                out = blk.mlp.up_proj(args[0])
-            elif kind == "mlp.product":
-                out = args[0] * args[1]
-            elif kind == "mlp.down":
-                out = blk.mlp.down_proj(args[0])
-            else:
-                raise KeyError(stage_id)
-        return _np(out).astype(np.float32)
+        return np.asarray(self.taps.replay(self.model, stage_id, inputs, ctx), dtype=np.float32)

@@ -1,1 +1,0 @@
-"""Our own JAX implementations of vision towers, lowered to StableHLO for the compiled runtimes."""

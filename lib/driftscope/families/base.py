@@ -1,0 +1,129 @@
+"""The Family interface: what one model family tells the rest of driftscope, in one object.
+
+A family is a folder ``families/<name>/`` whose ``__init__`` builds a :class:`Family` called ``FAMILY``;
+``driftscope.families`` finds it there (adding a family edits no other file). Engines, the investigation,
+the views and the shared tests only ever ask a ``Family``: they name no family themselves.
+
+Modules that need heavy packages (torch, mlx, jax) are named by import path and imported on first use,
+so reading the registry stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from ..errors import RuntimeUnavailableError
+
+if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint
+    from ..inputs import ModelInputs
+    from ..registry import Registry
+    from ..stages import Stage, StagePlan
+    from ..tapset import TapSet
+    from ..text_inputs import TextInputs
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """A named defect installed in a candidate runtime, to prove a fixture's power.
+
+    ``install`` changes the loaded model; ``during`` (if any) is a context active while capturing;
+    ``declared`` lists the stages it should disturb first (most specific first); ``blind`` says, from the
+    inputs' geometry alone, why a fixture cannot reveal it (None: it can)."""
+
+    name: str
+    description: str
+    declared: Callable[[StagePlan], list[str]]
+    install: Callable[[Any, dict], None] | None = None  # (model, settings) at load time
+    blind: Callable[[ModelInputs, StagePlan], str | None] = lambda inputs, plan: None
+    settings: dict = field(default_factory=dict)
+    during: Callable[[Any, dict], Any] | None = None  # (model, settings) -> context manager
+
+    def declared_stage(self, plan: StagePlan) -> str | None:
+        """The first declared stage that the plan captures."""
+        return next((stage for stage in self.declared(plan) if stage in plan), None)
+
+
+@dataclass(frozen=True)
+class ImageTokens:
+    """Where one image's token rows (in raster order) sit in the image: rows ``start:stop`` of a stage, on a
+    grid of ``shape`` (rows, columns) cells, row ``start + i`` at ``cells[i]`` (a [n, 2] integer array)."""
+
+    start: int
+    stop: int
+    shape: tuple[int, int]
+    cells: Any
+
+
+@dataclass(frozen=True)
+class Section:
+    """One part of a family's geometry notebook: a heading, a paragraph, then figures and tables in order."""
+
+    title: str
+    prose: str
+    items: tuple[Any, ...]  # matplotlib Figures, pandas DataFrames, Markdown strings
+
+
+@dataclass(frozen=True)
+class TinyFixture:
+    """The family's tiny random-weight checkpoint, which the shared tests build and run on."""
+
+    directory: Path  # where the checkpoint is written (fixtures/checkpoints/...)
+    build: Callable[[Path], Path]  # writes the checkpoint into a directory
+    images: tuple[Path, ...]  # images the shared tests feed it
+
+    def ensure(self) -> Path:
+        """The checkpoint directory, built first if it is not there."""
+        if not any(self.directory.glob("*.safetensors")):
+            self.build(self.directory)
+        return self.directory
+
+
+def _module(path: str) -> ModuleType:
+    return importlib.import_module(path)
+
+
+@dataclass(frozen=True)
+class Family:
+    """Everything model-specific about one family (see docs/adding-a-family.md for each entry)."""
+
+    name: str
+    model_types: tuple[str, ...]  # config.json ``model_type`` values this family reads
+    vision_plan: Callable[[dict], StagePlan]  # the vision stages of a config, in execution order
+    text_stages: Callable[[dict, int], list[Stage]]  # stages past the tower (config, max_new_tokens)
+    replay_inputs: Callable[[str, StagePlan], tuple[str, ...] | None]  # what a replay of a stage reads
+    replay_context: Callable[[TapSet, StagePlan], Any]  # side inputs of every replay, from the reference
+    prepare_inputs: Callable[[Checkpoint, list], ModelInputs]  # images -> the family's processor output
+    text_inputs: Callable[..., TextInputs]  # (checkpoint, inputs, prompt, max_new_tokens, expect) -> prompt ids
+    engines: Mapping[str, str]  # runtime name -> module with that runtime's taps and replay operators
+    mutations: str  # module holding ``MUTATIONS``, the family's registry of mutations
+    mutation_runtime: str  # the runtime the mutations are installed in
+    hypotheses: str  # module of ready hypothesis patches
+    views: str  # module: token layout and input overlay for the views, geometry sections and CLI
+    tiny: TinyFixture
+
+    def supports(self, runtime: str) -> bool:
+        return runtime in self.engines
+
+    def engine(self, runtime: str) -> ModuleType:
+        """The module that tells ``runtime`` what to load, where to tap and how to replay for this family."""
+        if runtime not in self.engines:
+            raise RuntimeUnavailableError(
+                f"runtime {runtime!r} does not support model family {self.name!r}",
+                f"use one of: {', '.join(sorted(self.engines))}",
+            )
+        return _module(self.engines[runtime])
+
+    def mutation_registry(self) -> Registry[Mutation]:
+        return _module(self.mutations).MUTATIONS
+
+    def hypothesis_module(self) -> ModuleType:
+        return _module(self.hypotheses)
+
+    def view_hooks(self) -> ModuleType:
+        return _module(self.views)

@@ -1,0 +1,178 @@
+"""What the compiled runtimes (``jax``, ``iree``) ask of Qwen2.5-VL: the emitted model, the packed bucket
+and its host stages, the lowered tower, its pieces for block-by-block runs, the text prefill and the
+single-stage replay functions."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from ....compiled.graph import LoweredGraph, contract_for, lower_graph
+from ....compiled.layers import Contract
+from ....inputs import ModelInputs
+from ....precision import PrecisionPolicy
+from ....runtimes.base import StageSink
+from ....runtimes.compiled import EmittedModel
+from ....stages import Stage
+from ..geometry import Bucket, mrope_positions, pack_images
+from ..plan import parse_stage
+from ..text import put_text_inputs
+from .config import VisionSpec
+from .model import FINAL, SUBSTAGES, block_graph, merger_graph, stem_graph, vision_tower
+from .stages import stage_function, stage_weights
+from .weights import load_vision_weights
+
+#: Stages computed on the host (inputs and index math), not by the graph.
+HOST_STAGES = (
+    "inputs.pixel_values",
+    "inputs.grid_thw",
+    "inputs.image_tokens",
+    "vision.window_index",
+    "vision.cu_window_seqlens",
+    "vision.cu_seqlens",
+)
+#: What the text side reads of the tower (the tower function returns it whatever the taps).
+TOWER_OUTPUTS = (FINAL,)
+#: Graph inputs after the weights, in call order.
+GRAPH_INPUTS = ("pixel_values", "patch_gather", "positions", "window_segments", "image_segments", "merged_restore")
+
+
+def load(checkpoint) -> EmittedModel:
+    spec = VisionSpec.from_config(checkpoint.config)
+    return EmittedModel(spec, load_vision_weights(checkpoint.path, spec))
+
+
+def bucket(model: EmittedModel, inputs: ModelInputs, rows: int | None) -> Bucket:
+    spec = model.spec
+    return pack_images(inputs["grid_thw"], rows, spec.spatial_merge_size, spec.window_size, spec.patch_size)
+
+
+def put_host_stages(bucket: Bucket, sink: StageSink) -> None:
+    sink.put("vision.window_index", bucket.window_index)
+    sink.put_bounds("vision.cu_window_seqlens", bucket.cu_window_seqlens_raw)
+    sink.put("vision.cu_seqlens", bucket.cu_seqlens)
+
+
+def output_rows(bucket: Bucket, stage: Stage) -> int:
+    """Rows of a graph output that hold real tokens (the rest is the bucket's padding)."""
+    return bucket.active_merged if stage.token_unit == "merged" else bucket.active
+
+
+def lower_vision_tower(
+    spec: VisionSpec, policy: PrecisionPolicy, weights: dict, rows: int, taps: tuple[str, ...]
+) -> LoweredGraph:
+    """The tower for a bucket of ``rows`` patch rows; weights are arguments, never constants."""
+    taps = tuple(sorted(set(taps)))
+    body = functools.partial(vision_tower, spec=spec, contract=contract_for(policy), taps=taps)
+    int32 = "int32"
+    inputs = {
+        "pixel_values": ((rows, spec.patch_dim), "float32"),
+        "patch_gather": ((rows,), int32),
+        "positions": ((rows, 2), int32),
+        "window_segments": ((rows,), int32),
+        "image_segments": ((rows,), int32),
+        "merged_restore": ((rows // spec.merge_unit,), int32),
+    }
+    header = [
+        "// driftscope: Qwen2.5-VL vision tower (driftscope.families.qwen2_5_vl.emitter)",
+        f"// bucket rows: {rows}; depth {spec.depth}; full attention blocks {list(spec.fullatt_block_indexes)}",
+    ]
+    return lower_graph(body, "vision_tower", weights, inputs, header, policy, rows, taps)
+
+
+def lower(model: EmittedModel, policy: PrecisionPolicy, bucket: Bucket, taps: tuple[str, ...]) -> LoweredGraph:
+    return lower_vision_tower(model.spec, policy, model.weights, bucket.rows, taps)
+
+
+def _pixels(bucket: Bucket, inputs: ModelInputs) -> np.ndarray:
+    pixels = np.zeros((bucket.rows, inputs["pixel_values"].shape[1]), dtype=np.float32)
+    pixels[: bucket.active] = inputs["pixel_values"]
+    return pixels
+
+
+def arguments(graph: LoweredGraph, model: EmittedModel, bucket: Bucket, inputs: ModelInputs) -> list[np.ndarray]:
+    return graph.arguments(model.weights, {"pixel_values": _pixels(bucket, inputs), **bucket.graph_inputs()})
+
+
+def capture_pieces(runtime, bucket: Bucket, inputs: ModelInputs, sink: StageSink) -> dict[str, np.ndarray]:
+    """The stem, each block (one function for every block), the merger, each one ``runtime.call``; taps
+    stream out between calls. Returns the tower's output (raster order, real rows) for the text side."""
+    spec, contract, weights = runtime.model.spec, runtime.contract, runtime.model.weights
+    active, merged = bucket.active, bucket.active_merged
+    feeds = bucket.graph_inputs()
+    stem = runtime.call(
+        "stem",
+        functools.partial(stem_graph, spec=spec, contract=contract),
+        (
+            {"proj.weight": weights["patch_embed.proj.weight"]},
+            _pixels(bucket, inputs),
+            feeds["patch_gather"],
+            feeds["positions"],
+        ),
+    )
+    for stage_id in ("vision.patch_embed", "vision.rotary.cos", "vision.rotary.sin"):
+        sink.put(stage_id, stem[stage_id][:active], bucket_rows=bucket.rows)
+    x, cos, sin = stem["x"], stem["cos"], stem["sin"]
+    if "_block_weights" not in runtime.__dict__:  # released with the model
+        runtime._block_weights = [stage_weights(weights, b, "block") for b in range(spec.depth)]
+    block_weights = runtime._block_weights
+    for b in range(spec.depth):
+        substages = any(sink.wants(f"vision.block.{b}.{name}") for name in SUBSTAGES)
+        segments = feeds["image_segments"] if spec.is_full(b) else feeds["window_segments"]
+        out = runtime.call(
+            f"block{'+substages' if substages else ''}",
+            functools.partial(block_graph, spec=spec, contract=contract, substages=substages),
+            (block_weights[b], x, cos, sin, segments),
+        )
+        for name in SUBSTAGES if substages else ():
+            sink.put(f"vision.block.{b}.{name}", out[f"block.{name}"][:active], bucket_rows=bucket.rows)
+        x = out["block.out"]
+        sink.put(f"vision.block.{b}", x[:active], bucket_rows=bucket.rows)
+    out = runtime.call(
+        "merger",
+        functools.partial(merger_graph, spec=spec, contract=contract),
+        (stage_weights(weights, None, "merger"), x, feeds["merged_restore"]),
+    )
+    sink.put("vision.merger.norm", out["vision.merger.norm"][:active], bucket_rows=bucket.rows)
+    for stage_id in ("vision.merger.hidden", "vision.merger.window", FINAL):
+        sink.put(stage_id, out[stage_id][:merged], bucket_rows=bucket.rows)
+    return {FINAL: out[FINAL][:merged]}
+
+
+def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str, np.ndarray]) -> None:
+    """Prefill logits through the JAX text decoder on embeddings merged from the runtime's own tower output."""
+    import jax
+
+    from .text import TextSpec, load_text_weights, text_prefill
+
+    text = inputs.text
+    spec = TextSpec.from_config(runtime.checkpoint.config)
+    if "_text_weights" not in runtime.__dict__:  # released with the model
+        runtime._text_weights = load_text_weights(runtime.checkpoint.path, spec)
+    weights = runtime._text_weights
+    rows = weights["embed_tokens.weight"][text.input_ids]
+    image = text.input_ids == text.image_token_id
+    embeds = rows.copy()
+    embeds[image] = tower[FINAL]  # the tower's raster-order output, image after image
+    positions, delta = mrope_positions(
+        image.astype(int).tolist(), inputs["grid_thw"].tolist(), runtime.model.spec.spatial_merge_size
+    )
+    put_text_inputs(inputs, sink, embeds, rows, positions, np.array([delta]))
+    contract = runtime.contract
+    function = jax.jit(lambda w, e, p: text_prefill(w, e, p, spec=spec, contract=contract), keep_unused=True)
+    args = (weights, embeds.astype(np.float32), positions.astype(np.int32))
+    for stage_id, value in runtime.run_text(function, args).items():
+        sink.put(stage_id, np.asarray(value, dtype=np.float32))
+
+
+def replay_call(model: EmittedModel, stage_id: str, inputs: list[np.ndarray], ctx: Any, contract: Contract):
+    """(kind, function, arguments) of one stage: blocks of a kind share the function (weights unprefixed)."""
+    block, kind = parse_stage(stage_id)
+    weights = stage_weights(model.weights, block, kind)
+    bounds = ctx.bounds(block) if block is not None else np.array([0, len(ctx.cos)])
+    segments = np.repeat(np.arange(len(bounds) - 1, dtype=np.int32), np.diff(bounds))
+    arguments = tuple(np.asarray(x, dtype=np.float32) for x in inputs)
+    args = (weights, arguments, ctx.cos.astype(np.float32), ctx.sin.astype(np.float32), segments)
+    return kind, stage_function(kind, model.spec, contract), args

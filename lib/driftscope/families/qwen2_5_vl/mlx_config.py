@@ -1,0 +1,70 @@
+"""Load a transformers-5 Qwen2.5-VL checkpoint with mlx-vlm's model code.
+
+mlx-vlm 0.7 reads the older config layout: text settings at the top level and ``rope_scaling``
+with ``type: mrope``. transformers 5 nests them under ``text_config`` with ``rope_parameters``.
+``adapt_config`` converts in memory; the checkpoint directory is never copied or edited.
+"""
+
+from __future__ import annotations
+
+import copy
+import glob
+from pathlib import Path
+from typing import Any
+
+from ...errors import CheckpointError
+
+
+def adapt_config(config: dict) -> dict:
+    """The mlx-vlm view of a transformers-5 Qwen2.5-VL config (a new dict)."""
+    adapted = copy.deepcopy(config)
+    text = dict(adapted.get("text_config") or {})
+    rope = dict(text.pop("rope_parameters", None) or adapted.pop("rope_parameters", None) or {})
+    if "rope_scaling" not in text and rope:
+        text["rope_scaling"] = {
+            "type": "mrope" if "mrope_section" in rope else rope.get("rope_type", "default"),
+            "mrope_section": rope.get("mrope_section", [16, 24, 24]),
+            "rope_type": rope.get("rope_type", "default"),
+        }
+        text.setdefault("rope_theta", rope.get("rope_theta", 1e6))
+    text["model_type"] = adapted.get("model_type", "qwen2_5_vl")
+    for key, value in text.items():
+        if key not in ("vision_config", "text_config"):
+            adapted.setdefault(key, value)
+            if key in ("rope_scaling", "rope_theta"):
+                adapted[key] = value
+    adapted["text_config"] = text
+    vision = dict(adapted.get("vision_config") or {})
+    vision["model_type"] = adapted.get("model_type", "qwen2_5_vl")
+    vision.setdefault("out_hidden_size", text.get("hidden_size"))
+    adapted["vision_config"] = vision
+    return adapted
+
+
+def load_mlx_model(path: Path, config: dict) -> Any:
+    """mlx-vlm's Qwen2.5-VL ``Model`` with the checkpoint's safetensors weights (strict)."""
+    import mlx.core as mx
+    from mlx_vlm import utils
+
+    adapted = adapt_config(config)
+    model_module, _ = utils.get_model_and_args(config=adapted)
+    model_config = model_module.ModelConfig.from_dict(adapted)
+    model_config = utils.update_module_configs(model_config, model_module, adapted, ["text", "vision"])
+    model = model_module.Model(model_config)
+    weight_files = sorted(glob.glob(str(Path(path) / "*.safetensors")))
+    weights: dict[str, Any] = {}
+    for weight_file in weight_files:
+        weights.update(mx.load(weight_file))
+    weights = utils.sanitize_weights(model, weights)
+    weights = utils.sanitize_weights(model_module.VisionModel, weights, model_config.vision_config)
+    weights = utils.sanitize_weights(model_module.LanguageModel, weights, model_config.text_config)
+    try:
+        model.load_weights(list(weights.items()), strict=True)
+    except ValueError as err:
+        raise CheckpointError(
+            f"checkpoint {path} does not match mlx-vlm's Qwen2.5-VL model: {err}",
+            "check that config.json describes these weights (depth, hidden sizes)",
+        ) from err
+    mx.eval(model.parameters())
+    model.eval()
+    return model

@@ -1,0 +1,261 @@
+"""Qwen2.5-VL in mlx-vlm: loading (with the config adapted), where to record each stage, the replay operators.
+
+q/k are recorded from mlx-vlm's own RoPE function (called for q, then k, in every block) and SiLU from
+the activation call inside its MLP.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...inputs import ModelInputs
+from ...runtimes.base import StageSink, put_greedy
+from ...runtimes.mlx_runtime import Recording, dtype_name, list_item, module_attr, shadow, to_numpy
+from .mlx_config import load_mlx_model
+from .plan import block_stage_id, parse_stage
+from .text import put_text_inputs
+
+
+class _NNProxy:
+    """Stands in for ``mlx.nn`` inside mlx-vlm's vision module: ``silu`` records, the rest delegates."""
+
+    def __init__(self, nn: Any, silu):
+        self._nn = nn
+        self.silu = silu
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._nn, name)
+
+
+def load(path: Path, config: dict) -> Any:
+    """mlx-vlm's model with the checkpoint's weights (its config adapted to the layout mlx-vlm reads)."""
+    return load_mlx_model(path, config)
+
+
+def rms_norms(model: Any) -> list[tuple[Any, str]]:
+    """Every RMSNorm of the vision tower, as (owner, attribute)."""
+    tower = model.vision_tower
+    sites = [(block, name) for block in tower.blocks for name in ("norm1", "norm2")]
+    return sites + [(tower.merger, "ln_q")]
+
+
+def _pixels(model: Any, inputs: ModelInputs):
+    import mlx.core as mx
+
+    dtype = model.vision_tower.patch_embed.proj.weight.dtype
+    return mx.array(inputs["pixel_values"]).astype(dtype), mx.array(inputs["grid_thw"])
+
+
+def run_vision(model: Any, inputs: ModelInputs):
+    """The plain vision forward (no taps): merged features in raster order."""
+    return model.vision_tower(*_pixels(model, inputs))
+
+
+def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx_vlm.models.qwen2_5_vl import vision as vision_module
+
+    tower = model.vision_tower
+    state: dict[str, Any] = {"block": None, "rope_calls": 0}
+    full = set(tower.fullatt_block_indexes)
+
+    def put(stage_id: str, value: Any) -> None:
+        if sink.wants(stage_id):
+            sink.put(stage_id, to_numpy(value), native_dtype=dtype_name(value))
+
+    def out_to(stage_id: str):
+        return lambda args, kwargs, out: put(stage_id, out)
+
+    def put_bounds(cu_window_seqlens):
+        if sink.wants("vision.cu_window_seqlens"):
+            sink.put_bounds("vision.cu_window_seqlens", to_numpy(cu_window_seqlens))
+
+    def rotary(args, kwargs, freqs):
+        cos, sin = mx.cos(freqs), mx.sin(freqs)
+        put("vision.rotary.cos", mx.concatenate([cos, cos], axis=-1))
+        put("vision.rotary.sin", mx.concatenate([sin, sin], axis=-1))
+
+    def window(args, kwargs, out):
+        put("vision.window_index", out[0])
+
+    original_rope = vision_module.apply_rotary_pos_emb_vision
+
+    def rope(tensor, freqs):
+        out = original_rope(tensor, freqs)
+        name = "attn.q" if state["rope_calls"] % 2 == 0 else "attn.k"
+        state["rope_calls"] += 1
+        put(block_stage_id(state["block"], name), out.reshape(out.shape[-3:]))  # (tokens, heads, head_dim)
+        return out
+
+    def silu(x):
+        out = nn.silu(x)
+        if state["block"] is not None:
+            put(block_stage_id(state["block"], "mlp.act"), out)
+        return out
+
+    with ExitStack() as stack:
+        enter = stack.enter_context
+        enter(shadow(tower, "patch_embed", Recording(tower.patch_embed, out_to("vision.patch_embed"))))
+        enter(shadow(tower, "rot_pos_emb", Recording(tower.rot_pos_emb, rotary)))
+        enter(shadow(tower, "get_window_index", Recording(tower.get_window_index, window)))
+        enter(module_attr(vision_module, "apply_rotary_pos_emb_vision", rope))
+        enter(module_attr(vision_module, "nn", _NNProxy(nn, silu)))
+        for index, block in enumerate(tower.blocks):
+            enter(list_item(tower.blocks, index, _block_recorder(index, block, full, state, put, put_bounds)))
+            if any(sink.wants(block_stage_id(index, s)) for s in ("norm1", "attn.q", "mlp.gate", "norm2")):
+                _wrap_substages(enter, index, block, put)
+        merger = tower.merger
+        enter(shadow(merger, "ln_q", Recording(merger.ln_q, out_to("vision.merger.norm"))))
+        enter(list_item(merger.mlp, 1, Recording(merger.mlp[1], out_to("vision.merger.hidden"))))
+        enter(shadow(tower, "merger", Recording(merger, out_to("vision.merger.window"))))
+        out = tower(*_pixels(model, inputs))
+        put("vision.merger", out)
+        state["block"] = None
+
+
+def _block_recorder(index: int, block: Any, full: set[int], state: dict, put, put_bounds):
+    def call(hidden_states, cu_seqlens, rotary_pos_emb):
+        state["block"], state["rope_calls"] = index, 0
+        if index in full:
+            put("vision.cu_seqlens", cu_seqlens)
+        else:
+            put_bounds(cu_seqlens)
+        out = block(hidden_states, cu_seqlens=cu_seqlens, rotary_pos_emb=rotary_pos_emb)
+        put(block_stage_id(index), out)
+        return out
+
+    return call
+
+
+def _wrap_substages(enter, index: int, block: Any, put) -> None:
+    attn, mlp = block.attn, block.mlp
+    heads = attn.num_heads
+
+    def out_to(name: str):
+        return lambda args, kwargs, out: put(block_stage_id(index, name), out)
+
+    def in_to(name: str):
+        return lambda args, kwargs, out: put(block_stage_id(index, name), args[0])
+
+    def both_to(in_name: str, out_name: str):
+        return lambda args, kwargs, out: (in_to(in_name)(args, kwargs, out), out_to(out_name)(args, kwargs, out))
+
+    def qkv(args, kwargs, out):
+        put(block_stage_id(index, "attn.v"), out.reshape(out.shape[0], 3, heads, -1)[:, 2])
+
+    enter(shadow(block, "norm1", Recording(block.norm1, out_to("norm1"))))
+    enter(shadow(attn, "qkv", Recording(attn.qkv, qkv)))
+    enter(shadow(attn, "proj", Recording(attn.proj, in_to("attn.context"))))
+    enter(shadow(block, "attn", Recording(attn, out_to("attn.out"))))
+    enter(shadow(block, "norm2", Recording(block.norm2, both_to("residual1", "norm2"))))
+    enter(shadow(mlp, "gate_proj", Recording(mlp.gate_proj, out_to("mlp.gate"))))
+    enter(shadow(mlp, "up_proj", Recording(mlp.up_proj, out_to("mlp.up"))))
+    enter(shadow(mlp, "down_proj", Recording(mlp.down_proj, both_to("mlp.product", "mlp.down"))))
+
+
+def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
+    """mlx-vlm's full model: merged embeddings and M-RoPE from its own code, prefill, greedy decode."""
+    import mlx.core as mx
+    from mlx_vlm.models.cache import make_prompt_cache
+
+    text = inputs.text
+    ids = mx.array(text.input_ids[None])
+    pixels, grid = _pixels(model, inputs)
+    features = model.get_input_embeddings(ids, pixels, image_grid_thw=grid)
+    embeds = to_numpy(features.inputs_embeds[0])
+    rows = to_numpy(model.language_model.model.embed_tokens(ids)[0])
+    put_text_inputs(
+        inputs, sink, embeds, rows, np.array(features.position_ids).reshape(3, -1), np.array(features.rope_deltas)
+    )
+    inner = model.language_model.model
+    layers = inner.layers
+
+    def last(stage_id):
+        return lambda args, kwargs, out: sink.put(stage_id, to_numpy(out[0, -1]))
+
+    cache = make_prompt_cache(model.language_model)
+    with ExitStack() as stack:  # recorders only during the prefill
+        for index, layer in enumerate(layers):
+            stack.enter_context(list_item(layers, index, Recording(layer, last(f"text.layer.{index}.last"))))
+        stack.enter_context(shadow(inner, "norm", Recording(inner.norm, last("text.norm.last"))))
+        logits = model(ids, pixel_values=pixels, cache=cache, image_grid_thw=grid).logits
+        mx.eval(logits)
+    final = to_numpy(logits[0, -1])
+    sink.put("text.logits.last", final)
+    put_greedy(
+        sink,
+        final,
+        lambda token: to_numpy(model.language_model(mx.array([[token]]), cache=cache).logits[0, -1]),
+        text.max_new_tokens,
+    )
+
+
+def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
+    """mlx-vlm's own modules (in the policy's dtype) applied to ``inputs``."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx_vlm.models.qwen2_5_vl import vision as vision_module
+
+    tower = model.vision_tower
+    dtype = tower.patch_embed.proj.weight.dtype
+    args = [mx.array(np.ascontiguousarray(x, dtype=np.float32)).astype(dtype) for x in inputs]
+    block, kind = parse_stage(stage_id)
+    if block is None:
+        merger = tower.merger
+        if kind == "merger.norm":
+            out = merger.ln_q(args[0])
+        elif kind == "merger.hidden":
+            out = merger.mlp[1](merger.mlp[0](args[0].reshape(-1, merger.hidden_size)))
+        else:
+            out = merger.mlp[2](args[0])
+        return to_numpy(out)
+    blk = tower.blocks[block]
+    # mlx-vlm rotates with angles (it takes cos/sin itself): recover them from the reference's tables
+    half = ctx.cos.shape[1] // 2
+    freqs = mx.array(np.arctan2(ctx.sin[:, :half], ctx.cos[:, :half]).astype(np.float32))
+    bounds = mx.array(ctx.bounds(block).astype(np.int32))
+    attn, mlp = blk.attn, blk.mlp
+    if kind == "block":
+        out = blk(args[0], cu_seqlens=bounds, rotary_pos_emb=freqs)
+    elif kind == "norm1":
+        out = blk.norm1(args[0])
+    elif kind in ("attn.q", "attn.k", "attn.v"):
+        rows = args[0].shape[0]
+        q, k, v = mx.split(attn.qkv(args[0]).reshape(rows, 3, attn.num_heads, -1).transpose(1, 0, 2, 3), 3)
+        if kind == "attn.v":
+            out = v[0]
+        else:
+            out = vision_module.apply_rotary_pos_emb_vision(q if kind == "attn.q" else k, freqs)[0]
+    elif kind == "attn.context":
+        q, k, v = (t.transpose(1, 0, 2)[None] for t in args)  # [1, heads, rows, head_dim]
+        splits = [mx.split(t, ctx.bounds(block)[1:-1].tolist(), axis=2) for t in (q, k, v)]
+        parts = [
+            mx.fast.scaled_dot_product_attention(qs, ks, vs, scale=attn.scale, mask=None)
+            for qs, ks, vs in zip(*splits, strict=True)
+        ]
+        out = mx.concatenate(parts, axis=2).transpose(0, 2, 1, 3).reshape(args[0].shape[0], -1)
+    elif kind == "attn.out":
+        out = attn.proj(args[0])
+    elif kind == "residual1":
+        out = args[0] + args[1]
+    elif kind == "norm2":
+        out = blk.norm2(args[0])
+    elif kind == "mlp.gate":
+        out = mlp.gate_proj(args[0])
+    elif kind == "mlp.act":
+        out = nn.silu(args[0])
+    elif kind == "mlp.up":
+        out = mlp.up_proj(args[0])
+    elif kind == "mlp.product":
+        out = args[0] * args[1]
+    elif kind == "mlp.down":
+        out = mlp.down_proj(args[0])
+    else:
+        raise KeyError(stage_id)
+    mx.eval(out)
+    return to_numpy(out)

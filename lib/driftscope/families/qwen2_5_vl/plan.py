@@ -1,0 +1,200 @@
+"""Qwen2.5-VL's stage plan: vision and text stages in execution order, substages, what each replay reads."""
+
+from __future__ import annotations
+
+from ...stages import Stage, StagePlan
+
+NAME = "qwen2_5_vl"
+
+#: Substages of one vision block, in execution order: (name, axes).
+BLOCK_SUBSTAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("norm1", ("tokens", "hidden")),
+    ("attn.q", ("tokens", "heads", "head_dim")),
+    ("attn.k", ("tokens", "heads", "head_dim")),
+    ("attn.v", ("tokens", "heads", "head_dim")),
+    ("attn.context", ("tokens", "hidden")),
+    ("attn.out", ("tokens", "hidden")),
+    ("residual1", ("tokens", "hidden")),
+    ("norm2", ("tokens", "hidden")),
+    ("mlp.gate", ("tokens", "intermediate")),
+    ("mlp.act", ("tokens", "intermediate")),
+    ("mlp.up", ("tokens", "intermediate")),
+    ("mlp.product", ("tokens", "intermediate")),
+    ("mlp.down", ("tokens", "hidden")),
+)
+
+SUBSTAGE_MEANING = {
+    "norm1": "RMSNorm before attention",
+    "attn.q": "query after RoPE",
+    "attn.k": "key after RoPE",
+    "attn.v": "value",
+    "attn.context": "attention context, heads concatenated, before the output projection",
+    "attn.out": "attention output projection",
+    "residual1": "block input + attention output",
+    "norm2": "RMSNorm before the MLP",
+    "mlp.gate": "gate projection",
+    "mlp.act": "SiLU(gate)",
+    "mlp.up": "up projection",
+    "mlp.product": "SiLU(gate) * up",
+    "mlp.down": "down projection",
+}
+
+
+def block_stage_id(block: int, substage: str | None = None) -> str:
+    return f"vision.block.{block}" if substage is None else f"vision.block.{block}.{substage}"
+
+
+def vision_config(config: dict) -> dict:
+    """The vision settings of a checkpoint config (transformers 5 nests them under vision_config)."""
+    return dict(config.get("vision_config") or {})
+
+
+def vision_plan(config: dict) -> StagePlan:
+    """Every stage of the Qwen2.5-VL vision tower for this checkpoint config, in execution order."""
+    vision = vision_config(config)
+    depth = int(vision.get("depth", 32))
+    full = sorted(int(i) for i in vision.get("fullatt_block_indexes", []))
+    stages = [
+        Stage("inputs.pixel_values", ("patches", "channels"), "raster", "patch", description="processor output"),
+        Stage("inputs.grid_thw", ("images", "thw"), integer=True, description="processor grid per image"),
+        Stage("inputs.image_tokens", ("images",), integer=True, description="merged tokens per image"),
+        Stage("vision.patch_embed", ("tokens", "hidden"), "raster", "patch", description="Conv3d patch embedding"),
+        Stage("vision.rotary.cos", ("tokens", "head_dim"), "raster", "patch", side=True, description="RoPE cos table"),
+        Stage("vision.rotary.sin", ("tokens", "head_dim"), "raster", "patch", side=True, description="RoPE sin table"),
+        Stage("vision.window_index", ("merged_tokens",), integer=True, description="window permutation"),
+        Stage(
+            "vision.cu_window_seqlens",
+            ("windows+1",),
+            integer=True,
+            description="window attention bounds (empty windows dropped)",
+        ),
+        Stage("vision.cu_seqlens", ("images+1",), integer=True, description="full attention bounds"),
+    ]
+    for block in range(depth):
+        kind = "full" if block in full else "window"
+        for name, axes in BLOCK_SUBSTAGES:
+            stages.append(
+                Stage(
+                    block_stage_id(block, name),
+                    axes,
+                    "window",
+                    "patch",
+                    block=block,
+                    substage=name,
+                    description=f"{SUBSTAGE_MEANING[name]} ({kind} attention block)",
+                )
+            )
+        stages.append(
+            Stage(
+                block_stage_id(block),
+                ("tokens", "hidden"),
+                "window",
+                "patch",
+                block=block,
+                description=f"block output ({kind} attention)",
+            )
+        )
+    stages += [
+        Stage("vision.merger.norm", ("tokens", "hidden"), "window", "patch", description="merger RMSNorm"),
+        Stage("vision.merger.hidden", ("merged_tokens", "merged_hidden"), "window", "merged", description="GELU(fc1)"),
+        Stage("vision.merger.window", ("merged_tokens", "out_hidden"), "window", "merged", description="merger output"),
+        Stage("vision.merger", ("merged_tokens", "out_hidden"), "raster", "merged", description="restored to raster"),
+    ]
+    merge = int(vision.get("spatial_merge_size", 2))
+    meta = {
+        "fullatt_block_indexes": full,
+        "spatial_merge_size": merge,
+        # window-ordered stages go back to raster order through each side's own window index
+        "token_orders": {
+            "window": {
+                "index": "vision.window_index",
+                "rows_per_index": {"patch": merge**2, "merged": 1},
+                "segments": "vision.cu_window_seqlens",  # a window's tokens: its bounds, in patch rows
+                "segment_unit": "patch",
+            }
+        },
+        "landmarks": ["vision.patch_embed", "vision.merger"],
+    }
+    return StagePlan(NAME, stages, depth, meta)
+
+
+#: Block input of block 0: the patch embedding in window order (a view of the reference's tap, ``stage@view``).
+BLOCK0_INPUT = "vision.patch_embed@window"
+
+#: What each substage reads, by substage name; "in" is the block's input.
+SUBSTAGE_INPUTS: dict[str, tuple[str, ...]] = {
+    "norm1": ("in",),
+    "attn.q": ("norm1",),
+    "attn.k": ("norm1",),
+    "attn.v": ("norm1",),
+    "attn.context": ("attn.q", "attn.k", "attn.v"),
+    "attn.out": ("attn.context",),
+    "residual1": ("in", "attn.out"),
+    "norm2": ("residual1",),
+    "mlp.gate": ("norm2",),
+    "mlp.act": ("mlp.gate",),
+    "mlp.up": ("norm2",),
+    "mlp.product": ("mlp.act", "mlp.up"),
+    "mlp.down": ("mlp.product",),
+}
+
+
+def block_input(block: int) -> str:
+    return BLOCK0_INPUT if block == 0 else block_stage_id(block - 1)
+
+
+def parse_stage(stage_id: str) -> tuple[int | None, str]:
+    """``vision.block.3.mlp.up`` -> (3, "mlp.up"); ``vision.block.3`` -> (3, "block"); merger -> (None, name)."""
+    parts = stage_id.split(".")
+    if stage_id.startswith("vision.block."):
+        return int(parts[2]), ".".join(parts[3:]) or "block"
+    return None, ".".join(parts[1:])
+
+
+def replay_inputs(stage_id: str, depth: int) -> tuple[str, ...] | None:
+    """The stages a replay of ``stage_id`` reads (None: not replayable, e.g. index math)."""
+    parts = stage_id.split(".")
+    if stage_id.startswith("vision.block."):
+        block = int(parts[2])
+        if len(parts) == 3:
+            return (block_input(block),)
+        substage = ".".join(parts[3:])
+        return tuple(
+            block_input(block) if name == "in" else block_stage_id(block, name) for name in SUBSTAGE_INPUTS[substage]
+        )
+    last = block_stage_id(depth - 1)
+    return {
+        "vision.merger.norm": (last,),
+        "vision.merger.hidden": ("vision.merger.norm",),
+        "vision.merger.window": ("vision.merger.hidden",),
+    }.get(stage_id)
+
+
+def text_stages(config: dict, max_new_tokens: int) -> list[Stage]:
+    """Stages after the tower: merged embeddings, M-RoPE positions, each text layer, logits, greedy tokens."""
+    text = dict(config.get("text_config") or config)
+    layers = int(text.get("num_hidden_layers", 0))
+    stages = [
+        Stage("text.input_ids", ("tokens",), integer=True, description="prompt token ids"),
+        Stage("text.position_ids", ("3", "tokens"), integer=True, description="M-RoPE position ids (t, h, w)"),
+        Stage("text.rope_deltas", ("batch",), integer=True, description="M-RoPE delta for generated positions"),
+        Stage("text.embeds.image", ("image_tokens", "hidden"), description="merged input embeddings at image slots"),
+        Stage("text.embeds.text", ("text_tokens", "hidden"), description="input embeddings at text slots"),
+        Stage(
+            "text.embeds.text_slots_changed",
+            ("count",),
+            integer=True,
+            description="text slots whose embedding differs from the token's own row (must be 0)",
+        ),
+    ]
+    stages += [
+        Stage(f"text.layer.{i}.last", ("hidden",), description=f"text layer {i} output, last position")
+        for i in range(layers)
+    ]
+    stages += [
+        Stage("text.norm.last", ("hidden",), description="final norm, last position"),
+        Stage("text.logits.last", ("vocab",), description="prefill logits, last position"),
+        Stage("text.generate.tokens", ("steps",), integer=True, description=f"greedy tokens ({max_new_tokens})"),
+        Stage("text.generate.margins", ("steps",), side=True, description="top-1 minus top-2 logit at each step"),
+    ]
+    return stages

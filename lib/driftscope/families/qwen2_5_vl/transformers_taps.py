@@ -1,0 +1,238 @@
+"""Qwen2.5-VL in transformers: the model class, the modules hooked for each stage, the replay operators."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from typing import Any
+
+import numpy as np
+
+from ...inputs import ModelInputs
+from ...runtimes.base import StageSink, put_greedy
+from ...runtimes.transformers_runtime import replaced
+from ...runtimes.transformers_runtime import to_numpy as _np
+from .plan import block_stage_id, parse_stage
+from .text import put_text_inputs
+
+MODEL_CLASS = "Qwen2_5_VLForConditionalGeneration"
+
+
+def _visual(model: Any) -> Any:
+    return model.model.visual
+
+
+def _tower_inputs(model: Any, inputs: ModelInputs):
+    import torch
+
+    dtype = next(_visual(model).parameters()).dtype
+    return torch.from_numpy(inputs["pixel_values"]).to(dtype), torch.from_numpy(inputs["grid_thw"])
+
+
+def run_vision(model: Any, inputs: ModelInputs):
+    """The plain vision forward (no taps): merged features in raster order."""
+    import torch
+
+    with torch.no_grad():
+        out = _visual(model)(*_tower_inputs(model, inputs))
+    return out.pooler_output
+
+
+def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
+    """One vision forward with hooks on every tapped module; q/k from the RoPE call, the window index from
+    the function that builds it."""
+    import torch
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as modeling
+
+    visual = _visual(model)
+    state: dict[str, Any] = {"block": None}
+    hooks = []
+
+    def hook(module, stage_id: str, kind: str = "out", index: int = 0):
+        if not sink.wants(stage_id):
+            return
+        if kind == "out":
+            hooks.append(module.register_forward_hook(lambda m, a, o: sink.put(stage_id, _np(o))))
+        else:
+            hooks.append(module.register_forward_pre_hook(lambda m, a: sink.put(stage_id, _np(a[index]))))
+
+    hook(visual.patch_embed, "vision.patch_embed")
+
+    def rotary(module, args, out) -> None:  # a hook that returns a value would replace the output
+        sink.put("vision.rotary.cos", _np(out[0]))
+        sink.put("vision.rotary.sin", _np(out[1]))
+
+    hooks.append(visual.rotary_pos_emb.register_forward_hook(rotary))
+    full = set(visual.fullatt_block_indexes)
+    for index, block in enumerate(visual.blocks):
+
+        def before_block(module, args, kwargs, index=index):
+            state["block"] = index
+            if index in full:
+                sink.put("vision.cu_seqlens", _np(kwargs["cu_seqlens"]))
+            elif sink.wants("vision.cu_window_seqlens"):
+                sink.put_bounds("vision.cu_window_seqlens", _np(kwargs["cu_seqlens"]))
+
+        hooks.append(block.register_forward_pre_hook(before_block, with_kwargs=True))
+        hook(block, block_stage_id(index))
+        hook(block.norm1, block_stage_id(index, "norm1"))
+        hook(block.attn.proj, block_stage_id(index, "attn.context"), "in")
+        hook(block.attn, block_stage_id(index, "attn.out"))
+        hook(block.norm2, block_stage_id(index, "residual1"), "in")
+        hook(block.norm2, block_stage_id(index, "norm2"))
+        hook(block.mlp.gate_proj, block_stage_id(index, "mlp.gate"))
+        hook(block.mlp.act_fn, block_stage_id(index, "mlp.act"))
+        hook(block.mlp.up_proj, block_stage_id(index, "mlp.up"))
+        hook(block.mlp.down_proj, block_stage_id(index, "mlp.product"), "in")
+        hook(block.mlp.down_proj, block_stage_id(index, "mlp.down"))
+        heads = block.attn.num_heads
+
+        def qkv_out(module, args, out, index=index, heads=heads):
+            stage_id = block_stage_id(index, "attn.v")
+            if sink.wants(stage_id):
+                sink.put(stage_id, _np(out.reshape(out.shape[0], 3, heads, -1)[:, 2]))
+
+        hooks.append(block.attn.qkv.register_forward_hook(qkv_out))
+    hook(visual.merger.ln_q, "vision.merger.norm")
+    hook(visual.merger.mlp[1], "vision.merger.hidden")
+    hook(visual.merger, "vision.merger.window")
+
+    original_rope = modeling.apply_rotary_pos_emb_vision
+
+    def rope(q, k, cos, sin):
+        q_out, k_out = original_rope(q, k, cos, sin)
+        block = state["block"]
+        sink.put(block_stage_id(block, "attn.q"), _np(q_out))
+        sink.put(block_stage_id(block, "attn.k"), _np(k_out))
+        return q_out, k_out
+
+    original_window = modeling.get_vision_window_index
+
+    def window_index(*args, **kwargs):
+        index, cu_window = original_window(*args, **kwargs)
+        sink.put("vision.window_index", _np(index))
+        return index, cu_window
+
+    try:
+        with ExitStack() as stack, torch.no_grad():
+            stack.enter_context(replaced(modeling, "apply_rotary_pos_emb_vision", rope))
+            stack.enter_context(replaced(modeling, "get_vision_window_index", window_index))
+            out = visual(*_tower_inputs(model, inputs))
+        sink.put("vision.merger", _np(out.pooler_output))
+    finally:
+        for handle in hooks:
+            handle.remove()
+
+
+def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
+    """Prefill the whole model on the prompt (hooks on the text layers), then greedy decode with the cache."""
+    import torch
+
+    text = inputs.text
+    language = model.model.language_model
+    seen: dict[str, Any] = {}
+    hooks = [
+        language.register_forward_pre_hook(
+            lambda module, args, kwargs: seen.update(
+                embeds=kwargs.get("inputs_embeds"), positions=kwargs.get("position_ids")
+            ),
+            with_kwargs=True,
+        )
+    ]
+    for index, layer in enumerate(language.layers):
+        hooks.append(
+            layer.register_forward_hook(
+                lambda module, args, out, index=index: sink.put(
+                    f"text.layer.{index}.last", _np((out[0] if isinstance(out, tuple) else out)[0, -1])
+                )
+            )
+        )
+    hooks.append(language.norm.register_forward_hook(lambda m, a, out: sink.put("text.norm.last", _np(out[0, -1]))))
+    ids = torch.from_numpy(text.input_ids)[None]
+    pixel_values, grid_thw = _tower_inputs(model, inputs)
+    try:
+        with torch.no_grad():
+            out = model(
+                input_ids=ids,
+                pixel_values=pixel_values,
+                image_grid_thw=grid_thw,
+                mm_token_type_ids=torch.from_numpy(text.mm_token_type_ids)[None],
+                use_cache=True,
+            )
+    finally:
+        for hook in hooks:
+            hook.remove()
+    embeds = _np(seen["embeds"][0])
+    rows = _np(language.embed_tokens(ids)[0])
+    positions = seen["positions"]
+    positions = _np(positions[-3:, 0] if positions.dim() == 3 else positions)
+    put_text_inputs(inputs, sink, embeds, rows, positions, _np(model.model.rope_deltas))
+    logits = _np(out.logits[0, -1])
+    sink.put("text.logits.last", logits)
+    cache = out.cache  # the decode steps append to it in place
+
+    def step(token: int) -> np.ndarray:
+        with torch.no_grad():
+            return _np(model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True).logits[0, -1])
+
+    put_greedy(sink, logits, step, text.max_new_tokens)
+
+
+def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
+    """The stage's own torch modules (the ones the forward ran) applied to ``inputs``."""
+    import torch
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as modeling
+
+    visual = _visual(model)
+    dtype = next(visual.parameters()).dtype
+    args = [torch.from_numpy(np.ascontiguousarray(x)).to(dtype) for x in inputs]
+    block, kind = parse_stage(stage_id)
+    with torch.no_grad():
+        if block is None:
+            merger = visual.merger
+            if kind == "merger.norm":
+                out = merger.ln_q(args[0])
+            elif kind == "merger.hidden":
+                out = merger.mlp[1](merger.mlp[0](args[0].reshape(-1, merger.hidden_size)))
+            else:
+                out = merger.mlp[2](args[0])
+            return _np(out)
+        blk = visual.blocks[block]
+        cos = torch.from_numpy(ctx.cos).to(dtype)
+        sin = torch.from_numpy(ctx.sin).to(dtype)
+        bounds = torch.from_numpy(ctx.bounds(block).astype(np.int32))
+        if kind == "block":
+            out = blk(args[0], cu_seqlens=bounds, position_embeddings=(cos, sin))
+        elif kind == "norm1":
+            out = blk.norm1(args[0])
+        elif kind in ("attn.q", "attn.k", "attn.v"):
+            rows = args[0].shape[0]
+            q, k, v = blk.attn.qkv(args[0]).reshape(rows, 3, blk.attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
+            q, k = modeling.apply_rotary_pos_emb_vision(q, k, cos, sin)
+            out = {"attn.q": q, "attn.k": k, "attn.v": v}[kind]
+        elif kind == "attn.context":
+            q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in args)
+            lengths = (bounds[1:] - bounds[:-1]).tolist()
+            parts = [
+                modeling.eager_attention_forward(blk.attn, qs, ks, vs, None, scaling=blk.attn.scaling)[0]
+                for qs, ks, vs in zip(*(torch.split(t, lengths, dim=2) for t in (q, k, v)), strict=True)
+            ]
+            out = torch.cat(parts, dim=1).reshape(args[0].shape[0], -1)
+        elif kind == "attn.out":
+            out = blk.attn.proj(args[0])
+        elif kind == "residual1":
+            out = args[0] + args[1]
+        elif kind == "norm2":
+            out = blk.norm2(args[0])
+        elif kind == "mlp.gate":
+            out = blk.mlp.gate_proj(args[0])
+        elif kind == "mlp.act":
+            out = blk.mlp.act_fn(args[0])
+        elif kind == "mlp.up":
+            out = blk.mlp.up_proj(args[0])
+        elif kind == "mlp.product":
+            out = args[0] * args[1]
+        elif kind == "mlp.down":
+            out = blk.mlp.down_proj(args[0])
+        else:
+            raise KeyError(stage_id)
+    return _np(out)

@@ -1,0 +1,151 @@
+"""What the generic views, the geometry notebook and the geometry CLI ask of Qwen2.5-VL."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ...markup import text
+from ...tapset import TapSet
+from ..base import ImageTokens, Section
+from .geometry import ResizeSpec, audit_unreorder, grid_for, position_ids
+from .geometry.summary import WINDOW_SIZE, bucket_summary, format_text, image_rows, parse_size
+
+
+def token_layout(reference: TapSet, unit: str | None, plan_meta: dict) -> list[ImageTokens]:
+    """Per image, where its rows sit: patch rows in processor (merge-block-major) order on the patch grid,
+    merged rows in raster order on the merged grid (rows in raster order, i.e. after any window un-reorder)."""
+    merge = int(plan_meta.get("spatial_merge_size", 2))
+    grids = np.asarray(reference["inputs.grid_thw"]).reshape(-1, 3)
+    layout, start = [], 0
+    for t, h, w in (tuple(int(v) for v in grid) for grid in grids):
+        if unit == "merged":
+            shape = (h // merge, w // merge)
+            cells = np.stack(np.meshgrid(np.arange(shape[0]), np.arange(shape[1]), indexing="ij"), -1).reshape(-1, 2)
+            count = t * shape[0] * shape[1]
+        else:
+            shape, cells, count = (h, w), position_ids([[1, h, w]], merge), t * h * w
+        layout.append(ImageTokens(start, start + count, shape, cells))
+        start += count
+    return layout
+
+
+def input_overlay(inputs: dict, image: int) -> tuple[int | None, str]:
+    """(attention window side in resized pixels, caption) of one input image of a report's ``inputs``."""
+    window = int(inputs.get("window_px", 112))
+    height, width = inputs["resized"][image]
+    windows = -(-height // window) * -(-width // window)
+    return window, f"{height}x{width}, grid {inputs['grid_thw'][image]}, {windows} window(s)"
+
+
+def geometry_sections(
+    image_path: str | Path,
+    checkpoint: str | Path | None = None,
+    bucket_images: tuple[str, ...] = ("140x140", "140x140"),
+    bucket_rows: int = 256,
+) -> list[Section]:
+    """Notebook 03: the windows over the image, the permutation, what a wrong un-reorder misplaces, and
+    the masks of a packed bucket with their leak audit."""
+    from PIL import Image
+
+    from .geometry.plots import (
+        mask_audit_frame,
+        mask_pictures,
+        misplaced_over_image,
+        permutation_picture,
+        windows_over_image,
+    )
+
+    spec = ResizeSpec.from_checkpoint(checkpoint)
+    with Image.open(image_path) as image:
+        grid = grid_for(image.height, image.width, spec)
+    audit = audit_unreorder([grid], spec.merge_size)
+    verdict = "an involution: a twice-applied un-reorder is INVISIBLE here" if audit.involution else "not an involution"
+    headline = (
+        f"**{text(Path(image_path).name)}**: grid {list(grid)}, {audit.merged_tokens} merged tokens, "
+        f"{audit.windows} windows "
+        f"({audit.partial_windows} padded); the permutation is {verdict}; `reverse[orig] = rank` misplaces "
+        f"**{audit.misplaced_by_rank_scatter}** tokens. Resize settings: {text(spec.source)}."
+    )
+    grids = [grid_for(*parse_size(size), spec) for size in bucket_images]
+    return [
+        Section(
+            "Window geometry",
+            "The vision tower attends inside 112x112-pixel windows, so every runtime permutes tokens into window "
+            "order and must put them back. When the permutation is an involution (as for 448x448) a wrong "
+            "un-reorder is invisible: choose a size where it is not.",
+            (headline,),
+        ),
+        Section("Windows over the image (numbered in window order)", "", (windows_over_image(image_path, spec),)),
+        Section("The window permutation", "", (permutation_picture(image_path, spec),)),
+        Section("What a wrong un-reorder misplaces", "", (misplaced_over_image(image_path, spec),)),
+        Section(
+            "Masks of a packed bucket and their audit",
+            "Every count must be zero: no attention across images, between real rows and padding, padded rows "
+            "that see anything but themselves, window entries across windows, or blocked entries inside one image.",
+            (mask_pictures(grids, bucket_rows, spec), mask_audit_frame(grids, bucket_rows, spec)),
+        ),
+    ]
+
+
+def geometry_report(
+    sizes: list[str], bucket: int | None, checkpoint: str | Path | None, as_json: bool, window_size: int | None = None
+) -> str:
+    """``driftscope geometry``: per image the grid, windows, involution and misplaced tokens; with a bucket,
+    the packing and the mask audit."""
+    spec = ResizeSpec.from_checkpoint(checkpoint)
+    window_size = window_size or WINDOW_SIZE
+    images = image_rows(sizes, spec, window_size)
+    packed = bucket_summary(sizes, bucket, spec, window_size) if bucket is not None else None
+    if as_json:
+        return json.dumps({"processor": spec.source, "images": images, "bucket": packed}, indent=2)
+    return f"processor settings: {spec.source}\n" + format_text(images, packed)
+
+
+def axis_sizes(config: dict, inputs=None) -> dict[str, int | str]:
+    """The size of every axis name the stage plan uses, for ``driftscope stages`` (token axes by name when
+    ``inputs`` is None); ``tokens:patch`` and ``tokens:merged`` are the ``tokens`` axis in each unit."""
+    from .geometry.windows import cu_seqlens, window_layout
+    from .plan import vision_config
+
+    vision = vision_config(config)
+    hidden, heads = int(vision.get("hidden_size", 1280)), int(vision.get("num_heads", 16))
+    merge = int(vision.get("spatial_merge_size", 2))
+    patch, temporal = int(vision.get("patch_size", 14)), int(vision.get("temporal_patch_size", 2))
+    sizes: dict[str, int | str] = {
+        "hidden": hidden,
+        "heads": heads,
+        "head_dim": hidden // heads,
+        "intermediate": int(vision.get("intermediate_size", 3420)),
+        "merged_hidden": hidden * merge * merge,
+        "out_hidden": int(vision.get("out_hidden_size", 2048)),
+        "channels": int(vision.get("in_channels", vision.get("in_chans", 3))) * temporal * patch * patch,
+        "thw": 3,
+    }
+    for name in ("patches", "merged_tokens", "images", "windows+1", "images+1"):
+        sizes[name] = name
+    if inputs is not None:
+        grid = np.asarray(inputs["grid_thw"], dtype=np.int64)
+        patches = int(grid.prod(axis=1).sum())
+        layout = window_layout(grid, merge, int(vision.get("window_size", 112)), patch)
+        sizes.update(
+            {
+                "patches": patches,
+                "merged_tokens": patches // (merge * merge),
+                "images": len(grid),
+                "windows+1": len(layout.cu_window_seqlens),
+                "images+1": len(cu_seqlens(grid)),
+            }
+        )
+    sizes["tokens:patch"], sizes["tokens:merged"] = sizes["patches"], sizes["merged_tokens"]
+    return sizes
+
+
+def shapes_note(config: dict) -> str:
+    """How the token axes follow from the images, for ``driftscope stages`` without images."""
+    from .plan import vision_config
+
+    unit = int(vision_config(config).get("spatial_merge_size", 2)) ** 2
+    return f"patches = sum of t*h*w over the grids, merged_tokens = patches / {unit}"

@@ -1,0 +1,145 @@
+"""Figures and tables of notebook 02 (layer drill-down)."""
+
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.colors import LogNorm
+from matplotlib.figure import Figure
+
+from ..report import Report
+from .errormaps import StageDifference, patch_error_grid
+from .plots import block_outputs, landmarks
+
+LABEL_COLORS = {"introduced": "#d62728", "amplified": "#ff7f0e", "inherited": "#1f77b4", "clean": "#bbbbbb"}
+
+
+def default_focus(report: Report) -> tuple[str | None, str | None]:
+    """(pair, stage) to drill into: the first pair with a divergence and its first divergent stage."""
+    first = report.data.get("first_divergence", {})
+    for pair in report.pair_keys():
+        if first.get(pair):
+            return pair, first[pair]["stage"]
+    pairs = report.pair_keys()
+    return (pairs[0] if pairs else None), None
+
+
+def block_of(stage: str | None) -> int | None:
+    """The block number of a stage id (``<tower>.block.<n>[.<substage>]``), or None."""
+    parts = (stage or "").split(".")
+    if len(parts) >= 3 and parts[1] == "block" and parts[2].isdigit():
+        return int(parts[2])
+    return None
+
+
+def label_frame(report: Report, pair: str, blocks: list[int] | None = None):
+    """Introduced / amplified / inherited / clean per replayed stage (optionally only some blocks)."""
+    import pandas as pd
+
+    labels = (report.data.get("replay") or {}).get(pair, {}).get("labels", [])
+    frame = pd.DataFrame(labels)
+    if frame.empty or blocks is None:
+        return frame
+    keep = frame["stage"].map(lambda s: block_of(s) in blocks)
+    return frame[keep].reset_index(drop=True)
+
+
+def introduced_curve(report: Report, pair: str) -> Figure:
+    """Accumulated and op-local relative RMS over every block output, labels as marker colours."""
+    blocks, marks = block_outputs(report), landmarks(report)
+    labels = [
+        x
+        for x in (report.data.get("replay") or {}).get(pair, {}).get("labels", [])
+        if x["stage"] in blocks or any(x["stage"] == m or x["stage"].startswith(m + ".") for m in marks)
+    ]
+    figure = Figure(figsize=(11, 3.6), layout="constrained")
+    axis = figure.subplots()
+    if not labels:
+        axis.text(0.5, 0.5, f"no replay for {pair}", ha="center", transform=axis.transAxes)
+        return figure
+    xs = np.arange(len(labels))
+    acc = np.maximum([x["accumulated_relative_rms"] for x in labels], 1e-9)
+    op = np.maximum([x["op_local_relative_rms"] for x in labels], 1e-9)
+    axis.plot(xs, acc, color="#444444", label="accumulated (normal run)", linewidth=1.2)
+    axis.plot(xs, op, color="#9467bd", linestyle="--", label="op-local (fed the reference's input)", linewidth=1.2)
+    axis.scatter(xs, op, c=[LABEL_COLORS[x["label"]] for x in labels], s=30, zorder=3)
+    for name, color in LABEL_COLORS.items():
+        axis.scatter([], [], c=color, label=name)
+    axis.set_yscale("log")
+    axis.set_xticks(xs, [x["stage"].split(".", 1)[-1] for x in labels], rotation=90, fontsize=7)
+    axis.set_ylabel("relative RMS error")
+    axis.set_title(f"{pair}: accumulated vs op-local error per block (marker: label)")
+    axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.005, 1.0))
+    axis.grid(True, alpha=0.3)
+    return figure
+
+
+def channel_map(difference: StageDifference) -> Figure:
+    """|difference| as tokens x channels, one panel per image, log colour scale."""
+    panels = difference.image_rows
+    figure = Figure(figsize=(5.5 * len(panels), 4.2), layout="constrained")
+    axes = figure.subplots(1, len(panels), squeeze=False)[0]
+    diff = np.nan_to_num(difference.diff, nan=np.inf)
+    positive = diff[np.isfinite(diff) & (diff > 0)]
+    low = float(np.quantile(positive, 0.01)) if positive.size else 1e-9
+    high = float(positive.max()) if positive.size else 1.0
+    for number, (axis, (start, stop)) in enumerate(zip(axes, panels, strict=True)):
+        shown = axis.imshow(
+            np.maximum(diff[start:stop], low),
+            aspect="auto",
+            interpolation="nearest",
+            cmap="magma",
+            norm=LogNorm(vmin=low, vmax=max(high, low * 10)),
+        )
+        axis.set_xlabel("channel")
+        axis.set_ylabel(f"token ({difference.token_order} order)")
+        axis.set_title(f"{difference.stage}: image {number}", fontsize=9)
+    figure.colorbar(shown, ax=axes.tolist(), label="|actual - expected|")
+    return figure
+
+
+def magnitude_scatter(difference: StageDifference, points: int = 20000) -> Figure:
+    """|difference| against |expected| with the contract's bound; where failures sit by magnitude."""
+    figure = Figure(figsize=(6, 4.2), layout="constrained")
+    axis = figure.subplots()
+    expected = np.abs(difference.expected).ravel()
+    diff = difference.diff.ravel()
+    failing = difference.failing.ravel()
+    pick = np.random.default_rng(0).permutation(expected.size)[:points]
+    axis.scatter(
+        np.maximum(expected[pick], 1e-6),
+        np.maximum(np.nan_to_num(diff[pick], nan=1e6), 1e-12),
+        s=2,
+        c=np.where(failing[pick], "#d62728", "#1f77b4"),
+        alpha=0.5,
+    )
+    grid = np.logspace(-6, np.log10(max(expected.max(), 1e-5)), 50)
+    axis.plot(grid, difference.atol + difference.rtol * grid, color="black", linestyle=":", label="atol + rtol|e|")
+    axis.set_xscale("log")
+    axis.set_yscale("log")
+    axis.set_xlabel("|expected|")
+    axis.set_ylabel("|actual - expected|")
+    axis.set_title(f"{difference.stage}: {int(failing.sum())} failing elements (red)", fontsize=9)
+    axis.legend(fontsize=8)
+    return figure
+
+
+def spatial_map(report: Report, stage: str, pair: str, image: int = 0, replay: bool = False) -> Figure:
+    """Per-patch RMS error over the resized input image, in raster order."""
+    from PIL import Image
+
+    grid = patch_error_grid(report, stage, pair, image, replay)
+    inputs = report.data.get("inputs", {})
+    path = inputs.get("images", [None])[image]
+    height, width = inputs.get("resized", [[grid.shape[0] * 14, grid.shape[1] * 14]])[image]
+    figure = Figure(figsize=(10, 4.6), layout="constrained")
+    left, right = figure.subplots(1, 2)
+    if path:
+        with Image.open(path) as picture:
+            left.imshow(np.asarray(picture.convert("RGB").resize((width, height))))
+    shown = left.imshow(grid, extent=(0, width, height, 0), cmap="inferno", alpha=0.6, interpolation="nearest")
+    left.set_title(f"{stage}: per-patch RMS error over the image", fontsize=9)
+    left.set_axis_off()
+    right.imshow(grid, cmap="inferno", interpolation="nearest")
+    right.set_title("the same grid alone (raster order)", fontsize=9)
+    figure.colorbar(shown, ax=[left, right], label="RMS error")
+    return figure

@@ -1,0 +1,56 @@
+"""The geometry a family's index math implies for given images: the notebook's sections and the CLI's text.
+
+Which geometry matters is the family's (attention windows, position-embedding grids, crops and pooling);
+this module picks the family (``family``, else the checkpoint's, else the default) and shows what it says.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import CheckpointError
+from ..families import DEFAULT_FAMILY, Family, detect_family, get_family
+from ..families.base import Section
+
+
+def family_for(checkpoint: str | Path | None = None, family: str | None = None) -> Family:
+    """``family`` if given, else the family of the checkpoint's config.json (when it has one), else the
+    default family."""
+    config = Path(checkpoint) / "config.json" if checkpoint is not None else None
+    if family is None and config is not None and config.exists():
+        try:
+            return get_family(detect_family(json.loads(config.read_text())))
+        except json.JSONDecodeError as err:
+            raise CheckpointError(f"{config} is not valid JSON: {err}", "re-save the config") from err
+    return get_family(family or DEFAULT_FAMILY)
+
+
+def geometry_sections(
+    image_path: str | Path, checkpoint: str | Path | None = None, family: str | None = None, **options
+) -> list[Section]:
+    """The family's geometry sections for one image (``options``: what the family's sections take)."""
+    hooks = family_for(checkpoint, family).view_hooks()
+    return hooks.geometry_sections(image_path, checkpoint, **options)
+
+
+def show(sections: list[Section]) -> None:
+    """Display each section in a notebook: its heading and paragraph, then its figures and tables."""
+    from IPython.display import Markdown, display
+
+    for section in sections:
+        display(Markdown(f"## {section.title}\n\n{section.prose}".rstrip()))
+        for item in section.items:
+            display(Markdown(item) if isinstance(item, str) else item)
+
+
+def geometry_text(
+    sizes: list[str],
+    bucket: int | None = None,
+    checkpoint: str | Path | None = None,
+    family: str | None = None,
+    as_json: bool = False,
+    **options,
+) -> str:
+    """What ``driftscope geometry`` prints for image sizes (``HxW``), from the family's geometry."""
+    return family_for(checkpoint, family).view_hooks().geometry_report(sizes, bucket, checkpoint, as_json, **options)

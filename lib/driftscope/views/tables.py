@@ -1,0 +1,143 @@
+"""Text and table views of a report for notebooks and the CLI."""
+
+from __future__ import annotations
+
+from ..markup import code, text
+from ..report import Report
+from ..runtime_checks import checks_markdown
+
+
+def summary_markdown(report: Report) -> str:
+    """Verdict, first divergence per candidate, drift onset and growth, as Markdown (every value escaped)."""
+    data = report.data
+    verdict = data.get("verdict", {})
+    contract = data.get("contract") or {}
+    tolerance = contract.get("default", {})
+    lines = [
+        f"**Verdict: {text(str(verdict.get('status', 'unknown')).upper())}** for {code(data.get('name'))} "
+        f"(commit {code(data.get('commit'))}, reference {code(data.get('reference'))}, contract "
+        f"{code(contract.get('name'))}: atol {text(tolerance.get('atol'))}, rtol {text(tolerance.get('rtol'))})",
+        "",
+    ]
+    if report.status != "complete":
+        lines.append(f"Run **{text(report.status)}**: {text(report.stopped())}")
+        return "\n".join(lines)
+    lines += [
+        "| runtime pair | verdict | first divergence | failures | max_abs there | drift starts | first 10x growth |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label in report.pair_keys():
+        first = data.get("first_divergence", {}).get(label)
+        growth = data.get("growth", {}).get(label) or []
+        where = code(first["stage"], True) if first else "none"
+        count = f"{first['failures']}/{first['elements']}" if first else "0"
+        worst = _number(first["max_abs"]) if first else ""
+        grows = code(growth[0]["stage"], True) if growth else "none"
+        onset = data.get("drift_onset", {}).get(label)
+        status = verdict.get("per_candidate", {}).get(label)
+        lines.append(
+            f"| {code(report.pair_title(label), True)} | {text(status)} | {where} | {count} | {worst} | "
+            f"{code(onset, True) if onset else 'none'} | {grows} |"
+        )
+    for label in data.get("checks") or {}:  # a runtime whose capture could not be read has no pair rows
+        if label not in report.pair_keys() and label in verdict.get("per_candidate", {}):
+            lines.append(f"| {code(label, True)} | {text(verdict['per_candidate'][label])} | | | | | |")
+    for label in report.pair_keys():
+        first = data.get("first_divergence", {}).get(label)
+        if first and first.get("max_coords") is not None:
+            kind = "first non-finite element" if first.get("nonfinite_mismatch") else "worst element"
+            lines.append(
+                f"\n{code(report.pair_title(label))} at {code(first['stage'])}: {kind} at {code(first['max_coords'])}: "
+                f"reference {text(_number(first.get('reference_value'), 6))}, "
+                f"candidate {text(_number(first.get('candidate_value'), 6))}"
+            )
+    for reason in verdict.get("reasons", []):
+        lines.append(f"\n- {text(reason)}")
+    for warning in data.get("warnings") or []:
+        lines.append(f"\n- **warning**: {text(warning)}")
+    checks = checks_markdown(data, ("warn",))  # failed checks are among the verdict's reasons above
+    if checks:
+        lines.append("\n" + checks)
+    power = data.get("power")
+    if power:
+        detected = [m["mutation"] for m in power["mutations"] if m["detected"]]
+        blind = [m["mutation"] for m in power["mutations"] if not m["detected"]]
+        lines.append(
+            f"\n**Fixture power** ({code(power['runtime'])} with each mutation, gate {text(power.get('gate'))}): "
+            f"detects {len(detected)}/{len(power['mutations'])}; blind to "
+            + (", ".join(code(name) for name in blind) or "nothing")
+        )
+    return "\n".join(lines)
+
+
+def _number(value: object, digits: int = 3) -> str:
+    """A metric for display: floats to ``digits`` significant digits; ``None`` (non-finite in JSON) as ``nan``."""
+    if value is None:
+        return "nan"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def power_frame(report: Report):
+    """The fixture power table: per mutation, detected or not, where, and why not."""
+    import pandas as pd
+
+    power = report.data.get("power") or {}
+    columns = [
+        "mutation",
+        "detected",
+        "first_divergence",
+        "declared_stage",
+        "at_declared_stage",
+        "margin",
+        "blind_reason",
+    ]
+    required = set(power.get("require", []))
+    frame = pd.DataFrame([{k: m[k] for k in columns} for m in power.get("mutations", [])], columns=columns)
+    frame.insert(1, "required", frame["mutation"].isin(required))
+    return frame
+
+
+def divergence_frame(report: Report):
+    """For each runtime pair, the first divergent stage's row with both values at the worst element."""
+    import pandas as pd
+
+    records = []
+    first = report.data.get("first_divergence", {})
+    for row in report.rows:
+        divergence = first.get(row.pair or row.candidate)
+        if divergence and divergence["stage"] == row.stage:
+            records.append(
+                {
+                    "pair": report.pair_title(row.pair or row.candidate),
+                    "stage": row.stage,
+                    "status": row.status,
+                    "failures": row.failures,
+                    "elements": row.elements,
+                    "max_abs": row.max_abs,
+                    "rms": row.rms,
+                    "cosine": row.cosine,
+                    "worst at": row.max_coords,
+                    "reference value": row.max_reference_value,
+                    "candidate value": row.max_candidate_value,
+                    "note": row.note,
+                }
+            )
+    return pd.DataFrame(records)
+
+
+def block_frame(report: Report):
+    """Rows of block outputs, the plan's landmarks (and their parts) and any failing stage: the compact table."""
+    from .plots import block_outputs, landmarks
+
+    frame = report.frame()
+    if frame.empty:
+        return frame
+    marks = landmarks(report)
+    keep = (
+        frame["stage"].isin(block_outputs(report))
+        | frame["stage"].map(lambda stage: any(stage == m or stage.startswith(m + ".") for m in marks))
+        | (frame["status"] != "pass")
+    )
+    return frame[keep].reset_index(drop=True)

@@ -1,0 +1,211 @@
+"""Shared tests every registered model family passes; a new family folder is picked up from the registry.
+
+Each family's tiny checkpoint (its ``TinyFixture``) runs through every runtime the family supports: the
+plan is captured completely by each, every replayable stage has an operator in every replaying runtime
+(and replays the oracle's own stage to within 1e-4 in f32), the JAX emitter matches the transformers
+oracle within 1e-4, and the family's mutations first disturb the stages they declare.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from conftest import ROOT
+from driftscope.compare import compare_tapsets
+from driftscope.contract import Contract
+from driftscope.families import FAMILIES, detect_family, get_family
+from driftscope.runtimes import get_runtime
+from driftscope.stages import StagePlan, StageSelection
+
+FAMILY_NAMES = FAMILIES.names()
+ORACLE = "transformers"
+#: Names only a family's own folder may use (family names, their model knowledge and module paths).
+FAMILY_KNOWLEDGE = re.compile(
+    r"qwen|molmo|deepstack|fullatt|window_index|mlx_vlm\.models|grid_thw|pixel_values|merger|image_pad|vision_start",
+    re.IGNORECASE,
+)
+
+
+def _engines(name: str) -> list[tuple[str, str]]:
+    return [(name, runtime) for runtime in sorted(get_family(name).engines)]
+
+
+def test_nothing_outside_families_names_a_family():
+    package = ROOT / "lib" / "driftscope"
+    files = [p for p in package.rglob("*.py") if (package / "families") not in p.parents]
+    files += sorted((ROOT / "notebooks").glob("*.ipynb"))
+    offenders = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()[:100]}"
+        for path in files
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if FAMILY_KNOWLEDGE.search(line)
+    ]
+    assert not offenders, "\n".join(offenders)
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_the_family_is_detected_from_its_model_types_and_an_override_must_agree(name):
+    from driftscope.errors import CheckpointError, RegistryError
+
+    family = get_family(name)
+    for model_type in family.model_types:
+        assert detect_family({"model_type": model_type}) == name
+        assert detect_family({"model_type": model_type}, name) == name
+    assert detect_family({"model_type": "a-model-nobody-registered"}, name) == name  # family: overrides
+    others = [other for other in FAMILY_NAMES if other != name]
+    for other in others:
+        with pytest.raises(CheckpointError, match="does not match"):
+            detect_family({"model_type": family.model_types[0]}, other)
+    with pytest.raises(RegistryError, match="unknown model family"):
+        detect_family({"model_type": "a-model-nobody-registered"}, "no-such-family")
+
+
+@pytest.fixture(scope="session")
+def tiny(request):
+    """name -> (checkpoint, inputs with the prompt, full plan with the text stages)."""
+    from driftscope.checkpoint import open_checkpoint
+
+    built = {}
+
+    def get(name: str):
+        if name not in built:
+            family = get_family(name)
+            checkpoint = open_checkpoint(family.tiny.ensure())
+            inputs = family.prepare_inputs(checkpoint, list(family.tiny.images))
+            inputs.text = family.text_inputs(checkpoint, inputs, max_new_tokens=4)
+            plan = family.vision_plan(checkpoint.config).select(StageSelection.everything())
+            plan = StagePlan(plan.family, plan.stages + family.text_stages(checkpoint.config, 4), plan.depth, plan.meta)
+            built[name] = (checkpoint, inputs, plan)
+        return built[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def runs(tiny, tmp_path_factory):
+    """(family, runtime) -> (runtime object, TapSet of the whole plan in f32), captured once per session."""
+    out = tmp_path_factory.mktemp("family-runs")
+    captured = {}
+
+    def get(name: str, runtime_name: str):
+        if (name, runtime_name) not in captured:
+            checkpoint, inputs, plan = tiny(name)
+            runtime = get_runtime(runtime_name)(checkpoint, "f32")
+            tapset = runtime.capture(inputs, plan, out / name / runtime_name)
+            runtime.release()
+            captured[(name, runtime_name)] = (runtime, tapset)
+        return captured[(name, runtime_name)]
+
+    return get
+
+
+def _vision(plan: StagePlan) -> list[str]:
+    return [stage.id for stage in plan if not stage.id.startswith("text.")]
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_the_plan_is_ordered_and_its_declarations_hold_together(name, tiny):
+    checkpoint, _, plan = tiny(name)
+    ids = plan.ids()
+    assert len(ids) == len(set(ids))
+    assert all(stage.block is None or 0 <= stage.block < plan.depth for stage in plan)
+    for order in (plan.meta.get("token_orders") or {}).values():
+        assert order["index"] in plan and plan[order["index"]].integer, order
+    assert all(landmark in plan for landmark in plan.meta.get("landmarks", []))
+    family = get_family(name)
+    for stage in plan:
+        for needed in family.replay_inputs(stage.id, plan) or ():
+            source = needed.split("@")[0]  # a view of a stage (stage@view) is built from that stage
+            assert source in plan and plan.position(source) < plan.position(stage.id), (stage.id, needed)
+
+
+@pytest.mark.parametrize("name,runtime_name", [pair for name in FAMILY_NAMES for pair in _engines(name)])
+def test_every_runtime_captures_the_whole_plan(name, runtime_name, tiny, runs):
+    _, _, plan = tiny(name)
+    runtime, tapset = runs(name, runtime_name)
+    expected = {stage.id for stage in plan if runtime.decodes or not stage.id.startswith("text.generate.")}
+    assert set(tapset.stage_ids()) == expected
+    for stage in plan:  # declared integer stages are integers, and every stage has a row per declared axis
+        if stage.id in expected:
+            assert len(tapset.shape(stage.id)) == len(stage.axes), stage.id
+            assert np.issubdtype(np.asarray(tapset[stage.id]).dtype, np.integer) == stage.integer, stage.id
+
+
+@pytest.mark.parametrize(
+    "name,runtime_name",
+    [pair for name in FAMILY_NAMES for pair in _engines(name) if get_runtime(pair[1]).can_replay],
+)
+def test_every_replayable_stage_has_an_operator_in_every_replaying_runtime(name, runtime_name, tiny, runs, tmp_path):
+    from driftscope.replay.drilldown import replay_tapset
+
+    checkpoint, _, plan = tiny(name)
+    _, reference = runs(name, ORACLE)
+    family = get_family(name)
+    replayable = {stage.id for stage in plan if family.replay_inputs(stage.id, plan)}
+    assert replayable, "a family with nothing to replay cannot tell introduced from inherited error"
+    runtime = get_runtime(runtime_name)(checkpoint, "f32")
+    replayed = replay_tapset(reference, runtime, plan, tmp_path / "replay")
+    runtime.release()
+    assert set(replayed.stage_ids()) == replayable
+    for row in compare_tapsets(reference, replayed, Contract(), plan):
+        if row.stage in replayable:  # the reference's own input, the candidate's operator, f32: round-off only
+            assert row.status == "pass" and row.max_abs < 1e-4, (row.stage, row.max_abs)
+
+
+@pytest.mark.parametrize("name", [name for name in FAMILY_NAMES if get_family(name).supports("jax")])
+def test_the_emitter_matches_the_oracle_in_f32(name, tiny, runs):
+    _, _, plan = tiny(name)
+    _, oracle = runs(name, ORACLE)
+    _, emitted = runs(name, "jax")
+    vision = set(_vision(plan))
+    rows = [row for row in compare_tapsets(oracle, emitted, Contract(), plan) if row.stage in vision]
+    assert {row.stage for row in rows} == vision
+    for row in rows:
+        assert row.status == "pass" and (row.failures == 0 if row.integer else row.max_abs < 1e-4), (
+            row.stage,
+            row.max_abs,
+        )
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_mutations_first_disturb_the_stages_they_declare(name, tiny, runs, tmp_path):
+    from driftscope.power import fixture_power
+
+    checkpoint, inputs, plan = tiny(name)
+    family = get_family(name)
+    vision = plan.select(StageSelection(substages="all", exclude=("text.*",)))
+    _, oracle = runs(name, ORACLE)
+    power = fixture_power(oracle, checkpoint, inputs, vision, Contract(), tmp_path, policy="f32")
+    assert power["runtime"] == f"{family.mutation_runtime}:f32"
+    results = {entry["mutation"]: entry for entry in power["mutations"]}
+    assert sorted(results) == family.mutation_registry().names()
+    assert any(entry["detected"] for entry in results.values()), "the tiny fixture detects none of the mutations"
+    for mutation, entry in results.items():
+        assert entry["declared_stage"] is not None, f"{mutation} declares no stage the full plan has"
+        if entry["detected"]:
+            assert entry["at_declared_stage"], (mutation, entry["first_divergence"], entry["declared_stage"])
+        else:
+            assert entry["blind_reason"], mutation
+
+
+def test_a_runtime_the_family_does_not_support_says_which_do():
+    from driftscope.errors import RuntimeUnavailableError
+
+    family = get_family(FAMILY_NAMES[0])
+    with pytest.raises(RuntimeUnavailableError, match=f"does not support model family '{family.name}'") as err:
+        family.engine("no-such-runtime")
+    assert all(runtime in err.value.fix for runtime in family.engines)
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_the_geometry_cli_and_notebook_ask_the_family(name, tiny, capsys):
+    from driftscope.cli import main
+    from driftscope.views.geometry import family_for
+
+    checkpoint, _, _ = tiny(name)
+    assert family_for(checkpoint.path).name == name  # detected from the checkpoint's config.json
+    assert main(["geometry", "448x448", "--family", name]) == 0 and capsys.readouterr().out.strip()
+    assert main(["geometry", "448x448", "--family", "no-such-family"]) == 2
+    assert "unknown model family 'no-such-family'" in capsys.readouterr().err
