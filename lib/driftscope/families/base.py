@@ -34,7 +34,8 @@ class Mutation:
 
     ``install`` changes the loaded model; ``during`` (if any) is a context active while capturing;
     ``declared`` lists the stages it should disturb first (most specific first); ``blind`` says, from the
-    inputs' geometry alone, why a fixture cannot reveal it (None: it can)."""
+    inputs' geometry alone, why a fixture cannot reveal it (None: it can); ``precision`` names the activation
+    dtype the defect lives in (e.g. ``float16``): under a policy computing in a wider dtype it cannot show."""
 
     name: str
     description: str
@@ -43,6 +44,7 @@ class Mutation:
     blind: Callable[[ModelInputs, StagePlan], str | None] = lambda inputs, plan: None
     settings: dict = field(default_factory=dict)
     during: Callable[[Any, dict], Any] | None = None  # (model, settings) -> context manager
+    precision: str | None = None
 
     def declared_stage(self, plan: StagePlan) -> str | None:
         """The first declared stage that the plan captures."""
