@@ -92,6 +92,37 @@ def substages(report: Report, pair: str, layers: list[int]):
     )
 
 
+def captured_substages(report: Report, pair: str, block: int):
+    """``(sentence, frame)``: the block's substages captured now on both sides of the pair (only this block; the
+    reference's capture is kept under ``<run>/recapture/`` and reused), for a run that compared only the block
+    output. The run's report is not changed."""
+    import pandas as pd
+
+    from ..recapture import recapture_block
+    from ..rows import share_of_tolerance
+
+    trial = recapture_block(report, pair, block, log=lambda message: None)
+    sentence = (
+        f"The run compared only the output of block {text(block)}: its substages were captured now for "
+        f"{code(report.pair_title(pair))} (this block only, in {trial.seconds:.1f} s), under the run's contract."
+    )
+    frame = pd.DataFrame(
+        [
+            {
+                "stage": r.stage,
+                "status": r.status,
+                "failures": r.failures,
+                "tolerance used": share_of_tolerance(r) if r.status in ("pass", "fail") else None,
+                "max_abs": r.max_abs,
+                "relative_rms": r.relative_rms,
+                "note": r.note,
+            }
+            for r in trial.rows
+        ]
+    )
+    return sentence, frame
+
+
 def replay_frame(report: Report, pair: str, layers: list[int]):
     """The op-local replay rows of the chosen blocks (the candidate's operator fed the reference's input)."""
     import pandas as pd
