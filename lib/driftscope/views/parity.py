@@ -71,6 +71,14 @@ def verdict_markdown(report: Report) -> str:
     lines += [f"- {text(reason)}" for reason in others]
     lines += [f"- **warning**: {text(warning)}" for warning in data.get("warnings") or []]
     lines += [f"- {line}" for line in not_compared_lines(report)]
+    power = data.get("power")
+    if power:
+        blind = [code(m["mutation"]) for m in power["mutations"] if not m["detected"]]
+        detected = len(power["mutations"]) - len(blind)
+        lines.append(
+            f"- Fixture power ({code(power['runtime'])} with each mutation, gate {text(power.get('gate'))}): detects "
+            f"{detected} of {len(power['mutations'])}; blind to {', '.join(blind) or 'none'} (notebook 04 says why)"
+        )
     return "\n".join(lines)
 
 
@@ -125,7 +133,7 @@ def headline(report: Report):
         return
     display(table(divergence_frame(report), highlight="verdict"))
     if report.rows:
-        display(error_curves(report, metrics=("tolerance_used",), height=2.6))
+        display(error_curves(report, metrics=("tolerance_used",), height=1.7))  # above the fold at 1400x900
 
 
 def _element(row) -> tuple[object, float | None, float | None]:

@@ -83,6 +83,8 @@ def stage_table(report: Report, only_failing: bool = False):
     frame = report.frame()
     if frame.empty:
         return frame
+    compared = frame["status"].isin(("pass", "fail", "shape_mismatch", "layout_mismatch"))
+    frame["failures"] = frame["failures"].where(compared)  # a stage not compared has no failure count, not 0
     ordered, position = _stage_axis(report)
     frame["order"] = frame["stage"].map(position)
     wide = frame.pivot_table(index=["order", "stage"], columns="pair", values=["max_abs", "failures"], aggfunc="first")
@@ -97,6 +99,7 @@ def stage_table(report: Report, only_failing: bool = False):
         return "background-color: #f8d0d0" if value in ("fail", "shape_mismatch", "layout_mismatch") else ""
 
     formats = {column: "{:.3g}" for column in table.columns if column.endswith("max_abs")}
+    formats.update({column: "{:.0f}" for column in table.columns if column.endswith("failures")})
     # a Styler writes labels raw into its HTML: every value, stage id and runtime label is escaped
     return (
         table.style.map(highlight)
