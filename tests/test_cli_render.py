@@ -125,6 +125,25 @@ def test_window_geometry_notebook_renders_every_figure_and_the_audit(tmp_path):
     assert "padding_to_active" in text and "cross_media" in text
 
 
+def test_window_geometry_says_an_involution_once_instead_of_an_empty_panel(tmp_path):
+    """448x448 (issue 19 item 12): a wrong un-reorder misplaces nothing, so the page says so once and draws no
+    picture of zero misplaced tokens."""
+    from driftscope.render import execute, to_html
+
+    executed = execute(
+        "03_window_geometry",
+        tmp_path,
+        {"image_path": str(ROOT / "fixtures/images/shapes_448.png")},
+        cwd=ROOT,
+        log_output=False,
+    )
+    outputs = [o for c in json.loads(executed.read_text())["cells"] if c["cell_type"] == "code" for o in c["outputs"]]
+    assert not [o for o in outputs if o["output_type"] == "error"]
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 3  # windows, permutation, masks
+    text = to_html(executed)[1].read_text()
+    assert text.count("window permutation is an involution") == 1 and "misplaces <strong>0</strong> tokens" in text
+
+
 def test_layer_drilldown_renders_every_figure_for_the_first_divergent_block(rendered):
     _, out = rendered
     report = json.loads((out / "report.json").read_text())

@@ -8,6 +8,7 @@ TapSet is the run's own when it holds the block's stages, else they are captured
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -112,6 +113,23 @@ def _block(plan: StagePlan) -> int:
     return next(stage.block for stage in plan if stage.block is not None)
 
 
+@contextlib.contextmanager
+def _no_progress_bars():
+    """transformers' "Loading weights" bar off (a notebook cell would show it on stderr), then as it was."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        yield
+        return
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
 def _capture(report: Report, label: str, patch: HypothesisPatch | None, plan: StagePlan, inputs, out: Path, log):
     """Capture ``plan`` on ``label``'s runtime (its own patch, then ``patch``) into ``out``."""
     from .checkpoint import open_checkpoint
@@ -127,7 +145,8 @@ def _capture(report: Report, label: str, patch: HypothesisPatch | None, plan: St
         None if own is None else HypothesisPatch(own["callable"], dict(own.get("kwargs") or {})),
         {**(spec.get("options") or {}), "label": label},
     )
-    runtime.load()
+    with _no_progress_bars():
+        runtime.load()
     if patch is not None:
         with hypotheses_of(checkpoint.family):
             runtime.model = patch.apply(runtime.model)
