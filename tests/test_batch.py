@@ -333,9 +333,10 @@ def test_commit_trend_notebook_renders_the_diff_and_heatmap(two_commits, tmp_pat
     assert "mlx:f32: None -&gt; vision.block.5" in html and "worse" in html
 
 
-def test_trend_renders_notebook_05_for_a_parameter_file_in_git_history_order(two_commits, tmp_path, monkeypatch):
+def test_trend_renders_notebook_05_for_a_parameter_file_in_git_history_order(two_commits, tmp_path, monkeypatch, capfd):
     """``driftscope trend`` (issue 19 item 14): commits ordered by git history, never by directory times; the
-    run a parameter file names; its HTML written."""
+    run a parameter file names; its HTML written; and quietly (item 15): no papermill chatter and no kernel
+    warning about unencrypted TCP at the default verbosity."""
     import os
 
     from driftscope.views.history import commit_dirs
@@ -347,7 +348,12 @@ def test_trend_renders_notebook_05_for_a_parameter_file_in_git_history_order(two
     assert [d.name for d in commit_dirs(out_root, repo)] == [a, b]
     monkeypatch.chdir(repo)
     out = tmp_path / "trend"
+    capfd.readouterr()
     assert main(["trend", "shapes.yaml", "--out-root", str(out_root), "--out", str(out)]) == 0
+    said = capfd.readouterr()
+    printed = said.out + said.err
+    assert "trend of shapes" in printed and "rendered" in printed
+    assert not re.search(r"(?i)papermill|executing notebook|input notebook|without encryption|TqdmWarning", printed)
     html = (out / "05_commit_trend.html").read_text()
     assert f"commit <code>{a}</code> -&gt; <code>{b}</code> (in git-history order" in html
     assert "Run <code>shapes</code>" in html and (out / "05_commit_trend.nocode.html").exists()

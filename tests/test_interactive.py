@@ -79,3 +79,23 @@ def test_a_rendered_run_is_not_executed_again_unless_asked(rendered, capsys):
     finally:
         os.utime(report, ns=(written.st_atime_ns, written.st_mtime_ns))
     assert rendered_current(out, params) and Report.load(out).status == "complete"
+
+
+def test_notebooks_03_and_05_run_with_their_defaults_from_the_notebooks_folder(tmp_path):
+    """Item 2: in ``notebooks/`` (where the lab's kernel runs) 03's default image resolves at the repository
+    root, and 05 with nothing to compare (a fresh clone) says so instead of raising."""
+    import json
+
+    from conftest import ROOT
+    from driftscope.render import execute, to_html
+
+    empty = tmp_path / "outputs"
+    empty.mkdir()
+    for name, parameters in (("03_window_geometry", {}), ("05_commit_trend", {"out_root": str(empty)})):
+        executed = execute(name, tmp_path / name, parameters, cwd=ROOT / "notebooks", log_output=False)
+        cells = json.loads(executed.read_text())["cells"]
+        outputs = [o for c in cells if c["cell_type"] == "code" for o in c["outputs"]]
+        assert not [o for o in outputs if o["output_type"] == "error"], name
+        if name == "05_commit_trend":
+            page = to_html(executed)[1].read_text()
+            assert "Nothing to compare yet" in page and "need runs of two commits" in page

@@ -237,9 +237,9 @@ def test_stages_one_side_cannot_capture_are_said_in_words(browser, rendered):
 
 
 def test_rendered_notebooks_are_quiet(rendered):
-    """Item 15: no kernel warnings (TCP encryption, TqdmWarning) or other stderr in any rendered notebook, every
-    figure has alt text in the HTML, and papermill's injected parameters are one short line in .html and absent
-    from .nocode.html."""
+    """Items 10, 15: no raw None, dict or list on a page; no kernel warnings (TCP encryption, TqdmWarning) or
+    other stderr in any rendered notebook; every figure has alt text in the HTML; papermill's injected parameters
+    are one short line in .html and absent from .nocode.html."""
     _, out = rendered
     for executed in sorted(out.glob("0*.ipynb")):
         notebook = json.loads(executed.read_text())
@@ -253,5 +253,7 @@ def test_rendered_notebooks_are_quiet(rendered):
             assert images and all(re.search(r'alt="[^"]{20,}"', image) for image in images), executed.name
             assert "TqdmWarning" not in page and "IProgress" not in page
         assert "injected-parameters" not in nocode and "params_path" not in nocode
+        words = re.sub(r"<style.*?</style>|<script.*?</script>|<[^>]+>", " ", nocode, flags=re.S)
+        assert not re.search(r"\bNone\b|\{'|\['", words), executed.name  # no raw None, dict or list
         injected = [c for c in notebook["cells"] if "injected-parameters" in c["metadata"].get("tags", [])]
         assert len(injected) == 1 and str(out) not in html.split("given to this run", 1)[1].split("\n", 1)[0]

@@ -135,6 +135,13 @@ def from_parameters(
     return choose(root, repo, run or run_of(params_path, out_dir), rev_a, rev_b, factor)
 
 
+def nothing_to_compare(err: ParameterError) -> str:
+    """What notebook 05 says, instead of raising, when its defaults find nothing to compare (a fresh clone)."""
+    from ..markup import text
+
+    return f"**Nothing to compare yet**: {text(err.problem)}" + (f" (fix: {text(err.fix)})" if err.fix else "")
+
+
 def headline(choice: TrendChoice) -> str:
     """What is compared, in one line of Markdown."""
     from ..markup import code
