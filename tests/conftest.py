@@ -105,7 +105,12 @@ def rendered(tmp_path_factory, tiny_checkpoint_dir):
         replay=["mlx:bf16"],
         notebooks=["01_stage_parity", "02_layer_drilldown", "04_negative_controls"],
         power={
-            "mutations": ["identity_window_permutation", "cross_image_leak", "manual_f16_rmsnorm"],
+            "mutations": [
+                "identity_window_permutation",
+                "cross_image_leak",
+                "manual_f16_rmsnorm",
+                "drop_rotary_block_1",
+            ],
             "require": ["identity_window_permutation"],
         },
         text={"max_new_tokens": 4},

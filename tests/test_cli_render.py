@@ -175,6 +175,7 @@ def test_negative_controls_notebook_shows_the_power_table(rendered):
         "identity_window_permutation": True,
         "cross_image_leak": False,
         "manual_f16_rmsnorm": False,
+        "drop_rotary_block_1": True,
     }
     notebook = json.loads((out / "04_negative_controls.ipynb").read_text())
     outputs = [o for cell in notebook["cells"] if cell["cell_type"] == "code" for o in cell.get("outputs", [])]

@@ -1,6 +1,6 @@
-"""Notebook 02's figures on the rendered run (issue 19 item 10): the magnitude scatter draws every failing
-element, on top of the passing ones; the spatial map's colour bar is the scale of both of its heatmaps, which
-hold the per-patch RMS error computed here from the TapSets; the bar shows the opaque heatmap's colours."""
+"""Notebooks 02 and 04, their figures on the rendered run (issue 19 items 10, 11): the magnitude scatter draws
+every failing element on top of the passing ones; the spatial map's colour bar is the opaque heatmap's scale, and
+its grid the per-patch RMS error computed here from the TapSets; each power panel labelled and starred."""
 
 from __future__ import annotations
 
@@ -51,3 +51,29 @@ def test_the_spatial_maps_colour_bar_is_the_scale_of_its_heatmaps(rendered):
     candidate = np.asarray(report.tapset("mlx:bf16")[stage], dtype=np.float64)
     assert grid.size == reference.shape[0]
     assert np.sqrt(np.mean(grid**2)) == pytest.approx(np.sqrt(np.mean((candidate - reference) ** 2)), rel=1e-6)
+
+
+def test_every_power_panel_labels_its_axes_and_marks_the_first_divergence(rendered):
+    """Notebook 04 (item 11): one panel per detected mutation, both axes labelled, its first divergence starred
+    at the mutation's own value there (or named, for an exact stage off the axis)."""
+    from driftscope.views.curves import plotted_stages
+    from driftscope.views.plots import mutation_curves
+
+    _, out = rendered
+    report = Report.load(out)
+    detected = [m for m in report.data["power"]["mutations"] if m["detected"]]
+    figure = mutation_curves(report)
+    panels = [axis for axis in figure.axes if axis.get_title()]
+    assert len(panels) == len(detected) > 0
+    stages = plotted_stages(report)
+    for axis, mutation in zip(panels, detected, strict=True):
+        assert axis.get_xlabel() and axis.get_ylabel()
+        first = mutation["first_divergence"]
+        stars = [line for line in axis.get_lines() if line.get_marker() == "*"]
+        if first in stages:
+            (star,) = stars
+            row = next(r for r in mutation["rows"] if r["stage"] == first)
+            assert np.asarray(star.get_xdata()).ravel()[0] == stages.index(first)
+            assert np.asarray(star.get_ydata()).ravel()[0] == pytest.approx(row["tolerance_used"])
+        else:
+            assert not stars and any(f"first divergence: {first}" in t.get_text() for t in axis.texts)

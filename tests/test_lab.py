@@ -91,6 +91,8 @@ class Lab:
 def lab():
     """``scripts/lab.sh`` (what ``make lab`` runs) headless on a free port, with no JUPYTER_PATH set."""
     port = _free_port()
+    checkpoints = ROOT / "notebooks" / ".ipynb_checkpoints"  # the lab's own copies (git-ignored): ours removed
+    had_checkpoints = checkpoints.exists()
     env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER_")}
     server = subprocess.Popen(
         ["bash", str(ROOT / "scripts" / "lab.sh"), "--no-browser", f"--port={port}", "--ServerApp.ip=127.0.0.1"]
@@ -119,6 +121,8 @@ def lab():
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+        if not had_checkpoints:
+            shutil.rmtree(checkpoints, ignore_errors=True)
 
 
 def code_cells(notebook: dict) -> list[tuple[list[str], str]]:
