@@ -330,7 +330,7 @@ def test_commit_trend_notebook_renders_the_diff_and_heatmap(two_commits, tmp_pat
     assert not [o for o in outputs if o["output_type"] == "error"]
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 1
     html = to_html(executed)[0].read_text()
-    assert "mlx:f32: None -&gt; vision.block.5" in html and "worse" in html
+    assert "mlx:f32: none -&gt; vision.block.5" in html and "worse" in html  # no raw None
 
 
 def test_trend_renders_notebook_05_for_a_parameter_file_in_git_history_order(two_commits, tmp_path, monkeypatch, capfd):
