@@ -9,7 +9,18 @@ from __future__ import annotations
 import pytest
 from driftscope.errors import CheckpointError
 from driftscope.families.qwen3_vl.mlx_config import adapt_config, check_config, load_mlx_model
-from qwen3_vl_support import TOLERANCE, case, checkpoint_dir, config, max_errors, mlx_taps, reference, vision_stage_ids
+from qwen3_vl_support import (
+    TOLERANCE,
+    case,
+    checkpoint_dir,
+    config,
+    max_errors,
+    mlx_model,
+    mlx_taps,
+    reference,
+    transformers_model,
+    vision_stage_ids,
+)
 
 
 @pytest.mark.parametrize("name", ["224", "448"])
@@ -77,3 +88,42 @@ def test_a_checkpoint_that_disagrees_with_its_config_is_named(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(wrong))
     with pytest.raises(CheckpointError, match="does not match mlx-vlm's Qwen3-VL model"):
         load_mlx_model(tmp_path, wrong)
+
+
+def test_greedy_tokens_are_identical():
+    """transformers' generate and mlx-vlm's cached decode pick the same 8 tokens; every step's top-1 margin is
+    far above the logit error (~5e-6), so agreement is not luck."""
+    import mlx.core as mx
+    import numpy as np
+    import torch
+    from driftscope.runtimes.mlx_runtime import to_numpy
+    from mlx_vlm.models.cache import make_prompt_cache
+
+    c, steps = case("224"), 8
+    with torch.no_grad():
+        out = transformers_model().generate(
+            input_ids=torch.from_numpy(c.input_ids)[None],
+            pixel_values=torch.from_numpy(c.pixel_values),
+            image_grid_thw=torch.from_numpy(c.grid_thw),
+            mm_token_type_ids=torch.from_numpy((c.input_ids == c.image_token_id).astype(np.int64))[None],
+            max_new_tokens=steps,
+            do_sample=False,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+    expected = out.sequences[0, len(c.input_ids) :].tolist()
+    margins = [float(torch.topk(scores[0], 2).values.diff().abs()) for scores in out.scores]
+    model = mlx_model()
+    cache = make_prompt_cache(model.language_model)
+    logits = model(
+        mx.array(c.input_ids[None]),
+        pixel_values=mx.array(c.pixel_values),
+        cache=cache,
+        image_grid_thw=mx.array(c.grid_thw),
+    ).logits
+    tokens = [int(np.argmax(to_numpy(logits[0, -1])))]
+    while len(tokens) < steps:
+        step = model.language_model(mx.array([[tokens[-1]]]), cache=cache).logits
+        tokens.append(int(np.argmax(to_numpy(step[0, -1]))))
+    assert tokens == expected
+    assert min(margins) > 1e-3
