@@ -1,15 +1,15 @@
 """The Qwen3-VL vision tower lowered to StableHLO (weights as arguments), compiled by iree-compile
-(llvm-cpu) and run by iree.runtime, against the same function on JAX f32."""
+(llvm-cpu) and run by iree.runtime, against the same function on JAX f32 and against transformers f32."""
 
 from __future__ import annotations
 
 import numpy as np
-from qwen3_vl_support import TOLERANCE, case, checkpoint_dir, config
+from qwen3_vl_support import TOLERANCE, case, checkpoint_dir, config, reference
 
 TAPS = ("vision.positioned", "vision.block.0.attn.context", "vision.block.3", "vision.deepstack.1.norm")
 
 
-def test_iree_llvm_cpu_matches_jax_f32(tmp_path):
+def test_iree_llvm_cpu_matches_jax_and_transformers_f32(tmp_path):
     import jax
     from driftscope.compiled.graph import contract_for, lower_function
     from driftscope.compiled.iree import IreeModule, compile_graph
@@ -43,4 +43,5 @@ def test_iree_llvm_cpu_matches_jax_f32(tmp_path):
     for name in graph.output_names:
         assert out[name].shape == expected[name].shape
         assert np.abs(out[name] - expected[name]).max() < TOLERANCE, name
+        assert np.abs(out[name] - reference("224")[name]).max() < TOLERANCE, name
     assert np.abs(expected["vision.merger"]).max() > 0.5  # a real output, not zeros
