@@ -103,7 +103,8 @@ def vision_plan(config: dict) -> StagePlan:
             branch = deepstack.index(block)
             stages += _merger_stages(deepstack_stage_id(branch), f"DeepStack branch {branch} (block {block})", True)
     stages += _merger_stages("vision.merger", "main merger", False)
-    meta = {"deepstack_visual_indexes": deepstack, "spatial_merge_size": 2, "windows": False}
+    merge = int(dict(config.get("vision_config") or {}).get("spatial_merge_size", 2))
+    meta = {"deepstack_visual_indexes": deepstack, "spatial_merge_size": merge, "windows": False}
     return StagePlan(FAMILY, stages, depth, meta)
 
 
