@@ -6,7 +6,11 @@ import json
 
 import numpy as np
 from driftscope.families.qwen3_vl.synthetic import SyntheticQwen3VLSpec, make_checkpoint
-from qwen3_vl_support import case, checkpoint_dir, config
+from qwen3_vl_support import checkpoint, config, inputs
+
+
+def checkpoint_dir():
+    return checkpoint().path
 
 
 def test_building_twice_gives_identical_bytes(tmp_path):
@@ -50,24 +54,13 @@ def test_processor_files_record_qwen3_vl_settings():
 
 
 def test_min_pixels_resize_a_224_image_to_256():
-    assert case("224").grid_thw.tolist() == [[1, 16, 16]]
-    assert case("448").grid_thw.tolist() == [[1, 28, 28]]
-    assert case("224").pixel_values.shape == (256, 3 * 2 * 16 * 16)
-
-
-def test_driftscope_preprocess_matches_the_saved_image_processor():
-    """The existing processor code, given this checkpoint's settings, produces transformers' pixel values."""
-    from driftscope.geometry import ResizeSpec, preprocess
-    from make_shapes import draw_shapes
-
-    spec = ResizeSpec.from_checkpoint(checkpoint_dir())
-    assert (spec.patch_size, spec.min_pixels, spec.image_mean) == (16, 65536, (0.5, 0.5, 0.5))
-    pixels, grid = preprocess(draw_shapes(224), spec)
-    assert grid == (1, 16, 16)
-    np.testing.assert_allclose(pixels, case("224").pixel_values, atol=1e-6)
+    assert inputs("224")["grid_thw"].tolist() == [[1, 16, 16]]
+    assert inputs("448")["grid_thw"].tolist() == [[1, 28, 28]]
+    assert inputs("224")["pixel_values"].shape == (256, 3 * 2 * 16 * 16)
+    assert inputs("224").facts["processor_contract"]["upscaled_by_min_pixels"] == ["224x224 -> 256x256"]
 
 
 def test_tokenizer_keeps_image_pad_one_token():
-    c = case("two-256")
-    assert int((c.input_ids == 6).sum()) == 2 * 64
-    assert int((c.input_ids == 3).sum()) == int((c.input_ids == 4).sum()) == 2
+    ids = inputs("two-256").text.input_ids
+    assert int((ids == 6).sum()) == 2 * 64
+    assert int((ids == 3).sum()) == int((ids == 4).sum()) == 2

@@ -1,24 +1,27 @@
-"""The Qwen3-VL stage plan: execution order as transformers runs it, declarations, and complete capture."""
+"""The Qwen3-VL stage plan: execution order as transformers runs it, declarations, what replays read, what
+the text side reads of the tower, and ``driftscope stages`` for a Qwen3-VL checkpoint."""
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 from driftscope.families.qwen3_vl.plan import replay_inputs, text_stages, vision_plan
-from qwen3_vl_support import config, jax_taps, mlx_taps, reference
+from qwen3_vl_support import capture, checkpoint, config, image_paths
 
 INTEGER = {"inputs.grid_thw", "inputs.image_tokens", "vision.cu_seqlens"}
 TEXT_INTEGER = {"text.input_ids", "text.position_ids", "text.rope_deltas", "text.embeds.text_slots_changed"}
 
 
-def test_plan_order_is_the_order_transformers_runs_the_stages():
-    """The reference taps are recorded as the forward computes them: the plan follows that order (q, k
-    before v by convention: transformers has v from the qkv projection before it rotates q and k)."""
+def test_plan_order_is_the_order_transformers_computes_the_stages():
+    """transformers' taps are written as its forward computes them; the plan follows that order (v after q and
+    k by convention: transformers has v from the qkv projection before it rotates q and k)."""
     plan = vision_plan(config())
-    fired = [k for k in reference("224") if k in plan]
-    by_plan = sorted(fired, key=plan.position)
+    fired = [k for k in capture("transformers", "224").stage_ids() if k in plan and not k.startswith("inputs.")]
     moved_v = [k for k in fired if not k.endswith("attn.v")]
     for k in [k for k in fired if k.endswith("attn.v")]:
         moved_v.insert(moved_v.index(k.replace("attn.v", "attn.k")) + 1, k)
-    assert by_plan == moved_v
+    assert sorted(fired, key=plan.position) == moved_v
     assert set(fired) == {s.id for s in plan if not s.id.startswith("inputs.")}
 
 
@@ -45,37 +48,42 @@ def test_declarations():
     } | {"vision.merger"}
     assert plan["vision.merger.norm"].token_unit == "patch"  # the main merger normalizes before the regroup
     assert len([s for s in plan if s.block == 5]) == 12 and plan.depth == 6
+    assert plan.meta["token_orders"] == {}
+    assert plan.meta["tower_outputs"] == [
+        "vision.merger",
+        "vision.deepstack.0",
+        "vision.deepstack.1",
+        "vision.deepstack.2",
+    ]
     text = text_stages(config(), max_new_tokens=4)
     assert {s.id for s in text if s.integer} == TEXT_INTEGER | {"text.generate.tokens"}
-    assert [s.id for s in text if s.id.endswith(".deepstack")] == [f"text.layer.{i}.deepstack" for i in range(3)]
+    ids = [s.id for s in text]
+    assert [i for i in ids if i.endswith(".deepstack")] == [f"text.layer.{i}.deepstack" for i in range(3)]
+    assert ids.index("text.layer.0.last") < ids.index("text.layer.0.deepstack") < ids.index("text.layer.1.last")
 
 
-def test_every_runtime_captures_the_whole_vision_plan_and_the_text_stages_it_computes():
+def test_replays_read_earlier_stages_and_every_vision_operator_replays():
     plan = vision_plan(config())
-    vision = {s.id for s in plan if not s.id.startswith("inputs.")}
-    text = {s.id for s in text_stages(config(), 4)} - {
-        "text.input_ids",
-        "text.rope_deltas",
-        "text.embeds.text",
-        "text.embeds.text_slots_changed",
-        "text.generate.tokens",
-        "text.generate.margins",
-    }  # written by the engine from the prompt and the decode loop, not by the family's taps
-    assert vision | text <= set(reference("224"))
-    assert vision | text <= set(mlx_taps("224"))
-    assert (vision - {"vision.cu_seqlens"}) | (text - {"text.embeds.image"}) <= set(jax_taps("224"))
+    replayable = [s.id for s in plan if replay_inputs(s.id, plan)]
+    for stage_id in replayable:
+        assert all(plan.position(s) < plan.position(stage_id) for s in replay_inputs(stage_id, plan)), stage_id
+    assert replay_inputs("vision.pos_embed", plan) == ("inputs.grid_thw",)
+    assert replay_inputs("vision.block.0.norm1", plan) == ("vision.positioned",)
+    assert replay_inputs("vision.block.2.residual1", plan) == ("vision.block.1", "vision.block.2.attn.out")
+    assert replay_inputs("vision.deepstack.2.norm", plan) == ("vision.block.4",)
+    assert replay_inputs("vision.deepstack.2", plan) == ("vision.deepstack.2.act",)
+    assert replay_inputs("vision.merger.norm", plan) == ("vision.block.5",)
+    not_replayed = {s.id for s in plan} - set(replayable)
+    assert not_replayed == INTEGER | {"inputs.pixel_values", "vision.rotary.cos", "vision.rotary.sin"}
+    assert replay_inputs("text.logits.last", plan) is None
 
 
-def test_replay_inputs_name_earlier_stages_of_the_plan():
-    plan = vision_plan(config())
-    replayable = 0
-    for stage in plan:
-        sources = replay_inputs(stage.id, config())
-        if sources is None:
-            continue
-        replayable += 1
-        assert all(plan.position(s) < plan.position(stage.id) for s in sources), stage.id
-    assert replay_inputs("vision.block.0.norm1", config()) == ("vision.positioned",)
-    assert replay_inputs("vision.deepstack.2.norm", config()) == ("vision.block.4",)
-    assert replay_inputs("vision.merger.norm", config()) == ("vision.block.5",)
-    assert replayable == len(plan) - 8
+def test_driftscope_stages_gives_every_stage_the_shape_the_oracle_writes():
+    from driftscope.stage_listing import list_stages
+
+    listed = json.loads(list_stages(str(checkpoint().path), [str(p) for p in image_paths("224")], as_json=True))
+    taps = capture("transformers", "224")
+    assert listed["inputs"]["grid_thw"] == [[1, 16, 16]]
+    for row in listed["stages"]:
+        assert all(isinstance(size, int) for size in row["shape"]), row
+        assert row["shape"] == list(np.asarray(taps[row["stage"]]).shape), row["stage"]

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import InputError
-from ...geometry.windows import _grids, cu_seqlens, position_ids
+from ..qwen_shared.grids import cu_seqlens, position_ids
+from ..qwen_shared.grids import grids_of as _grids
 
 __all__ = [
     "VisionBucket",
@@ -25,7 +26,9 @@ __all__ = [
     "cu_seqlens",
     "grid_side",
     "interpolation",
+    "lands_on_table_rows",
     "merge_order_coordinates",
+    "nearest_indices",
     "pack_bucket",
     "position_ids",
 ]
@@ -81,6 +84,27 @@ def interpolation(grid_thw, num_grid_per_side: int, merge: int = 2) -> tuple[np.
     return np.concatenate(indices), np.concatenate(weights).astype(np.float32)
 
 
+def nearest_indices(grid_thw, num_grid_per_side: int, merge: int = 2) -> np.ndarray:
+    """Per patch (processor order), the one table row nearest to its align-corners position: what a
+    nearest-neighbour resampling of the table reads instead of the bilinear blend of four rows."""
+    indices = []
+    for t, h, w in _grids(grid_thw):
+        row, col = merge_order_coordinates(h, w, merge)
+        scale_h = np.float32(num_grid_per_side - 1) / np.float32(max(h - 1, 1))
+        scale_w = np.float32(num_grid_per_side - 1) / np.float32(max(w - 1, 1))
+        rows = np.rint(row.astype(np.float32) * scale_h).astype(np.int64)
+        cols = np.rint(col.astype(np.float32) * scale_w).astype(np.int64)
+        indices.append(np.tile(rows * num_grid_per_side + cols, t))
+    return np.concatenate(indices) if indices else np.zeros(0, np.int64)
+
+
+def lands_on_table_rows(grid_thw, num_grid_per_side: int) -> bool:
+    """Whether every patch of every image sits exactly on a table row (all bilinear weights 0 or 1, e.g. a
+    48x48 grid on a 48x48 table): then bilinear and nearest resampling read the same rows."""
+    _, weights = interpolation(grid_thw, num_grid_per_side)
+    return bool(np.isin(weights, (0.0, 1.0)).all())
+
+
 @dataclass(frozen=True)
 class VisionBucket:
     """Host-side arrays for one packed call of the vision tower (ready to be graph inputs).
@@ -99,6 +123,10 @@ class VisionBucket:
     positions: np.ndarray  # [rows, 2] int32 (h, w) for the 2D RoPE
     segments: np.ndarray  # [rows] int32: frame id, padding unique negatives
     cu_seqlens: np.ndarray  # attention bounds of the active rows (one segment per frame)
+
+    @property
+    def active_rows(self) -> list[list[int]]:
+        return [[0, self.active]]
 
     @property
     def active_merged(self) -> int:
@@ -144,3 +172,24 @@ def pack_bucket(grid_thw, num_grid_per_side: int, rows: int | None = None, merge
     positions = np.zeros((rows, 2), np.int32)
     positions[:active] = position_ids(grids, merge)
     return VisionBucket(rows, active, unit, grids, interp_indices, interp_weights, positions, segments, bounds)
+
+
+def audit_bucket(bucket: VisionBucket) -> dict[str, int]:
+    """Counts of attention-mask entries that must not be allowed, all zero for a correct bucket: across two
+    images (frames), between real rows and padding either way, padded rows seeing anything but themselves,
+    and entries blocked inside one frame. The ground truth is the bounds, not the segment ids the mask is
+    built from (the emitter's mask: ``segments[:, None] == segments[None, :]``)."""
+    mask = bucket.segments[:, None] == bucket.segments[None, :]
+    owner = np.full(bucket.rows, -1, np.int64)
+    for number, (start, stop) in enumerate(zip(bucket.cu_seqlens[:-1], bucket.cu_seqlens[1:], strict=True)):
+        owner[start:stop] = number
+    real = owner >= 0
+    same = owner[:, None] == owner[None, :]
+    padding = ~real
+    return {
+        "cross_image": int((mask & real[:, None] & real[None, :] & ~same).sum()),
+        "real_to_padding": int((mask & real[:, None] & padding[None, :]).sum()),
+        "padding_to_real": int((mask & padding[:, None] & real[None, :]).sum()),
+        "padding_not_self_only": int((mask[padding] != np.eye(bucket.rows, dtype=bool)[padding]).any(axis=1).sum()),
+        "blocked_within_image": int((~mask & real[:, None] & same).sum()),
+    }

@@ -1,17 +1,17 @@
-"""Qwen3-VL: the stage plan in execution order (draft, until the Family interface settles).
+"""Qwen3-VL's stage plan: vision and text stages in execution order, substages, what each replay reads.
 
 There are no windows: every vision stage keeps the processor's order (2x2 merge blocks one after
-another, each block's 4 patches row-major), the order transformers' blocks run in, declared
-``raster`` as for Qwen2.5-VL's patch embedding. DeepStack merger K runs right after the block it
-reads (``deepstack_visual_indexes[K]``); its output is added to the text hidden states right after
-decoder layer K.
+another, each block's 4 patches row-major), the order transformers' blocks run in, declared ``raster``
+as for Qwen2.5-VL's patch embedding. DeepStack merger K runs right after the block it reads
+(``deepstack_visual_indexes[K]``); its output is added to the text hidden states at the image-token
+positions right after decoder layer K (``text.layer.K.deepstack``).
 """
 
 from __future__ import annotations
 
 from ...stages import Stage, StagePlan
 
-FAMILY = "qwen3_vl"
+NAME = "qwen3_vl"
 
 #: Substages of one vision block, in execution order: (name, axes, meaning).
 BLOCK_SUBSTAGES: tuple[tuple[str, tuple[str, ...], str], ...] = (
@@ -43,6 +43,9 @@ SUBSTAGE_INPUTS: dict[str, tuple[str, ...]] = {
     "mlp.fc2": ("mlp.act",),
 }
 
+#: Substages of a patch merger (the main one and every DeepStack branch); the output is the prefix itself.
+MERGER_SUBSTAGES = ("norm", "fc1", "act")
+
 
 def block_stage_id(block: int, substage: str | None = None) -> str:
     return f"vision.block.{block}" if substage is None else f"vision.block.{block}.{substage}"
@@ -52,9 +55,14 @@ def deepstack_stage_id(branch: int, substage: str | None = None) -> str:
     return f"vision.deepstack.{branch}" if substage is None else f"vision.deepstack.{branch}.{substage}"
 
 
-def _vision(config: dict) -> tuple[int, list[int]]:
-    vision = dict(config.get("vision_config") or {})
-    return int(vision.get("depth", 27)), [int(i) for i in vision.get("deepstack_visual_indexes", (8, 16, 24))]
+def vision_config(config: dict) -> dict:
+    """The vision settings of a checkpoint config (transformers 5 nests them under vision_config)."""
+    return dict(config.get("vision_config") or {})
+
+
+def deepstack_indexes(config: dict) -> list[int]:
+    """The vision blocks whose outputs feed a DeepStack branch, branch by branch."""
+    return [int(i) for i in vision_config(config).get("deepstack_visual_indexes", (8, 16, 24))]
 
 
 def _merger_stages(stage: str, what: str, postshuffle: bool) -> list[Stage]:
@@ -73,7 +81,8 @@ def _merger_stages(stage: str, what: str, postshuffle: bool) -> list[Stage]:
 
 def vision_plan(config: dict) -> StagePlan:
     """Every stage of the Qwen3-VL vision tower for this checkpoint config, in execution order."""
-    depth, deepstack = _vision(config)
+    vision = vision_config(config)
+    depth, deepstack = int(vision.get("depth", 27)), deepstack_indexes(config)
     raster = {"token_order": "raster", "token_unit": "patch"}
     stages = [
         Stage("inputs.pixel_values", ("patches", "channels"), **raster, description="processor output"),
@@ -103,17 +112,25 @@ def vision_plan(config: dict) -> StagePlan:
             branch = deepstack.index(block)
             stages += _merger_stages(deepstack_stage_id(branch), f"DeepStack branch {branch} (block {block})", True)
     stages += _merger_stages("vision.merger", "main merger", False)
-    merge = int(dict(config.get("vision_config") or {}).get("spatial_merge_size", 2))
-    meta = {"deepstack_visual_indexes": deepstack, "spatial_merge_size": merge, "windows": False}
-    return StagePlan(FAMILY, stages, depth, meta)
+    meta = {
+        "deepstack_visual_indexes": deepstack,
+        "spatial_merge_size": int(vision.get("spatial_merge_size", 2)),
+        "token_orders": {},  # every stage is in the processor's order
+        "landmarks": ["vision.patch_embed", "vision.positioned"]
+        + [deepstack_stage_id(k) for k in range(len(deepstack))]
+        + ["vision.merger"],
+        # what the text side reads of the tower, in the order it reads it: the merged features, then each branch
+        "tower_outputs": ["vision.merger"] + [deepstack_stage_id(k) for k in range(len(deepstack))],
+    }
+    return StagePlan(NAME, stages, depth, meta)
 
 
 def text_stages(config: dict, max_new_tokens: int) -> list[Stage]:
-    """Stages after the tower: merged embeddings, M-RoPE positions, each text layer (and the DeepStack
-    adds after the first ones), final norm, logits, greedy tokens."""
+    """Stages after the tower: merged embeddings, M-RoPE positions, each text layer (and, after the first
+    ones, the hidden states at the image slots after the DeepStack add), final norm, logits, greedy tokens."""
     text = dict(config.get("text_config") or config)
     layers = int(text.get("num_hidden_layers", 0))
-    branches = len(_vision(config)[1])
+    branches = len(deepstack_indexes(config))
     stages = [
         Stage("text.input_ids", ("tokens",), integer=True, description="prompt token ids"),
         Stage("text.position_ids", ("3", "tokens"), integer=True, description="M-RoPE position ids (t, h, w)"),
@@ -132,7 +149,7 @@ def text_stages(config: dict, max_new_tokens: int) -> list[Stage]:
             Stage(
                 f"text.layer.{i}.last",
                 ("hidden",),
-                description=f"text layer {i} output, last position (before any DeepStack add)",
+                description=f"text layer {i} output, last position (a text slot: no DeepStack add there)",
             )
         )
         if i < branches:
@@ -156,29 +173,45 @@ def block_input(block: int) -> str:
     return "vision.positioned" if block == 0 else block_stage_id(block - 1)
 
 
-def replay_inputs(stage_id: str, config: dict) -> tuple[str, ...] | None:
-    """The stages a same-input replay of ``stage_id`` reads (None: not replayable, e.g. index math)."""
-    depth, deepstack = _vision(config)
+def parse_stage(stage_id: str) -> tuple[int | None, int | None, str]:
+    """``(block, branch, kind)`` of a vision stage: ``vision.block.3.mlp.fc1`` -> (3, None, "mlp.fc1"),
+    ``vision.block.3`` -> (3, None, "block"), ``vision.deepstack.1.fc1`` -> (None, 1, "deepstack.fc1"),
+    ``vision.merger`` -> (None, None, "merger.output"), ``vision.pos_embed`` -> (None, None, "pos_embed")."""
     parts = stage_id.split(".")
-    if stage_id.startswith("vision.block."):
-        block = int(parts[2])
-        if len(parts) == 3:
+    if parts[1] == "block":
+        return int(parts[2]), None, ".".join(parts[3:]) or "block"
+    if parts[1] == "deepstack":
+        return None, int(parts[2]), "deepstack." + (".".join(parts[3:]) or "output")
+    if parts[1] == "merger":
+        return None, None, "merger." + (".".join(parts[2:]) or "output")
+    return None, None, ".".join(parts[1:])
+
+
+def replay_inputs(stage_id: str, plan: StagePlan) -> tuple[str, ...] | None:
+    """The stages a same-input replay of ``stage_id`` reads (None: not replayable: inputs, the rotary side
+    tables and the attention bounds, which every replay takes from the reference's context instead)."""
+    if not stage_id.startswith("vision."):
+        return None
+    block, branch, kind = parse_stage(stage_id)
+    if block is not None:
+        if kind == "block":
             return (block_input(block),)
-        names = SUBSTAGE_INPUTS[".".join(parts[3:])]
-        return tuple(block_input(block) if name == "in" else block_stage_id(block, name) for name in names)
-    if stage_id.startswith("vision.deepstack."):
-        branch, prefix = int(parts[2]), deepstack_stage_id(int(parts[2]))
-        return _merger_inputs(stage_id, prefix, block_stage_id(deepstack[branch]))
-    if stage_id.startswith("vision.merger"):
-        return _merger_inputs(stage_id, "vision.merger", block_stage_id(depth - 1))
-    return {"vision.positioned": ("vision.patch_embed", "vision.pos_embed")}.get(stage_id)
+        return tuple(
+            block_input(block) if name == "in" else block_stage_id(block, name) for name in SUBSTAGE_INPUTS[kind]
+        )
+    if branch is not None:
+        indexes = plan.meta.get("deepstack_visual_indexes", [])
+        return _merger_input(kind, deepstack_stage_id(branch), block_stage_id(int(indexes[branch])))
+    if kind.startswith("merger."):
+        return _merger_input(kind, "vision.merger", block_stage_id(plan.depth - 1))
+    return {
+        "patch_embed": ("inputs.pixel_values",),
+        "pos_embed": ("inputs.grid_thw",),
+        "positioned": ("vision.patch_embed", "vision.pos_embed"),
+    }.get(kind)
 
 
-def _merger_inputs(stage_id: str, prefix: str, source: str) -> tuple[str, ...]:
-    chain = {
-        f"{prefix}.norm": source,
-        f"{prefix}.fc1": f"{prefix}.norm",
-        f"{prefix}.act": f"{prefix}.fc1",
-        prefix: f"{prefix}.act",
-    }
-    return (chain[stage_id],)
+def _merger_input(kind: str, prefix: str, source: str) -> tuple[str, ...]:
+    sub = kind.split(".", 1)[1]
+    chain = {"norm": source, "fc1": f"{prefix}.norm", "act": f"{prefix}.fc1", "output": f"{prefix}.act"}
+    return (chain[sub],)

@@ -1,7 +1,7 @@
 """Random-weight Qwen3-VL checkpoints built from a config, saved with ``save_pretrained``.
 
-Nothing is downloaded: the tokenizer is the byte-level BPE trained on a fixed corpus (shared with
-the Qwen2.5-VL fixture), the image processor is transformers' PIL class with Qwen3-VL's settings
+Nothing is downloaded: the tokenizer is the byte-level BPE trained on a fixed corpus (the Qwen
+tokens of ``qwen_shared.tokenizer``), the image processor is transformers' PIL class with Qwen3-VL's settings
 (patch 16, merge 2, mean/std 0.5, the real checkpoints' pixel bounds). Building twice gives
 identical bytes.
 """
@@ -12,7 +12,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...synthetic import CHAT_TEMPLATE, _reinitialize, build_tokenizer
+from ...synthetic import reinitialize
+from ..qwen_shared.tokenizer import CHAT_TEMPLATE, build_tokenizer
 
 #: Qwen3-VL's released ``preprocessor_config.json`` bounds: ``size.shortest_edge`` / ``longest_edge``.
 QWEN3_VL_MIN_PIXELS = 65536
@@ -105,7 +106,7 @@ def make_checkpoint(out_dir: Path, spec: SyntheticQwen3VLSpec = SyntheticQwen3VL
     config = build_config(spec, tokenizer.convert_tokens_to_ids)
     torch.manual_seed(spec.seed)
     model = Qwen3VLForConditionalGeneration(config).eval()
-    _reinitialize(model, spec.seed, spec.weight_gain)
+    reinitialize(model, spec.seed, spec.weight_gain)
     model.save_pretrained(out_dir, safe_serialization=True)
     image_processor = Qwen2VLImageProcessorPil(
         min_pixels=spec.min_pixels,
@@ -122,3 +123,7 @@ def make_checkpoint(out_dir: Path, spec: SyntheticQwen3VLSpec = SyntheticQwen3VL
     tokenizer.save_pretrained(out_dir)
     (out_dir / "driftscope_fixture.json").write_text(json.dumps({"spec": repr(spec)}, indent=1) + "\n")
     return out_dir
+
+
+#: The tiny fixture: vision depth 6, hidden 64, DeepStack at blocks 1, 3, 4; text 4 layers.
+TINY_SPEC = SyntheticQwen3VLSpec()

@@ -1,9 +1,8 @@
 """Qwen3-VL's operators in JAX, each honouring the precision contract.
 
-The contract, linear layers, RMSNorm, axial RoPE and masked attention are the Qwen2.5-VL emitter's
-(one import here: they move to a shared base module with the family-packages restructuring).
-What Qwen3-VL adds: LayerNorm with centered variance, the patch embedding's bias, the interpolated
-position table, GELU in both forms, and the two kinds of patch merger. Normalization, softmax, RoPE
+The contract, linear layers, RMSNorm, axial RoPE and masked attention are the shared ones
+(``driftscope.compiled.layers``). What Qwen3-VL adds: LayerNorm with centered variance, the patch
+embedding's bias, the interpolated position table, GELU in both forms. Normalization, softmax, RoPE
 and the position interpolation always run in float32.
 """
 
@@ -12,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ....emitters.qwen2_5_vl.layers import (
+from ....compiled.layers import (
     Contract,
     apply_rope,
     attention,

@@ -132,3 +132,34 @@ def vision_tower(
             merger(spec, contract, w, x, tap, f"deepstack_merger_list.{branch}.", deepstack_id(branch), True)
     merger(spec, contract, w, x, tap, "merger.", FINAL, False)
     return tap.out
+
+
+# Block-by-block pieces: the stem, one block (shared by every block), one merger of each kind.
+
+
+def stem_graph(weights: dict, pixel_values, interp_indices, interp_weights, positions, *, spec, contract):
+    """Patch embedding, the interpolated position table, their sum and the rotary tables (bucket rows)."""
+    x = patch_embed(contract, pixel_values, weights["patch_embed.proj.weight"], weights["patch_embed.proj.bias"])
+    pos = interpolate_pos_embed(weights["pos_embed.weight"], interp_indices, interp_weights)
+    cos, sin = rotary_tables(positions, spec.head_dim, spec.rope_theta)
+    return {
+        "vision.patch_embed": x,
+        "vision.pos_embed": pos,
+        "vision.positioned": contract.round_state(x + pos),
+        "vision.rotary.cos": cos,
+        "vision.rotary.sin": sin,
+    }
+
+
+def block_graph(weights: dict, x, cos, sin, segments, *, spec, contract, substages: bool = False):
+    """One block (weights without their ``blocks.N.`` prefix): ``block.out`` and, if asked, every substage."""
+    tap = _Taps(("block.out",) + (tuple(f"block.{name}" for name in SUBSTAGES) if substages else ()))
+    block(spec, contract, weights, x, cos, sin, segment_mask(segments), tap, "", "block.", "block.out")
+    return tap.out
+
+
+def merger_graph(weights: dict, x, *, spec, contract, postshuffle: bool):
+    """One patch merger (weights without their prefix): ``merger`` and its substages ``merger.<sub>``."""
+    tap = _Taps(("merger",) + tuple(f"merger.{name}" for name in MERGER_SUBSTAGES))
+    merger(spec, contract, weights, x, tap, "", "merger", postshuffle)
+    return tap.out

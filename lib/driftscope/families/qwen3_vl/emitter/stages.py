@@ -2,7 +2,8 @@
 
 Each takes the stage's weights (block or merger prefix stripped, so every block shares one function,
 one lowering and one compiled artifact, and so does every DeepStack merger) and its inputs, and
-honours the contract. Kinds: ``pos_embed``, ``positioned``, ``block`` and each block substage
+honours the contract. Kinds: ``patch_embed``, ``pos_embed`` (reads the table rows and weights the host
+computed from the grid), ``positioned``, ``block`` and each block substage
 (``norm1`` ... ``mlp.fc2``), ``merger.<sub>`` and ``deepstack.<sub>`` for ``norm``, ``fc1``, ``act``
 and ``output``.
 """
@@ -11,8 +12,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..plan import parse_stage
 from .config import VisionSpec
-from .layers import Contract, apply_rope, attention, gelu, interpolate_pos_embed, layer_norm, linear, segment_mask
+from .layers import (
+    Contract,
+    apply_rope,
+    attention,
+    gelu,
+    interpolate_pos_embed,
+    layer_norm,
+    linear,
+    patch_embed,
+    segment_mask,
+)
 from .model import block
 
 
@@ -60,6 +72,9 @@ def stage_function(kind: str, spec: VisionSpec, contract: Contract) -> Callable:
         return function
 
     functions: dict[str, Callable] = {
+        "patch_embed": lambda w, args, cos, sin, seg: patch_embed(
+            contract, args[0], w["patch_embed.proj.weight"], w["patch_embed.proj.bias"]
+        ),
         "pos_embed": lambda w, args, cos, sin, seg: interpolate_pos_embed(w["pos_embed.weight"], args[0], args[1]),
         "positioned": lambda w, args, cos, sin, seg: contract.round_state(args[0] + args[1]),
         "block": whole_block,
@@ -86,18 +101,6 @@ def stage_function(kind: str, spec: VisionSpec, contract: Contract) -> Callable:
     return functions[kind]
 
 
-def parse_stage(stage_id: str) -> tuple[int | None, int | None, str]:
-    """``(block, branch, kind)`` of a vision stage id, e.g. ``vision.deepstack.1.fc1`` -> (None, 1, "deepstack.fc1")."""
-    parts = stage_id.split(".")
-    if parts[1] == "block":
-        return int(parts[2]), None, ".".join(parts[3:]) or "block"
-    if parts[1] == "deepstack":
-        return None, int(parts[2]), "deepstack." + (".".join(parts[3:]) or "output")
-    if parts[1] == "merger":
-        return None, None, "merger." + (".".join(parts[2:]) or "output")
-    return None, None, parts[1]
-
-
 def stage_weights(weights: dict, stage_id: str) -> dict:
     """The weights one stage reads, keyed without the block/merger prefix."""
     block_index, branch, kind = parse_stage(stage_id)
@@ -107,6 +110,6 @@ def stage_weights(weights: dict, stage_id: str) -> dict:
         prefix = f"deepstack_merger_list.{branch}."
     elif kind.startswith("merger."):
         prefix = "merger."
-    else:
-        return {name: value for name, value in weights.items() if name == "pos_embed.weight"}
+    else:  # the stem's stages read the patch embedding or the position table
+        return {name: value for name, value in weights.items() if name.startswith(("patch_embed.", "pos_embed."))}
     return {name[len(prefix) :]: value for name, value in weights.items() if name.startswith(prefix)}
