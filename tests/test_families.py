@@ -117,8 +117,29 @@ def test_the_plan_is_ordered_and_its_declarations_hold_together(name, tiny):
     family = get_family(name)
     for stage in plan:
         for needed in family.replay_inputs(stage.id, plan) or ():
-            source = needed.split("@")[0]  # a view of a stage (stage@view) is built from that stage
-            assert source in plan and plan.position(source) < plan.position(stage.id), (stage.id, needed)
+            # a view (stage@view) is built from that stage, or from the stages under that prefix (text.embeds@sequence:
+            # text.embeds.image and text.embeds.text)
+            prefix = needed.split("@")[0]
+            sources = [prefix] if prefix in plan else [s.id for s in plan if s.id.startswith(prefix + ".")]
+            assert sources, (stage.id, needed)
+            assert all(plan.position(source) < plan.position(stage.id) for source in sources), (stage.id, needed)
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_every_stage_is_replayable_or_declared_data(name, tiny):
+    """A stage computed by the model's operators from earlier captured stages has a replay (so narrowing and the
+    introduced/inherited labels reach it); data (inputs, index math) is compared exactly instead; only a side
+    output (e.g. decoding margins) may be neither. A block output's declared pieces are stages of the plan."""
+    _, _, plan = tiny(name)
+    family = get_family(name)
+    for stage in plan:
+        replayable = family.replay_inputs(stage.id, plan) is not None
+        assert not (replayable and stage.data), f"{stage.id} is data and replayable"
+        assert replayable or stage.data or stage.side, f"{stage.id} is neither replayable nor data"
+        pieces = family.substages_of(stage.id, plan)
+        assert all(piece in plan and plan.position(piece) < plan.position(stage.id) for piece in pieces), stage.id
+    blocks = [stage.id for stage in plan if stage.block is not None and stage.substage is None]
+    assert all(family.substages_of(block, plan) for block in blocks), "a block declares no substages to narrow into"
 
 
 @pytest.mark.parametrize("name,runtime_name", [pair for name in FAMILY_NAMES for pair in _engines(name)])
