@@ -195,7 +195,8 @@ def test_runs_that_cannot_execute_never_show_green(tmp_path, tiny_checkpoint_dir
     by_name = {s["name"]: s for s in result.summaries}
     assert by_name["good"]["verdict"] == "pass" and not by_name["good"]["error"]
     assert by_name["bad"]["status"] == "error" and "missing.png" in by_name["bad"]["error"]
-    assert by_name["nobook"]["verdict"] == "pass" and "99_no_such_notebook" in by_name["nobook"]["error"]
+    assert by_name["nobook"]["verdict"] == "pass", by_name["nobook"]  # the run's error says why, if it ever is not
+    assert "99_no_such_notebook" in by_name["nobook"]["error"]
     assert result.code == exit_code(result.summaries) == 2
     directory = tmp_path / "out" / result.commit
     report = json.loads((directory / "bad" / "report.json").read_text())

@@ -125,14 +125,31 @@ def test_the_plan_is_ordered_and_its_declarations_hold_together(name, tiny):
             assert all(plan.position(source) < plan.position(stage.id) for source in sources), (stage.id, needed)
 
 
-@pytest.mark.parametrize("name", FAMILY_NAMES)
-def test_every_stage_is_replayable_or_declared_data(name, tiny):
+#: families whose text side nothing replays yet, and why (the test is expected to fail for them, strictly)
+TEXT_NOT_REPLAYED = {
+    "qwen3_vl": "Qwen3-VL taps its text layers at the last position only: nothing replays them yet (issue 21 item 2)"
+}
+
+
+def _side_cases() -> list:
+    cases = []
+    for name in FAMILY_NAMES:
+        cases.append(pytest.param(name, "vision", id=f"{name}-vision"))
+        marks = [pytest.mark.xfail(strict=True, reason=TEXT_NOT_REPLAYED[name])] if name in TEXT_NOT_REPLAYED else []
+        cases.append(pytest.param(name, "text", id=f"{name}-text", marks=marks))
+    return cases
+
+
+@pytest.mark.parametrize("name,side", _side_cases())
+def test_every_stage_is_replayable_or_declared_data(name, side, tiny):
     """A stage computed by the model's operators from earlier captured stages has a replay (so narrowing and the
     introduced/inherited labels reach it); data (inputs, index math) is compared exactly instead; only a side
     output (e.g. decoding margins) may be neither. A block output's declared pieces are stages of the plan."""
     _, _, plan = tiny(name)
     family = get_family(name)
     for stage in plan:
+        if stage.id.startswith("text.") != (side == "text"):
+            continue
         replayable = family.replay_inputs(stage.id, plan) is not None
         assert not (replayable and stage.data), f"{stage.id} is data and replayable"
         assert replayable or stage.data or stage.side, f"{stage.id} is neither replayable nor data"
@@ -194,11 +211,10 @@ def test_the_emitter_matches_the_oracle_in_f32(name, tiny, runs):
 def test_mutations_first_disturb_the_stages_they_declare(name, tiny, runs, tmp_path):
     from driftscope.power import fixture_power
 
-    checkpoint, inputs, plan = tiny(name)
+    checkpoint, inputs, plan = tiny(name)  # the full plan: a defect of the decoder is seen at a text stage
     family = get_family(name)
-    vision = plan.select(StageSelection(substages="all", exclude=("text.*",)))
     _, oracle = runs(name, ORACLE)
-    power = fixture_power(oracle, checkpoint, inputs, vision, Contract(), tmp_path, policy="f32")
+    power = fixture_power(oracle, checkpoint, inputs, plan, Contract(), tmp_path, policy="f32")
     assert power["runtime"] == f"{family.mutation_runtime}:f32"
     results = {entry["mutation"]: entry for entry in power["mutations"]}
     assert sorted(results) == family.mutation_registry().names()

@@ -256,3 +256,31 @@ def test_a_candidate_read_from_a_file_cannot_be_narrowed_and_says_so(
     assert step["target"] == "vision.block.3" and "come from a file" in step["error"]
     assert result.narrowing["added"] == [] and result.drill is None
     assert result.conclusion["kind"] == "not replayed" and result.conclusion["first_divergence"] == "vision.block.3"
+
+
+def test_narrowing_is_generic_over_families(tmp_path):
+    """Qwen3-VL (no window order, DeepStack branches): a scaled block output found with block taps alone; narrowing
+    captures that block's substages on both sides by re-running them from the stored block input, and they are clean
+    (the defect is in the block's output, after its last substage), so the block itself is what introduces it."""
+    from driftscope.families import get_family as family_of
+
+    tiny = family_of("qwen3_vl").tiny
+    patch = {"callable": "driftscope.hypotheses:scale_block_output", "kwargs": {"block": 1, "factor": 1.5}}
+    data = {
+        "name": "narrowing-qwen3",
+        "checkpoint": str(tiny.ensure()),
+        "images": [str(image) for image in tiny.images],
+        "runtimes": ["transformers:f32", {"runtime": "mlx", "policy": "f32", "label": "scaled", "patch": patch}],
+        "stages": {"blocks": True},
+        "notebooks": [],
+    }
+    report = investigate(parse_parameters(data, "test"), tmp_path / "run")
+    narrowing = report.data["narrowing"]["scaled"]
+    (step,) = narrowing["steps"]
+    assert step["target"] == "vision.block.1" and {step["reference"], step["candidate"]} == {RERUN}
+    assert narrowing["added"] and all(stage.startswith("vision.block.1.") for stage in narrowing["added"])
+    labels = {label["stage"]: label["label"] for label in report.data["replay"]["scaled"]["labels"]}
+    assert all(labels[stage] == "clean" for stage in narrowing["added"])
+    assert report.data["replay"]["scaled"]["first_introduced"] == "vision.block.1"
+    assert report.data["conclusions"]["scaled"]["kind"] == "introduced"
+    assert report.data["lineage"]["scaled"]["stages"][-1]["failures"] > 0

@@ -335,6 +335,7 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
         plan = plan.with_stages(pairing.added, full)
         report.data["stage_plan"] = [stage.to_dict() for stage in plan]
     report.data.update(judge(reference, candidates, contract, plan, extra, compared, pairing.sides))
+    report.data["warnings"] = report.data["warnings"] + inputs.warnings  # e.g. a processor unlike its config
     apply_checks(report.data, report.data["checks"])
     if params.relative:
         from .relative import peer_verdict, relative_verdict

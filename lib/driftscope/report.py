@@ -352,6 +352,7 @@ def rejudge(report_path: str | Path, contract: Contract, out_path: str | Path | 
     ]
     data = dict(report.data)
     data.update(judge(reference, candidates, contract, report.plan, extra, narrowed=report.narrowed_sides()))
+    data["warnings"] = data["warnings"] + list((data.get("inputs") or {}).get("warnings", []))
     apply_checks(data, data.get("checks") or {})
     data["replay"], data["conclusions"] = _rejudge_replay(report, data["rows"], contract)
     if data.get("peer_relative"):
