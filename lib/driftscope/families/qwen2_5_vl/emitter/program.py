@@ -21,7 +21,7 @@ from ..geometry import Bucket, mrope_positions, pack_images
 from ..plan import parse_stage
 from .config import VisionSpec
 from .model import FINAL, SUBSTAGES, block_graph, merger_graph, stem_graph, vision_tower
-from .stages import stage_function, stage_weights
+from .stages import prefixed, stage_function, stage_weights
 from .weights import load_vision_weights
 
 #: Stages computed on the host (inputs and index math), not by the graph.
@@ -133,7 +133,7 @@ def capture_pieces(runtime, bucket: Bucket, inputs: ModelInputs, sink: StageSink
     out = runtime.call(
         "merger",
         functools.partial(merger_graph, spec=spec, contract=contract),
-        (stage_weights(weights, None, "merger"), x, feeds["merged_restore"]),
+        (prefixed(weights, "merger."), x, feeds["merged_restore"]),
     )
     sink.put("vision.merger.norm", out["vision.merger.norm"][:active], bucket_rows=bucket.rows)
     for stage_id in ("vision.merger.hidden", "vision.merger.window", FINAL):

@@ -91,4 +91,9 @@ def stage_weights(weights: dict, block: int | None, kind: str) -> dict:
     if block is None and kind in ("rotary.cos", "rotary.sin", "merger"):
         return {}
     prefix = "patch_embed." if kind == "patch_embed" else "merger." if block is None else f"blocks.{block}."
+    return prefixed(weights, prefix)
+
+
+def prefixed(weights: dict, prefix: str) -> dict:
+    """The weights under ``prefix``, keyed without it (``merger.``: what the whole merger reads)."""
     return {name[len(prefix) :]: value for name, value in weights.items() if name.startswith(prefix)}
