@@ -2,12 +2,15 @@
 memory, and how cost grows with patches. The targets' figures come from one process and one run, measured
 side by side (plain and tapped forwards alternate); the growth sweep runs each case in a fresh process.
 
-    .venv/bin/python benchmarks/real_size.py [--quick | --investigation] [--out DIR]
+    .venv/bin/python benchmarks/real_size.py [--quick | --investigation | --narrowing [CHECKPOINT]] [--out DIR]
 
 Generates the 3B-shaped checkpoint on first use (benchmarks/make_3b_shaped.py, outside the repo).
 Prints Markdown tables and the target ratios; ``--out`` keeps the run's outputs (default: a temp dir).
 ``--quick`` skips the scaling sweep (each of its cases runs in a fresh process, so memory is per case).
 ``--investigation`` measures only the whole-investigation target: the three plain forwards, then the run.
+``--narrowing`` measures only the narrowing budget: the same block-level run (transformers f32 against MLX f32
+with a defect planted in one block's norm2) with and without narrowing, each in a fresh process, side by side;
+on the 3B-shaped tower, or on CHECKPOINT when given (e.g. fixtures/checkpoints/tiny-qwen2_5-vl-deep).
 """
 
 from __future__ import annotations
@@ -72,6 +75,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--investigation", action="store_true", help="only the three plain forwards and the whole investigation"
     )
+    parser.add_argument(
+        "--narrowing",
+        nargs="?",
+        const="3b",
+        metavar="CHECKPOINT",
+        help="only the narrowing budget (on the 3B-shaped tower, or on CHECKPOINT)",
+    )
     parser.add_argument("--out", help="keep outputs here")
     parser.add_argument("--one", nargs=2, metavar=("RUNTIME", "KIND"), help=argparse.SUPPRESS)  # a sweep child
     parser.add_argument("--images", nargs="+", help=argparse.SUPPRESS)
@@ -97,6 +107,10 @@ def main(argv: list[str] | None = None) -> None:
     from make_3b_shaped import ensure_3b_shaped
 
     print(f"MLX BLAS: {mlx_blas()}")
+    if args.narrowing:
+        path = ensure_3b_shaped() if args.narrowing == "3b" else Path(args.narrowing)
+        narrowing_budget(open_checkpoint(path), Path(args.out or tempfile.mkdtemp(prefix="driftscope-bench-")))
+        return
     checkpoint = open_checkpoint(ensure_3b_shaped())
     out = Path(args.out or tempfile.mkdtemp(prefix="driftscope-bench-"))
     os.environ["DRIFTSCOPE_CACHE"] = str(out / "cache")  # cold IREE compiles
@@ -280,6 +294,69 @@ def whole_investigation(checkpoint: Path, image: Path, out: Path):
         if os.waitstatus_to_exitcode(status) != 0:
             raise RuntimeError(f"driftscope run {params} failed ({os.waitstatus_to_exitcode(status)})")
     return seconds, usage.ru_maxrss * 1024, Report.load(out / "investigation-warm" / "report.json")
+
+
+def narrowing_budget(checkpoint, out: Path, repeats: int = 3) -> None:
+    """The same block-level investigation (every block output tapped, no substages asked for, same-input replay)
+    with ``narrow: true`` and ``narrow: false``, alternating, each ``driftscope run`` in a fresh process; the
+    candidate (MLX f32) carries a defect planted in block depth/2 + 1's norm2, so the run with narrowing captures
+    that block's substages on both sides and replays them. Prints both medians and their ratio."""
+    import subprocess
+
+    import yaml
+    from driftscope.report import Report
+
+    out.mkdir(parents=True, exist_ok=True)
+    depth = int((checkpoint.config.get("vision_config") or {}).get("depth", 32))
+    stage = f"vision.block.{depth // 2 + 1}.norm2"
+    image = ROOT / "fixtures" / "images" / "shapes_448.png"
+    patch = {"callable": "driftscope.hypotheses:plant_defect", "kwargs": {"stage": stage, "factor": 1.5}}
+    seconds: dict[bool, list[float]] = {True: [], False: []}
+    reports = {}
+    for attempt in range(repeats + 1):  # the first pair warms the page cache and the imports; not counted
+        for narrow in (False, True):
+            params = out / f"narrow-{narrow}.yaml"
+            params.write_text(
+                yaml.safe_dump(
+                    {
+                        "name": f"bench-narrow-{narrow}",
+                        "checkpoint": str(checkpoint.path),
+                        "images": [str(image)],
+                        "runtimes": ["transformers:f32", {"runtime": "mlx", "label": "planted", "patch": patch}],
+                        "stages": {"blocks": True},
+                        "narrow": narrow,
+                        "notebooks": [],
+                    }
+                )
+            )
+            target = out / f"narrow-{narrow}"
+            start = time.perf_counter()
+            command = [sys.executable, "-m", "driftscope", "run", str(params), "--out", str(target), "--force"]
+            done = subprocess.run(command + ["--no-gate"], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"{' '.join(command)} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+            if attempt:
+                seconds[narrow].append(time.perf_counter() - start)
+            reports[narrow] = Report.load(target / "report.json")
+    narrowed = reports[True].data["narrowing"].get("planted") or {}
+    steps = narrowed.get("steps", [])
+    plain, narrow = statistics.median(seconds[False]), statistics.median(seconds[True])
+    print(
+        f"\nnarrowing budget on {checkpoint.path.name} (depth {depth}), image {image.name}, defect planted in {stage}; "
+        f"median of {repeats} fresh-process runs each\n"
+    )
+    print("| run | seconds (median) | runs | first introduced | stages narrowing added |")
+    print("|---|---|---|---|---|")
+    for flag, median in ((False, plain), (True, narrow)):
+        replay = reports[flag].data["replay"]["planted"]
+        added = len((reports[flag].data["narrowing"].get("planted") or {}).get("added", []))
+        runs = ", ".join(f"{value:.1f}" for value in seconds[flag])
+        print(f"| narrow: {str(flag).lower()} | {median:.2f} | {runs} | {replay['first_introduced']} | {added} |")
+    print(
+        f"\nwith narrowing / without: {narrow / plain:.3f}x (target <= 1.2x); the narrowing steps themselves "
+        f"(both sides' substages re-run from their stored block input, compared): "
+        + ", ".join(f"{step['target']} {step.get('seconds', 0.0):.2f}s" for step in steps)
+    )
 
 
 def plain_forward(runtime, inputs, out: Path) -> float:

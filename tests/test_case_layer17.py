@@ -73,14 +73,16 @@ def test_the_massive_channels_first_exceed_256_at_block_17s_norm2_input(tmp_path
 
 @pytest.mark.slow
 def test_the_layer17_story(tmp_path):
-    """Manual F16 RMSNorm diverges at block 17's norm2 (introduced, rows collapsed); the fused norm, IREE
-    f16-contract and the norm2-in-float32 patch stay inside the default contract."""
+    """With block-level taps only (the case's parameter file), narrowing finds it: manual F16 RMSNorm diverges at
+    block 17, whose substages narrowing captures for that pair alone; norm2 is introduced, rows collapsed; the
+    fused norm, IREE f16-contract and the norm2-in-float32 patch stay inside the default contract."""
     from driftscope.investigation import investigate
     from driftscope.params import parse_parameters
     from driftscope.views.errormaps import StageDifference, collapsed_rows
 
     _deep_checkpoint()
     data = yaml.safe_load(CASE.read_text())
+    assert data["stages"] == {"blocks": True}  # no substages asked for
     data["runtimes"].append(
         {
             "runtime": "mlx",
@@ -102,14 +104,18 @@ def test_the_layer17_story(tmp_path):
     assert replay["first_introduced"] == "vision.block.17.norm2"
     assert labels["vision.block.17.norm2"] == "introduced"
     assert all(labels[f"vision.block.{b}"] == "clean" for b in range(17))
-    from driftscope.tapset import TapSet
-
-    taps = {r["label"]: TapSet(tmp_path / "run" / r["tapset"]) for r in report.data["runtimes"]}
+    assert report.data["conclusions"][manual]["kind"] == "introduced"
+    # narrowing found it: block 17's substages, captured for the failing pair only
+    assert [step["target"] for step in report.data["narrowing"][manual]["steps"]] == ["vision.block.17"]
+    assert set(report.data["narrowing"]) == {manual}  # the pairs that pass narrow nothing
+    lineage = report.data["lineage"][manual]["stages"]
+    assert lineage[-1]["stage"] == report.data["first_divergence"][manual]["stage"] and lineage[-1]["failures"] > 0
     stage = "vision.block.17.norm2"
+    reference, candidate = report.pair_tapsets(manual)
     difference = StageDifference(
         stage,
-        np.asarray(taps["transformers:f32"][stage]),
-        np.asarray(taps[manual][stage]),
+        np.asarray(reference[stage]),
+        np.asarray(candidate[stage]),
         0.08,
         0.08,
         "window",

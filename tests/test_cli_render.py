@@ -149,22 +149,30 @@ def test_layer_drilldown_renders_every_figure_for_the_first_divergent_block(rend
     report = json.loads((out / "report.json").read_text())
     assert list(report["replay"]) == ["mlx:bf16"]
     labels = {x["stage"]: x["label"] for x in report["replay"]["mlx:bf16"]["labels"]}
-    assert len(labels) == 8 + 3 and set(labels.values()) <= {"clean", "inherited", "amplified", "introduced"}
+    # the stem (patch embedding, rotary tables), 8 blocks, the merger's four operators, and what narrowing added
+    added = (report["narrowing"].get("mlx:bf16") or {}).get("added", [])
+    assert len(labels) == 3 + 8 + 4 + len(added)
+    assert set(labels.values()) <= {"clean", "inherited", "amplified", "introduced"}
     notebook = json.loads((out / "02_layer_drilldown.ipynb").read_text())
     outputs = [o for cell in notebook["cells"] if cell["cell_type"] == "code" for o in cell.get("outputs", [])]
     assert not [o for o in outputs if o["output_type"] == "error"]
-    # the curve, the channel map, the magnitude scatter and the spatial map
-    assert sum("image/png" in o.get("data", {}) for o in outputs) == 4
+    # the curve, the row lineage, the channel map, the magnitude scatter and the spatial map
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 5
     html = (out / "02_layer_drilldown.html").read_text()
     first = report["first_divergence"]["mlx:bf16"]["stage"]
     assert f"<code>{first}</code>" in html and "mlx:bf16 vs transformers:f32" in html
     assert "worst token" in html  # the top-channel table
-    # the run compared only block outputs: block 5's substages were captured for the pair, every one a row
+    conclusion = report["conclusions"]["mlx:bf16"]["text"]
+    assert conclusion.split(";")[0] in html  # the conclusion in words
+    lineage = report["lineage"]["mlx:bf16"]
+    assert f"token row {lineage['raster_row']}" in html  # the row followed back through the tower
+    # the run compared only block outputs: narrowing captured the first divergent block's substages for the pair,
+    # every one a row of the notebook's substage table (nothing captured again by the notebook)
     block = int(first.split(".")[2])
-    assert f"The run compared only the output of block {block}: its substages were captured now" in html
+    assert report["narrowing"]["mlx:bf16"]["steps"][0]["target"] == f"vision.block.{block}"
     substages = set(re.findall(rf">(vision\.block\.{block}\.[a-z_.0-9]+)<", html))
     assert len(substages) > 8, substages
-    assert (out / "recapture" / f"transformers-f32-block{block}.safetensors").exists()
+    assert not (out / "recapture").exists()
 
 
 def test_negative_controls_notebook_shows_the_power_table(rendered):

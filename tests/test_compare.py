@@ -118,6 +118,28 @@ def test_the_worst_failing_element_is_the_one_furthest_over_its_own_bound(tmp_pa
     assert row.atol_bound_failures == 1
 
 
+def test_a_data_stage_is_compared_exactly_and_says_so(tmp_path):
+    """Data (inputs, index math) has no tolerance: a float input off by one ulp fails, and the row says why."""
+    from driftscope.compare import DATA_NOTE
+    from driftscope.stages import StagePlan
+
+    pixels = np.random.default_rng(3).standard_normal((8, 6)).astype(np.float32)
+    nudged = pixels.copy()
+    nudged[2, 1] = np.nextafter(nudged[2, 1], np.float32(10))
+    data = Stage("inputs.pixels", ("patches", "channels"), data=True)
+    activation = Stage("hidden", ("patches", "channels"))
+    plan = StagePlan("f", [data, activation])
+    ref = write(tmp_path, "ref", {"inputs.pixels": (pixels, data), "hidden": (pixels, activation)})
+    cand = write(tmp_path, "cand", {"inputs.pixels": (nudged, data), "hidden": (nudged, activation)})
+    rows = {row.stage: row for row in compare_tapsets(ref, cand, Contract(), plan)}
+    assert rows["inputs.pixels"].status == "fail" and rows["inputs.pixels"].failures == 1
+    assert rows["inputs.pixels"].max_coords == [2, 1] and DATA_NOTE in rows["inputs.pixels"].note
+    assert rows["hidden"].status == "pass"  # the same difference on an activation is within its tolerance
+    same = write(tmp_path, "same", {"inputs.pixels": (pixels, data), "hidden": (pixels, activation)})
+    row = compare_tapsets(ref, same, Contract(), plan)[0]
+    assert row.status == "pass" and row.note == DATA_NOTE
+
+
 def test_tolerance_used_is_the_largest_share_of_each_elements_own_bound(tmp_path, monkeypatch):
     """Over every element, max |a - e| / (atol + rtol|e|): below 1 on a passing stage (how close it came),
     the worst failing element's excess on a failing one; chunking does not change it."""

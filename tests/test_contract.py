@@ -51,3 +51,22 @@ def test_contracts_shipped_in_parameters_load():
 
     for path in (Path(__file__).resolve().parents[1] / "parameters" / "contracts").glob("*.yaml"):
         assert isinstance(load_contract(path), Contract)
+
+
+def test_peer_factors_per_stage_pattern():
+    from driftscope.contract import Contract
+
+    contract = Contract.from_dict(
+        {"default": {"peer_factor": 2}, "stages": [{"pattern": "vision.merger*", "peer_factor": 8, "peer_floor": 1e-3}]}
+    )
+    assert (contract.tolerance("vision.block.3").peer_factor, contract.tolerance("vision.block.3").peer_floor) == (
+        2,
+        1e-6,
+    )
+    assert (contract.tolerance("vision.merger").peer_factor, contract.tolerance("vision.merger").peer_floor) == (
+        8,
+        1e-3,
+    )
+    assert contract.to_dict()["stages"][0]["peer_factor"] == 8
+    with pytest.raises(ContractError, match="peer_factor must be a finite, non-negative number"):
+        Contract.from_dict({"default": {"peer_factor": -1}})

@@ -67,7 +67,7 @@ def engine_tapset(writer_module, oracle, base, raster=False, store=None):
         writer.add(
             stage_id,
             value,
-            store=None if declaration["integer"] else store,
+            store=None if declaration["integer"] or declaration.get("data") else store,  # inputs as received
             axes=declaration["axes"],
             token_order=order,
             token_unit=declaration["token_unit"],

@@ -75,3 +75,25 @@ def test_missing_file_and_bad_yaml(tmp_path):
     (tmp_path / "bad.yaml").write_text("checkpoint: [")
     with pytest.raises(ParameterError, match="not valid YAML"):
         load_parameters(tmp_path / "bad.yaml")
+
+
+def test_narrowing_is_on_by_default_and_can_be_switched_off():
+    assert parse_parameters(BASE).narrow is True
+    params = parse_parameters({**BASE, "narrow": False})
+    assert params.narrow is False and params.to_dict()["narrow"] is False
+    assert params.digest != parse_parameters(BASE).digest
+    with pytest.raises(ParameterError, match="narrow must be bool"):
+        parse_parameters({**BASE, "narrow": "yes"})
+
+
+def test_relative_to_a_peer():
+    params = parse_parameters({**BASE, "relative": {"peer": "mlx:f16"}})
+    assert params.relative == {"peer": "mlx:f16"}
+    both = {"peer": "mlx:f16", "high": "mlx:f16", "oracle": "transformers:f32"}
+    assert set(parse_parameters({**BASE, "relative": both}).relative) == {"peer", "high", "oracle", "factor", "floor"}
+    with pytest.raises(ParameterError, match="other than the reference"):
+        parse_parameters({**BASE, "relative": {"peer": "transformers:f32"}})
+    with pytest.raises(ParameterError, match="other than the reference"):
+        parse_parameters({**BASE, "relative": {"peer": "iree:f32"}})
+    with pytest.raises(ParameterError, match="neither a float64 run"):
+        parse_parameters({**BASE, "relative": {"factor": 3}})

@@ -48,7 +48,10 @@ def test_op_local_errors_of_each_candidate(tiny_checkpoint, shapes_inputs, oracl
     accumulated = compare_tapsets(oracle, candidate, contract, full_plan)
     drill = drill_down(oracle, runtime, accumulated, contract, full_plan, tmp_path / "replay", name)
     replayed = {row.stage: row for row in drill.rows}
-    assert len(replayed) == 8 * 14 + 3  # every block and substage, and the merger's three operators
+    # every block and substage, the patch embedding, the rotary tables and every merger operator (issue 21 item 2)
+    stem = ["vision.patch_embed", "vision.rotary.cos", "vision.rotary.sin"]
+    merger = ["vision.merger.norm", "vision.merger.hidden", "vision.merger.window", "vision.merger"]
+    assert len(replayed) == 8 * 14 + len(stem) + len(merger) and set(stem + merger) <= set(replayed)
     acc = {row.stage: row for row in accumulated}
     if policy == "f32":
         assert max(row.max_abs for row in drill.rows) < 1e-4
@@ -114,3 +117,38 @@ def test_relative_verdict_against_float64(tiny_checkpoint, shapes_inputs, captur
     assert verdict["candidates"]["mlx:f16"]["first_failure"] == "vision.patch_embed"
     stages = {s["stage"]: s for s in verdict["candidates"]["mlx:f32"]["stages"]}
     assert 0 < stages["vision.block.7"]["oracle_rmse"] < 1e-5  # the oracle's own float32 error is real, and small
+
+
+def test_peer_relative_verdict(captures, full_plan):
+    """mlx:f16 judged by its error against the oracle relative to mlx:f32's (the trusted peer's), with the factor
+    declared per stage pattern in the contract."""
+    from driftscope.contract import Contract
+    from driftscope.relative import peer_verdict
+
+    oracle = captures["transformers:f32"]
+    rows = []
+    for label in ("mlx:f32", "mlx:f16"):
+        rows += compare_tapsets(oracle, captures[label], load_contract(None), full_plan)
+    verdict = peer_verdict(rows, "transformers:f32", "mlx:f32", load_contract(None), full_plan)
+    assert list(verdict["candidates"]) == ["mlx:f16"]
+    f16 = verdict["candidates"]["mlx:f16"]
+    assert f16["status"] == "fail" and f16["first_failure"] == "vision.patch_embed"
+    stages = {entry["stage"]: entry for entry in f16["stages"]}
+    assert "inputs.pixel_values" not in stages and "vision.window_index" not in stages  # data: exact, not relative
+    block = stages["vision.block.7"]
+    rmse = {
+        label: float(
+            np.sqrt(
+                np.mean((np.asarray(captures[label]["vision.block.7"], np.float64) - oracle["vision.block.7"]) ** 2)
+            )
+        )
+        for label in ("mlx:f32", "mlx:f16")
+    }
+    assert block["peer_rmse"] == pytest.approx(rmse["mlx:f32"], rel=1e-6)
+    assert block["candidate_rmse"] == pytest.approx(rmse["mlx:f16"], rel=1e-6)
+    assert block["bound"] == pytest.approx(4.0 * rmse["mlx:f32"] + 1e-6) and block["status"] == "fail"
+    generous = Contract.from_dict({"stages": [{"pattern": "vision.*", "peer_factor": 1e9}]})
+    assert (
+        peer_verdict(rows, "transformers:f32", "mlx:f32", generous, full_plan)["candidates"]["mlx:f16"]["status"]
+        == "pass"
+    )

@@ -21,6 +21,8 @@ from .traversal import judge_traversal, traversal_order
 #: chunk live in buffers allocated once per thread and reused: fresh temporaries per chunk were handed
 #: back to the kernel and faulted in again every time (1.4 million page faults per 3B comparison).
 CHUNK_ELEMENTS = 1 << 16
+#: What a data stage's row says: why it has no tolerance and no op-local replay.
+DATA_NOTE = "data (inputs or index math): compared exactly, not replayed"
 
 
 class _Scratch(threading.local):
@@ -191,6 +193,7 @@ def compare_stage(
     position: int,
     orders: dict[str, TokenOrder] | None = None,
     integer: bool = False,
+    data: bool = False,
 ) -> ComparisonRow:
     """Compare one stage of two TapSets; never raises for data problems (they go in the row).
 
@@ -198,8 +201,9 @@ def compare_stage(
     order first (``layout``, with ``orders``: the plan's non-raster token orders, ``stages.orders_of``), and
     an order's index and segment bounds are judged by their meaning (``traversal``).
 
-    ``integer``: the stage plan declares the stage integer (compared exactly). A TapSet's sidecar never
-    decides this: a sidecar claiming ``integer`` for a float stage would switch the tolerance off."""
+    ``integer``: the stage plan declares the stage integer (compared exactly); ``data``: the plan declares it data
+    (inputs, index math: compared exactly, never replayed). A TapSet's sidecar never decides this: a sidecar
+    claiming ``integer`` for a float stage would switch the tolerance off."""
     row = ComparisonRow(
         stage_id, reference.label, candidate.label, position, "pass", atol=tolerance.atol, rtol=tolerance.rtol
     )
@@ -230,7 +234,7 @@ def compare_stage(
         row.failures = row.elements = int(max(np.prod(ref_shape), np.prod(cand_shape)))
         row.failure_fraction = 1.0
         return row
-    if row.integer:
+    if row.integer or data:
         row = _compare_integer(
             row,
             take_rows(reference[stage_id], alignment.reference_rows),
@@ -238,7 +242,9 @@ def compare_stage(
         )
         traversed = traversal_order(orders, stage_id)
         if traversed is not None and row.failures:
-            return _judge_traversal(row, reference, candidate, traversed)
+            row = _judge_traversal(row, reference, candidate, traversed)
+        if data:
+            row.note = "; ".join(filter(None, [row.note, DATA_NOTE]))
         return row
     if stage_id.startswith("text.logits"):
         row.extra.update(logit_agreement(np.asarray(reference[stage_id]), np.asarray(candidate[stage_id])))
@@ -415,6 +421,7 @@ def compare_tapsets(
             position,
             orders,
             integer=plan is not None and stage_id in plan and plan[stage_id].integer,
+            data=plan is not None and stage_id in plan and plan[stage_id].data,
         )
         for position, stage_id in enumerate(ordered)
     ]

@@ -22,12 +22,20 @@ DEFAULT_ATOL = 0.08
 DEFAULT_RTOL = 0.08
 
 
+DEFAULT_PEER_FACTOR = 4.0
+DEFAULT_PEER_FLOOR = 1e-6
+
+
 @dataclass(frozen=True)
 class Tolerance:
     atol: float = DEFAULT_ATOL
     rtol: float = DEFAULT_RTOL
     max_failure_fraction: float = 0.0
     skip: bool = False
+    #: the peer-relative verdict (parameters ``relative: {peer: LABEL}``): a candidate's RMS error against the
+    #: reference may be at most ``peer_factor`` times the trusted peer's, plus ``peer_floor``
+    peer_factor: float = DEFAULT_PEER_FACTOR
+    peer_floor: float = DEFAULT_PEER_FLOOR
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,8 @@ class Contract:
                 "rtol": t.rtol,
                 "max_failure_fraction": t.max_failure_fraction,
                 "skip": t.skip,
+                "peer_factor": t.peer_factor,
+                "peer_floor": t.peer_floor,
             }
 
         return {
@@ -120,11 +130,25 @@ class Contract:
 def _tolerance(data: dict, base: Tolerance, where: str) -> Tolerance:
     if not isinstance(data, dict):
         raise ContractError(f"{where} must be a mapping", "write e.g. {atol: 0.08, rtol: 0.08}")
-    fields = {"atol": float, "rtol": float, "max_failure_fraction": float, "skip": bool}
+    fields = {
+        "atol": float,
+        "rtol": float,
+        "max_failure_fraction": float,
+        "skip": bool,
+        "peer_factor": float,
+        "peer_floor": float,
+    }
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise ContractError(f"{where} has unknown keys {unknown}", f"use only: {sorted(fields)}")
-    values = {"atol": base.atol, "rtol": base.rtol, "max_failure_fraction": base.max_failure_fraction, "skip": False}
+    values = {
+        "atol": base.atol,
+        "rtol": base.rtol,
+        "max_failure_fraction": base.max_failure_fraction,
+        "skip": False,
+        "peer_factor": base.peer_factor,
+        "peer_floor": base.peer_floor,
+    }
     for key, kind in fields.items():
         if key in data:
             value = data[key]

@@ -15,6 +15,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from .candidates import Pairs, judge_candidate
 from .checkpoint import open_checkpoint
 from .checkpoint_storage import checkpoint_storage
 from .compare import compare_tapsets
@@ -25,6 +26,8 @@ from .names import remove_partial_files, safe_name
 from .outdirs import interactive_out_dir
 from .params import Parameters, load_parameters
 from .preflight import check_parameters
+from .replay.narrowing import ReferenceCache
+from .replay.recapture import how
 from .report import Report, judge
 from .runlock import RunLock, held_by_parent, run_lock, wait_for_result
 from .runtime_checks import apply_checks, capture_checks, observed_dtypes, unreadable
@@ -167,35 +170,6 @@ def _log_detail(text: str) -> None:
         handle.flush()
 
 
-def _replay_one(report: Report, out: Path, label: str, runtime, reference, candidate, contract, plan) -> list:
-    """Replay one candidate on the reference's stage inputs; label stages introduced/inherited/amplified.
-
-    Returns the pair's comparison rows (the accumulated error), which ``judge`` reuses."""
-    from .replay import drill_down
-
-    report.step(f"replay:{label}")
-    log(f"replay {label} on {reference.label}'s stage inputs")
-    accumulated = compare_tapsets(reference, candidate, contract, plan)
-    safe = safe_name(label)
-    drill = drill_down(
-        reference,
-        runtime,
-        accumulated,
-        contract,
-        plan,
-        out / "taps" / f"replay-{safe}",
-        label,
-        progress=lambda message: log(f"  {label}: {message}"),
-    )
-    entry = drill.to_dict()
-    entry["tapset"] = str(Path(entry["tapset"]).relative_to(out))
-    report.data["replay"][label] = entry
-    report.save()
-    if drill.first_introduced:
-        log(f"  {label}: first introduced error at {drill.first_introduced}")
-    return accumulated
-
-
 def _power(params: Parameters, report: Report, out: Path, checkpoint, inputs, reference, contract, plan) -> None:
     """Run the mutation audit and gate the verdict on the mutations the parameters require."""
     from .power import fixture_power, power_gate
@@ -242,8 +216,10 @@ def _capture_one(
     contract: Contract,
     tapsets: dict[str, TapSet],
     compared: dict[tuple[str, str], list],
+    pairs: Pairs,
 ) -> None:
-    """One runtime's capture (and replay) into ``tapsets`` and the report; its model is released after."""
+    """One runtime's capture (and narrowing and replay) into ``tapsets`` and the report; its model is released
+    after."""
     report.step(f"capture:{spec.display}")
     log(f"capture {spec.display}: {len(plan)} stages")
     safe = safe_name(spec.display)
@@ -281,10 +257,11 @@ def _capture_one(
     )
     report.save()
     log(f"  {spec.display}: done in {runtime.timings.get('capture_s', 0.0):.1f}s")
-    if spec.display != params.reference_label and params.replays(spec.display) and runtime.can_replay:
+    narrows = params.narrow and how(runtime) is not None
+    if spec.display != params.reference_label and (narrows or (params.replays(spec.display) and runtime.can_replay)):
         reference = tapsets[params.reference_label]
-        compared[(reference.label, tapset.label)] = _replay_one(
-            report, out, spec.display, runtime, reference, tapset, contract, plan
+        compared[(reference.label, tapset.label)] = judge_candidate(
+            params, report, out, spec, runtime, inputs, plan, contract, tapsets, pairs, log
         )
     runtime.release()
 
@@ -295,14 +272,12 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
     report.step("checkpoint")
     checkpoint = open_checkpoint(params.checkpoint, params.family)
     family = get_family(checkpoint.family)
-    plan = family.vision_plan(checkpoint.config).select(params.stages)
+    full = family.vision_plan(checkpoint.config)
+    plan = full.select(params.stages)
     if params.text:
-        plan = StagePlan(
-            plan.family,
-            plan.stages + family.text_stages(checkpoint.config, params.text["max_new_tokens"]),
-            plan.depth,
-            dict(plan.meta),
-        )
+        text = family.text_stages(checkpoint.config, params.text["max_new_tokens"])
+        full = StagePlan(full.family, full.stages + text, full.depth, dict(full.meta))
+        plan = StagePlan(plan.family, plan.stages + text, plan.depth, dict(plan.meta))
     report.data.update(
         family=checkpoint.family,
         checkpoint=str(checkpoint.path),
@@ -332,6 +307,9 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
     tapsets = {}
     compared = {}  # (reference, candidate) label -> comparison rows, from a replay or the background comparer
     report.data["replay"] = {}
+    report.data["narrowing"] = {}
+    report.data["conclusions"] = {}
+    pairing = Pairs(full, {spec.display: runtime for spec, runtime in runtimes}, ReferenceCache())
     # the reference first, so each candidate can be replayed on its stage inputs right after its own capture;
     # every model is released after its capture (and replay): peak memory holds one runtime's model at a time
     runtimes.sort(key=lambda item: item[0].display != params.reference_label)
@@ -342,7 +320,7 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
     pending = {}
     try:
         for spec, runtime in runtimes:
-            _capture_one(params, report, out, spec, runtime, inputs, plan, contract, tapsets, compared)
+            _capture_one(params, report, out, spec, runtime, inputs, plan, contract, tapsets, compared, pairing)
             for pair in pairs:
                 if pair not in pending and pair not in compared and all(label in tapsets for label in pair):
                     pending[pair] = comparer.submit(compare_tapsets, tapsets[pair[0]], tapsets[pair[1]], contract, plan)
@@ -355,17 +333,23 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
     extra = [
         (tapsets[a], tapsets[b]) for a, b in params.pairs if a != params.reference_label and {a, b} <= set(tapsets)
     ]
-    report.data.update(judge(reference, candidates, contract, plan, extra, compared))
+    if pairing.added:  # the run's plan with every stage narrowing added, in execution order
+        plan = plan.with_stages(pairing.added, full)
+        report.data["stage_plan"] = [stage.to_dict() for stage in plan]
+    report.data.update(judge(reference, candidates, contract, plan, extra, compared, pairing.sides))
     report.data["warnings"] = report.data["warnings"] + inputs.warnings  # e.g. a processor unlike its config
     apply_checks(report.data, report.data["checks"])
     if params.relative:
-        from .relative import relative_verdict
+        from .relative import peer_verdict, relative_verdict
 
         rel = params.relative
-        others = [t for label, t in tapsets.items() if label not in (rel["high"], rel["oracle"])]
-        report.data["relative"] = relative_verdict(
-            tapsets[rel["high"]], tapsets[rel["oracle"]], others, plan, rel["factor"], rel["floor"]
-        )
+        if "high" in rel:
+            others = [t for label, t in tapsets.items() if label not in (rel["high"], rel["oracle"])]
+            report.data["relative"] = relative_verdict(
+                tapsets[rel["high"]], tapsets[rel["oracle"]], others, plan, rel["factor"], rel["floor"]
+            )
+        if "peer" in rel:
+            report.data["peer_relative"] = peer_verdict(report.rows, reference.label, rel["peer"], contract, plan)
     if params.text:
         from .answer import answer_parity
 

@@ -32,8 +32,12 @@ TOP_KEYS = {
     "runtimes": "list of {runtime, policy, patch, label, options}; the first is the reference",
     "reference": "label of the reference runtime (default: the first)",
     "replay": "same-input replay for introduced/inherited labels: true (every candidate that can), false, or labels",
+    "narrow": "when a pair first diverges at a block whose substages were not captured, capture them for that pair "
+    "and judge again, down to the finest declared stage (default true)",
     "relative": "{high: transformers:f64, oracle: transformers:f32, factor: 4, floor: 1e-6}: judge every "
-    "other runtime relative to the oracle's own error against the float64 run",
+    "other runtime relative to the oracle's own error against the float64 run; {peer: mlx:f32}: judge every other "
+    "candidate relative to a trusted peer's error against the reference (peer_factor, peer_floor per stage "
+    "pattern in the contract); both forms may be given together",
     "power": "fixture power audit: true, or {mutations: [names] | all, policy: f32, require: [names]} "
     "(required mutations the fixture cannot detect fail the run)",
     "text": "follow the prompt past the vision tower: true, or {prompt: ..., max_new_tokens: 16, expect: [words]}",
@@ -87,6 +91,7 @@ class Parameters:
     source: str | None = None
     pairs: tuple[tuple[str, str], ...] = ()
     replay: bool | tuple[str, ...] = True
+    narrow: bool = True
     relative: dict | None = None
     power: dict | None = None
     text: dict | None = None
@@ -108,6 +113,7 @@ class Parameters:
             "notebooks": list(self.notebooks),
             "pairs": [list(pair) for pair in self.pairs],
             "replay": self.replay if isinstance(self.replay, bool) else list(self.replay),
+            "narrow": self.narrow,
             "relative": self.relative,
             "power": self.power,
             "text": self.text,
@@ -217,6 +223,39 @@ def _power(data: Any) -> dict | None:
         "policy": _expect(data.get("policy", "f32"), str, "power.policy", "f32"),
         "require": required,
     }
+
+
+def _relative(relative: Any, labels: list[str], reference: str) -> dict | None:
+    """The relative verdicts asked for: against a float64 run (high, oracle), against a trusted peer, or both."""
+    if relative is None:
+        return None
+    example = "{high: transformers:f64, oracle: transformers:f32} or {peer: mlx:f32}"
+    _expect(relative, dict, "relative", example)
+    _unknown(relative, {"high", "oracle", "factor", "floor", "peer"}, "relative")
+    if "peer" not in relative and not {"high", "oracle"} & set(relative):
+        raise ParameterError("relative names neither a float64 run (high, oracle) nor a peer", f"write {example}")
+    out: dict = {}
+    if {"high", "oracle"} & set(relative):
+        for key in ("high", "oracle"):
+            if relative.get(key) not in labels:
+                raise ParameterError(
+                    f"relative.{key} must name one of the runtimes {labels}",
+                    "e.g. relative: {high: transformers:f64, oracle: transformers:f32}",
+                )
+        out.update(
+            high=relative["high"],
+            oracle=relative["oracle"],
+            factor=float(_expect(relative.get("factor", 4.0), (int, float), "relative.factor", "4")),
+            floor=float(_expect(relative.get("floor", 1e-6), (int, float), "relative.floor", "1e-6")),
+        )
+    if "peer" in relative:
+        if relative["peer"] not in labels or relative["peer"] == reference:
+            raise ParameterError(
+                f"relative.peer must name a runtime other than the reference {reference!r}: one of {labels}",
+                "e.g. relative: {peer: mlx:f32} (its error against the reference is the yardstick)",
+            )
+        out["peer"] = relative["peer"]
+    return out
 
 
 def _family(name: Any) -> str:
@@ -332,22 +371,7 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
         if unknown:
             raise ParameterError(f"replay names unknown runtimes {unknown}", f"use labels from {labels}")
         replay = tuple(replay)
-    relative = data.get("relative")
-    if relative is not None:
-        _expect(relative, dict, "relative", "{high: transformers:f64, oracle: transformers:f32}")
-        _unknown(relative, {"high", "oracle", "factor", "floor"}, "relative")
-        for key in ("high", "oracle"):
-            if relative.get(key) not in labels:
-                raise ParameterError(
-                    f"relative.{key} must name one of the runtimes {labels}",
-                    "e.g. relative: {high: transformers:f64, oracle: transformers:f32}",
-                )
-        relative = {
-            "high": relative["high"],
-            "oracle": relative["oracle"],
-            "factor": float(_expect(relative.get("factor", 4.0), (int, float), "relative.factor", "4")),
-            "floor": float(_expect(relative.get("floor", 1e-6), (int, float), "relative.floor", "1e-6")),
-        }
+    relative = _relative(data.get("relative"), labels, reference or labels[0])
     power = _power(data.get("power"))
     text = _text(data.get("text"))
     notebooks = data.get("notebooks", ["01_stage_parity"])
@@ -367,6 +391,7 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
         source=source,
         pairs=tuple((str(a), str(b)) for a, b in pairs),
         replay=replay,
+        narrow=_expect(data.get("narrow", True), bool, "narrow", "true"),
         relative=relative,
         power=power,
         text=text,

@@ -14,6 +14,7 @@ from .atomic import write_json_atomic
 from .compare import ComparisonRow, compare_tapsets, first_divergence, growth_stages
 from .contract import Contract
 from .errors import ReportError, TapFileError
+from .lineage import row_lineage
 from .runtime_checks import apply_checks
 from .stages import Stage, StagePlan
 from .tapset import TapSet
@@ -142,6 +143,23 @@ class Report:
             f"use one of {[r['label'] for r in self.data.get('runtimes', [])]}",
         )
 
+    def pair_tapsets(self, key: str) -> tuple:
+        """The (reference, candidate) TapSets of runtime pair ``key``, with the stages narrowing added to them."""
+        from .tapunion import with_extras
+
+        pair = next((p for p in self.data.get("pairs", []) if p["key"] == key), None)
+        labels = (pair["reference"], pair["candidate"]) if pair else (self.data.get("reference"), key)
+        sides = [self.tapset(label) for label in labels]
+        parts = ((self.data.get("narrowing") or {}).get(key) or {}).get("tapsets") or {}
+        return tuple(
+            with_extras(side, [TapSet(self.directory / path) for path in parts.get(name, [])])
+            for side, name in zip(sides, ("reference", "candidate"), strict=True)
+        )
+
+    def narrowed_sides(self) -> dict[str, tuple]:
+        """Each narrowed pair's (reference, candidate) TapSets by candidate label, as ``judge`` takes them."""
+        return {key: self.pair_tapsets(key) for key in self.data.get("narrowing") or {}}
+
     def pair_keys(self) -> list[str]:
         """Every judged runtime pair, in report order."""
         if self.data.get("pairs"):
@@ -192,11 +210,14 @@ def judge(
     plan: StagePlan,
     extra_pairs: list[tuple[TapSet, TapSet]] = (),
     compared: dict[tuple[str, str], list[ComparisonRow]] | None = None,
+    narrowed: dict[str, tuple] | None = None,
 ) -> dict:
-    """Rows, first divergences, growth stages, drift onsets and the verdict for every runtime pair.
+    """Rows, first divergences (and the lineage of their worst row), growth stages, drift onsets and the verdict
+    for every runtime pair.
 
     Pairs are the reference against each candidate, then ``extra_pairs`` (e.g. mlx against iree).
-    ``compared`` holds rows already computed under this contract, by (reference, candidate) label.
+    ``compared`` holds rows already computed under this contract, by (reference, candidate) label; ``narrowed``
+    the (reference, candidate) TapSets, with the stages narrowing added, of each narrowed candidate's pair.
     """
     rows: list[ComparisonRow] = []
     first: dict[str, dict | None] = {}
@@ -206,9 +227,12 @@ def judge(
     per_candidate: dict[str, str] = {}
     reasons: list[str] = []
     pairs_out: list[dict] = []
+    lineage: dict[str, dict | None] = {}
     side = {stage.id for stage in plan if stage.side}
     for ref, candidate in [(reference, c) for c in candidates] + list(extra_pairs):
         key = pair_key(ref.label, candidate.label, reference.label)
+        if ref is reference and candidate.label in (narrowed or {}):
+            ref, candidate = narrowed[candidate.label]
         pairs_out.append({"key": key, "reference": ref.label, "candidate": candidate.label})
         pair_rows = (compared or {}).get((ref.label, candidate.label)) or compare_tapsets(
             ref, candidate, contract, plan
@@ -218,6 +242,9 @@ def judge(
         rows.extend(pair_rows)
         divergence = first_divergence(pair_rows)
         first[key] = None if divergence is None else _divergence_record(divergence)
+        lineage[key] = None
+        if first[key] and first[key]["max_coords"] and divergence.status == "fail":
+            lineage[key] = row_lineage(ref, candidate, plan, contract, divergence.stage, first[key]["max_coords"])
         growth[key] = growth_stages(pair_rows, contract.growth_factor, side=side)
         onset[key] = next((row.stage for row in pair_rows if not row.integer and row.relative_rms > DRIFT_FLOOR), None)
         absent[key] = not_compared(pair_rows, ref, candidate)
@@ -237,6 +264,7 @@ def judge(
         "pairs": pairs_out,
         "rows": [row.to_dict() for row in rows],
         "first_divergence": first,
+        "lineage": lineage,
         "growth": growth,
         "drift_onset": onset,
         "not_compared": {key: groups for key, groups in absent.items() if groups},
@@ -317,23 +345,30 @@ def _divergence_reason(row: ComparisonRow) -> str:
     return f"{row.failures}/{row.elements} elements over tolerance"
 
 
-def _rejudge_replay(report: Report, reference: TapSet, rows: list[dict], contract: Contract) -> dict:
+def _rejudge_replay(report: Report, rows: list[dict], contract: Contract) -> tuple[dict, dict]:
+    """Every replay's labels and every pair's conclusion again, under ``contract``."""
+    from .replay.conclusion import conclude
     from .replay.drilldown import judge_replay
 
-    out = {}
-    for label, entry in (report.data.get("replay") or {}).items():
+    out, conclusions = {}, {}
+    for label in report.pair_keys():
         accumulated = [ComparisonRow.from_dict(row) for row in rows if row.get("pair") == label]
-        drill = judge_replay(
-            reference,
-            TapSet(report.directory / entry["tapset"]),
-            accumulated,
-            contract,
-            report.plan,
-            label,
-            entry["candidate"],
-        )
-        out[label] = dict(drill.to_dict(), tapset=entry["tapset"])
-    return out
+        entry = (report.data.get("replay") or {}).get(label)
+        drill = None
+        if entry:
+            drill = judge_replay(
+                report.pair_tapsets(label)[0],
+                TapSet(report.directory / entry["tapset"]),
+                accumulated,
+                contract,
+                report.plan,
+                label,
+                entry["candidate"],
+            )
+            out[label] = dict(drill.to_dict(), tapset=entry["tapset"])
+        if label in (report.data.get("conclusions") or {}):
+            conclusions[label] = conclude(drill, accumulated, report.plan)
+    return out, conclusions
 
 
 def rejudge(report_path: str | Path, contract: Contract, out_path: str | Path | None = None) -> Report:
@@ -356,10 +391,17 @@ def rejudge(report_path: str | Path, contract: Contract, out_path: str | Path | 
         if pair["reference"] != reference_label
     ]
     data = dict(report.data)
-    data.update(judge(reference, candidates, contract, report.plan, extra))
+    data.update(judge(reference, candidates, contract, report.plan, extra, narrowed=report.narrowed_sides()))
     data["warnings"] = data["warnings"] + list((data.get("inputs") or {}).get("warnings", []))
     apply_checks(data, data.get("checks") or {})
-    data["replay"] = _rejudge_replay(report, reference, data["rows"], contract)
+    data["replay"], data["conclusions"] = _rejudge_replay(report, data["rows"], contract)
+    if data.get("peer_relative"):
+        from .relative import peer_verdict
+
+        rows = [ComparisonRow.from_dict(row) for row in data["rows"]]
+        data["peer_relative"] = peer_verdict(
+            rows, reference_label, data["peer_relative"]["peer"], contract, report.plan
+        )
     data["contract"] = contract.to_dict()
     data["rejudged_from"] = str(report.path)
     target = Path(out_path) if out_path else report.path
@@ -367,6 +409,11 @@ def rejudge(report_path: str | Path, contract: Contract, out_path: str | Path | 
         data["runtimes"] = [dict(r, tapset=str((report.directory / r["tapset"]).resolve())) for r in data["runtimes"]]
         data["replay"] = {
             k: dict(v, tapset=str((report.directory / v["tapset"]).resolve())) for k, v in data["replay"].items()
+        }
+        data["narrowing"] = {
+            key: dict(entry, tapsets={s: [str((report.directory / p).resolve()) for p in ps] for s, ps in parts})
+            for key, entry in (data.get("narrowing") or {}).items()
+            for parts in [entry["tapsets"].items()]
         }
     new = Report(target, data)
     new.save()

@@ -2,7 +2,9 @@
 
 A stage declares its axes, its token order (``window`` or ``raster``; ``none`` for tensors without
 tokens), the unit of a token row (``patch`` or ``merged``), and whether its values are integers
-(compared exactly). Two runtimes' taps are compared only through these declarations.
+(compared exactly). A ``data`` stage (processor output, index math) is not computed by the model's
+operators: it is compared exactly and never replayed. Two runtimes' taps are compared only through these
+declarations.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class Stage:
     substage: str | None = None
     side: bool = False  # a side input (e.g. RoPE tables), not on the activation path
     description: str = ""
+    data: bool = False  # inputs or index math, not the model's operators: compared exactly, never replayed
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -112,6 +115,13 @@ class StagePlan:
 
     def select(self, selection: StageSelection) -> StagePlan:
         kept = [stage for stage in self.stages if selection.wants(stage, self.depth)]
+        return StagePlan(self.family, kept, self.depth, dict(self.meta))
+
+    def with_stages(self, stage_ids: Iterable[str], full: StagePlan) -> StagePlan:
+        """This plan plus ``stage_ids`` (declared by ``full``), in ``full``'s execution order."""
+        wanted = set(self.ids()) | set(stage_ids)
+        kept = [stage for stage in full if stage.id in wanted]
+        kept += [stage for stage in self.stages if stage.id not in full]  # e.g. text stages ``full`` lacks
         return StagePlan(self.family, kept, self.depth, dict(self.meta))
 
     def ordered(self, stage_ids: Iterable[str]) -> list[str]:

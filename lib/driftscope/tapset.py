@@ -42,7 +42,8 @@ def tap_paths(base: Path) -> tuple[Path, Path]:
     base = Path(base)
     if base.suffix in (".safetensors", ".json"):
         base = base.with_suffix("")
-    return base.with_suffix(".safetensors"), base.with_suffix(".json")
+    # appended, not swapped in: a name with a dot of its own (a label "v1.2") keeps it
+    return base.with_name(base.name + ".safetensors"), base.with_name(base.name + ".json")
 
 
 def storage_array(value: Any) -> tuple[np.ndarray, str]:

@@ -93,6 +93,17 @@ def _module(path: str) -> ModuleType:
     return importlib.import_module(path)
 
 
+def block_substages(stage_id: str, plan: StagePlan) -> tuple[str, ...]:
+    """The default ``Family.substages_of``: a block output's pieces are the plan's stages of that block that
+    declare a ``substage`` (in execution order); any other stage has none."""
+    if stage_id not in plan:
+        return ()
+    stage = plan[stage_id]
+    if stage.block is None or stage.substage is not None:
+        return ()
+    return tuple(s.id for s in plan if s.block == stage.block and s.substage is not None)
+
+
 @dataclass(frozen=True)
 class Family:
     """Everything model-specific about one family (see docs/adding-a-family.md for each entry)."""
@@ -111,6 +122,9 @@ class Family:
     hypotheses: str  # module of ready hypothesis patches
     views: str  # module: token layout and input overlay for the views, geometry sections and CLI
     tiny: TinyFixture
+    #: the finer stages computed inside a stage (a block's substages, a head's pieces), from the full plan: what
+    #: narrowing captures when that stage is a pair's first divergence; () for a stage with no declared pieces
+    substages_of: Callable[[str, StagePlan], tuple[str, ...]] = block_substages
 
     def supports(self, runtime: str) -> bool:
         return runtime in self.engines

@@ -2,6 +2,9 @@
 
 The op-local error of a stage is the candidate's operator fed the reference's own stage inputs
 (a replay), compared with the reference's output. The accumulated error is the normal run's.
+A stage is *amplified* when its accumulated error is ``AMPLIFY`` times both the error it received (its
+inputs' accumulated error) and its own op-local error: neither its own rounding nor the error passed on
+explains it. A stage fed exact inputs (data) has no incoming error to amplify.
 """
 
 from __future__ import annotations
@@ -94,10 +97,11 @@ def label_stages(op_local: list[ComparisonRow], accumulated: list[ComparisonRow]
         if acc is None:
             continue
         incoming = _incoming(row.stage, plan, by_stage)
-        factor = acc.relative_rms / incoming if incoming else (math.inf if acc.relative_rms > 0 else None)
+        factor = acc.relative_rms / incoming if incoming else None
+        own = row.relative_rms if math.isfinite(row.relative_rms) else math.inf
         if row.failed:
             label = "introduced"
-        elif factor is not None and factor >= AMPLIFY and acc.relative_rms > DRIFT_FLOOR:
+        elif factor is not None and factor >= AMPLIFY and acc.relative_rms > max(DRIFT_FLOOR, AMPLIFY * own):
             label = "amplified"
         elif acc.failed:
             label = "inherited"

@@ -40,6 +40,8 @@ class EmittedModel:
 
     spec: Any
     weights: dict[str, np.ndarray]
+    checkpoint: Any = None  # where weights read on demand come from (e.g. the text decoder's, for its replays)
+    text: Any = None  # the family's text decoder spec and weights, once read
 
 
 class Bucket(Protocol):

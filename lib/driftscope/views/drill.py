@@ -284,3 +284,57 @@ def spatial_map(report: Report, stage: str, pair: str, image: int = 0, replay: b
     right.set_ylabel("patch row")
     figure.colorbar(shown, ax=[left, right], label="RMS error per patch")
     return describe(figure, f"Per-patch RMS error of {stage} ({pair}) over the resized image and alone, raster order.")
+
+
+def conclusion_markdown(report: Report, pair: str) -> str:
+    """The pair's conclusion in words, and where its first divergence's worst token row sits (Markdown)."""
+    from ..markup import code, text
+
+    conclusion = (report.data.get("conclusions") or {}).get(pair)
+    lineage = (report.data.get("lineage") or {}).get(pair)
+    lines = [f"**{text(conclusion['text'])}**" if conclusion else "No conclusion recorded for this pair."]
+    added = ((report.data.get("narrowing") or {}).get(pair) or {}).get("added") or []
+    if added:
+        lines.append(f"Narrowing captured {len(added)} stages for this pair (e.g. {code(added[0])}).")
+    if lineage:
+        lines.append(
+            f"The worst failing element of {code(lineage['stage'])} is at {code(lineage['coords'])}: token row "
+            f"{lineage['raster_row']} ({text(lineage['unit'])} unit, raster order), followed back below."
+        )
+    return "\n\n".join(lines)
+
+
+def row_lineage(report: Report, pair: str) -> Figure:
+    """The first divergence's worst token row at every earlier captured stage: its worst element's excess over
+    its tolerance (>= 1 fails) and its relative RMS error, in execution order; narrowed stages hollow."""
+    lineage = (report.data.get("lineage") or {}).get(pair)
+    figure = Figure(figsize=(11, 3.8), layout="constrained")
+    axis = figure.subplots()
+    if not lineage or not lineage["stages"]:
+        axis.text(0.5, 0.5, f"no token row to follow for {pair}", ha="center", transform=axis.transAxes)
+        axis.set_axis_off()
+        return figure
+    stages = lineage["stages"]
+    added = set(((report.data.get("narrowing") or {}).get(pair) or {}).get("added") or [])
+    xs = np.arange(len(stages))
+    excess = np.maximum([s["max_excess"] if s["max_excess"] is not None else 1e9 for s in stages], 1e-6)
+    relative = np.maximum([s["relative_rms"] if s["relative_rms"] is not None else 1e9 for s in stages], 1e-9)
+    axis.plot(xs, excess, color="#d62728", linewidth=1.2, label="worst element: |a - e| / tolerance")
+    axis.plot(xs, relative, color="#444444", linestyle="--", linewidth=1.0, label="row relative RMS error")
+    hollow = [s["stage"] in added for s in stages]
+    for values, color in ((excess, "#d62728"), (relative, "#444444")):
+        faces = ["none" if narrowed else color for narrowed in hollow]
+        axis.scatter(xs, values, s=22, zorder=3, edgecolors=color, facecolors=faces)
+    axis.axhline(1.0, color="black", linestyle=":", linewidth=1, label="tolerance")
+    axis.set_yscale("log")
+    axis.set_xticks(xs, [s["stage"].split(".", 1)[-1] for s in stages], rotation=90, fontsize=7)
+    axis.set_title(
+        f"{pair}: token row {lineage['raster_row']} of {lineage['stage']} back through the tower "
+        "(hollow: captured by narrowing)",
+        fontsize=9,
+    )
+    axis.legend(fontsize=8, loc="upper left")
+    axis.grid(True, alpha=0.3)
+    return describe(
+        figure, f"{pair}: the first divergence's worst token row at every earlier stage, error over tolerance."
+    )

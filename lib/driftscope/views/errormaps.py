@@ -49,10 +49,7 @@ def _as_matrix(array: np.ndarray) -> np.ndarray:
 
 
 def _pair_tapsets(report: Report, pair: str) -> tuple[TapSet, TapSet]:
-    for entry in report.data.get("pairs", []):
-        if entry["key"] == pair:
-            return report.tapset(entry["reference"]), report.tapset(entry["candidate"])
-    return report.tapset(report.data["reference"]), report.tapset(pair)
+    return report.pair_tapsets(pair)  # with the stages narrowing added to the pair
 
 
 def stage_difference(report: Report, stage: str, pair: str, replay: bool = False) -> StageDifference:

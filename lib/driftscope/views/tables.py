@@ -66,6 +66,7 @@ def summary_markdown(report: Report) -> str:
                 f"reference {text(_number(first.get('reference_value'), 6))}, "
                 f"candidate {text(_number(first.get('candidate_value'), 6))}{tolerance}" + _atol_note(first)
             )
+    lines += narrowing_lines(report)
     for reason in verdict.get("reasons", []):
         lines.append(f"\n- {text(reason)}")
     for warning in data.get("warnings") or []:
@@ -84,6 +85,36 @@ def summary_markdown(report: Report) -> str:
             + (", ".join(code(name) for name in blind) or "nothing")
         )
     return "\n".join(lines)
+
+
+def narrowing_lines(report: Report) -> list[str]:
+    """Per pair: what narrowing added, the conclusion in words; the peer-relative verdict (Markdown, escaped)."""
+    data, lines = report.data, []
+    for label in report.pair_keys():
+        narrowing = (data.get("narrowing") or {}).get(label)
+        for step in (narrowing or {}).get("steps", []):
+            done = (
+                f"cannot narrow: {text(step['error'])}"
+                if "error" in step
+                else f"narrowed: captured its {len(step['stages'])} substages on both sides "
+                f"(reference: {text(step['reference'])}; candidate: {text(step['candidate'])})"
+            )
+            lines.append(f"\n{code(report.pair_title(label))} at {code(step['target'])}: {done}")
+        conclusion = (data.get("conclusions") or {}).get(label)
+        if conclusion:
+            lines.append(f"\n**{code(report.pair_title(label))}: {text(conclusion['text'])}**")
+    peer = data.get("peer_relative")
+    if peer:
+        judged = [
+            f"{code(label)} {text(entry['status'])}"
+            + (f" (first at {code(entry['first_failure'])})" if entry["first_failure"] else "")
+            for label, entry in peer["candidates"].items()
+        ]
+        lines.append(
+            f"\n**Relative to the peer {code(peer['peer'])}** (RMSE against {code(peer['reference'])} within the "
+            f"contract's peer_factor times the peer's): " + (", ".join(judged) or "no other candidate")
+        )
+    return lines
 
 
 def _number(value: object, digits: int = 3) -> str:

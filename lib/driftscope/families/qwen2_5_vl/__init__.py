@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..base import Family, TinyFixture
 from ..qwen_shared.text import build_text_inputs
-from .plan import NAME, replay_inputs, text_stages, vision_plan
+from .plan import NAME, replay_inputs, substages_of, text_layers, text_stages, vision_plan
 from .processor import prepare_inputs
 from .replay import ReplayContext
 
@@ -35,7 +35,7 @@ FAMILY = Family(
     model_types=(NAME,),
     vision_plan=vision_plan,
     text_stages=text_stages,
-    replay_inputs=lambda stage_id, plan: replay_inputs(stage_id, plan.depth),
+    replay_inputs=lambda stage_id, plan: replay_inputs(stage_id, plan.depth, text_layers(plan)),
     replay_context=ReplayContext.from_plan,
     prepare_inputs=prepare_inputs,
     text_inputs=build_text_inputs,
@@ -54,4 +54,5 @@ FAMILY = Family(
         build=_build_tiny,
         images=(_ROOT / "fixtures" / "images" / "shapes_448.png",),
     ),
+    substages_of=substages_of,
 )

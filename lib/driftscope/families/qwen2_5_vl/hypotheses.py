@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["norm2_in_float32", "perturb_image_embeddings", "scale_block_output"]
+__all__ = ["norm2_in_float32", "perturb_image_embeddings", "plant_defect", "scale_block_output"]
 
 
 def _vision(model: Any) -> Any:
@@ -73,4 +73,89 @@ def perturb_image_embeddings(model: Any, scale: float = -2.0) -> Any:
         return original(image_token_id, video_token_id, image_features * scale, inputs_embeds, input_ids)
 
     object.__setattr__(model, "merge_input_ids_with_image_features", merge)
+    return model
+
+
+#: The module (under the vision tower) whose weights compute each vision stage, and which rows of them: the fused
+#: qkv projection's thirds are q, k and v.
+_WEIGHTS = {
+    "patch_embed": ("patch_embed.proj", None),
+    "norm1": ("norm1", None),
+    "attn.q": ("attn.qkv", 0),
+    "attn.k": ("attn.qkv", 1),
+    "attn.v": ("attn.qkv", 2),
+    "attn.out": ("attn.proj", None),
+    "norm2": ("norm2", None),
+    "mlp.gate": ("mlp.gate_proj", None),
+    "mlp.up": ("mlp.up_proj", None),
+    "mlp.down": ("mlp.down_proj", None),
+    "merger.norm": ("merger.ln_q", None),
+    "merger.hidden": ("merger.mlp.0", None),
+    "merger.window": ("merger.mlp.2", None),
+}
+
+
+def _child(owner: Any, path: str) -> Any:
+    for name in path.split("."):
+        owner = owner[int(name)] if name.isdigit() else getattr(owner, name)
+    return owner
+
+
+def _scale(module: Any, factor: float, third: int | None) -> None:
+    """Multiply a module's weight (and bias), or one third of their rows, by ``factor``, in place."""
+    for name in ("weight", "bias"):
+        value = getattr(module, name, None)
+        if value is None:
+            continue
+        rows = slice(None) if third is None else slice(third * value.shape[0] // 3, (third + 1) * value.shape[0] // 3)
+        if hasattr(value, "data_ptr"):  # torch
+            import torch
+
+            with torch.no_grad():
+                value[rows] *= factor
+        else:  # mlx
+            import mlx.core as mx
+
+            scale = mx.ones(value.shape, dtype=value.dtype)
+            scale[rows] = factor
+            setattr(module, name, value * scale)
+
+
+def _scaled_activation(act: Any, factor: float) -> Any:
+    """A torch module computing ``act(x) * factor`` (transformers hooks and replays the MLP's activation module)."""
+    import torch
+
+    class ScaledActivation(torch.nn.Module):
+        def forward(self, x):
+            return act(x) * factor
+
+    return ScaledActivation()
+
+
+def plant_defect(model: Any, stage: str, factor: float = 1.5) -> Any:
+    """A planted defect in the one operator that computes vision ``stage`` (e.g. ``vision.block.3.mlp.gate``):
+    its weights (q, k or v's third of the fused projection) scaled by ``factor``; for ``attn.context`` the softmax
+    scale, for ``mlp.act`` the activation's output (transformers only: mlx-vlm calls SiLU as a function)."""
+    from ...errors import HypothesisPatchError
+
+    vision = _vision(model)
+    parts = stage.split(".")
+    if stage.startswith("vision.block."):
+        owner, kind = vision.blocks[int(parts[2])], ".".join(parts[3:])
+    else:
+        owner, kind = vision, ".".join(parts[1:])
+    if kind == "attn.context":
+        attn = owner.attn
+        name = "scaling" if hasattr(attn, "scaling") else "scale"
+        setattr(attn, name, getattr(attn, name) * factor)
+    elif kind == "mlp.act" and hasattr(owner.mlp, "act_fn"):
+        owner.mlp.act_fn = _scaled_activation(owner.mlp.act_fn, factor)
+    elif kind in _WEIGHTS:
+        path, third = _WEIGHTS[kind]
+        _scale(_child(owner, path), factor, third)
+    else:
+        raise HypothesisPatchError(
+            f"plant_defect cannot plant a defect in {stage!r} for this runtime",
+            f"name a stage computed by weights ({', '.join(sorted(_WEIGHTS))}), attn.context or (transformers) mlp.act",
+        )
     return model

@@ -178,10 +178,18 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
     def last(stage_id):
         return lambda args, kwargs, out: sink.put(stage_id, to_numpy(out[0, -1]))
 
+    def layer_out(index: int):
+        def record(args, kwargs, out) -> None:
+            hidden = to_numpy(out[0])
+            sink.put(f"text.layer.{index}", hidden)
+            sink.put(f"text.layer.{index}.last", hidden[-1])
+
+        return record
+
     cache = make_prompt_cache(model.language_model)
     with ExitStack() as stack:  # recorders only during the prefill
         for index, layer in enumerate(layers):
-            stack.enter_context(list_item(layers, index, Recording(layer, last(f"text.layer.{index}.last"))))
+            stack.enter_context(list_item(layers, index, Recording(layer, layer_out(index))))
         stack.enter_context(shadow(inner, "norm", Recording(inner.norm, last("text.norm.last"))))
         logits = model(ids, pixel_values=pixels, cache=cache, image_grid_thw=grid).logits
         mx.eval(logits)
@@ -201,18 +209,15 @@ def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.
     import mlx.nn as nn
     from mlx_vlm.models.qwen2_5_vl import vision as vision_module
 
+    if stage_id.startswith("text."):
+        return _replay_text(model, stage_id, inputs, ctx)
     tower = model.vision_tower
     dtype = tower.patch_embed.proj.weight.dtype
     args = [mx.array(np.ascontiguousarray(x, dtype=np.float32)).astype(dtype) for x in inputs]
     block, kind = parse_stage(stage_id)
     if block is None:
-        merger = tower.merger
-        if kind == "merger.norm":
-            out = merger.ln_q(args[0])
-        elif kind == "merger.hidden":
-            out = merger.mlp[1](merger.mlp[0](args[0].reshape(-1, merger.hidden_size)))
-        else:
-            out = merger.mlp[2](args[0])
+        out = _replay_tower_piece(tower, kind, args, inputs, ctx)
+        mx.eval(out)
         return to_numpy(out)
     blk = tower.blocks[block]
     # mlx-vlm rotates with angles (it takes cos/sin itself): recover them from the reference's tables
@@ -257,5 +262,65 @@ def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.
         out = mlp.down_proj(args[0])
     else:
         raise KeyError(stage_id)
+    mx.eval(out)
+    return to_numpy(out)
+
+
+def _replay_tower_piece(tower: Any, kind: str, args: list, inputs: list[np.ndarray], ctx: Any):
+    """The stem (patch embedding, rotary tables from the grid) and the merger's pieces, as mlx-vlm runs them."""
+    import mlx.core as mx
+
+    merger = tower.merger
+    if kind == "patch_embed":
+        return tower.patch_embed(args[0])
+    if kind in ("rotary.cos", "rotary.sin"):
+        freqs = tower.rot_pos_emb(mx.array(np.asarray(inputs[0], dtype=np.int64)))
+        table = mx.cos(freqs) if kind == "rotary.cos" else mx.sin(freqs)
+        return mx.concatenate([table, table], axis=-1)
+    if kind == "merger.norm":
+        return merger.ln_q(args[0])
+    if kind == "merger.hidden":
+        return merger.mlp[1](merger.mlp[0](args[0].reshape(-1, merger.hidden_size)))
+    if kind == "merger.window":
+        return merger.mlp[2](args[0])
+    if kind == "merger":
+        return args[0][mx.argsort(mx.array(ctx.window_index), axis=0)]
+    raise KeyError(f"vision.{kind}")
+
+
+def _replay_text(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
+    """mlx-vlm's decoder modules on given inputs: embeddings and their merge, one layer (its causal mask and
+    M-RoPE from the reference's positions, as its text model builds them), the final norm, the head."""
+    import mlx.core as mx
+    from mlx_vlm.models.base import create_attention_mask
+
+    language = model.language_model
+    inner = language.model
+    dtype = inner.embed_tokens.weight.dtype
+    if stage_id == "text.embeds.text":
+        out = inner.embed_tokens(mx.array(np.asarray(inputs[0], dtype=np.int64)))
+        return to_numpy(out)[~ctx.image_slots]
+    if stage_id == "text.embeds.image":
+        ids = mx.array(ctx.input_ids[None])
+        embeds = inner.embed_tokens(ids)
+        features = mx.array(np.ascontiguousarray(inputs[0], dtype=np.float32)).astype(embeds.dtype)
+        config = model.config
+        merged = model.merge_input_ids_with_image_features(
+            config.image_token_id, getattr(config, "video_token_id", config.image_token_id), features, embeds, ids
+        )
+        return to_numpy(merged[0])[ctx.image_slots]
+    x = mx.array(np.ascontiguousarray(inputs[0], dtype=np.float32)).astype(dtype)
+    if stage_id == "text.norm.last":
+        out = inner.norm(x)
+    elif stage_id == "text.logits.last":
+        out = inner.embed_tokens.as_linear(x) if language.args.tie_word_embeddings else language.lm_head(x)
+    else:
+        layer = inner.layers[int(stage_id.split(".")[2])]
+        x = x[None]
+        positions = mx.array(ctx.text_positions)[:, None, :]
+        rotary = layer.self_attn.rotary_emb
+        embeddings = None if rotary.fused_apply else inner.layers[0].self_attn.rotary_emb(x, positions)
+        out = layer(x, create_attention_mask(x, [None]), None, positions, embeddings)[0]
+        out = out[-1] if stage_id.endswith(".last") else out
     mx.eval(out)
     return to_numpy(out)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ...stages import Stage, StagePlan
+from ..base import block_substages
 
 NAME = "qwen2_5_vl"
 
@@ -55,20 +56,23 @@ def vision_plan(config: dict) -> StagePlan:
     depth = int(vision.get("depth", 32))
     full = sorted(int(i) for i in vision.get("fullatt_block_indexes", []))
     stages = [
-        Stage("inputs.pixel_values", ("patches", "channels"), "raster", "patch", description="processor output"),
-        Stage("inputs.grid_thw", ("images", "thw"), integer=True, description="processor grid per image"),
-        Stage("inputs.image_tokens", ("images",), integer=True, description="merged tokens per image"),
+        Stage(
+            "inputs.pixel_values", ("patches", "channels"), "raster", "patch", description="processor output", data=True
+        ),
+        Stage("inputs.grid_thw", ("images", "thw"), integer=True, description="processor grid per image", data=True),
+        Stage("inputs.image_tokens", ("images",), integer=True, description="merged tokens per image", data=True),
         Stage("vision.patch_embed", ("tokens", "hidden"), "raster", "patch", description="Conv3d patch embedding"),
         Stage("vision.rotary.cos", ("tokens", "head_dim"), "raster", "patch", side=True, description="RoPE cos table"),
         Stage("vision.rotary.sin", ("tokens", "head_dim"), "raster", "patch", side=True, description="RoPE sin table"),
-        Stage("vision.window_index", ("merged_tokens",), integer=True, description="window permutation"),
+        Stage("vision.window_index", ("merged_tokens",), integer=True, description="window permutation", data=True),
         Stage(
             "vision.cu_window_seqlens",
             ("windows+1",),
             integer=True,
             description="window attention bounds (empty windows dropped)",
+            data=True,
         ),
-        Stage("vision.cu_seqlens", ("images+1",), integer=True, description="full attention bounds"),
+        Stage("vision.cu_seqlens", ("images+1",), integer=True, description="full attention bounds", data=True),
     ]
     for block in range(depth):
         kind = "full" if block in full else "window"
@@ -114,6 +118,8 @@ def vision_plan(config: dict) -> StagePlan:
             }
         },
         "landmarks": ["vision.patch_embed", "vision.merger"],
+        # the prompt's image placeholder, which the text replays read to rebuild the input embeddings
+        "image_token_id": int(config.get("image_token_id", 151655)),
     }
     return StagePlan(NAME, stages, depth, meta)
 
@@ -151,8 +157,9 @@ def parse_stage(stage_id: str) -> tuple[int | None, str]:
     return None, ".".join(parts[1:])
 
 
-def replay_inputs(stage_id: str, depth: int) -> tuple[str, ...] | None:
-    """The stages a replay of ``stage_id`` reads (None: not replayable, e.g. index math)."""
+def replay_inputs(stage_id: str, depth: int, text_layers: int = 0) -> tuple[str, ...] | None:
+    """The stages a replay of ``stage_id`` reads (None: not replayable, e.g. index math); ``text_layers``: the
+    decoder's depth, when the plan follows the prompt past the tower."""
     parts = stage_id.split(".")
     if stage_id.startswith("vision.block."):
         block = int(parts[2])
@@ -162,11 +169,41 @@ def replay_inputs(stage_id: str, depth: int) -> tuple[str, ...] | None:
         return tuple(
             block_input(block) if name == "in" else block_stage_id(block, name) for name in SUBSTAGE_INPUTS[substage]
         )
+    if stage_id == "text.norm.last":
+        return (f"text.layer.{text_layers - 1}.last",) if text_layers else None
+    if stage_id.startswith("text."):
+        return text_replay_inputs(stage_id)
     last = block_stage_id(depth - 1)
     return {
+        "vision.patch_embed": ("inputs.pixel_values",),
+        "vision.rotary.cos": ("inputs.grid_thw",),
+        "vision.rotary.sin": ("inputs.grid_thw",),
         "vision.merger.norm": (last,),
         "vision.merger.hidden": ("vision.merger.norm",),
         "vision.merger.window": ("vision.merger.hidden",),
+        "vision.merger": ("vision.merger.window",),  # the window order undone with the window index
+    }.get(stage_id)
+
+
+#: The whole prompt's input embeddings (image slots from ``text.embeds.image``, the rest from ``text.embeds.text``),
+#: a view the replay context builds: what text layer 0 reads.
+TEXT_INPUT = "text.embeds@sequence"
+
+
+def text_layer_input(layer: int) -> str:
+    return TEXT_INPUT if layer == 0 else f"text.layer.{layer - 1}"
+
+
+def text_replay_inputs(stage_id: str) -> tuple[str, ...] | None:
+    """What a text stage's replay reads: each layer its predecessor's whole sequence (position ids and the causal
+    mask come with the replay context); the final norm and the logits the last position (both act per position)."""
+    parts = stage_id.split(".")
+    if parts[1] == "layer":
+        return (text_layer_input(int(parts[2])),)
+    return {
+        "text.embeds.image": ("vision.merger",),
+        "text.embeds.text": ("text.input_ids",),
+        "text.logits.last": ("text.norm.last",),
     }.get(stage_id)
 
 
@@ -175,9 +212,13 @@ def text_stages(config: dict, max_new_tokens: int) -> list[Stage]:
     text = dict(config.get("text_config") or config)
     layers = int(text.get("num_hidden_layers", 0))
     stages = [
-        Stage("text.input_ids", ("tokens",), integer=True, description="prompt token ids"),
-        Stage("text.position_ids", ("3", "tokens"), integer=True, description="M-RoPE position ids (t, h, w)"),
-        Stage("text.rope_deltas", ("batch",), integer=True, description="M-RoPE delta for generated positions"),
+        Stage("text.input_ids", ("tokens",), integer=True, description="prompt token ids", data=True),
+        Stage(
+            "text.position_ids", ("3", "tokens"), integer=True, description="M-RoPE position ids (t, h, w)", data=True
+        ),
+        Stage(
+            "text.rope_deltas", ("batch",), integer=True, description="M-RoPE delta for generated positions", data=True
+        ),
         Stage("text.embeds.image", ("image_tokens", "hidden"), description="merged input embeddings at image slots"),
         Stage("text.embeds.text", ("text_tokens", "hidden"), description="input embeddings at text slots"),
         Stage(
@@ -185,16 +226,41 @@ def text_stages(config: dict, max_new_tokens: int) -> list[Stage]:
             ("count",),
             integer=True,
             description="text slots whose embedding differs from the token's own row (must be 0)",
+            data=True,
         ),
     ]
-    stages += [
-        Stage(f"text.layer.{i}.last", ("hidden",), description=f"text layer {i} output, last position")
-        for i in range(layers)
-    ]
+    for i in range(layers):
+        stages += [
+            Stage(f"text.layer.{i}", ("tokens", "hidden"), description=f"text layer {i} output, every position"),
+            Stage(f"text.layer.{i}.last", ("hidden",), description=f"text layer {i} output, last position"),
+        ]
     stages += [
         Stage("text.norm.last", ("hidden",), description="final norm, last position"),
         Stage("text.logits.last", ("vocab",), description="prefill logits, last position"),
-        Stage("text.generate.tokens", ("steps",), integer=True, description=f"greedy tokens ({max_new_tokens})"),
+        # decoded past the prefill: functions of decode steps nothing captures, so never replayed
+        Stage(
+            "text.generate.tokens",
+            ("steps",),
+            integer=True,
+            description=f"greedy tokens ({max_new_tokens})",
+            data=True,
+        ),
         Stage("text.generate.margins", ("steps",), side=True, description="top-1 minus top-2 logit at each step"),
     ]
     return stages
+
+
+def text_layers(plan: StagePlan) -> int:
+    """How many decoder layers the plan follows (0 without the text stages)."""
+    return sum(1 for stage in plan if stage.id.startswith("text.layer.") and stage.id.endswith(".last"))
+
+
+#: The merger's pieces, in execution order: what narrowing captures when the merger's output diverges first.
+MERGER_PIECES = ("vision.merger.norm", "vision.merger.hidden", "vision.merger.window")
+
+
+def substages_of(stage_id: str, plan: StagePlan) -> tuple[str, ...]:
+    """A block output's substages (the default), and the merger's pieces for the merger's output."""
+    if stage_id == "vision.merger":
+        return tuple(piece for piece in MERGER_PIECES if piece in plan)
+    return block_substages(stage_id, plan)

@@ -1,4 +1,5 @@
-"""What every replayed Qwen2.5-VL stage needs besides its inputs: rotary tables, attention bounds, window order."""
+"""What every replayed Qwen2.5-VL stage needs besides its inputs: rotary tables, attention bounds, window order;
+for the text stages the prompt's token ids, M-RoPE positions and where its image slots are."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 
 from ...stages import StagePlan
 from ...tapset import TapSet
-from .plan import BLOCK0_INPUT
+from .plan import BLOCK0_INPUT, TEXT_INPUT
 
 
 @dataclass
@@ -22,6 +23,14 @@ class ReplayContext:
     window_index: np.ndarray  # merged-token permutation
     full_blocks: frozenset[int]
     merge_unit: int
+    input_ids: np.ndarray | None = None  # the prompt (text stages only)
+    text_positions: np.ndarray | None = None  # [3, tokens] M-RoPE position ids
+    image_token_id: int | None = None
+
+    @property
+    def image_slots(self) -> np.ndarray:
+        """Where the prompt's image placeholders are (a [tokens] mask)."""
+        return self.input_ids == self.image_token_id
 
     def bounds(self, block: int) -> np.ndarray:
         return self.cu_seqlens if block in self.full_blocks else self.cu_window_seqlens
@@ -64,9 +73,14 @@ class ReplayContext:
 
     @classmethod
     def from_plan(cls, reference: TapSet, plan: StagePlan) -> ReplayContext:
-        return cls.from_tapset(
+        ctx = cls.from_tapset(
             reference, plan.meta.get("fullatt_block_indexes", []), int(plan.meta.get("spatial_merge_size", 2)) ** 2
         )
+        if "text.input_ids" in reference and "text.position_ids" in reference:
+            ctx.input_ids = np.asarray(reference["text.input_ids"]).astype(np.int64)
+            ctx.text_positions = np.asarray(reference["text.position_ids"]).astype(np.int64)
+            ctx.image_token_id = int(plan.meta.get("image_token_id", -1))
+        return ctx
 
     def stage(self, reference: TapSet, stage_id: str) -> np.ndarray | None:
         """A reference stage as a replay input (the block-0 input is the patch embedding in window order)."""
@@ -74,4 +88,17 @@ class ReplayContext:
             if "vision.patch_embed" not in reference:
                 return None
             return self.to_window(np.asarray(reference["vision.patch_embed"]))
+        if stage_id == TEXT_INPUT:
+            return self.text_sequence(reference)
         return np.asarray(reference[stage_id]) if stage_id in reference else None
+
+    def text_sequence(self, reference: TapSet) -> np.ndarray | None:
+        """The whole prompt's input embeddings: image slots from ``text.embeds.image``, the rest from
+        ``text.embeds.text``."""
+        if self.input_ids is None or not {"text.embeds.image", "text.embeds.text"} <= set(reference.stage_ids()):
+            return None
+        image, text = np.asarray(reference["text.embeds.image"]), np.asarray(reference["text.embeds.text"])
+        sequence = np.zeros((len(self.input_ids), image.shape[-1]), dtype=np.float32)
+        sequence[self.image_slots] = image
+        sequence[~self.image_slots] = text
+        return sequence

@@ -138,13 +138,15 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
             with_kwargs=True,
         )
     ]
+
+    def layer_out(module, args, out, index: int) -> None:
+        hidden = _np((out[0] if isinstance(out, tuple) else out)[0])
+        sink.put(f"text.layer.{index}", hidden)
+        sink.put(f"text.layer.{index}.last", hidden[-1])
+
     for index, layer in enumerate(language.layers):
         hooks.append(
-            layer.register_forward_hook(
-                lambda module, args, out, index=index: sink.put(
-                    f"text.layer.{index}.last", _np((out[0] if isinstance(out, tuple) else out)[0, -1])
-                )
-            )
+            layer.register_forward_hook(lambda module, args, out, index=index: layer_out(module, args, out, index))
         )
     hooks.append(language.norm.register_forward_hook(lambda m, a, out: sink.put("text.norm.last", _np(out[0, -1]))))
     ids = torch.from_numpy(text.input_ids)[None]
@@ -182,20 +184,15 @@ def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.
     import torch
     from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as modeling
 
+    if stage_id.startswith("text."):
+        return _replay_text(model, stage_id, inputs, ctx)
     visual = _visual(model)
     dtype = next(visual.parameters()).dtype
     args = [torch.from_numpy(np.ascontiguousarray(x)).to(dtype) for x in inputs]
     block, kind = parse_stage(stage_id)
     with torch.no_grad():
         if block is None:
-            merger = visual.merger
-            if kind == "merger.norm":
-                out = merger.ln_q(args[0])
-            elif kind == "merger.hidden":
-                out = merger.mlp[1](merger.mlp[0](args[0].reshape(-1, merger.hidden_size)))
-            else:
-                out = merger.mlp[2](args[0])
-            return _np(out)
+            return _np(_replay_tower_piece(visual, kind, args, inputs, ctx))
         blk = visual.blocks[block]
         cos = torch.from_numpy(ctx.cos).to(dtype)
         sin = torch.from_numpy(ctx.sin).to(dtype)
@@ -236,3 +233,57 @@ def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.
         else:
             raise KeyError(stage_id)
     return _np(out)
+
+
+def _replay_tower_piece(visual: Any, kind: str, args: list, inputs: list[np.ndarray], ctx: Any):
+    """The stem (patch embedding, rotary tables from the grid) and the merger's pieces, as the forward runs them."""
+    import torch
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as modeling
+
+    merger = visual.merger
+    if kind == "patch_embed":
+        return visual.patch_embed(args[0])
+    if kind in ("rotary.cos", "rotary.sin"):
+        positions = modeling.get_vision_position_ids(torch.from_numpy(inputs[0]).long(), visual.spatial_merge_size)
+        cos, sin = visual.rotary_pos_emb(args[0], positions)
+        return cos if kind == "rotary.cos" else sin
+    if kind == "merger.norm":
+        return merger.ln_q(args[0])
+    if kind == "merger.hidden":
+        return merger.mlp[1](merger.mlp[0](args[0].reshape(-1, merger.hidden_size)))
+    if kind == "merger.window":
+        return merger.mlp[2](args[0])
+    if kind == "merger":
+        return args[0][torch.argsort(torch.from_numpy(ctx.window_index))]
+    raise KeyError(f"vision.{kind}")
+
+
+def _replay_text(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
+    """The decoder's own modules on given inputs: embeddings, one layer (causal mask, M-RoPE from the reference's
+    positions), the final norm, the head."""
+    import torch
+    from transformers.masking_utils import create_causal_mask
+
+    language = model.model.language_model
+    dtype = language.embed_tokens.weight.dtype
+    with torch.no_grad():
+        if stage_id == "text.embeds.text":
+            return _np(language.embed_tokens(torch.from_numpy(inputs[0]).long()))[~ctx.image_slots]
+        if stage_id == "text.embeds.image":
+            ids = torch.from_numpy(ctx.input_ids)[None]
+            embeds = language.embed_tokens(ids)
+            features = torch.from_numpy(np.ascontiguousarray(inputs[0])).to(dtype)
+            mask, _ = model.model.get_placeholder_mask(ids, inputs_embeds=embeds, image_features=features)
+            return _np(embeds.masked_scatter(mask, features)[0])[ctx.image_slots]
+        x = torch.from_numpy(np.ascontiguousarray(inputs[0])).to(dtype)
+        if stage_id == "text.norm.last":
+            return _np(language.norm(x))
+        if stage_id == "text.logits.last":
+            return _np(model.lm_head(x))
+        layer = language.layers[int(stage_id.split(".")[2])]
+        x = x[None]
+        positions = torch.from_numpy(ctx.text_positions)[:, None, :]
+        mask = create_causal_mask(config=language.config, inputs_embeds=x, attention_mask=None, cache=None)
+        out = layer(x, attention_mask=mask, position_embeddings=language.rotary_emb(x, positions))
+        out = (out[0] if isinstance(out, tuple) else out)[0]
+        return _np(out[-1] if stage_id.endswith(".last") else out)

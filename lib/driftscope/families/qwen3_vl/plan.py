@@ -85,9 +85,9 @@ def vision_plan(config: dict) -> StagePlan:
     depth, deepstack = int(vision.get("depth", 27)), deepstack_indexes(config)
     raster = {"token_order": "raster", "token_unit": "patch"}
     stages = [
-        Stage("inputs.pixel_values", ("patches", "channels"), **raster, description="processor output"),
-        Stage("inputs.grid_thw", ("images", "thw"), integer=True, description="processor grid per image"),
-        Stage("inputs.image_tokens", ("images",), integer=True, description="merged tokens per image"),
+        Stage("inputs.pixel_values", ("patches", "channels"), **raster, description="processor output", data=True),
+        Stage("inputs.grid_thw", ("images", "thw"), integer=True, description="processor grid per image", data=True),
+        Stage("inputs.image_tokens", ("images",), integer=True, description="merged tokens per image", data=True),
         Stage("vision.patch_embed", ("tokens", "hidden"), **raster, description="Conv3d patch embedding (with bias)"),
         Stage(
             "vision.pos_embed",
@@ -98,7 +98,13 @@ def vision_plan(config: dict) -> StagePlan:
         Stage("vision.positioned", ("tokens", "hidden"), **raster, description="patch embedding + position table"),
         Stage("vision.rotary.cos", ("tokens", "head_dim"), **raster, side=True, description="2D RoPE cos table"),
         Stage("vision.rotary.sin", ("tokens", "head_dim"), **raster, side=True, description="2D RoPE sin table"),
-        Stage("vision.cu_seqlens", ("frames+1",), integer=True, description="attention bounds, one per image frame"),
+        Stage(
+            "vision.cu_seqlens",
+            ("frames+1",),
+            integer=True,
+            description="attention bounds, one per image frame",
+            data=True,
+        ),
     ]
     for block in range(depth):
         for name, axes, meaning in BLOCK_SUBSTAGES:
@@ -132,9 +138,13 @@ def text_stages(config: dict, max_new_tokens: int) -> list[Stage]:
     layers = int(text.get("num_hidden_layers", 0))
     branches = len(deepstack_indexes(config))
     stages = [
-        Stage("text.input_ids", ("tokens",), integer=True, description="prompt token ids"),
-        Stage("text.position_ids", ("3", "tokens"), integer=True, description="M-RoPE position ids (t, h, w)"),
-        Stage("text.rope_deltas", ("batch",), integer=True, description="M-RoPE delta for generated positions"),
+        Stage("text.input_ids", ("tokens",), integer=True, description="prompt token ids", data=True),
+        Stage(
+            "text.position_ids", ("3", "tokens"), integer=True, description="M-RoPE position ids (t, h, w)", data=True
+        ),
+        Stage(
+            "text.rope_deltas", ("batch",), integer=True, description="M-RoPE delta for generated positions", data=True
+        ),
         Stage("text.embeds.image", ("image_tokens", "hidden"), description="merged input embeddings at image slots"),
         Stage("text.embeds.text", ("text_tokens", "hidden"), description="input embeddings at text slots"),
         Stage(
@@ -142,6 +152,7 @@ def text_stages(config: dict, max_new_tokens: int) -> list[Stage]:
             ("count",),
             integer=True,
             description="text slots whose embedding differs from the token's own row (must be 0)",
+            data=True,
         ),
     ]
     for i in range(layers):
@@ -163,7 +174,9 @@ def text_stages(config: dict, max_new_tokens: int) -> list[Stage]:
     stages += [
         Stage("text.norm.last", ("hidden",), description="final norm, last position"),
         Stage("text.logits.last", ("vocab",), description="prefill logits, last position"),
-        Stage("text.generate.tokens", ("steps",), integer=True, description=f"greedy tokens ({max_new_tokens})"),
+        Stage(
+            "text.generate.tokens", ("steps",), integer=True, description=f"greedy tokens ({max_new_tokens})", data=True
+        ),
         Stage("text.generate.margins", ("steps",), side=True, description="top-1 minus top-2 logit at each step"),
     ]
     return stages

@@ -21,7 +21,7 @@ from ..geometry import Bucket, mrope_positions, pack_images
 from ..plan import parse_stage
 from .config import VisionSpec
 from .model import FINAL, SUBSTAGES, block_graph, merger_graph, stem_graph, vision_tower
-from .stages import stage_function, stage_weights
+from .stages import prefixed, stage_function, stage_weights
 from .weights import load_vision_weights
 
 #: Stages computed on the host (inputs and index math), not by the graph.
@@ -41,7 +41,7 @@ GRAPH_INPUTS = ("pixel_values", "patch_gather", "positions", "window_segments", 
 
 def load(checkpoint) -> EmittedModel:
     spec = VisionSpec.from_config(checkpoint.config)
-    return EmittedModel(spec, load_vision_weights(checkpoint.path, spec))
+    return EmittedModel(spec, load_vision_weights(checkpoint.path, spec), checkpoint)
 
 
 def bucket(model: EmittedModel, inputs: ModelInputs, rows: int | None) -> Bucket:
@@ -133,7 +133,7 @@ def capture_pieces(runtime, bucket: Bucket, inputs: ModelInputs, sink: StageSink
     out = runtime.call(
         "merger",
         functools.partial(merger_graph, spec=spec, contract=contract),
-        (stage_weights(weights, None, "merger"), x, feeds["merged_restore"]),
+        (prefixed(weights, "merger."), x, feeds["merged_restore"]),
     )
     sink.put("vision.merger.norm", out["vision.merger.norm"][:active], bucket_rows=bucket.rows)
     for stage_id in ("vision.merger.hidden", "vision.merger.window", FINAL):
@@ -145,13 +145,10 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
     """Prefill logits through the JAX text decoder on embeddings merged from the runtime's own tower output."""
     import jax
 
-    from .text import TextSpec, load_text_weights, text_prefill
+    from .text import text_prefill
 
     text = inputs.text
-    spec = TextSpec.from_config(runtime.checkpoint.config)
-    if "_text_weights" not in runtime.__dict__:  # released with the model
-        runtime._text_weights = load_text_weights(runtime.checkpoint.path, spec)
-    weights = runtime._text_weights
+    spec, weights = _text(runtime.model)
     rows = weights["embed_tokens.weight"][text.input_ids]
     image = text.input_ids == text.image_token_id
     embeds = rows.copy()
@@ -169,10 +166,42 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
 
 def replay_call(model: EmittedModel, stage_id: str, inputs: list[np.ndarray], ctx: Any, contract: Contract):
     """(kind, function, arguments) of one stage: blocks of a kind share the function (weights unprefixed)."""
+    if stage_id.startswith("text."):
+        return _text_replay_call(model, stage_id, inputs, ctx, contract)
     block, kind = parse_stage(stage_id)
     weights = stage_weights(model.weights, block, kind)
     bounds = ctx.bounds(block) if block is not None else np.array([0, len(ctx.cos)])
     segments = np.repeat(np.arange(len(bounds) - 1, dtype=np.int32), np.diff(bounds))
     arguments = tuple(np.asarray(x, dtype=np.float32) for x in inputs)
+    if kind in ("rotary.cos", "rotary.sin"):  # the host's positions of the grid's raster rows, as a capture has them
+        spec = model.spec
+        grid = np.asarray(inputs[0], dtype=np.int64)
+        packed = pack_images(grid, None, spec.spatial_merge_size, spec.window_size, spec.patch_size)
+        arguments = (packed.positions[: packed.active].astype(np.float32),)
+    elif kind == "merger":
+        arguments = (arguments[0], np.argsort(ctx.window_index, kind="stable").astype(np.int32))
     args = (weights, arguments, ctx.cos.astype(np.float32), ctx.sin.astype(np.float32), segments)
     return kind, stage_function(kind, model.spec, contract), args
+
+
+def _text(model: EmittedModel):
+    """The text decoder's spec and weights, read from the checkpoint once (released with the model)."""
+    from .text import TextSpec, load_text_weights
+
+    if model.text is None:
+        spec = TextSpec.from_config(model.checkpoint.config)
+        model.text = (spec, load_text_weights(model.checkpoint.path, spec))
+    return model.text
+
+
+def _text_replay_call(model: EmittedModel, stage_id: str, inputs: list[np.ndarray], ctx: Any, contract: Contract):
+    """The decoder's stages: its weights are read from the checkpoint on the first text replay."""
+    from .text import text_replay
+
+    spec, weights = _text(model)
+    kind, function, used = text_replay(stage_id, weights, spec, contract)
+    if stage_id == "text.embeds.text":
+        arguments = (np.asarray(inputs[0])[~ctx.image_slots].astype(np.int32),)
+    else:
+        arguments = tuple(np.asarray(x, dtype=np.float32) for x in inputs)
+    return kind, function, (used, arguments, ctx.text_positions.astype(np.int32))

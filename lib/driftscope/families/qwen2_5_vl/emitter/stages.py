@@ -9,8 +9,18 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 
-from ....compiled.layers import Contract, apply_rope, attention, linear, rms_norm, segment_mask
+from ....compiled.layers import (
+    Contract,
+    apply_rope,
+    attention,
+    linear,
+    patch_embed,
+    rms_norm,
+    rotary_tables,
+    segment_mask,
+)
 from .config import VisionSpec
 
 
@@ -36,6 +46,10 @@ def stage_function(kind: str, spec: VisionSpec, contract: Contract) -> Callable:
         return contract.round_state(x + linear(contract, gate * up, w["mlp.down_proj.weight"], w["mlp.down_proj.bias"]))
 
     functions: dict[str, Callable] = {
+        "patch_embed": lambda w, args, cos, sin, seg: patch_embed(contract, args[0], w["proj.weight"]),
+        # args[0]: each raster row's (h, w) position, as the host computes it from the grid
+        "rotary.cos": lambda w, args, cos, sin, seg: rotary_tables(args[0], spec.head_dim, spec.rope_theta)[0],
+        "rotary.sin": lambda w, args, cos, sin, seg: rotary_tables(args[0], spec.head_dim, spec.rope_theta)[1],
         "block": lambda w, args, cos, sin, seg: block(w, args[0], cos, sin, seg),
         "norm1": lambda w, args, cos, sin, seg: contract.round_state(rms_norm(args[0], w["norm1.weight"], eps)),
         "attn.q": lambda w, args, cos, sin, seg: apply_rope(_qkv(spec, contract, w, args[0])[0], cos, sin),
@@ -66,11 +80,20 @@ def stage_function(kind: str, spec: VisionSpec, contract: Contract) -> Callable:
             approximate=False,
         ),
         "merger.window": lambda w, args, cos, sin, seg: linear(contract, args[0], w["mlp.2.weight"], w["mlp.2.bias"]),
+        # args[1]: the window-order row to read for each raster row (the inverse window permutation)
+        "merger": lambda w, args, cos, sin, seg: jnp.take(args[0], args[1], axis=0),
     }
     return functions[kind]
 
 
 def stage_weights(weights: dict, block: int | None, kind: str) -> dict:
-    """The weights one stage reads, keyed without the block/merger prefix."""
-    prefix = "merger." if block is None else f"blocks.{block}."
+    """The weights one stage reads, keyed without the block/merger/patch embedding prefix."""
+    if block is None and kind in ("rotary.cos", "rotary.sin", "merger"):
+        return {}
+    prefix = "patch_embed." if kind == "patch_embed" else "merger." if block is None else f"blocks.{block}."
+    return prefixed(weights, prefix)
+
+
+def prefixed(weights: dict, prefix: str) -> dict:
+    """The weights under ``prefix``, keyed without it (``merger.``: what the whole merger reads)."""
     return {name[len(prefix) :]: value for name, value in weights.items() if name.startswith(prefix)}

@@ -106,40 +106,75 @@ def _rotate(x, cos, sin):
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
+def decoder_layer(w: dict, x: jax.Array, cos, sin, *, spec: TextSpec, contract: Contract) -> jax.Array:
+    """One decoder layer over a whole sequence (weights without their ``layers.N.`` prefix), causal."""
+    seq = x.shape[0]
+    causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
+    group = spec.num_heads // spec.num_kv_heads
+    h = rms_norm(x, w["input_layernorm.weight"], spec.eps)
+    q = linear(contract, h, w["self_attn.q_proj.weight"], w["self_attn.q_proj.bias"]).reshape(seq, spec.num_heads, -1)
+    k = linear(contract, h, w["self_attn.k_proj.weight"], w["self_attn.k_proj.bias"]).reshape(
+        seq, spec.num_kv_heads, -1
+    )
+    v = linear(contract, h, w["self_attn.v_proj.weight"], w["self_attn.v_proj.bias"]).reshape(
+        seq, spec.num_kv_heads, -1
+    )
+    q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+    k, v = jnp.repeat(k, group, axis=1), jnp.repeat(v, group, axis=1)
+    qh, kh, vh = (jnp.transpose(t, (1, 0, 2)) for t in (q, k, v))
+    scores = contract.dot(qh, kh, ((2,), (2,)), ((0,), (0,))) * (spec.head_dim**-0.5)
+    probs = jax.nn.softmax(jnp.where(causal[None], scores, -jnp.inf), axis=-1)
+    context = jnp.transpose(contract.dot(probs, vh, ((2,), (1,)), ((0,), (0,))), (1, 0, 2)).reshape(seq, -1)
+    x = x + linear(contract, context, w["self_attn.o_proj.weight"])
+    h = rms_norm(x, w["post_attention_layernorm.weight"], spec.eps)
+    gate = jax.nn.silu(linear(contract, h, w["mlp.gate_proj.weight"]))
+    return x + linear(contract, gate * linear(contract, h, w["mlp.up_proj.weight"]), w["mlp.down_proj.weight"])
+
+
+def layer_weights(weights: dict, layer: int) -> dict:
+    prefix = f"layers.{layer}."
+    return {k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)}
+
+
 def text_prefill(
     weights: dict, embeds: jax.Array, positions: jax.Array, *, spec: TextSpec, contract: Contract
 ) -> dict[str, jax.Array]:
-    """Prefill of one sequence: per-layer last-position outputs, final norm and logits at the last position."""
-    seq = embeds.shape[0]
+    """Prefill of one sequence: each layer's output (every position and the last), the final norm and the logits
+    at the last position."""
     cos, sin = mrope_tables(positions, spec)
-    causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
-    group = spec.num_heads // spec.num_kv_heads
     out: dict[str, jax.Array] = {}
     x = embeds.astype(jnp.float32)
     for i in range(spec.layers):
-        w = {k[len(f"layers.{i}.") :]: v for k, v in weights.items() if k.startswith(f"layers.{i}.")}
-        h = rms_norm(x, w["input_layernorm.weight"], spec.eps)
-        q = linear(contract, h, w["self_attn.q_proj.weight"], w["self_attn.q_proj.bias"]).reshape(
-            seq, spec.num_heads, -1
-        )
-        k = linear(contract, h, w["self_attn.k_proj.weight"], w["self_attn.k_proj.bias"]).reshape(
-            seq, spec.num_kv_heads, -1
-        )
-        v = linear(contract, h, w["self_attn.v_proj.weight"], w["self_attn.v_proj.bias"]).reshape(
-            seq, spec.num_kv_heads, -1
-        )
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        k, v = jnp.repeat(k, group, axis=1), jnp.repeat(v, group, axis=1)
-        qh, kh, vh = (jnp.transpose(t, (1, 0, 2)) for t in (q, k, v))
-        scores = contract.dot(qh, kh, ((2,), (2,)), ((0,), (0,))) * (spec.head_dim**-0.5)
-        probs = jax.nn.softmax(jnp.where(causal[None], scores, -jnp.inf), axis=-1)
-        context = jnp.transpose(contract.dot(probs, vh, ((2,), (1,)), ((0,), (0,))), (1, 0, 2)).reshape(seq, -1)
-        x = x + linear(contract, context, w["self_attn.o_proj.weight"])
-        h = rms_norm(x, w["post_attention_layernorm.weight"], spec.eps)
-        gate = jax.nn.silu(linear(contract, h, w["mlp.gate_proj.weight"]))
-        x = x + linear(contract, gate * linear(contract, h, w["mlp.up_proj.weight"]), w["mlp.down_proj.weight"])
+        x = decoder_layer(layer_weights(weights, i), x, cos, sin, spec=spec, contract=contract)
+        out[f"text.layer.{i}"] = x
         out[f"text.layer.{i}.last"] = x[-1]
     normed = rms_norm(x[-1:], weights["norm.weight"], spec.eps)
     out["text.norm.last"] = normed[0]
     out["text.logits.last"] = linear(contract, normed, weights["lm_head.weight"])[0]
     return out
+
+
+def text_replay(stage_id: str, weights: dict, spec: TextSpec, contract: Contract):
+    """(kind, function, weights) of one text stage's replay: ``function(weights, inputs, positions)``; the layers
+    of a kind share one function (weights without their prefix)."""
+    if stage_id.startswith("text.layer."):
+        kind = "text.layer.last" if stage_id.endswith(".last") else "text.layer"
+
+        def layer(w, args, positions):
+            cos, sin = mrope_tables(positions, spec)
+            out = decoder_layer(w, args[0], cos, sin, spec=spec, contract=contract)
+            return out[-1] if kind.endswith(".last") else out
+
+        return kind, layer, layer_weights(weights, int(stage_id.split(".")[2]))
+    if stage_id == "text.norm.last":
+        norm = {"norm.weight": weights["norm.weight"]}
+        return stage_id, lambda w, args, p: rms_norm(args[0][None], w["norm.weight"], spec.eps)[0], norm
+    if stage_id == "text.logits.last":
+        head = {"lm_head.weight": weights["lm_head.weight"]}
+        return stage_id, lambda w, args, p: linear(contract, args[0][None], w["lm_head.weight"])[0], head
+    if stage_id == "text.embeds.text":  # the embedding rows of the prompt's text slots (args: their token ids)
+        table = {"embed_tokens.weight": weights["embed_tokens.weight"]}
+        return stage_id, lambda w, args, p: jnp.take(w["embed_tokens.weight"], args[0], axis=0), table
+    if stage_id == "text.embeds.image":  # the tower's output written into the image slots as it is
+        return stage_id, lambda w, args, p: args[0], {}
+    raise KeyError(stage_id)

@@ -1,0 +1,80 @@
+"""What a pair's narrowing and replay conclude, in one sentence with its evidence.
+
+- **introduced**: a stage's operator, fed the reference's own input, already breaks the contract: that operator
+  introduces the error.
+- **accumulation**: every op-local replay passes while accumulated stages fail: no operator introduces the error;
+  it accumulates from the drift's onset, amplified where a stage multiplies the incoming error (the chain).
+- **data**: the first divergence is a data stage (inputs, index math): there is no operator to replay.
+- **agreement**: nothing diverges; **not replayed**: something diverges but no replay says why.
+"""
+
+from __future__ import annotations
+
+from ..rows import ComparisonRow, first_divergence
+from ..stages import StagePlan
+from .drilldown import DRIFT_FLOOR, Drilldown
+
+SHOWN_AMPLIFIERS = 3  # the sentence names the strongest few; the record keeps the whole chain
+
+
+def _onset(rows: list[ComparisonRow], plan: StagePlan) -> str | None:
+    """The first stage on the activation path whose accumulated relative error is above round-off."""
+    for row in rows:
+        stage = plan[row.stage] if row.stage in plan else None
+        if row.integer or (stage is not None and (stage.side or stage.data)) or row.status not in ("pass", "fail"):
+            continue
+        if row.relative_rms > DRIFT_FLOOR:
+            return row.stage
+    return None
+
+
+def _times(factor: float | None) -> str:
+    return "x?" if factor is None else f"x{factor:.3g}"
+
+
+def conclude(drill: Drilldown | None, rows: list[ComparisonRow], plan: StagePlan) -> dict:
+    """The pair's conclusion: ``kind``, the stages it rests on, and ``text`` (one sentence)."""
+    first = first_divergence(rows)
+    if first is None:
+        return {"kind": "agreement", "text": "every compared stage is within the contract"}
+    where = {"first_divergence": first.stage}
+    if first.stage in plan and plan[first.stage].data:
+        return {
+            "kind": "data",
+            **where,
+            "text": f"{first.stage} differs and is data (inputs or index math, compared exactly): "
+            "no operator of the model computes it, so there is nothing to replay",
+        }
+    if drill is None:
+        return {
+            "kind": "not replayed",
+            **where,
+            "text": f"first divergence at {first.stage}; the candidate was not replayed on the reference's inputs, "
+            "so whether an operator introduces it is not known",
+        }
+    labels = {label["stage"]: label for label in drill.labels}
+    introduced = drill.first_introduced
+    if introduced:
+        label = labels[introduced]
+        return {
+            "kind": "introduced",
+            **where,
+            "stage": introduced,
+            "text": f"{introduced} introduces the error: its operator fed the reference's own input already fails "
+            f"({label['op_local_failures']} elements over tolerance, relative RMS "
+            f"{label['op_local_relative_rms']:.3g})",
+        }
+    stop = plan.position(first.stage) if first.stage in plan else len(plan)
+    chain = [
+        {"stage": label["stage"], "factor": label["amplification"]}
+        for label in drill.labels
+        if label["label"] == "amplified" and (label["stage"] not in plan or plan.position(label["stage"]) <= stop)
+    ]
+    onset = _onset(rows, plan)
+    text = f"no operator introduces the error; it accumulates from {onset or first.stage} on"
+    if chain:
+        strongest = sorted(chain, key=lambda link: -(link["factor"] or 0.0))[:SHOWN_AMPLIFIERS]
+        shown = [link for link in chain if link in strongest]
+        text += " and is amplified by " + ", ".join(f"{link['stage']} ({_times(link['factor'])})" for link in shown)
+    text += f"; it first breaks the contract at {first.stage}"
+    return {"kind": "accumulation", **where, "onset": onset, "amplified": chain, "text": text}

@@ -1,0 +1,75 @@
+"""The conclusion in words (issue 21 item 4): introduced names the operator; when every op-local replay passes while
+accumulated stages fail, the text says no operator introduces the error, from where it accumulates and which stages
+amplify it (the chain, strongest first named, in execution order), instead of a bare ``first_introduced: null``."""
+
+from __future__ import annotations
+
+from driftscope.replay.conclusion import conclude
+from driftscope.replay.drilldown import Drilldown
+from driftscope.rows import ComparisonRow
+from driftscope.stages import Stage, StagePlan
+
+IDS = ["inputs.pixels", "patch_embed", "block.0", "block.0.norm2", "block.1", "block.2", "merger"]
+PLAN = StagePlan("f", [Stage(i, ("tokens", "hidden"), data=i.startswith("inputs.")) for i in IDS], depth=3)
+
+
+def rows(failing: set[str], relative: dict[str, float]) -> list[ComparisonRow]:
+    return [
+        ComparisonRow(
+            stage,
+            "ref",
+            "cand",
+            position,
+            "fail" if stage in failing else "pass",
+            failures=5 if stage in failing else 0,
+            relative_rms=relative.get(stage, 0.0),
+        )
+        for position, stage in enumerate(IDS)
+    ]
+
+
+def label(stage: str, kind: str, factor: float | None = None, own_failures: int = 0) -> dict:
+    return {
+        "stage": stage,
+        "label": kind,
+        "amplification": factor,
+        "op_local_failures": own_failures,
+        "op_local_relative_rms": 0.3 if own_failures else 1e-6,
+    }
+
+
+def test_accumulation_names_the_onset_and_the_amplification_chain():
+    drifting = {"patch_embed": 2e-3, "block.0": 3e-3, "block.0.norm2": 0.04, "block.1": 0.05, "block.2": 0.2}
+    drill = Drilldown(
+        "cand",
+        "ref",
+        "cand",
+        [],
+        [
+            label("patch_embed", "inherited"),
+            label("block.0.norm2", "amplified", 12.0),
+            label("block.2", "amplified", 30.4),
+            label("merger", "amplified", 99.0),  # after the first divergence: not part of the chain
+        ],
+    )
+    conclusion = conclude(drill, rows({"block.2", "merger"}, drifting), PLAN)
+    assert conclusion["kind"] == "accumulation" and conclusion["onset"] == "patch_embed"
+    assert conclusion["amplified"] == [{"stage": "block.0.norm2", "factor": 12.0}, {"stage": "block.2", "factor": 30.4}]
+    assert conclusion["text"] == (
+        "no operator introduces the error; it accumulates from patch_embed on and is amplified by "
+        "block.0.norm2 (x12), block.2 (x30.4); it first breaks the contract at block.2"
+    )
+
+
+def test_an_operator_that_fails_on_the_reference_input_is_named():
+    drill = Drilldown("cand", "ref", "cand", [], [label("block.0.norm2", "introduced", own_failures=7)])
+    conclusion = conclude(drill, rows({"block.0.norm2", "block.1"}, {}), PLAN)
+    assert conclusion["kind"] == "introduced" and conclusion["stage"] == "block.0.norm2"
+    assert conclusion["text"].startswith("block.0.norm2 introduces the error") and "7 elements" in conclusion["text"]
+
+
+def test_data_agreement_and_no_replay_say_so():
+    assert conclude(None, rows(set(), {}), PLAN)["kind"] == "agreement"
+    data = conclude(None, rows({"inputs.pixels"}, {}), PLAN)
+    assert data["kind"] == "data" and "nothing to replay" in data["text"]
+    assert conclude(None, rows({"block.1"}, {}), PLAN)["kind"] == "not replayed"
