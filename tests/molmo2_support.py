@@ -39,3 +39,30 @@ def shapes_inputs(size: int):
 
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint_dirs()["hub"]))
     return prepare([shapes_image(size)], PROMPT, tokenizer)
+
+
+@functools.cache
+def config(layout: str = "hub") -> dict:
+    import json
+
+    return json.loads((checkpoint_dirs()[layout] / "config.json").read_text())
+
+
+@functools.cache
+def transformers_model(layout: str = "hub"):
+    from driftscope.families.molmo2.transformers_taps import load_model
+
+    return load_model(checkpoint_dirs()[layout])
+
+
+@functools.cache
+def reference_taps(size: int) -> dict[str, np.ndarray]:
+    """transformers f32 (eager attention) taps of every stage on the hub checkpoint at ``size`` px."""
+    from driftscope.families.molmo2.config import read_facts
+    from driftscope.families.molmo2.transformers_taps import capture
+
+    return capture(transformers_model("hub"), shapes_inputs(size), read_facts(config("hub")).selected_layers)
+
+
+def max_abs(a, b) -> float:
+    return float(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)).max())

@@ -73,6 +73,7 @@ class SyntheticMolmo2Spec:
     rope_theta: float = 5e6
     seed: int = 0
     weight_gain: float = 1.0
+    adapter_gain: float = 0.5  # extra scale of the pooler's and projector's matrices: keeps projected features O(1)
 
 
 def token_ids(spec: SyntheticMolmo2Spec) -> dict[str, int]:
@@ -226,6 +227,10 @@ def make_checkpoints(
     torch.manual_seed(spec.seed)
     model = Molmo2ForConditionalGeneration(Molmo2Config(**json.loads(json.dumps(config)))).eval()
     _reinitialize(model, spec.seed, spec.weight_gain)
+    with torch.no_grad():
+        for param in model.model.multi_modal_projector.parameters():
+            if param.ndim == 2:
+                param.mul_(spec.adapter_gain)
     model.save_pretrained(native_dir, safe_serialization=True)
     _resplit_embedding(native_dir / "model.safetensors", spec.vocab_size)
     shutil.copyfile(native_dir / "model.safetensors", hub_dir / "model.safetensors")
