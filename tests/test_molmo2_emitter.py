@@ -64,6 +64,7 @@ def test_selected_layers_are_concatenated_in_configured_order():
     np.testing.assert_array_equal(ours["vision.concatenated"][..., 32:], ours["vision.block.18"])
 
 
+@pytest.mark.slow  # compiles the 25 unrolled blocks at once (~10 s)
 def test_whole_graph_equals_the_blockwise_runner():
     spec, weights = spec_and_weights()
     inputs = shapes_inputs(224)

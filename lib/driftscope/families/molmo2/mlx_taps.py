@@ -151,7 +151,7 @@ def capture(model: Any, inputs: Molmo2Inputs, selected_layers: tuple[int, ...]) 
             enter(_shadow(mlp, "act", output(s + "mlp.act")))
             enter(_shadow(mlp, "w2", output(s + "mlp.fc2")))
         for index in range(len(vit.transformer)):
-            enter(_item(vit.transformer, index, both(output(f"vision.block.{index}"))))
+            enter(_item(vit.transformer, index, output(f"vision.block.{index}")))
         enter(_shadow(tower, "encode_image", output("vision.concatenated", lambda v: v[0])))
         enter(
             _shadow(
@@ -201,10 +201,9 @@ def capture(model: Any, inputs: Molmo2Inputs, selected_layers: tuple[int, ...]) 
         )
         mx.eval(result.logits)
     out["text.logits.last"] = to_numpy(result.logits[0, -1])
-    grid = vit.config.image_num_patch
-    out["vision.pos_embed"] = to_numpy(vit.positional_embedding)
-    if tuple(grid) != (int(round(out["vision.pos_embed"].shape[0] ** 0.5)),) * 2:
-        out.pop("vision.pos_embed")  # mlx-vlm resizes the table: the added values are not the table
+    table = to_numpy(vit.positional_embedding)
+    if tuple(vit.config.image_num_patch) == (int(round(table.shape[0] ** 0.5)),) * 2:
+        out["vision.pos_embed"] = table  # mlx-vlm adds the table as is (it would resize it for another grid)
     out["pool.valid_counts"] = (mlx_pooling(inputs) >= 0).sum(-1).astype(np.int32)
     width = out["vision.block.0"].shape[-1]
     concatenated = out["vision.concatenated"]
