@@ -217,7 +217,7 @@ def make_checkpoints(
     import torch
     from transformers import Molmo2Config, Molmo2ForConditionalGeneration
 
-    from ...synthetic import _reinitialize
+    from ...synthetic import reinitialize
 
     hub_dir, native_dir = Path(hub_dir), Path(native_dir)
     for folder in (hub_dir, native_dir):
@@ -226,7 +226,7 @@ def make_checkpoints(
     config = hub_config(spec)
     torch.manual_seed(spec.seed)
     model = Molmo2ForConditionalGeneration(Molmo2Config(**json.loads(json.dumps(config)))).eval()
-    _reinitialize(model, spec.seed, spec.weight_gain)
+    reinitialize(model, spec.seed, spec.weight_gain)
     with torch.no_grad():
         for param in model.model.multi_modal_projector.parameters():
             if param.ndim == 2:

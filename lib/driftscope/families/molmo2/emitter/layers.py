@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ....emitters.qwen2_5_vl.layers import Contract, linear, rms_norm
+from ....compiled.layers import Contract, linear, rms_norm
 
 __all__ = [
     "Contract",
