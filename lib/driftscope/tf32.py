@@ -3,8 +3,8 @@
 On NVIDIA GPUs ``allow_tf32`` makes matmuls and convolutions read their float32 operands as TF32
 (8-bit exponent, 10-bit mantissa) and accumulate in float32. transformers' Molmo2 never turns TF32
 on for the CPU (and torch's CPU matmuls ignore ``allow_tf32``), so a CPU reference is IEEE float32.
-``emulate_tf32`` reproduces the GPU reference's operand rounding on the CPU, for a ``tf32`` reference
-policy: how much of a "divergence" is the reference's own TF32.
+``emulate_tf32`` reproduces the GPU reference's operand rounding on the CPU: the ``transformers`` runtime's
+``tf32`` policy, to show how much of a "divergence" is the reference's own TF32.
 
 Rounding is to nearest, ties to even, by default; ``"nearest_away"`` (PTX ``cvt.rna.tf32.f32``) and
 ``"truncate"`` are the other conventions GPU libraries use. Infinities and NaNs pass unchanged.
@@ -65,7 +65,7 @@ def tf32_matmul(a: np.ndarray, b: np.ndarray, mode: str = "nearest_even") -> np.
 
 @contextmanager
 def emulate_tf32(mode: str = "nearest_even"):
-    """Within the block, torch's ``linear``, ``matmul``, ``bmm`` and ``conv2d`` round float32 operands to TF32.
+    """Within the block, torch's ``linear``, ``matmul``, ``bmm`` and ``conv1d/2d/3d`` round float32 operands to TF32.
 
     Covers nn.Linear and transformers' eager attention; products still run (and accumulate) in float32.
     """
@@ -84,7 +84,7 @@ def emulate_tf32(mode: str = "nearest_even"):
         wrapped.__wrapped__ = function
         return wrapped
 
-    originals = [(F, "linear"), (torch, "matmul"), (torch, "bmm"), (F, "conv2d")]
+    originals = [(F, "linear"), (torch, "matmul"), (torch, "bmm"), (F, "conv1d"), (F, "conv2d"), (F, "conv3d")]
     saved = [(owner, name, getattr(owner, name)) for owner, name in originals]
     try:
         for owner, name, function in saved:

@@ -155,3 +155,37 @@ def crop_layout(height: int, width: int, spec: CropSpec = CropSpec()) -> CropLay
     canvas = canvas_index(tiling, spec).shape
     grid = (low_rows, low_cols, -(-canvas[0] // pool_h), -(-canvas[1] // pool_w))
     return CropLayout((height, width), tiling, resized, np.concatenate([low, high]), grid)
+
+
+def crop_boxes(layout: CropLayout, spec: CropSpec = CropSpec()) -> list[dict]:
+    """Each high-resolution crop's box on the resized canvas and the part of it no neighbour reads, in pixels
+    (x0, y0, x1, y1); the low-resolution crop is the whole image."""
+    size, step, margin = spec.crop_size, spec.window_patches * spec.patch_size, spec.margins[0] * spec.patch_size
+    rows, cols = layout.tiling
+    boxes = []
+    for r in range(rows):
+        for c in range(cols):
+            x0, y0 = c * step, r * step
+            keep = [x0 + (margin if c else 0), y0 + (margin if r else 0)]
+            keep += [x0 + size - (margin if c < cols - 1 else 0), y0 + size - (margin if r < rows - 1 else 0)]
+            boxes.append({"crop": 1 + r * cols + c, "box": [x0, y0, x0 + size, y0 + size], "kept": keep})
+    return boxes
+
+
+def summary(height: int, width: int, spec: CropSpec = CropSpec()) -> dict:
+    """What ``driftscope geometry`` shows for one image size: crops, tokens and partially padded windows."""
+    layout = crop_layout(height, width, spec)
+    low = layout.grid[0] * layout.grid[1]
+    counts, slots = layout.valid_counts, spec.pooling[0] * spec.pooling[1]
+    return {
+        "image": f"{height}x{width}",
+        "tiling": list(layout.tiling),
+        "crops": layout.crops,
+        "canvas": f"{layout.resized[0]}x{layout.resized[1]}",
+        "low_res_tokens": int(low),
+        "high_res_tokens": int(layout.tokens - low),
+        "tokens": layout.tokens,
+        "padded_low_res": int((counts[:low] < slots).sum()),
+        "padded_high_res": int((counts[low:] < slots).sum()),
+        "valid_slots": {str(n): int((counts == n).sum()) for n in range(1, slots + 1)},
+    }

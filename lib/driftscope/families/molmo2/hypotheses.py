@@ -9,7 +9,7 @@ run shows that defect's divergence vanish. mlx-vlm itself is never changed:
   resolves ``vit_layers: [-3, -9]`` against 25 ([22, 16]); the checkpoint means the DECLARED depth
   (27: [24, 18]) (first seen at ``vision.selected.24``).
 - ``bidirectional_image_mask``: its decoder mask is always causal; transformers lets image tokens
-  (``mm_token_type_ids == 1``) attend to each other both ways (first seen at ``text.layer.0.last``).
+  (``mm_token_type_ids == 1``) attend to each other both ways (first seen at ``text.attention_mask``).
 """
 
 from __future__ import annotations
@@ -19,12 +19,24 @@ from typing import Any
 from ...errors import HypothesisPatchError
 from .config import read_facts, resolve_layers
 
+__all__ = ["bidirectional_image_mask", "layers_from_declared_depth", "tanh_gelu"]
+
+
+def _mlx_vlm(model: Any, patch: str) -> Any:
+    """The model, when it is mlx-vlm's Molmo2 (the patches correct mlx-vlm's code, not another runtime's)."""
+    if not hasattr(getattr(model, "vision_tower", None), "image_vit"):
+        raise HypothesisPatchError(
+            f"{patch} corrects mlx-vlm's Molmo2 model; it was given a {type(model).__name__}",
+            "apply it to a runtime: mlx entry of the parameter file",
+        )
+    return model
+
 
 def tanh_gelu(model: Any) -> Any:
     """Use the tanh-approximated GELU (torch's ``gelu_pytorch_tanh``) in every ViT MLP instead of MLX's fast GELU."""
     import mlx.nn as nn
 
-    for block in model.vision_tower.image_vit.transformer:
+    for block in _mlx_vlm(model, "tanh_gelu").vision_tower.image_vit.transformer:
         block.feed_forward.act = nn.GELU(approx="precise")  # MLX's "precise" is the tanh formula
     return model
 
@@ -34,6 +46,7 @@ def layers_from_declared_depth(model: Any, declared_depth: int | None = None) ->
 
     ``declared_depth`` defaults to the checkpoint config kept by driftscope's loader.
     """
+    _mlx_vlm(model, "layers_from_declared_depth")
     if declared_depth is None:
         source = getattr(model, "driftscope_source_config", None)
         if source is None:
@@ -81,7 +94,7 @@ class _BidirectionalImages:
 
 def bidirectional_image_mask(model: Any) -> Any:
     """Let image tokens attend to each other both ways in the prefill (transformers with ``mm_token_type_ids``)."""
-    config = model.config
+    config = _mlx_vlm(model, "bidirectional_image_mask").config
     ids = [
         config.image_patch_id,
         config.image_col_id,

@@ -10,11 +10,18 @@ the low-resolution then the high-resolution token grid (``<im_col>`` after every
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...errors import InputError
+from ...inputs import ModelInputs, as_processor_sees, load_image
 from .geometry import CropLayout, CropSpec, crop_layout
+
+if TYPE_CHECKING:
+    from ...checkpoint import Checkpoint
 
 IMAGE_PLACEHOLDER = "<|image|>"
 #: Tokens transformers' Molmo2Processor gives type 1 (they attend to each other bidirectionally).
@@ -138,3 +145,51 @@ def _offset_poolings(layouts, spec: CropSpec) -> list[np.ndarray]:
         out.append(np.where(layout.pooling >= 0, layout.pooling + offset, -1))
         offset += layout.crops * spec.patches_per_crop
     return out
+
+
+def prepare_inputs(checkpoint: Checkpoint, image_paths: list[str | Path]) -> ModelInputs:
+    """The crops and pooling indices of the images, with the checkpoint's processor settings.
+
+    The arrays, in digest order: ``pixel_values`` [crops, 729, 588] float32, ``pooling`` [tokens, 4] int64
+    (-1 for padding; each image's indices offset by the crops before it), ``grids`` [images, 4] int64 (low-
+    and high-resolution token rows and columns) and ``num_crops`` [images] int64."""
+    if not image_paths:
+        raise InputError("no images given", "list at least one image under 'images'")
+    spec = CropSpec.from_checkpoint(checkpoint.path)
+    settings = SimpleNamespace(do_convert_rgb=True)  # Molmo2's processor converts every image to RGB
+    images, sizes, conversions = [], [], []
+    for path in image_paths:
+        image, conversion = as_processor_sees(load_image(path), settings, path)
+        images.append(np.asarray(image, dtype=np.uint8))
+        sizes.append((image.height, image.width))
+        conversions.append(conversion)
+    out = prepare(images, None, spec=spec)
+    tokens = np.array([layout.tokens for layout in out.layouts], dtype=np.int64)
+    return ModelInputs(
+        arrays={
+            "pixel_values": out.pixel_values,
+            "pooling": out.pooling.astype(np.int64),
+            "grids": out.grids.astype(np.int64),
+            "num_crops": out.num_crops.astype(np.int64),
+        },
+        image_paths=[str(p) for p in image_paths],
+        image_sizes=sizes,
+        image_tokens=tokens,
+        facts={
+            "resized": [list(layout.resized) for layout in out.layouts],  # the high-resolution canvas
+            "tiling": [list(layout.tiling) for layout in out.layouts],
+            "crops": out.num_crops.tolist(),
+            "grids": out.grids.tolist(),
+            "padded_tokens": [int((layout.valid_counts < 4).sum()) for layout in out.layouts],
+            "processor": {
+                "crop_size": spec.crop_size,
+                "patch_size": spec.patch_size,
+                "overlap_margins": list(spec.margins),
+                "max_crops": spec.max_crops,
+                "pooling_size": list(spec.pooling),
+            },
+            "conversions": conversions,
+        },
+        headline=f"{int(out.num_crops.sum())} crops, {int(tokens.sum())} pooled tokens "
+        f"(tiling {[list(layout.tiling) for layout in out.layouts]})",
+    )

@@ -75,13 +75,17 @@ def layer_weights(weights: dict, prefix: str) -> dict:
     return {name[len(prefix) :]: value for name, value in weights.items() if name.startswith(prefix)}
 
 
-def vit(spec: Molmo2Spec, contract: Contract, weights: dict, pixel_values: jax.Array, tap: Taps) -> list[jax.Array]:
-    """Patch embedding, learned positions, then every block up to the execution depth; returns each block's output."""
-    patches = pixel_values.shape[1]
-    side = int(round(patches**0.5))
+def stem(spec: Molmo2Spec, contract: Contract, weights: dict, pixel_values: jax.Array, tap: Taps) -> jax.Array:
+    """Patch embedding plus the learned positions (resized when a crop's grid is not the table's): block 0's input."""
+    side = int(round(pixel_values.shape[1] ** 0.5))
     x = tap("vision.patch_embed", _lin(contract, weights, "vit.patch_embed", pixel_values))
     pos = tap("vision.pos_embed", resize_positions(weights["vit.pos_embed"], spec.vit.position_grid, (side, side)))
-    x = tap("vision.positioned", contract.round_state(x + pos[None]))
+    return tap("vision.positioned", contract.round_state(x + pos[None]))
+
+
+def vit(spec: Molmo2Spec, contract: Contract, weights: dict, pixel_values: jax.Array, tap: Taps) -> list[jax.Array]:
+    """The stem, then every block up to the execution depth; returns each block's output."""
+    x = stem(spec, contract, weights, pixel_values, tap)
     outputs = []
     for layer in range(spec.execution_depth):
         w = layer_weights(weights, f"vit.layers.{layer}.")
@@ -90,21 +94,36 @@ def vit(spec: Molmo2Spec, contract: Contract, weights: dict, pixel_values: jax.A
     return outputs
 
 
-def pool(spec: Molmo2Spec, contract: Contract, weights: dict, features: jax.Array, pooling: jax.Array, tap: Taps):
-    """Attention pooling of [crops, patches, pool_dim] features by [tokens, slots] indices -> [tokens, hidden]."""
-    flat = features.reshape(-1, features.shape[-1])
+def gather(features: jax.Array, pooling: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """[rows, dim] features gathered by [tokens, slots] indices (padding slots zero), and the valid slots."""
     valid = pooling >= 0
-    counts = tap("pool.valid_counts", valid.sum(axis=-1).astype(jnp.int32))
-    gathered = jnp.take(flat, jnp.maximum(pooling, 0), axis=0) * valid[..., None].astype(flat.dtype)
-    gathered = tap("pool.gathered", gathered)  # [tokens, slots, pool_dim], padding slots zero
-    query = tap("pool.query", gathered.sum(axis=1) / jnp.maximum(counts, 1)[:, None].astype(flat.dtype))
+    gathered = jnp.take(features, jnp.maximum(pooling, 0), axis=0) * valid[..., None].astype(features.dtype)
+    return gathered, valid
+
+
+def query(gathered: jax.Array, valid: jax.Array) -> jax.Array:
+    """Each token's query: the mean of its valid patches (a token without any divides by 1)."""
+    counts = valid.sum(axis=-1).astype(gathered.dtype)
+    return gathered.sum(axis=1) / jnp.maximum(counts, 1)[:, None]
+
+
+def attend(spec: Molmo2Spec, contract: Contract, weights: dict, q_in: jax.Array, gathered: jax.Array, valid):
+    """The pooler's attention: one query per token over its patches (padding slots masked), output projection."""
     adapter = spec.adapter
-    tokens, slots = pooling.shape
-    q = _lin(contract, weights, "pool.q", query).reshape(tokens, 1, adapter.num_heads, adapter.head_dim)
+    tokens, slots = valid.shape
+    q = _lin(contract, weights, "pool.q", q_in).reshape(tokens, 1, adapter.num_heads, adapter.head_dim)
     k = _lin(contract, weights, "pool.k", gathered).reshape(tokens, slots, adapter.num_heads, adapter.head_dim)
     v = _lin(contract, weights, "pool.v", gathered).reshape(tokens, slots, adapter.num_heads, adapter.head_dim)
-    context = multi_head_attention(contract, q, k, v, valid)[:, 0]
-    return tap("pool.output", _lin(contract, weights, "pool.o", context))
+    return _lin(contract, weights, "pool.o", multi_head_attention(contract, q, k, v, valid)[:, 0])
+
+
+def pool(spec: Molmo2Spec, contract: Contract, weights: dict, features: jax.Array, pooling: jax.Array, tap: Taps):
+    """Attention pooling of [crops, patches, pool_dim] features by [tokens, slots] indices -> [tokens, hidden]."""
+    gathered, valid = gather(features.reshape(-1, features.shape[-1]), pooling)
+    tap("pool.valid_counts", valid.sum(axis=-1).astype(jnp.int32))
+    gathered = tap("pool.gathered", gathered)  # [tokens, slots, pool_dim], padding slots zero
+    q_in = tap("pool.query", query(gathered, valid))
+    return tap("pool.output", attend(spec, contract, weights, q_in, gathered, valid))
 
 
 def projector(contract: Contract, weights: dict, x: jax.Array, tap: Taps) -> jax.Array:
@@ -127,6 +146,30 @@ def vision_features(
     tap = Taps(taps)
     outputs = vit(spec, contract, weights, pixel_values, tap)
     selected = [tap(f"vision.selected.{layer}", outputs[layer]) for layer in spec.selected_layers]
+    features = tap("vision.concatenated", jnp.concatenate(selected, axis=-1))
+    projector(contract, weights, pool(spec, contract, weights, features, pooling, tap), tap)
+    return tap.out
+
+
+# Block-by-block pieces (graph: blocks): the stem, one block shared by every layer, the head.
+
+
+def stem_graph(weights: dict, pixel_values, *, spec: Molmo2Spec, contract: Contract) -> dict[str, jax.Array]:
+    tap = Taps(("vision.patch_embed", "vision.pos_embed", "vision.positioned"), ())
+    stem(spec, contract, weights, pixel_values, tap)
+    return tap.out
+
+
+def block_graph(weights: dict, x, *, spec: Molmo2Spec, contract: Contract, substages: bool) -> dict[str, jax.Array]:
+    """One ViT block (weights without their ``vit.layers.N.`` prefix): ``block.out`` and, if asked, its substages."""
+    tap = Taps(tuple(f"block.{name}" for name in SUBSTAGES) if substages else (), ())
+    tap.out["block.out"] = vit_block(spec, contract, weights, x, tap, "block.")
+    return tap.out
+
+
+def head_graph(weights: dict, selected, pooling, *, spec: Molmo2Spec, contract: Contract) -> dict[str, jax.Array]:
+    """The selected layers concatenated, the pooler and the projector (every stage)."""
+    tap = Taps(("*",))
     features = tap("vision.concatenated", jnp.concatenate(selected, axis=-1))
     projector(contract, weights, pool(spec, contract, weights, features, pooling, tap), tap)
     return tap.out

@@ -81,13 +81,15 @@ def prefill(
     contract: Contract,
     taps: tuple[str, ...] = (),
 ) -> dict[str, jax.Array]:
-    """``text.embeds.image``, each layer's last position, the final norm and the logits at the last position."""
+    """The merged embeddings (image and other slots), the mask, each layer's last position, the final norm and
+    the logits at the last position."""
     del taps  # the text stages are few and small: always returned
     seq = input_ids.shape[0]
     x, slots = merge_image_features(weights, input_ids, image_features, spec.image_patch_id)
-    out = {"text.embeds.image": x[slots]}
-    cos, sin = rope_tables(seq, spec.text.head_dim, spec.text.rope_theta)
+    others = jnp.nonzero(input_ids != spec.image_patch_id, size=seq - image_features.shape[0])[0]
     mask = attention_mask(seq, mm_token_type_ids)
+    out = {"text.embeds.image": x[slots], "text.embeds.text": x[others], "text.attention_mask": mask.astype(jnp.int32)}
+    cos, sin = rope_tables(seq, spec.text.head_dim, spec.text.rope_theta)
     for layer in range(spec.text.layers):
         prefix = f"text.layers.{layer}."
         w = {name[len(prefix) :]: value for name, value in weights.items() if name.startswith(prefix)}

@@ -93,11 +93,26 @@ def _read(files: TensorFiles, key: str, shape: tuple[int, ...] | None, depth_not
     return files.read(key)
 
 
-def load_weights(path: str | Path, spec: Molmo2Spec) -> dict[str, np.ndarray]:
-    """``{emitter name: float32 array}`` for the ViT prefix that runs, the adapter and the text decoder."""
+def load_weights(
+    path: str | Path, spec: Molmo2Spec, parts: tuple[str, ...] = ("vision", "text")
+) -> dict[str, np.ndarray]:
+    """``{emitter name: float32 array}``: ``vision`` (the ViT prefix that runs, the pooler and the projector) and
+    ``text`` (the decoder; names start with ``text.``)."""
     files = TensorFiles(path)
     note = f" (the execution depth is {spec.execution_depth}: layers {list(spec.selected_layers)} are read)"
-    weights = {name: _read(files, key, shape, note) for name, (key, shape) in checkpoint_names(spec).items()}
+    weights = {
+        name: _read(files, key, shape, note)
+        for name, (key, shape) in checkpoint_names(spec).items()
+        if ("text" if name.startswith("text.") else "vision") in parts
+    }
+    if "text" in parts:
+        weights.update(_text_weights(files, spec))
+    return {name: np.ascontiguousarray(value) for name, value in weights.items()}
+
+
+def _text_weights(files: TensorFiles, spec: Molmo2Spec) -> dict[str, np.ndarray]:
+    """The decoder's fused projections split, and the two word-embedding tables joined."""
+    weights = {}
     text = spec.text
     h, hd = text.hidden_size, text.head_dim
     q_rows, kv_rows = text.num_heads * hd, text.num_kv_heads * hd
@@ -125,4 +140,4 @@ def load_weights(path: str | Path, spec: Molmo2Spec) -> dict[str, np.ndarray]:
             "the weights and config.json disagree: re-save the checkpoint or fix the config",
         )
     weights["text.embed.weight"] = np.concatenate([base, extra])
-    return {name: np.ascontiguousarray(value) for name, value in weights.items()}
+    return weights
