@@ -313,10 +313,6 @@ def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.
     elif stage_id == "pool.output":
         gathered = args[1].reshape(1, -1, args[1].shape[-1])
         out = _pooler(model, gathered, ctx.flat_pooling(), query=args[0])["output"]
-    elif stage_id == "text.embeds.image":
-        ids = ctx.input_ids
-        slots = mx.array(np.flatnonzero(ids == model.config.image_patch_id))
-        out = decoder(model).wte(mx.array(ids))[slots] + args[0]
     else:
         out = {
             "projector.gate": lambda: projector.w1(args[0]),

@@ -148,7 +148,6 @@ def replay_inputs(stage_id: str, plan: StagePlan) -> tuple[str, ...] | None:
         "vision.patch_embed": ("inputs.pixel_values",),
         "vision.positioned": ("vision.patch_embed",),
         "vision.concatenated": tuple(f"vision.selected.{layer}" for layer in selected),
-        "text.embeds.image": (FINAL,),
         "text.attention_mask": ("text.input_ids", "text.token_types"),
         **head,
     }.get(stage_id)

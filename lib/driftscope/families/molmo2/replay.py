@@ -1,4 +1,4 @@
-"""What every replayed Molmo2 stage needs besides its inputs: the pooling indices, the prompt, the layers."""
+"""What every replayed Molmo2 stage needs besides its inputs: the pooling indices and the selected layers."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ class ReplayContext:
 
     pooling: np.ndarray  # [tokens, slots] int64, -1 for padding
     selected_layers: tuple[int, ...]  # resolved, configured order (the plan's)
-    input_ids: np.ndarray | None = None  # the prompt, when the run follows it
 
     @property
     def valid(self) -> np.ndarray:
@@ -38,11 +37,9 @@ class ReplayContext:
                 f"the reference TapSet {reference.tensor_path.name} lacks inputs.pooling, needed to replay the pooler",
                 "capture the inputs stages (they are in every default stage selection)",
             )
-        ids = np.asarray(reference["text.input_ids"]) if "text.input_ids" in reference else None
         return cls(
             np.asarray(reference["inputs.pooling"]).astype(np.int64),
             tuple(int(layer) for layer in plan.meta.get("selected_layers", [])),
-            ids,
         )
 
     def stage(self, reference: TapSet, stage_id: str) -> np.ndarray | None:

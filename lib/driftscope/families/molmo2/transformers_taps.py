@@ -270,10 +270,6 @@ def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.
             out = _adapter(model, args[0], ctx.flat_pooling())["query"]
         elif stage_id == "pool.output":
             out = _adapter(model, args[1], ctx.flat_pooling(), query=args[0])["output"]
-        elif stage_id == "text.embeds.image":
-            ids = torch.from_numpy(ctx.input_ids)
-            rows = model.model.language_model.embed_tokens(ids[ids == model.config.image_patch_id])
-            out = rows + args[0]
         else:
             projector = adapter.image_projector
             out = {

@@ -167,7 +167,7 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
     args = (
         runtime._text_weights,
         text.input_ids.astype(np.int32),
-        np.asarray(tower[FINAL], dtype=np.float32),
+        np.array(tower[FINAL], dtype=np.float32),  # our own copy: the device reads its arguments in place
         text.mm_token_type_ids.astype(np.int32),
     )
     sink.put("text.input_ids", text.input_ids)
