@@ -374,7 +374,6 @@ def test_an_iree_output_that_is_its_argument_outlives_the_call(tmp_path):
     import gc
 
     import jax
-
     from driftscope.compiled.graph import lower_function
     from driftscope.compiled.iree import IreeModule
 
