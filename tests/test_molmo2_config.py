@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 from driftscope.errors import CheckpointError
 from driftscope.families.molmo2.config import layout_of, mlx_config, read_facts, resolve_layers
-from driftscope.families.molmo2.plan import stage_plan
 from driftscope.weightfile import read_header
-from molmo2_support import checkpoint_dirs, config, reference_taps
+from molmo2_support import FAMILY, capture, checkpoint, checkpoint_dirs, config, plan
 
 
 def test_hub_layout_resolves_negative_layers_against_the_declared_depth():
@@ -79,35 +78,41 @@ def test_fixture_files_hold_the_hub_prefix_and_the_resplit_embedding():
 
 
 def test_transformers_reads_both_layouts_alike():
-    from driftscope.families.molmo2.transformers_taps import load_model
+    from driftscope.runtimes import get_runtime
 
-    hub, native = load_model(checkpoint_dirs()["hub"]), load_model(checkpoint_dirs()["native"])
-    for model in (hub, native):
+    models = []
+    for layout in ("hub", "native"):
+        engine = get_runtime("transformers")(checkpoint(layout), "f32")
+        engine.load()
+        models.append(engine.model)
+    for model in models:
         assert model.config.vision_config.num_hidden_layers == 25
         assert model.config.adapter_config.vision_feature_layer == [24, 18]
+    hub, native = models
     embed = hub.model.language_model.embed_tokens.weight.detach().numpy()
     np.testing.assert_array_equal(embed, native.model.language_model.embed_tokens.weight.detach().numpy())
     assert embed.shape == (640, 64)
 
 
 def test_plan_lists_every_captured_stage_in_execution_order():
-    plan = stage_plan(config("hub"))
-    ids = plan.ids()
+    ids = plan().ids()
     assert len(ids) == len(set(ids))
-    captured = set(reference_taps(224))
-    assert captured == set(ids) - {"inputs.pixel_values", "inputs.pooling"}
+    assert set(capture("transformers", "224").stage_ids()) == set(ids)
     assert ids.index("vision.block.24") < ids.index("vision.selected.24") < ids.index("vision.selected.18")
     assert ids.index("vision.selected.18") < ids.index("vision.concatenated") < ids.index("pool.gathered")
-    assert [s.id for s in plan if s.integer] == ["inputs.pooling", "pool.valid_counts"]
-    assert plan.meta["selected_layers"] == [24, 18] and plan.depth == 25
-    assert stage_plan(config("hub"), text=False).ids()[-1] == "projector.output"
+    vision = FAMILY.vision_plan(config("hub"))
+    assert [s.id for s in vision if s.integer] == [
+        "inputs.pooling", "inputs.grids", "inputs.num_crops", "inputs.image_tokens", "pool.valid_counts"
+    ]  # fmt: skip
+    assert vision.meta["selected_layers"] == [24, 18] and vision.depth == 25
+    assert vision.ids()[-1] == "projector.output"
 
 
 def test_plan_refuses_a_layer_selected_twice():
     hub = copy.deepcopy(config("hub"))
     hub["adapter_config"]["vit_layers"] = [-3, 24]
     with pytest.raises(CheckpointError, match="twice"):
-        stage_plan(hub)
+        FAMILY.vision_plan(hub)
 
 
 @pytest.mark.slow

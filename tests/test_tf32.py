@@ -71,16 +71,11 @@ def test_emulated_linear_and_matmul_match_the_numpy_reference():
 
 
 def test_a_tf32_reference_of_molmo2_moves_from_the_first_matmul_on():
-    """The tiny Molmo2 under emulated TF32 against its own float32 forward (how much a TF32 oracle moves)."""
-    from driftscope.families.molmo2.config import read_facts
-    from driftscope.families.molmo2.plan import stage_plan
-    from driftscope.families.molmo2.transformers_taps import capture
-    from molmo2_support import config, max_abs, reference_taps, shapes_inputs, transformers_model
+    """The tiny Molmo2 through the transformers runtime's ``tf32`` policy against its own float32 forward (how
+    much a TF32 oracle moves)."""
+    from molmo2_support import capture, errors
 
-    with emulate_tf32():
-        tf32 = capture(transformers_model("hub"), shapes_inputs(224), read_facts(config("hub")).selected_layers)
-    f32 = reference_taps(224)
-    errors = {stage: max_abs(tf32[stage], f32[stage]) for stage in stage_plan(config("hub")).ids() if stage in f32}
-    assert next(stage for stage, error in errors.items() if error >= 1e-4) == "vision.patch_embed"
-    assert 1e-4 < errors["vision.patch_embed"] < 5e-3  # 6.9e-4 measured
-    assert 5e-4 < errors["vision.block.0"] < 1e-2  # 2.6e-3: an order below mlx-vlm's fast GELU (2.1e-2)
+    measured = errors(capture("transformers", "224"), capture("transformers", "224", policy="tf32"))
+    assert next(stage for stage, error in measured.items() if error >= 1e-4) == "vision.patch_embed"
+    assert 1e-4 < measured["vision.patch_embed"] < 5e-3  # 6.9e-4 measured
+    assert 5e-4 < measured["vision.block.0"] < 1e-2  # 2.6e-3: an order below mlx-vlm's fast GELU (2.1e-2)

@@ -10,6 +10,8 @@ run shows that defect's divergence vanish. mlx-vlm itself is never changed:
   (27: [24, 18]) (first seen at ``vision.selected.24``).
 - ``bidirectional_image_mask``: its decoder mask is always causal; transformers lets image tokens
   (``mm_token_type_ids == 1``) attend to each other both ways (first seen at ``text.attention_mask``).
+- ``mlx_vlm_fixes``: all three at once, or all but those named in ``skip`` (a runtime takes one patch: with
+  ``skip: [NAME]`` the run's first divergence is that one defect's stage).
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ from typing import Any
 from ...errors import HypothesisPatchError
 from .config import read_facts, resolve_layers
 
-__all__ = ["bidirectional_image_mask", "layers_from_declared_depth", "tanh_gelu"]
+__all__ = ["bidirectional_image_mask", "layers_from_declared_depth", "mlx_vlm_fixes", "tanh_gelu"]
+
+#: The patches closing mlx-vlm 0.7.10's defects, in the order the defects show along the plan.
+FIXES = ("tanh_gelu", "layers_from_declared_depth", "bidirectional_image_mask")
 
 
 def _mlx_vlm(model: Any, patch: str) -> Any:
@@ -107,4 +112,17 @@ def bidirectional_image_mask(model: Any) -> Any:
     ]
     language = model.language_model
     object.__setattr__(language, "model", _BidirectionalImages(language.model, [int(i) for i in ids]))
+    return model
+
+
+def mlx_vlm_fixes(model: Any, skip: list[str] | tuple[str, ...] = ()) -> Any:
+    """Apply every ready patch for mlx-vlm 0.7.10's Molmo2 defects except those named in ``skip``."""
+    unknown = sorted(set(skip) - set(FIXES))
+    if unknown:
+        raise HypothesisPatchError(
+            f"mlx_vlm_fixes cannot skip {unknown}: it applies {list(FIXES)}", f"skip some of {list(FIXES)}"
+        )
+    for name in FIXES:
+        if name not in skip:
+            model = globals()[name](model)
     return model

@@ -24,15 +24,10 @@ from .config import resolve_layers
 
 MUTATIONS: Registry[Mutation] = Registry("mutation")
 
-FIXES = ("tanh_gelu", "layers_from_declared_depth", "bidirectional_image_mask")
-
 
 def corrected(model: Any, *skip: str) -> Any:
     """mlx-vlm's model with the ready patches for its defects applied (except ``skip``)."""
-    for name in FIXES:
-        if name not in skip:
-            model = getattr(hypotheses, name)(model)
-    return model
+    return hypotheses.mlx_vlm_fixes(model, skip)
 
 
 def _first_selected(plan: StagePlan) -> list[str]:
