@@ -8,7 +8,7 @@ to each other both ways. Everything driftscope knows about the family is in this
 - ``geometry`` / ``processor`` / ``text``: crops and pooling indices (numpy, property-tested against
   mlx-vlm's processor), the processor's arrays, the prompt;
 - ``transformers_taps``, ``mlx_taps``, ``emitter/``: where each runtime taps and how it replays;
-- ``replay``: the side inputs every replay needs (pooling indices, prompt, selected layers);
+- ``replay``: the side inputs every replay needs (pooling indices, selected layers);
 - ``mutations``, ``hypotheses``: planted defects for fixture power; the patches closing mlx-vlm's defects;
 - ``views`` (+ ``geometry_plots``): what the generic views and the geometry CLI ask of a family;
 - ``synthetic``: the tiny random-weight checkpoints (hub and native layouts).
@@ -59,6 +59,6 @@ FAMILY = Family(
     tiny=TinyFixture(
         directory=CHECKPOINTS / "tiny-molmo2-hub",
         build=_build_tiny,
-        images=(_ROOT / "fixtures" / "images" / "shapes_448.png",),
+        images=(_ROOT / "fixtures" / "images" / "shapes_224.png",),  # 2 crops, 392 tokens, 27 padded
     ),
 )
