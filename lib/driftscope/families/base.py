@@ -108,6 +108,9 @@ class Family:
     hypotheses: str  # module of ready hypothesis patches
     views: str  # module: token layout and input overlay for the views, geometry sections and CLI
     tiny: TinyFixture
+    #: runtime -> the ready patch correcting that runtime's known defects in this family's port (e.g. mlx-vlm's
+    #: Molmo2): the shared agreement tests apply it, a run only when its parameter file names it
+    known_defects: Mapping[str, str] = field(default_factory=dict)
 
     def supports(self, runtime: str) -> bool:
         return runtime in self.engines
