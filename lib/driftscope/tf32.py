@@ -1,8 +1,8 @@
 """TF32 emulation: float32 operands rounded to TF32's 10-bit mantissa before a float32-accumulated product.
 
 On NVIDIA GPUs ``allow_tf32`` makes matmuls and convolutions read their float32 operands as TF32
-(8-bit exponent, 10-bit mantissa) and accumulate in float32. transformers' Molmo2 never turns TF32
-on for the CPU (and torch's CPU matmuls ignore ``allow_tf32``), so a CPU reference is IEEE float32.
+(8-bit exponent, 10-bit mantissa) and accumulate in float32. torch's CPU matmuls ignore ``allow_tf32``
+(and transformers never turns TF32 on for the CPU), so a CPU reference is IEEE float32.
 ``emulate_tf32`` reproduces the GPU reference's operand rounding on the CPU: the ``transformers`` runtime's
 ``tf32`` policy, to show how much of a "divergence" is the reference's own TF32.
 
