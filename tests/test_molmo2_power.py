@@ -1,7 +1,7 @@
 """Molmo2's mutations on the tiny fixture (planted in mlx-vlm with its three defects patched): under the
-float32 contract every one is first seen at the stage it declares (the default contract's power over the same
-fixture is tests/test_families.py's); each declares itself blind, with the reason, where an input cannot
-reveal it."""
+float32 contract every one is first seen at the stage it declares, except the SiLU by division, which equals
+x * sigmoid(x) to float32 round-off and says so (the default contract's power over the same fixture is
+tests/test_families.py's); each declares itself blind, with the reason, where an input cannot reveal it."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ EXPECTED = {
     "layers_concatenated_reversed": "vision.selected.24",
     "pool_mean_over_all_slots": "pool.query",
     "padding_index_clamped": "pool.gathered",
-    "silu_by_division": "projector.act",
+    "silu_by_division": None,  # x / (1 + exp(-x)) equals x * sigmoid(x) to float32 round-off: explained
     "exact_gelu_vit": "vision.block.0.mlp.act",
     "causal_image_mask": "text.attention_mask",
 }
@@ -29,6 +29,10 @@ def test_every_mutation_is_first_seen_at_its_declared_stage_under_the_f32_contra
     assert sorted(found) == sorted(EXPECTED) == MUTATIONS.names()
     for name, stage in EXPECTED.items():
         entry = found[name]
+        if stage is None:
+            assert not entry["detected"] and "inside the contract" in entry["blind_reason"], entry
+            assert max(row["max_abs"] for row in entry["rows"] if row["stage"].startswith("projector.")) < 1e-5
+            continue
         assert entry["detected"] and entry["first_divergence"] == stage == entry["declared_stage"], entry
 
 
