@@ -6,6 +6,7 @@ tests/test_families.py's); each declares itself blind, with the reason, where an
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from driftscope.families.molmo2.mutations import MUTATIONS
 from driftscope.stages import StagePlan
 from molmo2_support import F32, capture, checkpoint, inputs, plan, scratch
@@ -21,6 +22,7 @@ EXPECTED = {
 }
 
 
+@pytest.mark.slow  # seven mutated captures of the whole plan; the default contract's audit is test_families'
 def test_every_mutation_is_first_seen_at_its_declared_stage_under_the_f32_contract():
     from driftscope.power import fixture_power
 
