@@ -9,7 +9,6 @@ quantizer); ``driftscope_quant.json`` records where the weights came from.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from collections.abc import Mapping
@@ -20,24 +19,6 @@ import numpy as np
 from .mlx_checkpoint import NOT_COPIED, SIDE_FILES
 
 QUANTIZATION_KEYS = ("quantization", "quantization_config")
-
-
-def source_digest(path: str | Path, *parts: object) -> str:
-    """A short key for a checkpoint directory (config, tensor headers and file sizes) and ``parts``."""
-    digest = hashlib.sha256()
-    path = Path(path)
-    for file in sorted(path.glob("*.safetensors")) + [path / "config.json"]:
-        with open(file, "rb") as handle:
-            digest.update(file.name.encode())
-            digest.update(str(file.stat().st_size).encode())
-            digest.update(handle.read(1 << 20) if file.suffix == ".json" else _header(handle))
-    digest.update(json.dumps(parts, sort_keys=True, default=str).encode())
-    return digest.hexdigest()[:16]
-
-
-def _header(handle) -> bytes:
-    length = int.from_bytes(handle.read(8), "little")
-    return handle.read(length)
 
 
 def write_dense_checkpoint(
