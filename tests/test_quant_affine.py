@@ -5,13 +5,23 @@ from __future__ import annotations
 import itertools
 
 import ml_dtypes
-import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 import pytest
-from driftscope.quant.affine import QuantizedTensor, dequantize, from_mlx, numpy_dtype, quantize, to_mlx, unpack
+from driftscope.quant.affine import (
+    QuantizedTensor,
+    dequantize,
+    from_mlx,
+    mlx_core,
+    numpy_dtype,
+    quantize,
+    to_mlx,
+    unpack,
+)
 
-SCALE_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+
+@pytest.fixture(scope="module")
+def mx():
+    return mlx_core()  # not at import time: driftscope loads OpenBLAS for MLX before mlx.core is imported
 
 
 def mlx_dtype_name(array) -> str:
@@ -20,13 +30,13 @@ def mlx_dtype_name(array) -> str:
 
 @pytest.mark.parametrize(("bits", "group_size"), list(itertools.product((2, 4, 8), (32, 64, 128))))
 @pytest.mark.parametrize("scales", ["float32", "float16", "bfloat16"])
-def test_dequantize_is_bit_identical_to_mlx(bits, group_size, scales):
+def test_dequantize_is_bit_identical_to_mlx(mx, bits, group_size, scales):
     rng = np.random.default_rng(bits * 1000 + group_size)
     for _ in range(3):
         rows = int(rng.integers(1, 40))
         cols = group_size * int(rng.integers(1, 6))
         scale = float(rng.choice([1e-3, 1.0, 30.0]))
-        dense = mx.array((rng.standard_normal((rows, cols)) * scale).astype(np.float32)).astype(SCALE_DTYPES[scales])
+        dense = mx.array((rng.standard_normal((rows, cols)) * scale).astype(np.float32)).astype(getattr(mx, scales))
         packed, s, b = mx.quantize(dense, group_size=group_size, bits=bits)
         expected = mx.dequantize(packed, s, b, group_size=group_size, bits=bits)
         got = dequantize(from_mlx(packed), from_mlx(s), from_mlx(b), group_size, bits)
@@ -37,17 +47,19 @@ def test_dequantize_is_bit_identical_to_mlx(bits, group_size, scales):
 
 
 @pytest.mark.parametrize(("scales", "out"), [("float32", "float16"), ("float32", "bfloat16"), ("float16", "float32")])
-def test_dequantize_dtype_argument_matches_mlx(scales, out):
+def test_dequantize_dtype_argument_matches_mlx(mx, scales, out):
     rng = np.random.default_rng(7)
-    dense = mx.array(rng.standard_normal((24, 256)).astype(np.float32) * 5).astype(SCALE_DTYPES[scales])
+    dense = mx.array(rng.standard_normal((24, 256)).astype(np.float32) * 5).astype(getattr(mx, scales))
     packed, s, b = mx.quantize(dense, group_size=64, bits=4)
-    expected = mx.dequantize(packed, s, b, group_size=64, bits=4, dtype=SCALE_DTYPES[out])
+    expected = mx.dequantize(packed, s, b, group_size=64, bits=4, dtype=getattr(mx, out))
     got = dequantize(from_mlx(packed), from_mlx(s), from_mlx(b), 64, 4, dtype=out)
     assert got.dtype == numpy_dtype(out)
     assert np.array_equal(got.view(f"u{got.itemsize}"), from_mlx(expected).view(f"u{got.itemsize}"))
 
 
-def test_quantize_wraps_mx_quantize_and_casting_scales_equals_set_dtype():
+def test_quantize_wraps_mx_quantize_and_casting_scales_equals_set_dtype(mx):
+    import mlx.nn as nn
+
     rng = np.random.default_rng(3)
     weight = rng.standard_normal((16, 128)).astype(np.float32)
     tensor = quantize(weight, 64, 4)
@@ -68,7 +80,7 @@ def test_quantize_wraps_mx_quantize_and_casting_scales_equals_set_dtype():
     assert np.array_equal(cast.dequantize(), from_mlx(expected))
 
 
-def test_bfloat16_round_trips_between_numpy_and_mlx():
+def test_bfloat16_round_trips_between_numpy_and_mlx(mx):
     values = np.array([1.0, -2.5, 3.140625, 1e-3], dtype=ml_dtypes.bfloat16)
     back = from_mlx(to_mlx(values))
     assert back.dtype == values.dtype and np.array_equal(back.view(np.uint16), values.view(np.uint16))

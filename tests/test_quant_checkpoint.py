@@ -6,12 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 import pytest
 from driftscope.errors import CheckpointError
-from driftscope.quant.affine import from_mlx
+from driftscope.quant.affine import from_mlx, mlx_core
 from driftscope.quant.host import quantize_checkpoint
 from driftscope.quant.mlx_checkpoint import MLXQuantizedCheckpoint
 from driftscope.quant.policy import QuantSpec
@@ -19,7 +17,11 @@ from driftscope.quant.profiles import get_profile
 from driftscope.weightfile import TensorFiles
 
 PROFILE = get_profile("qwen2_5_vl")
-QUANTIZED_TYPES = (nn.QuantizedLinear, nn.QuantizedEmbedding)
+
+
+@pytest.fixture(scope="module")
+def mx():
+    return mlx_core()  # not at import time: driftscope loads OpenBLAS for MLX before mlx.core is imported
 
 
 @pytest.fixture(scope="module")
@@ -30,11 +32,15 @@ def tiny_q4(tiny_checkpoint_dir) -> Path:
     return DEFAULT_OUT
 
 
-def quantized_modules(model) -> dict[str, nn.Module]:
-    return {name: module for name, module in model.named_modules() if isinstance(module, QUANTIZED_TYPES)}
+def quantized_modules(model) -> dict:
+    import mlx.nn as nn
+
+    kinds = (nn.QuantizedLinear, nn.QuantizedEmbedding)
+    return {name: module for name, module in model.named_modules() if isinstance(module, kinds)}
 
 
-def test_mlx_vlm_loads_the_q4_checkpoint_as_is(tiny_q4):
+def test_mlx_vlm_loads_the_q4_checkpoint_as_is(mx, tiny_q4):
+    import mlx.nn as nn
     from mlx_vlm.utils import load_model
 
     config = json.loads((tiny_q4 / "config.json").read_text())
@@ -52,7 +58,7 @@ def test_mlx_vlm_loads_the_q4_checkpoint_as_is(tiny_q4):
     assert np.array_equal(np.array(qkv.weight), np.array(stored["vision_tower.blocks.0.attn.qkv.weight"]))
 
 
-def test_reader_dequantizes_bit_identically_to_mx_dequantize(tiny_q4):
+def test_reader_dequantizes_bit_identically_to_mx_dequantize(mx, tiny_q4):
     checkpoint = MLXQuantizedCheckpoint(tiny_q4)
     stored = mx.load(str(tiny_q4 / "model.safetensors"))
     dense = checkpoint.dense_weights()
@@ -103,7 +109,8 @@ def test_the_fixture_is_deterministic(tiny_q4, tiny_checkpoint_dir, tmp_path):
         assert (tiny_q4 / name).read_bytes() == (tmp_path / "again" / name).read_bytes(), name
 
 
-def test_layers_the_group_size_does_not_divide_stay_dense_and_are_reported(tiny_checkpoint_dir, tmp_path):
+def test_layers_the_group_size_does_not_divide_stay_dense_and_are_reported(mx, tiny_checkpoint_dir, tmp_path):
+    import mlx.nn as nn
     from make_tiny_q4 import main
     from mlx_vlm.utils import load_model
 
@@ -129,8 +136,9 @@ def test_layers_the_group_size_does_not_divide_stay_dense_and_are_reported(tiny_
     assert all(name + ".weight" not in left for name in modules)
 
 
-def test_per_layer_overrides_are_read_as_mlx_vlm_writes_them(tiny_checkpoint_dir, tmp_path):
+def test_per_layer_overrides_are_read_as_mlx_vlm_writes_them(mx, tiny_checkpoint_dir, tmp_path):
     """One layer at group size 32 / 8 bits, one left dense by ``false``: mlx-vlm loads it, our reader agrees."""
+    import mlx.nn as nn
     from driftscope.mlx_loader import adapt_config, load_mlx_model
     from mlx_vlm.utils import load_model, save_config, save_weights
 
@@ -159,7 +167,7 @@ def test_per_layer_overrides_are_read_as_mlx_vlm_writes_them(tiny_checkpoint_dir
     assert np.array_equal(checkpoint.dense_weights()[special + ".weight"], np.array(expected))
 
 
-def test_bad_quantized_checkpoints_are_named(tiny_checkpoint_dir, tiny_q4, tmp_path):
+def test_bad_quantized_checkpoints_are_named(mx, tiny_checkpoint_dir, tiny_q4, tmp_path):
     with pytest.raises(CheckpointError, match="not MLX-quantized") as err:
         MLXQuantizedCheckpoint(tiny_checkpoint_dir)
     assert "q4/q8 policy" in err.value.fix

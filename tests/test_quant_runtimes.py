@@ -18,6 +18,7 @@ from driftscope.compare import compare_stage
 from driftscope.contract import Tolerance
 from driftscope.families import stage_plan
 from driftscope.inputs import prepare_inputs
+from driftscope.quant.affine import mlx_core
 from driftscope.quant.attribution import attribute, closer_to_tapsets
 from driftscope.quant.dense_checkpoint import write_dense_checkpoint
 from driftscope.quant.linear_replay import layer_of, replay_linear
@@ -36,7 +37,7 @@ class MLXCommunityRuntime(MLXRuntime):
     """MLX on a quantized directory, loaded by mlx-vlm's own ``load_model`` (fused quantized layers)."""
 
     def _load(self):
-        import mlx.core as mx
+        mx = mlx_core()  # OpenBLAS before mlx.core, as MLXRuntime._load does
         from mlx_vlm.utils import load_model
 
         model = load_model(self.checkpoint.path)
@@ -105,8 +106,8 @@ def test_oracle_is_closer_to_the_dequantized_half_path_than_to_the_fused_one(q4_
 
 
 def test_first_quantized_linears_replayed_on_the_oracles_inputs(q4_taps):
-    """Block 0's MLP projections, fused and dequantized on the oracle's own inputs: equal in float32, apart in
-    float16. At these widths (64 and 128 inputs) the fused kernel's half accumulation adds about as much error
+    """Block 0's MLP projections, fused and dequantized on the oracle's own inputs: round-off apart in float32,
+    apart in float16. At these widths (64 and 128 inputs) the fused kernel's half accumulation adds about as much error
     as the float16 activations themselves (1.5-2x), so the replay names both; at 1152+ it dominates
     (test_quant_fused)."""
     taps, runs = q4_taps.taps, q4_taps.runs
@@ -116,7 +117,7 @@ def test_first_quantized_linears_replayed_on_the_oracles_inputs(q4_taps):
         tensor, bias = layer_of(module)
         x, expected = oracle[f"vision.block.0.{inputs}"], oracle[f"vision.block.0.{output}"]
         exact = replay_linear(x, tensor, bias, "float32", reference=expected, name=output)
-        assert exact.fused_vs_dequantized == 0.0 and exact.label == "none"
+        assert exact.fused_vs_dequantized < 1e-6 and exact.label == "none"  # float32 round-off
         assert exact.to_dict()["dequantized_vs_reference"] < 1e-6  # the oracle ran the same dequantized weights
         half = replay_linear(x, tensor, bias, "float16", reference=expected, name=output).to_dict()
         assert half["fused_vs_reference"] > half["dequantized_vs_reference"] > 1e-4

@@ -7,7 +7,7 @@ One concern per module; none of them knows a model family (the family's names co
 - ``select``: which tensors a scope quantizes, and the layers left dense (width not a multiple of the group).
 - ``affine``: MLX's affine quantizer, and a numpy dequantization bit-identical to ``mx.dequantize``.
 - ``host``: quantize a dense checkpoint's weights on the host; the dequantized dense weights.
-- ``mlx_checkpoint``: read and write MLX-community quantized checkpoint directories.
+- ``mlx_checkpoint``: read and write MLX-community quantized checkpoint directories (``directory``: staged writes).
 - ``dense_checkpoint``: write dequantized weights as a dense checkpoint every runtime already loads.
 - ``names`` / ``profiles``: MLX module names <-> checkpoint names, per family.
 - ``linear_replay``: one quantized linear run fused and dequantized on the same input.

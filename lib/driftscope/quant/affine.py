@@ -104,9 +104,19 @@ def dequantize(
     return dense if dtype is None else dense.astype(numpy_dtype(dtype))
 
 
+def mlx_core():
+    """``mlx.core``, imported only after driftscope gave MLX its optimized BLAS (see ``driftscope.blas``)."""
+    from ..blas import mlx_blas
+
+    mlx_blas()
+    import mlx.core
+
+    return mlx.core
+
+
 def to_mlx(array: np.ndarray):
     """A numpy array (float32, float16, bfloat16, uint32) as an MLX array of the same dtype and values."""
-    import mlx.core as mx
+    mx = mlx_core()
 
     if array.dtype == NUMPY_DTYPES["bfloat16"]:
         return mx.array(array.astype(np.float32)).astype(mx.bfloat16)  # exact: every bfloat16 is a float32
@@ -115,7 +125,7 @@ def to_mlx(array: np.ndarray):
 
 def from_mlx(array) -> np.ndarray:
     """An MLX array as numpy, keeping its dtype (bfloat16 as ``ml_dtypes.bfloat16``)."""
-    import mlx.core as mx
+    mx = mlx_core()
 
     if array.dtype == mx.bfloat16:
         return np.array(array.astype(mx.float32)).astype(NUMPY_DTYPES["bfloat16"])
@@ -124,7 +134,7 @@ def from_mlx(array) -> np.ndarray:
 
 def quantize(weight: np.ndarray, group_size: int, bits: int, mode: str = "affine") -> QuantizedTensor:
     """``mx.quantize`` of a dense ``(..., cols)`` weight (scales in the weight's dtype), as numpy tensors."""
-    import mlx.core as mx
+    mx = mlx_core()
 
     packed, scales, biases = mx.quantize(
         to_mlx(np.ascontiguousarray(weight)), group_size=group_size, bits=bits, mode=mode

@@ -11,7 +11,6 @@ The layout ``mlx_vlm.convert -q`` and ``nn.quantize`` + ``mlx_vlm.utils.save_wei
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,8 @@ import numpy as np
 
 from ..errors import CheckpointError
 from ..weightfile import TensorEntry, read_header
-from .affine import NUMPY_DTYPES, QuantizedTensor, check_layout
+from .affine import NUMPY_DTYPES, QuantizedTensor, check_layout, mlx_core
+from .directory import staged_directory
 from .policy import QuantSpec
 from .select import LeftDense, Selection, TensorGroups, is_matrix_weight, module_predicate, select_weights
 
@@ -32,9 +32,6 @@ STORED = {
     "BF16": NUMPY_DTYPES["bfloat16"],
     "F64": np.dtype(np.float64),
 }
-#: files of a source checkpoint that travel with its quantized copy (tokenizer, processor, templates)
-SIDE_FILES = ("*.json", "*.jinja", "*.txt", "*.model")
-NOT_COPIED = ("config.json", "model.safetensors.index.json", "driftscope_fixture.json", "driftscope_quant.json")
 
 
 @dataclass(frozen=True)
@@ -184,6 +181,7 @@ class MLXQuantizedCheckpoint:
 
 def quantize_model(model: Any, selection: Selection, spec: QuantSpec) -> None:
     """``nn.quantize`` the selected layers of an MLX model in place (names in MLX's module naming)."""
+    mlx_core()
     import mlx.nn as nn
 
     predicate = module_predicate(selection)
@@ -198,6 +196,7 @@ def quantize_model(model: Any, selection: Selection, spec: QuantSpec) -> None:
 
 def quantize_loaded(model: Any, groups: TensorGroups, spec: QuantSpec) -> Selection:
     """Quantize a loaded MLX model's ``spec.scope`` layers in place (``groups`` in MLX's naming); the selection."""
+    mlx_core()
     from mlx.utils import tree_flatten
 
     shapes = {name: tuple(value.shape) for name, value in tree_flatten(model.parameters())}
@@ -219,22 +218,15 @@ def save_mlx_checkpoint(
     ``config`` is the checkpoint config in mlx-vlm's layout; ``copy_from`` a directory whose tokenizer
     and processor files are copied; ``extra`` is written as ``driftscope_quant.json`` (provenance).
     """
+    mlx_core()
     from mlx_vlm.utils import save_config, save_weights
 
-    out_dir = Path(out_dir)
-    tmp = out_dir.with_name(f".{out_dir.name}.partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    if copy_from is not None:
-        for pattern in SIDE_FILES:
-            for file in sorted(Path(copy_from).glob(pattern)):
-                if file.name not in NOT_COPIED:
-                    shutil.copy2(file, tmp / file.name)
-    save_weights(tmp, model)
     settings = {"group_size": spec.group_size, "bits": spec.bits, "mode": spec.mode}
-    save_config({**config, "quantization": dict(settings), "quantization_config": dict(settings)}, tmp / "config.json")
-    if extra is not None:
-        (tmp / "driftscope_quant.json").write_text(json.dumps(extra, indent=1, sort_keys=True) + "\n")
-    shutil.rmtree(out_dir, ignore_errors=True)
-    tmp.rename(out_dir)
-    return out_dir
+    with staged_directory(out_dir, copy_from) as tmp:
+        save_weights(tmp, model)
+        save_config(
+            {**config, "quantization": dict(settings), "quantization_config": dict(settings)}, tmp / "config.json"
+        )
+        if extra is not None:
+            (tmp / "driftscope_quant.json").write_text(json.dumps(extra, indent=1, sort_keys=True) + "\n")
+    return Path(out_dir)
