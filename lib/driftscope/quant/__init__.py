@@ -13,3 +13,10 @@ One concern per module; none of them knows a model family (the family's names co
 - ``linear_replay``: one quantized linear run fused and dequantized on the same input.
 - ``attribution``: which of several references a candidate is closer to, stage by stage.
 """
+
+from __future__ import annotations
+
+# precision first: once precision.py registers the quantized policies (``from .quant.policy import
+# register_quantized_policies`` at its end), importing ``driftscope.quant.policy`` first must not find
+# ``precision`` half-initialised.
+from .. import precision  # noqa: E402, F401
