@@ -41,8 +41,9 @@ fi
 # The notebook kernel papermill runs (inside the venv, so it sees the same packages).
 "$VENV/bin/python" -m ipykernel install --sys-prefix --name driftscope --display-name "driftscope (.venv)" >/dev/null
 
-# Fixtures: both scripts are deterministic and skip work that is already done.
+# Fixtures: the scripts are deterministic and skip work that is already done.
 "$VENV/bin/python" fixtures/make_shapes.py >/dev/null
 "$VENV/bin/python" fixtures/make_tiny_qwen25vl.py
 "$VENV/bin/python" fixtures/make_tiny_qwen25vl_deep.py
+"$VENV/bin/python" fixtures/make_tiny_q4.py
 echo "[setup] ready: $VENV/bin/driftscope"
