@@ -103,3 +103,16 @@ def test_first_divergence_and_growth(tmp_path):
     assert first_divergence(rows).stage == "s3"
     grown = [g["stage"] for g in growth_stages(rows, 10.0)]
     assert grown == ["s1", "s2", "s3"]
+
+
+def test_the_worst_failing_element_is_the_one_furthest_over_its_own_bound(tmp_path):
+    """The largest |difference| (0.5 at a reference of 100: bound 8.08) passes; the element to look at is the
+    small one (0.2 at a reference of 0: bound 0.08, 2.5x over), and its failure is atol-bound."""
+    expected = np.array([100.0, 0.0, 1.0], dtype=np.float32)
+    actual = np.array([100.5, 0.2, 1.0], dtype=np.float32)
+    row = compare_stage("s", write(tmp_path, "r", {"s": expected}), write(tmp_path, "c", {"s": actual}), Tolerance(), 0)
+    assert row.status == "fail" and row.failures == 1 and row.max_coords == [0]  # the largest |diff| passes
+    worst = row.worst_failing
+    assert worst["coords"] == [1] and worst["reference"] == 0.0 and abs(worst["candidate"] - 0.2) < 1e-7
+    assert abs(worst["tolerance"] - 0.08) < 1e-9 and abs(worst["excess"] - 0.2 / 0.08) < 1e-5
+    assert row.atol_bound_failures == 1

@@ -73,6 +73,9 @@ class _Accumulator:
         self.first_nonfinite: tuple[int, float, float] | None = None  # flat index, reference, candidate
         self.max_abs = -1.0
         self.max_excess = 0.0
+        #: the failing element furthest over its own bound: flat index, reference, candidate, bound
+        self.worst: tuple[int, float, float, float] | None = None
+        self.atol_bound = 0  # failures where the reference is so small that atol alone sets the bound
         self.max_index: int | None = None
         self.max_values: tuple[float, float] | None = None
 
@@ -143,8 +146,17 @@ class _Accumulator:
         failing = int(np.count_nonzero(np.greater(diff, bound, out=over)))
         if failing:
             self.failures += failing
+            positions = np.flatnonzero(over)
             with np.errstate(divide="ignore"):
-                self.max_excess = max(self.max_excess, float(np.max(diff[over] / bound[over])))
+                ratios = diff[positions] / bound[positions]
+            top = int(np.argmax(ratios))
+            if float(ratios[top]) > self.max_excess or self.worst is None:
+                local = int(positions[top])
+                raw_e, raw_a = (ef, af) if e is None else (e, a)
+                self.max_excess = max(self.max_excess, float(ratios[top]))
+                self.worst = (offset + local, float(raw_e[local]), float(raw_a[local]), float(bound[local]))
+            # atol decides where atol >= rtol * |e|, i.e. the bound is at most twice atol
+            self.atol_bound += int(np.count_nonzero(bound[positions] <= 2.0 * self.tol.atol))
         self.sum_sq += _dot(diff, diff)
         self.sum_abs += float(diff.sum())
         if finite is not None:
@@ -334,6 +346,17 @@ def _finish(row: ComparisonRow, acc: _Accumulator, shape: tuple[int, ...], tol: 
     row.status = "fail" if row.failure_fraction > tol.max_failure_fraction else "pass"
     if row.status == "pass" and acc.failures and tol.max_failure_fraction:
         row.note = f"{acc.failures} failures within the allowed fraction {tol.max_failure_fraction}"
+    row.atol_bound_failures = acc.atol_bound
+    if acc.worst is not None and shape:
+        index, reference, candidate, bound = acc.worst
+        row.worst_failing = {
+            "index": index,
+            "coords": [int(c) for c in np.unravel_index(index, shape)],
+            "reference": reference,
+            "candidate": candidate,
+            "tolerance": bound,
+            "excess": acc.max_excess,
+        }
     if acc.first_nonfinite is not None:
         index, reference, candidate = acc.first_nonfinite
         coords = [int(c) for c in np.unravel_index(index, shape)] if shape else []

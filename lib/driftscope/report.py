@@ -246,17 +246,22 @@ def judge(
 
 
 def _divergence_record(row: ComparisonRow) -> dict:
-    """The first divergent stage of a pair: where its worst element is (the first non-finite one, if any)."""
-    nonfinite = row.first_nonfinite
+    """The first divergent stage of a pair and the element to look at: the first non-finite one, else the
+    failing element furthest over its own tolerance (not the largest |difference|, which may pass)."""
+    nonfinite, worst = row.first_nonfinite, row.worst_failing
+    where = nonfinite or worst
     return {
         "stage": row.stage,
         "status": row.status,
         "failures": row.failures,
         "elements": row.elements,
         "max_abs": row.max_abs,
-        "max_coords": nonfinite["coords"] if nonfinite else row.max_coords,
-        "reference_value": nonfinite["reference"] if nonfinite else row.max_reference_value,
-        "candidate_value": nonfinite["candidate"] if nonfinite else row.max_candidate_value,
+        "max_coords": where["coords"] if where else row.max_coords,
+        "reference_value": where["reference"] if where else row.max_reference_value,
+        "candidate_value": where["candidate"] if where else row.max_candidate_value,
+        "tolerance": None if nonfinite or not worst else worst["tolerance"],
+        "excess": None if nonfinite or not worst else worst["excess"],
+        "atol_bound_failures": row.atol_bound_failures,
         "nonfinite_mismatch": row.nonfinite_mismatch,
         "note": row.note,
     }

@@ -32,6 +32,10 @@ class ComparisonRow:
     nonfinite_mismatch: int = 0  # elements non-finite on one side where the other side differs (always a failure)
     nonfinite_both: int = 0  # elements with the same non-finite value on both sides (a warning: not judged)
     first_nonfinite: dict | None = None  # {index, coords, reference, candidate} of the first such element
+    #: the failing element furthest over its own bound atol + rtol*|e|: {index, coords, reference, candidate,
+    #: tolerance, excess} (None when nothing fails); where the stage fails this is the element to look at
+    worst_failing: dict | None = None
+    atol_bound_failures: int = 0  # failures where |reference| <= atol/rtol, so atol alone set the bound
     max_index: int | None = None
     max_coords: list[int] | None = None
     max_reference_value: float | None = None

@@ -7,6 +7,16 @@ from ..report import Report
 from ..runtime_checks import checks_markdown
 
 
+def _atol_note(first: dict) -> str:
+    """Say when the absolute floor decided: every failure is at a reference too small for rtol to matter."""
+    failures, bound = int(first.get("failures") or 0), int(first.get("atol_bound_failures") or 0)
+    if not failures or first.get("nonfinite_mismatch"):
+        return ""
+    if bound == failures:
+        return f"; all {failures} failures are at near-zero references: atol-bound"
+    return f"; {bound} of {failures} failures atol-bound" if bound else ""
+
+
 def summary_markdown(report: Report) -> str:
     """Verdict, first divergence per candidate, drift onset and growth, as Markdown (every value escaped)."""
     data = report.data
@@ -45,11 +55,13 @@ def summary_markdown(report: Report) -> str:
     for label in report.pair_keys():
         first = data.get("first_divergence", {}).get(label)
         if first and first.get("max_coords") is not None:
-            kind = "first non-finite element" if first.get("nonfinite_mismatch") else "worst element"
+            kind = "first non-finite element" if first.get("nonfinite_mismatch") else "worst failing element"
+            bound = first.get("tolerance")
+            tolerance = "" if bound is None else f" (tolerance {text(_number(bound, 3))})"
             lines.append(
                 f"\n{code(report.pair_title(label))} at {code(first['stage'])}: {kind} at {code(first['max_coords'])}: "
                 f"reference {text(_number(first.get('reference_value'), 6))}, "
-                f"candidate {text(_number(first.get('candidate_value'), 6))}"
+                f"candidate {text(_number(first.get('candidate_value'), 6))}{tolerance}" + _atol_note(first)
             )
     for reason in verdict.get("reasons", []):
         lines.append(f"\n- {text(reason)}")
