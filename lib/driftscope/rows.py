@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 
 @dataclass
@@ -59,8 +59,10 @@ class ComparisonRow:
 
     @classmethod
     def from_dict(cls, data: dict) -> ComparisonRow:
-        """A row read back from JSON (where non-finite metrics were written as null)."""
-        data = dict(data)
+        """A row read back from JSON (where non-finite metrics were written as null); fields a newer
+        driftscope added are ignored, so an older one still reads its rows."""
+        known = {f.name for f in fields(cls)}
+        data = {key: value for key, value in data.items() if key in known}
         for key in _FLOAT_METRICS:
             if key in data and data[key] is None:
                 data[key] = float("nan")
