@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from driftscope.errors import CheckpointError
+from driftscope.families import get_family
 from driftscope.quant.affine import from_mlx, mlx_core
 from driftscope.quant.host import quantize_checkpoint
 from driftscope.quant.mlx_checkpoint import MLXQuantizedCheckpoint
@@ -26,10 +27,9 @@ def mx():
 
 @pytest.fixture(scope="module")
 def tiny_q4(tiny_checkpoint_dir) -> Path:
-    from make_tiny_q4 import DEFAULT_OUT, main
+    from make_tiny_q4 import ensure_q4
 
-    main([str(DEFAULT_OUT), "--source", str(tiny_checkpoint_dir)])  # skips a checkpoint already there
-    return DEFAULT_OUT
+    return ensure_q4(get_family("qwen2_5_vl"))  # skips a checkpoint already there
 
 
 def quantized_modules(model) -> dict:
@@ -139,11 +139,10 @@ def test_layers_the_group_size_does_not_divide_stay_dense_and_are_reported(mx, t
 def test_per_layer_overrides_are_read_as_mlx_vlm_writes_them(mx, tiny_checkpoint_dir, tmp_path):
     """One layer at group size 32 / 8 bits, one left dense by ``false``: mlx-vlm loads it, our reader agrees."""
     import mlx.nn as nn
-    from driftscope.mlx_loader import adapt_config, load_mlx_model
     from mlx_vlm.utils import load_model, save_config, save_weights
 
     config = json.loads((tiny_checkpoint_dir / "config.json").read_text())
-    model = load_mlx_model(tiny_checkpoint_dir, config)
+    model = get_family("qwen2_5_vl").engine("mlx").load(tiny_checkpoint_dir, config)
     special, dense = "language_model.model.layers.0.mlp.down_proj", "language_model.model.layers.1.mlp.up_proj"
 
     def predicate(path, module):
@@ -155,7 +154,7 @@ def test_per_layer_overrides_are_read_as_mlx_vlm_writes_them(mx, tiny_checkpoint
     save_weights(tmp_path, model)
     quantization = {"group_size": 64, "bits": 4, "mode": "affine", special: predicate(special, None), dense: False}
     save_config(
-        {**adapt_config(config), "quantization": quantization, "quantization_config": quantization},
+        {**PROFILE.mlx_config(config), "quantization": quantization, "quantization_config": quantization},
         tmp_path / "config.json",
     )
     loaded = quantized_modules(load_model(tmp_path))

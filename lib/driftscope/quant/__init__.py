@@ -9,7 +9,7 @@ One concern per module; none of them knows a model family (the family's names co
 - ``host``: quantize a dense checkpoint's weights on the host; the dequantized dense weights.
 - ``mlx_checkpoint``: read and write MLX-community quantized checkpoint directories (``directory``: staged writes).
 - ``dense_checkpoint``: write dequantized weights as a dense checkpoint every runtime already loads.
-- ``names`` / ``profiles``: MLX module names <-> checkpoint names, per family.
+- ``names`` / ``profiles``: MLX module names <-> checkpoint names; what a family tells quantization (its profile).
 - ``linear_replay``: one quantized linear run fused and dequantized on the same input.
 - ``attribution``: which of several references a candidate is closer to, stage by stage.
 """

@@ -179,3 +179,27 @@ def attribute(
     verdict += f" (median ratio {ratio:.3g}x)"
     reason = explain(candidate, winner, others)
     return Attribution(candidate, references, rows, chosen, winner, count, verdict + (f": {reason}" if reason else ""))
+
+
+def attribution_report(
+    tapsets: Mapping[str, Any],
+    section: Mapping[str, Any],
+    contract: Any,
+    plan: Any,
+    compared: Mapping[tuple[str, str], Sequence[Any]] | None = None,
+) -> dict[str, Any]:
+    """The report's ``attribution`` section: the candidate against each reference, on the rows the run made
+    (``compared``, by (reference, candidate) label) or compares now; every stage's errors and the verdict."""
+    from ..compare import compare_tapsets
+
+    candidate, references = section["candidate"], list(section["references"])
+    missing = [label for label in [candidate, *references] if label not in tapsets]
+    if missing:
+        verdict = f"{candidate}: no attribution, {', '.join(missing)} did not run"
+        return {"candidate": candidate, "references": references, "winner": None, "verdict": verdict, "rows": []}
+    rows = {
+        label: (compared or {}).get((label, candidate))
+        or compare_tapsets(tapsets[label], tapsets[candidate], contract, plan)
+        for label in references
+    }
+    return attribute(candidate, closer_to_comparisons(rows)).to_dict()

@@ -26,8 +26,10 @@ def write_dense_checkpoint(
     config: dict,
     copy_from: str | Path | None = None,
     provenance: dict | None = None,
+    replace: bool = True,
 ) -> Path:
-    """Write ``weights`` (float arrays widened to float32) and ``config`` as a dense checkpoint, atomically."""
+    """Write ``weights`` (float arrays widened to float32) and ``config`` as a dense checkpoint, atomically
+    (``replace=False``: keep a directory another process wrote there meanwhile)."""
     from safetensors.numpy import save_file
 
     stored = {
@@ -37,7 +39,7 @@ def write_dense_checkpoint(
         for name, value in weights.items()
     }
     dense_config = {key: value for key, value in config.items() if key not in QUANTIZATION_KEYS}
-    with staged_directory(out_dir, copy_from) as tmp:
+    with staged_directory(out_dir, copy_from, replace) as tmp:
         save_file(stored, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(dense_config, indent=2) + "\n")
         if provenance is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,10 +14,13 @@ NOT_COPIED = ("config.json", "model.safetensors.index.json", "driftscope_fixture
 
 
 @contextmanager
-def staged_directory(out_dir: str | Path, copy_from: str | Path | None = None) -> Iterator[Path]:
-    """Yield an empty staging directory (with ``copy_from``'s side files); it replaces ``out_dir`` on success."""
+def staged_directory(out_dir: str | Path, copy_from: str | Path | None = None, replace: bool = True) -> Iterator[Path]:
+    """Yield an empty staging directory (with ``copy_from``'s side files); it replaces ``out_dir`` on success.
+
+    With ``replace=False`` a directory another process put at ``out_dir`` meanwhile is kept and the staged
+    one dropped (a cache entry: both hold the same)."""
     out_dir = Path(out_dir)
-    tmp = out_dir.with_name(f".{out_dir.name}.partial")
+    tmp = out_dir.with_name(f".{out_dir.name}.{os.getpid()}.partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
@@ -29,5 +33,11 @@ def staged_directory(out_dir: str | Path, copy_from: str | Path | None = None) -
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    shutil.rmtree(out_dir, ignore_errors=True)
-    tmp.rename(out_dir)
+    if replace:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    try:
+        tmp.rename(out_dir)
+    except OSError:
+        if replace or not out_dir.exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -4,7 +4,7 @@ Quantizable tensors are the matrix weights (``*.weight`` with two axes: linear a
 norms, biases and convolutions stay dense), as ``nn.quantize`` quantizes ``Linear`` and ``Embedding``.
 A family's :class:`TensorGroups` says which names belong to the vision side and which to the text
 side. A matrix whose input width (last axis) is not a multiple of the group size cannot be
-quantized: it stays dense and is reported (Molmo2's 588-wide patch embedding at group size 64).
+quantized: it stays dense and is reported (e.g. a 588-wide patch embedding at group size 64).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from ..inputs import ModelInputs
+from ..quant.policy import RUNTIME_POLICIES
 from .base import Runtime, StageSink, package_versions, require
 
 
@@ -49,7 +50,7 @@ class TransformersRuntime(Runtime):
     """Hugging Face transformers' own model code, eager attention, on the CPU."""
 
     name = "transformers"
-    policies = ("f32", "f64")
+    policies = ("f32", "f64", *RUNTIME_POLICIES["transformers"])  # q4-dequant: the dense dequantized checkpoint
 
     def _load(self) -> Any:
         torch = require("torch", "torch", self.name)
