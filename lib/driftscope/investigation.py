@@ -188,6 +188,12 @@ def _replay_one(report: Report, out: Path, label: str, runtime, reference, candi
     entry = drill.to_dict()
     entry["tapset"] = str(Path(entry["tapset"]).relative_to(out))
     report.data["replay"][label] = entry
+    controls = runtime.same_input_controls(reference, plan)  # e.g. quantized linears, fused and dequantized
+    if controls is not None:
+        from .quant.linear_controls import linear_verdict
+
+        report.data.setdefault("linear_replay", {})[label] = linear_verdict(controls, drill.labels, label)
+        log(f"  {report.data['linear_replay'][label]['verdict']}")
     report.save()
     if drill.first_introduced:
         log(f"  {label}: first introduced error at {drill.first_introduced}")
@@ -273,6 +279,7 @@ def _capture_one(
             "tapset": str(tapset.tensor_path.relative_to(out)),
             "timings": tapset.meta.get("timings", {}),
             "artifact": tapset.meta.get("artifact"),
+            "quantization": tapset.meta.get("quantization"),
             "bucket": tapset.meta.get("bucket"),
             "stages": len(tapset.stage_ids()),
         }
@@ -363,6 +370,11 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
         report.data["relative"] = relative_verdict(
             tapsets[rel["high"]], tapsets[rel["oracle"]], others, plan, rel["factor"], rel["floor"]
         )
+    if params.attribution:
+        from .quant.attribution import attribution_report
+
+        report.data["attribution"] = attribution_report(tapsets, params.attribution, contract, plan, compared)
+        log(f"attribution: {report.data['attribution']['verdict']}")
     if params.text:
         from .answer import answer_parity
 

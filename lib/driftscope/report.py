@@ -319,6 +319,13 @@ def rejudge(report_path: str | Path, contract: Contract, out_path: str | Path | 
     data.update(judge(reference, candidates, contract, report.plan, extra))
     apply_checks(data, data.get("checks") or {})
     data["replay"] = _rejudge_replay(report, reference, data["rows"], contract)
+    if data.get("linear_replay"):  # the linear controls' rows stand; their stage labels follow the new contract
+        from .quant.linear_controls import linear_verdict
+
+        data["linear_replay"] = {
+            label: linear_verdict(entry, data["replay"].get(label, {}).get("labels", []), label)
+            for label, entry in data["linear_replay"].items()
+        }
     data["contract"] = contract.to_dict()
     data["rejudged_from"] = str(report.path)
     target = Path(out_path) if out_path else report.path
