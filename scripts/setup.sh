@@ -41,9 +41,11 @@ fi
 # The notebook kernel papermill runs (inside the venv, so it sees the same packages).
 "$VENV/bin/python" -m ipykernel install --sys-prefix --name driftscope --display-name "driftscope (.venv)" >/dev/null
 
-# Fixtures: the scripts are deterministic and skip work that is already done.
+# Fixtures: every script is deterministic and skips work that is already done.
 "$VENV/bin/python" fixtures/make_shapes.py >/dev/null
 "$VENV/bin/python" fixtures/make_tiny_qwen25vl.py
 "$VENV/bin/python" fixtures/make_tiny_qwen25vl_deep.py
-"$VENV/bin/python" fixtures/make_tiny_q4.py
+"$VENV/bin/python" fixtures/make_tiny_qwen3vl.py
+"$VENV/bin/python" fixtures/make_tiny_q4.py  # each family's tiny fixture in 4 bits
+"$VENV/bin/python" fixtures/make_tiny_qwen25vl_wide.py  # parameters/demo_q4.yaml
 echo "[setup] ready: $VENV/bin/driftscope"

@@ -89,7 +89,7 @@ def test_perturbed_image_embeddings_fail_after_the_tower_and_change_the_answer(t
 
 
 def test_text_slots_that_a_runtime_changes_are_counted():
-    from driftscope.families.qwen2_5_vl.text import put_text_inputs
+    from driftscope.families.qwen_shared.text import put_text_inputs
     from driftscope.runtimes.base import StageSink
     from driftscope.text_inputs import TextInputs
 

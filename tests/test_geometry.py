@@ -86,7 +86,7 @@ def test_smart_resize_equals_transformers(height, width, min_pixels, max_pixels)
 
 @pytest.fixture(scope="module")
 def processor(tiny_checkpoint):
-    from driftscope.families.qwen2_5_vl.processor import load_image_processor
+    from driftscope.families.qwen_shared.processor import load_image_processor
 
     return load_image_processor(tiny_checkpoint)
 

@@ -399,7 +399,7 @@ def test_15_a_truncated_or_corrupt_checkpoint_is_found_when_it_opens(tmp_path, t
 
 
 def test_16_transparent_palette_and_gray_images_become_rgb_as_the_processor_makes_them(tmp_path, tiny_checkpoint):
-    from driftscope.families.qwen2_5_vl.processor import load_image_processor
+    from driftscope.families.qwen_shared.processor import load_image_processor
     from driftscope.inputs import prepare_inputs
 
     processor = load_image_processor(tiny_checkpoint)

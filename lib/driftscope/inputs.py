@@ -28,6 +28,7 @@ class ModelInputs:
     facts: dict = field(default_factory=dict)  # the family's facts for the summary (resized sizes, grids, ...)
     headline: str = ""  # one line for the log
     text: Any = None  # TextInputs when the run follows the prompt past the vision tower
+    warnings: list[str] = field(default_factory=list)  # what the report must say about these inputs
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.arrays[name]
@@ -56,6 +57,7 @@ class ModelInputs:
             "image_tokens": self.image_tokens.tolist(),
             "digest": self.digest,
             **({"text": self.text.summary()} if self.text is not None else {}),
+            **({"warnings": list(self.warnings)} if self.warnings else {}),
         }
 
 

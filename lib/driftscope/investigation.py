@@ -361,6 +361,7 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
         (tapsets[a], tapsets[b]) for a, b in params.pairs if a != params.reference_label and {a, b} <= set(tapsets)
     ]
     report.data.update(judge(reference, candidates, contract, plan, extra, compared))
+    report.data["warnings"] = report.data["warnings"] + inputs.warnings  # e.g. a processor unlike its config
     apply_checks(report.data, report.data["checks"])
     if params.relative:
         from .relative import relative_verdict

@@ -19,7 +19,9 @@ from .tapset import TapSet
 
 
 def mutated_runtime(checkpoint, policy: str, mutation: Mutation) -> Runtime:
-    """The family's mutation runtime with ``mutation`` installed (its label says which)."""
+    """The family's mutation runtime with ``mutation`` installed (its label says which): the model changed at
+    load, its ``during`` context active for the whole capture (vision and text), its inputs (a processor
+    defect) in place of the run's."""
     base = get_runtime(get_family(checkpoint.family).mutation_runtime)
 
     class Mutated(base):
@@ -29,11 +31,14 @@ def mutated_runtime(checkpoint, policy: str, mutation: Mutation) -> Runtime:
                 mutation.install(model, dict(mutation.settings))
             return model
 
-        def _capture(self, inputs, sink) -> None:
+        def capture(self, inputs, plan, out_base, progress=None) -> TapSet:
+            if mutation.inputs is not None:
+                inputs = mutation.inputs(self.checkpoint, inputs, dict(mutation.settings))
+            self.load()
             with ExitStack() as stack:
                 if mutation.during is not None:
                     stack.enter_context(mutation.during(self.model, dict(mutation.settings)))
-                super()._capture(inputs, sink)
+                return super().capture(inputs, plan, out_base, progress)
 
     return Mutated(checkpoint, policy, None, {"label": f"{base.name}:{policy}+{mutation.name}"})
 

@@ -317,6 +317,7 @@ def rejudge(report_path: str | Path, contract: Contract, out_path: str | Path | 
     ]
     data = dict(report.data)
     data.update(judge(reference, candidates, contract, report.plan, extra))
+    data["warnings"] = data["warnings"] + list((data.get("inputs") or {}).get("warnings", []))
     apply_checks(data, data.get("checks") or {})
     data["replay"] = _rejudge_replay(report, reference, data["rows"], contract)
     if data.get("linear_replay"):  # the linear controls' rows stand; their stage labels follow the new contract

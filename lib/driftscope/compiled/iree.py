@@ -207,4 +207,19 @@ class IreeModule:
         results = self._module.main(*[device_array(driver, a) if isinstance(a, np.ndarray) else a for a in arguments])
         if not isinstance(results, (tuple, list)):
             results = (results,)
-        return {name: np.asarray(r.to_host()) for name, r in zip(self.output_names, results, strict=True)}
+        return {name: _host(r) for name, r in zip(self.output_names, results, strict=True)}
+
+
+class _Pinned:
+    """Exposes a mapped host array while holding the device array whose mapping it is."""
+
+    def __init__(self, array: np.ndarray, owner: object):
+        self.__array_interface__ = array.__array_interface__
+        self._array, self._owner = array, owner
+
+
+def _host(result) -> np.ndarray:
+    """An output as a numpy array without a copy: on the CPU drivers ``to_host`` maps the device buffer, which
+    is unmapped (and its memory reused by the next call) once the device array is dropped, so the array holds
+    the device array for as long as it, or any view of it, lives."""
+    return np.asarray(_Pinned(np.asarray(result.to_host()), result))

@@ -33,8 +33,9 @@ class Mutation:
     """A named defect installed in a candidate runtime, to prove a fixture's power.
 
     ``install`` changes the loaded model; ``during`` (if any) is a context active while capturing;
-    ``declared`` lists the stages it should disturb first (most specific first); ``blind`` says, from the
-    inputs' geometry alone, why a fixture cannot reveal it (None: it can)."""
+    ``inputs`` (if any) gives the inputs the mutated runtime receives instead of the run's (a processor
+    defect); ``declared`` lists the stages it should disturb first (most specific first); ``blind`` says,
+    from the inputs' geometry alone, why a fixture cannot reveal it (None: it can)."""
 
     name: str
     description: str
@@ -43,6 +44,7 @@ class Mutation:
     blind: Callable[[ModelInputs, StagePlan], str | None] = lambda inputs, plan: None
     settings: dict = field(default_factory=dict)
     during: Callable[[Any, dict], Any] | None = None  # (model, settings) -> context manager
+    inputs: Callable[[Checkpoint, ModelInputs, dict], ModelInputs] | None = None  # (checkpoint, inputs, settings)
 
     def declared_stage(self, plan: StagePlan) -> str | None:
         """The first declared stage that the plan captures."""

@@ -56,7 +56,8 @@ class CompiledTaps(Protocol):
 
     HOST_STAGES: tuple[str, ...]  # stages computed on the host (inputs, index math), not by the graph
     FINAL: str  # the tower's output: what the production graph returns
-    TOWER_OUTPUTS: tuple[str, ...]  # graph outputs the text side reads (every lowering returns them)
+    TOWER_OUTPUTS: tuple[str, ...]  # graph outputs the text side reads (every lowering returns them), unless
+    # the family's plan names them in ``meta["tower_outputs"]`` (when they depend on the config)
 
     def load(self, checkpoint: Any) -> EmittedModel: ...
 
@@ -162,10 +163,11 @@ class CompiledRuntime(Runtime):
             self._capture_blocks(inputs, sink, bucket)
             return
         outputs = self.execute(graph, self.arguments(graph, bucket, inputs))
+        plan = self.family.vision_plan(self.checkpoint.config)  # the whole plan: the selection may leave them out
         self._tower = {
-            stage: outputs[stage][: self.taps.output_rows(bucket, sink.plan[stage])]
-            for stage in self.taps.TOWER_OUTPUTS
-            if stage in outputs and stage in sink.plan
+            stage: outputs[stage][: self.taps.output_rows(bucket, plan[stage])]
+            for stage in plan.meta.get("tower_outputs") or self.taps.TOWER_OUTPUTS
+            if stage in outputs
         }
         start = time.perf_counter()
         for stage in sink.plan:

@@ -55,17 +55,26 @@ def first_token_frame(report: Report):
 
 
 def text_stage_frame(report: Report):
-    """The rows after the tower: embeddings, positions, layers, logits (with top-1 agreement and margins)."""
+    """The rows between the tower and the logits: what the text side reads of the tower (the plan's
+    ``tower_outputs``: the merged features and any features injected into the decoder's layers), then the
+    embeddings, positions, layers and logits (with top-1 agreement and margins)."""
     frame = report.frame()
     if frame.empty:
         return frame
-    rows = [r for r in report.rows if r.stage.startswith("text.")]
-    frame = frame[frame["stage"].str.startswith("text.")].reset_index(drop=True)
+    feeds = set(report.data.get("plan_meta", {}).get("tower_outputs") or ())
+
+    def kept(stage: str) -> bool:
+        return stage.startswith("text.") or stage in feeds
+
+    rows = [r for r in report.rows if kept(r.stage)]
+    frame = frame[frame["stage"].map(kept)].reset_index(drop=True)
+    frame["role"] = ["tower output the text side reads" if stage in feeds else "text" for stage in frame["stage"]]
     for key in ("top1_agree", "top5_overlap", "margin_reference", "margin_candidate"):
         frame[key] = [row.extra.get(key) for row in rows]
     return frame[
         [
             "stage",
+            "role",
             "pair",
             "status",
             "failures",

@@ -42,7 +42,7 @@ def _block_ticks(report: Report, ordered: list[str]) -> tuple[list[int], list[st
             labels.append(f"b{blocks[stage_id]}")
         elif stage_id in marks:
             ticks.append(position)
-            labels.append(stage_id.split(".")[-1])
+            labels.append(stage_id.split(".", 1)[-1])
     return ticks, labels
 
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..base import Family, TinyFixture
+from ..qwen_shared.text import build_text_inputs
 from .plan import NAME, replay_inputs, text_stages, vision_plan
 from .processor import prepare_inputs
 from .replay import ReplayContext
-from .text import build_text_inputs
 
 _ROOT = Path(__file__).resolve().parents[4]
 

@@ -11,27 +11,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...synthetic import reinitialize, train_tokenizer
-
-SPECIAL_TOKENS = [
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|vision_pad|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-]
-
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for item in message['content'] %}"
-    "{% if item['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}{% endfor %}{% endif %}"
-    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+from ...synthetic import reinitialize
+from ..qwen_shared.tokenizer import CHAT_TEMPLATE, build_tokenizer
 
 
 @dataclass(frozen=True)
@@ -58,11 +39,6 @@ class SyntheticQwen25VLSpec:
     massive_channel: int | None = None  # plant a massive activation in this hidden channel of the vision tower
     massive_gain: float = 0.5  # patch-embedding weight of that channel: |x| ~ gain * |sum of a patch's pixels|
     extra: dict = field(default_factory=dict)
-
-
-def build_tokenizer(vocab_size: int):
-    """A byte-level BPE tokenizer with Qwen's special tokens, trained on the fixed tiny corpus."""
-    return train_tokenizer(vocab_size, SPECIAL_TOKENS, eos_token="<|im_end|>", pad_token="<|endoftext|>")
 
 
 def plant_massive_channel(model, channel: int, gain: float) -> None:

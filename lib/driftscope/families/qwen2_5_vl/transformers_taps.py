@@ -11,8 +11,8 @@ from ...inputs import ModelInputs
 from ...runtimes.base import StageSink, put_greedy
 from ...runtimes.transformers_runtime import replaced
 from ...runtimes.transformers_runtime import to_numpy as _np
+from ..qwen_shared.text import put_text_inputs
 from .plan import block_stage_id, parse_stage
-from .text import put_text_inputs
 
 MODEL_CLASS = "Qwen2_5_VLForConditionalGeneration"
 

@@ -8,28 +8,10 @@ from pathlib import Path
 import numpy as np
 
 from ...markup import text
-from ...tapset import TapSet
-from ..base import ImageTokens, Section
-from .geometry import ResizeSpec, audit_unreorder, grid_for, position_ids
+from ..base import Section
+from ..qwen_shared.layout import token_layout  # noqa: F401 (a view hook of this family)
+from .geometry import ResizeSpec, audit_unreorder, grid_for
 from .geometry.summary import WINDOW_SIZE, bucket_summary, format_text, image_rows, parse_size
-
-
-def token_layout(reference: TapSet, unit: str | None, plan_meta: dict) -> list[ImageTokens]:
-    """Per image, where its rows sit: patch rows in processor (merge-block-major) order on the patch grid,
-    merged rows in raster order on the merged grid (rows in raster order, i.e. after any window un-reorder)."""
-    merge = int(plan_meta.get("spatial_merge_size", 2))
-    grids = np.asarray(reference["inputs.grid_thw"]).reshape(-1, 3)
-    layout, start = [], 0
-    for t, h, w in (tuple(int(v) for v in grid) for grid in grids):
-        if unit == "merged":
-            shape = (h // merge, w // merge)
-            cells = np.stack(np.meshgrid(np.arange(shape[0]), np.arange(shape[1]), indexing="ij"), -1).reshape(-1, 2)
-            count = t * shape[0] * shape[1]
-        else:
-            shape, cells, count = (h, w), position_ids([[1, h, w]], merge), t * h * w
-        layout.append(ImageTokens(start, start + count, shape, cells))
-        start += count
-    return layout
 
 
 def input_overlay(inputs: dict, image: int) -> tuple[int | None, str]:

@@ -16,9 +16,9 @@ from ....precision import PrecisionPolicy
 from ....runtimes.base import StageSink
 from ....runtimes.compiled import EmittedModel
 from ....stages import Stage
+from ...qwen_shared.text import put_text_inputs
 from ..geometry import Bucket, mrope_positions, pack_images
 from ..plan import parse_stage
-from ..text import put_text_inputs
 from .config import VisionSpec
 from .model import FINAL, SUBSTAGES, block_graph, merger_graph, stem_graph, vision_tower
 from .stages import stage_function, stage_weights

@@ -1,7 +1,7 @@
 """Qwen2.5-VL vision geometry: exact index math for windows, resizing, packing, masks and M-RoPE (numpy only)."""
 
+from ...qwen_shared.mrope import mrope_positions
 from .masks import MaskAudit, audit_masks, bucket_masks, segment_mask
-from .mrope import mrope_positions
 from .packing import Bucket, pack_images
 from .resize import ResizeSpec, grid_for, patchify, preprocess, smart_resize
 from .windows import (

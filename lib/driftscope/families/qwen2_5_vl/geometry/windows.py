@@ -6,16 +6,12 @@ tests can hold it against ``transformers.vision_utils`` as an independent refere
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-Grid = Sequence[int]  # (t, h, w) in patches
-
-
-def _grids(grid_thw: Sequence[Grid] | np.ndarray) -> list[tuple[int, int, int]]:
-    return [(int(t), int(h), int(w)) for t, h, w in np.asarray(grid_thw, dtype=np.int64).reshape(-1, 3)]
+from ...qwen_shared.grids import cu_seqlens, position_ids  # noqa: F401 (this module's names before they were shared)
+from ...qwen_shared.grids import grids_of as _grids
 
 
 def unique_consecutive(bounds: np.ndarray) -> np.ndarray:
@@ -82,25 +78,6 @@ def cu_window_seqlens(
     grid_thw, spatial_merge_size: int = 2, window_size: int = 112, patch_size: int = 14
 ) -> np.ndarray:
     return window_layout(grid_thw, spatial_merge_size, window_size, patch_size).cu_window_seqlens
-
-
-def cu_seqlens(grid_thw) -> np.ndarray:
-    """Full-attention bounds in patches: one segment per frame of every image."""
-    lengths = [h * w for t, h, w in _grids(grid_thw) for _ in range(t)]
-    return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
-
-
-def position_ids(grid_thw, spatial_merge_size: int = 2) -> np.ndarray:
-    """(h, w) patch coordinates per processor row (rows are merge-block-major), shape [patches, 2]."""
-    rows = []
-    m = spatial_merge_size
-    for t, h, w in _grids(grid_thw):
-        hh, ww = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
-        shape = (h // m, m, w // m, m)
-        hpos = hh.reshape(shape).transpose(0, 2, 1, 3).reshape(-1)
-        wpos = ww.reshape(shape).transpose(0, 2, 1, 3).reshape(-1)
-        rows.append(np.tile(np.stack([hpos, wpos], axis=-1), (t, 1)))
-    return np.concatenate(rows).astype(np.int64) if rows else np.zeros((0, 2), dtype=np.int64)
 
 
 def reverse_by_argsort(index: np.ndarray) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Qwen2.5-VL's prompt side: the chat format around the images, and the prompt stages every runtime writes."""
+"""The Qwen prompt side: the chat format around the images, and the prompt stages every runtime writes."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from itertools import groupby
 
 import numpy as np
 
-from ....errors import InputError
+from ...errors import InputError
 
 
 def mrope_positions(

@@ -1,0 +1,61 @@
+"""Qwen3-VL (DeepStack): a full-attention ViT with a learned, interpolated position table, a 2x2 patch merger,
+DeepStack mergers on a few blocks whose features are added to the first decoder layers' hidden states, and a
+Qwen3 decoder with interleaved M-RoPE. Everything driftscope knows about the family is in this folder:
+
+- ``plan``: the stage plan (vision, DeepStack branches and text), what each replay reads;
+- ``processor``: images -> pixel values and grids, and the processor contract (bounds, resampler);
+- ``geometry``: the position-table interpolation, packed buckets (numpy, property-tested);
+- ``transformers_taps``, ``mlx_taps`` (+ ``mlx_config``), ``emitter/``: where each runtime taps, how it replays;
+- ``replay``: the side inputs every replay needs (rotary tables, attention bounds, grids);
+- ``mutations``, ``hypotheses``: the family's defects for fixture power, ready "what if" patches;
+- ``views``: what the generic views, ``driftscope geometry`` and ``driftscope stages`` ask of a family;
+- ``synthetic``: the tiny random-weight checkpoint.
+
+The chat prompt, M-RoPE positions, processor runner and tokenizer are shared with Qwen2.5-VL
+(``families/qwen_shared``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..base import Family, TinyFixture
+from ..qwen_shared.text import build_text_inputs
+from .plan import NAME, replay_inputs, text_stages, vision_plan
+from .processor import prepare_inputs
+from .replay import ReplayContext
+
+_ROOT = Path(__file__).resolve().parents[4]
+
+
+def _build_tiny(directory: Path) -> Path:
+    from .synthetic import TINY_SPEC, make_checkpoint
+
+    return make_checkpoint(directory, TINY_SPEC)
+
+
+FAMILY = Family(
+    name=NAME,
+    model_types=(NAME,),
+    vision_plan=vision_plan,
+    text_stages=text_stages,
+    replay_inputs=replay_inputs,
+    replay_context=ReplayContext.from_plan,
+    prepare_inputs=prepare_inputs,
+    text_inputs=build_text_inputs,
+    engines={
+        "transformers": f"{__name__}.transformers_taps",
+        "mlx": f"{__name__}.mlx_taps",
+        "jax": f"{__name__}.emitter.program",
+        "iree": f"{__name__}.emitter.program",
+    },
+    mutations=f"{__name__}.mutations",
+    mutation_runtime="mlx",
+    hypotheses=f"{__name__}.hypotheses",
+    views=f"{__name__}.views",
+    tiny=TinyFixture(
+        directory=_ROOT / "fixtures" / "checkpoints" / "tiny-qwen3-vl",
+        build=_build_tiny,
+        images=(_ROOT / "fixtures" / "images" / "shapes_224.png",),
+    ),
+)

@@ -1,0 +1,217 @@
+"""Qwen3-VL's stage plan: vision and text stages in execution order, substages, what each replay reads.
+
+There are no windows: every vision stage keeps the processor's order (2x2 merge blocks one after
+another, each block's 4 patches row-major), the order transformers' blocks run in, declared ``raster``
+as for Qwen2.5-VL's patch embedding. DeepStack merger K runs right after the block it reads
+(``deepstack_visual_indexes[K]``); its output is added to the text hidden states at the image-token
+positions right after decoder layer K (``text.layer.K.deepstack``).
+"""
+
+from __future__ import annotations
+
+from ...stages import Stage, StagePlan
+
+NAME = "qwen3_vl"
+
+#: Substages of one vision block, in execution order: (name, axes, meaning).
+BLOCK_SUBSTAGES: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("norm1", ("tokens", "hidden"), "LayerNorm before attention"),
+    ("attn.q", ("tokens", "heads", "head_dim"), "query after RoPE"),
+    ("attn.k", ("tokens", "heads", "head_dim"), "key after RoPE"),
+    ("attn.v", ("tokens", "heads", "head_dim"), "value"),
+    ("attn.context", ("tokens", "hidden"), "attention context (per image), heads concatenated"),
+    ("attn.out", ("tokens", "hidden"), "attention output projection"),
+    ("residual1", ("tokens", "hidden"), "block input + attention output"),
+    ("norm2", ("tokens", "hidden"), "LayerNorm before the MLP"),
+    ("mlp.fc1", ("tokens", "intermediate"), "MLP linear_fc1"),
+    ("mlp.act", ("tokens", "intermediate"), "GELU (tanh approximation) of fc1"),
+    ("mlp.fc2", ("tokens", "hidden"), "MLP linear_fc2"),
+)
+
+#: What each block substage reads; "in" is the block's input.
+SUBSTAGE_INPUTS: dict[str, tuple[str, ...]] = {
+    "norm1": ("in",),
+    "attn.q": ("norm1",),
+    "attn.k": ("norm1",),
+    "attn.v": ("norm1",),
+    "attn.context": ("attn.q", "attn.k", "attn.v"),
+    "attn.out": ("attn.context",),
+    "residual1": ("in", "attn.out"),
+    "norm2": ("residual1",),
+    "mlp.fc1": ("norm2",),
+    "mlp.act": ("mlp.fc1",),
+    "mlp.fc2": ("mlp.act",),
+}
+
+#: Substages of a patch merger (the main one and every DeepStack branch); the output is the prefix itself.
+MERGER_SUBSTAGES = ("norm", "fc1", "act")
+
+
+def block_stage_id(block: int, substage: str | None = None) -> str:
+    return f"vision.block.{block}" if substage is None else f"vision.block.{block}.{substage}"
+
+
+def deepstack_stage_id(branch: int, substage: str | None = None) -> str:
+    return f"vision.deepstack.{branch}" if substage is None else f"vision.deepstack.{branch}.{substage}"
+
+
+def vision_config(config: dict) -> dict:
+    """The vision settings of a checkpoint config (transformers 5 nests them under vision_config)."""
+    return dict(config.get("vision_config") or {})
+
+
+def deepstack_indexes(config: dict) -> list[int]:
+    """The vision blocks whose outputs feed a DeepStack branch, branch by branch."""
+    return [int(i) for i in vision_config(config).get("deepstack_visual_indexes", (8, 16, 24))]
+
+
+def _merger_stages(stage: str, what: str, postshuffle: bool) -> list[Stage]:
+    norm_axes, norm_unit = (
+        (("merged_tokens", "merged_hidden"), "merged") if postshuffle else (("tokens", "hidden"), "patch")
+    )
+    norm_meaning = "LayerNorm over 4x hidden after the 2x2 regroup" if postshuffle else "LayerNorm over hidden"
+    merged = ("merged_tokens", "merged_hidden")
+    return [
+        Stage(f"{stage}.norm", norm_axes, "raster", norm_unit, description=f"{what}: {norm_meaning}"),
+        Stage(f"{stage}.fc1", merged, "raster", "merged", description=f"{what}: linear_fc1 of the 2x2 regroup"),
+        Stage(f"{stage}.act", merged, "raster", "merged", description=f"{what}: exact (erf) GELU of fc1"),
+        Stage(stage, ("merged_tokens", "out_hidden"), "raster", "merged", description=f"{what}: output (linear_fc2)"),
+    ]
+
+
+def vision_plan(config: dict) -> StagePlan:
+    """Every stage of the Qwen3-VL vision tower for this checkpoint config, in execution order."""
+    vision = vision_config(config)
+    depth, deepstack = int(vision.get("depth", 27)), deepstack_indexes(config)
+    raster = {"token_order": "raster", "token_unit": "patch"}
+    stages = [
+        Stage("inputs.pixel_values", ("patches", "channels"), **raster, description="processor output"),
+        Stage("inputs.grid_thw", ("images", "thw"), integer=True, description="processor grid per image"),
+        Stage("inputs.image_tokens", ("images",), integer=True, description="merged tokens per image"),
+        Stage("vision.patch_embed", ("tokens", "hidden"), **raster, description="Conv3d patch embedding (with bias)"),
+        Stage(
+            "vision.pos_embed",
+            ("tokens", "hidden"),
+            **raster,
+            description="learned position table, bilinearly interpolated (align_corners) to the grid",
+        ),
+        Stage("vision.positioned", ("tokens", "hidden"), **raster, description="patch embedding + position table"),
+        Stage("vision.rotary.cos", ("tokens", "head_dim"), **raster, side=True, description="2D RoPE cos table"),
+        Stage("vision.rotary.sin", ("tokens", "head_dim"), **raster, side=True, description="2D RoPE sin table"),
+        Stage("vision.cu_seqlens", ("frames+1",), integer=True, description="attention bounds, one per image frame"),
+    ]
+    for block in range(depth):
+        for name, axes, meaning in BLOCK_SUBSTAGES:
+            stages.append(
+                Stage(block_stage_id(block, name), axes, **raster, block=block, substage=name, description=meaning)
+            )
+        stages.append(
+            Stage(block_stage_id(block), ("tokens", "hidden"), **raster, block=block, description="block output")
+        )
+        if block in deepstack:
+            branch = deepstack.index(block)
+            stages += _merger_stages(deepstack_stage_id(branch), f"DeepStack branch {branch} (block {block})", True)
+    stages += _merger_stages("vision.merger", "main merger", False)
+    meta = {
+        "deepstack_visual_indexes": deepstack,
+        "spatial_merge_size": int(vision.get("spatial_merge_size", 2)),
+        "token_orders": {},  # every stage is in the processor's order
+        "landmarks": ["vision.patch_embed", "vision.positioned"]
+        + [deepstack_stage_id(k) for k in range(len(deepstack))]
+        + ["vision.merger"],
+        # what the text side reads of the tower, in the order it reads it: the merged features, then each branch
+        "tower_outputs": ["vision.merger"] + [deepstack_stage_id(k) for k in range(len(deepstack))],
+    }
+    return StagePlan(NAME, stages, depth, meta)
+
+
+def text_stages(config: dict, max_new_tokens: int) -> list[Stage]:
+    """Stages after the tower: merged embeddings, M-RoPE positions, each text layer (and, after the first
+    ones, the hidden states at the image slots after the DeepStack add), final norm, logits, greedy tokens."""
+    text = dict(config.get("text_config") or config)
+    layers = int(text.get("num_hidden_layers", 0))
+    branches = len(deepstack_indexes(config))
+    stages = [
+        Stage("text.input_ids", ("tokens",), integer=True, description="prompt token ids"),
+        Stage("text.position_ids", ("3", "tokens"), integer=True, description="M-RoPE position ids (t, h, w)"),
+        Stage("text.rope_deltas", ("batch",), integer=True, description="M-RoPE delta for generated positions"),
+        Stage("text.embeds.image", ("image_tokens", "hidden"), description="merged input embeddings at image slots"),
+        Stage("text.embeds.text", ("text_tokens", "hidden"), description="input embeddings at text slots"),
+        Stage(
+            "text.embeds.text_slots_changed",
+            ("count",),
+            integer=True,
+            description="text slots whose embedding differs from the token's own row (must be 0)",
+        ),
+    ]
+    for i in range(layers):
+        stages.append(
+            Stage(
+                f"text.layer.{i}.last",
+                ("hidden",),
+                description=f"text layer {i} output, last position (a text slot: no DeepStack add there)",
+            )
+        )
+        if i < branches:
+            stages.append(
+                Stage(
+                    f"text.layer.{i}.deepstack",
+                    ("image_tokens", "hidden"),
+                    description=f"text layer {i} output at the image slots after adding DeepStack branch {i}",
+                )
+            )
+    stages += [
+        Stage("text.norm.last", ("hidden",), description="final norm, last position"),
+        Stage("text.logits.last", ("vocab",), description="prefill logits, last position"),
+        Stage("text.generate.tokens", ("steps",), integer=True, description=f"greedy tokens ({max_new_tokens})"),
+        Stage("text.generate.margins", ("steps",), side=True, description="top-1 minus top-2 logit at each step"),
+    ]
+    return stages
+
+
+def block_input(block: int) -> str:
+    return "vision.positioned" if block == 0 else block_stage_id(block - 1)
+
+
+def parse_stage(stage_id: str) -> tuple[int | None, int | None, str]:
+    """``(block, branch, kind)`` of a vision stage: ``vision.block.3.mlp.fc1`` -> (3, None, "mlp.fc1"),
+    ``vision.block.3`` -> (3, None, "block"), ``vision.deepstack.1.fc1`` -> (None, 1, "deepstack.fc1"),
+    ``vision.merger`` -> (None, None, "merger.output"), ``vision.pos_embed`` -> (None, None, "pos_embed")."""
+    parts = stage_id.split(".")
+    if parts[1] == "block":
+        return int(parts[2]), None, ".".join(parts[3:]) or "block"
+    if parts[1] == "deepstack":
+        return None, int(parts[2]), "deepstack." + (".".join(parts[3:]) or "output")
+    if parts[1] == "merger":
+        return None, None, "merger." + (".".join(parts[2:]) or "output")
+    return None, None, ".".join(parts[1:])
+
+
+def replay_inputs(stage_id: str, plan: StagePlan) -> tuple[str, ...] | None:
+    """The stages a same-input replay of ``stage_id`` reads (None: not replayable: inputs, the rotary side
+    tables and the attention bounds, which every replay takes from the reference's context instead)."""
+    if not stage_id.startswith("vision."):
+        return None
+    block, branch, kind = parse_stage(stage_id)
+    if block is not None:
+        if kind == "block":
+            return (block_input(block),)
+        return tuple(
+            block_input(block) if name == "in" else block_stage_id(block, name) for name in SUBSTAGE_INPUTS[kind]
+        )
+    if branch is not None:
+        indexes = plan.meta.get("deepstack_visual_indexes", [])
+        return _merger_input(kind, deepstack_stage_id(branch), block_stage_id(int(indexes[branch])))
+    if kind.startswith("merger."):
+        return _merger_input(kind, "vision.merger", block_stage_id(plan.depth - 1))
+    return {
+        "patch_embed": ("inputs.pixel_values",),
+        "pos_embed": ("inputs.grid_thw",),
+        "positioned": ("vision.patch_embed", "vision.pos_embed"),
+    }.get(kind)
+
+
+def _merger_input(kind: str, prefix: str, source: str) -> tuple[str, ...]:
+    sub = kind.split(".", 1)[1]
+    chain = {"norm": source, "fc1": f"{prefix}.norm", "act": f"{prefix}.fc1", "output": f"{prefix}.act"}
+    return (chain[sub],)

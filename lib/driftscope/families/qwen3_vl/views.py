@@ -1,0 +1,290 @@
+"""What the generic views, the geometry notebook, ``driftscope geometry`` and ``driftscope stages`` ask of
+Qwen3-VL: where token rows sit, what to draw over an input, the resize and position-table interpolation of
+given image sizes, and a packed bucket with its mask audit."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import InputError
+from ...markup import text
+from ..base import Section
+from ..qwen_shared.layout import token_layout  # noqa: F401 (a view hook of this family)
+from ..qwen_shared.processor import stated_settings
+from .geometry import audit_bucket, axis_taps, grid_side, lands_on_table_rows, pack_bucket
+from .plan import vision_config
+
+#: What released Qwen3-VL checkpoints say, used when no checkpoint is given.
+DEFAULTS = {"min_pixels": 65536, "max_pixels": 16777216, "patch_size": 16, "merge_size": 2, "table": 48}
+
+
+def input_overlay(inputs: dict, image: int) -> tuple[int | None, str]:
+    """(merged-token side in resized pixels, caption) of one input image of a report's ``inputs``."""
+    processor = inputs.get("processor", {})
+    step = int(processor.get("patch_size", 16)) * int(processor.get("merge_size", 2))
+    height, width = inputs["resized"][image]
+    loaded = inputs.get("image_sizes", [[height, width]])[image]
+    origin = "" if list(loaded) == [height, width] else f" (from {loaded[0]}x{loaded[1]})"
+    table = inputs.get("position_table", "")
+    return step, f"{height}x{width}{origin}, grid {inputs['grid_thw'][image]}, position table {table}"
+
+
+def parse_size(size: str) -> tuple[int, int]:
+    """``"448x672"`` -> (448, 672) as (height, width)."""
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", size)
+    if not match:
+        raise InputError(f"image size {size!r} is not HxW", "write sizes like 448x448 or 448x672 (height x width)")
+    return int(match.group(1)), int(match.group(2))
+
+
+def _settings(checkpoint: str | Path | None) -> dict:
+    """The resize bounds and patching of the checkpoint's processor files (Qwen3-VL's where they are silent)."""
+    stated = stated_settings(checkpoint) if checkpoint is not None else {}
+    settings = {key: int(stated.get(key, value)) for key, value in DEFAULTS.items() if key != "table"}
+    config = Path(checkpoint) / "config.json" if checkpoint is not None else None
+    table = DEFAULTS["table"]
+    if config is not None and config.exists():
+        table = grid_side(int(vision_config(json.loads(config.read_text())).get("num_position_embeddings", 2304)))
+    source = str(Path(checkpoint) / "preprocessor_config.json") if stated else "Qwen3-VL defaults"
+    return {**settings, "table": table, "source": source}
+
+
+def _grid(height: int, width: int, settings: dict) -> tuple[int, int, int]:
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    factor = settings["patch_size"] * settings["merge_size"]
+    try:
+        h, w = smart_resize(height, width, factor, settings["min_pixels"], settings["max_pixels"])
+    except ValueError as err:
+        raise InputError(f"image size {height}x{width} cannot be resized: {err}", "use a less extreme aspect") from err
+    return 1, h // settings["patch_size"], w // settings["patch_size"]
+
+
+def image_rows(sizes: list[str], settings: dict) -> list[dict]:
+    """Per image size: the resize, the grid, tokens, and how its patches sample the position table."""
+    rows = []
+    for size in sizes:
+        height, width = parse_size(size)
+        grid = _grid(height, width, settings)
+        patch = settings["patch_size"]
+        rows.append(
+            {
+                "image": f"{height}x{width}",
+                "resized": f"{grid[1] * patch}x{grid[2] * patch}",
+                "upscaled_by_min_pixels": height * width < settings["min_pixels"],
+                "grid_thw": list(grid),
+                "patches": grid[1] * grid[2],
+                "merged_tokens": grid[1] * grid[2] // settings["merge_size"] ** 2,
+                "position_table": f"{settings['table']}x{settings['table']}",
+                "lands_on_table_rows": lands_on_table_rows([grid], settings["table"]),
+            }
+        )
+    return rows
+
+
+def bucket_summary(sizes: list[str], rows: int | None, settings: dict, grow: bool = False) -> dict:
+    """The images packed into one bucket of ``rows`` patch rows (``grow``: at least enough), and its mask audit."""
+    grids = [_grid(*parse_size(size), settings) for size in sizes]
+    needed = sum(t * h * w for t, h, w in grids)
+    rows = max(rows or needed, needed) if grow else rows
+    bucket = pack_bucket(grids, settings["table"], rows, settings["merge_size"])
+    starts = bucket.cu_seqlens.tolist()
+    return {
+        "rows": bucket.rows,
+        "requested_rows": rows,
+        "active": bucket.active,
+        "padding": bucket.rows - bucket.active,
+        "media": [{"image": size, "rows": [starts[i], starts[i + 1]]} for i, size in enumerate(sizes)],
+        "audit": audit_bucket(bucket),
+    }
+
+
+def geometry_report(
+    sizes: list[str], bucket: int | None, checkpoint: str | Path | None, as_json: bool, **options
+) -> str:
+    """``driftscope geometry``: per image the resize, grid and position-table sampling; with a bucket, the
+    packing and the mask audit (``options`` such as a window size do not apply: there are no windows)."""
+    settings = _settings(checkpoint)
+    images = image_rows(sizes, settings)
+    packed = bucket_summary(sizes, bucket, settings) if bucket is not None else None
+    if as_json:
+        return json.dumps({"processor": settings, "images": images, "bucket": packed}, indent=2)
+    lines = [
+        f"processor settings: {settings['source']} (pixels {settings['min_pixels']}..{settings['max_pixels']}, "
+        f"patch {settings['patch_size']}, merge {settings['merge_size']}); position table "
+        f"{settings['table']}x{settings['table']}, bilinear, align_corners"
+    ]
+    for row in images:
+        upscaled = " (upscaled by min_pixels)" if row["upscaled_by_min_pixels"] else ""
+        exact = "on table rows: nearest == bilinear" if row["lands_on_table_rows"] else "between table rows"
+        lines.append(
+            f"  {row['image']} -> {row['resized']}{upscaled}: grid {row['grid_thw']}, {row['patches']} patches, "
+            f"{row['merged_tokens']} tokens; patches {exact}"
+        )
+    if packed is not None:
+        lines.append(
+            f"bucket: {packed['rows']} rows, {packed['active']} active, {packed['padding']} padding; "
+            + ", ".join(f"{m['image']} rows {m['rows'][0]}:{m['rows'][1]}" for m in packed["media"])
+        )
+        lines.append("mask audit (all must be 0): " + ", ".join(f"{k} {v}" for k, v in packed["audit"].items()))
+    return "\n".join(lines)
+
+
+def _table_figure(grid: tuple[int, int, int], table: int, title: str):
+    """Where each patch of the grid samples the table: its align-corners position among the table rows."""
+    from matplotlib.figure import Figure
+
+    _, h, w = grid
+    rows = np.arange(h, dtype=np.float32) * np.float32(table - 1) / np.float32(max(h - 1, 1))
+    cols = np.arange(w, dtype=np.float32) * np.float32(table - 1) / np.float32(max(w - 1, 1))
+    figure = Figure(figsize=(5.2, 5.2), layout="constrained")
+    axis = figure.subplots()
+    for line in range(table):
+        axis.axhline(line, color="#dddddd", linewidth=0.5)
+        axis.axvline(line, color="#dddddd", linewidth=0.5)
+    yy, xx = np.meshgrid(rows, cols, indexing="ij")
+    on_row = np.isclose(yy, np.round(yy)) & np.isclose(xx, np.round(xx))
+    axis.scatter(xx[~on_row], yy[~on_row], s=6, color="#1f77b4", label="between table rows (blended)")
+    axis.scatter(xx[on_row], yy[on_row], s=6, color="#d62728", label="on a table row")
+    axis.set_xlim(-0.5, table - 0.5)
+    axis.set_ylim(table - 0.5, -0.5)
+    axis.set_title(title, fontsize=9)
+    axis.legend(fontsize=7, loc="lower right")
+    return figure
+
+
+def _axis_frame(size: int, table: int):
+    import pandas as pd
+
+    taps, weights = axis_taps(np.arange(size), size, table)
+    source = np.arange(size, dtype=np.float32) * np.float32(table - 1) / np.float32(max(size - 1, 1))
+    return pd.DataFrame(
+        {
+            "patch index": np.arange(size),
+            "table position": source,
+            "taps": [list(map(int, t)) for t in taps],
+            "weights": [[round(float(v), 6) for v in w] for w in weights],
+        }
+    )
+
+
+def _mask_figure(sizes: list[str], rows: int | None, settings: dict):
+    from matplotlib.figure import Figure
+
+    grids = [_grid(*parse_size(size), settings) for size in sizes]
+    needed = sum(t * h * w for t, h, w in grids)
+    bucket = pack_bucket(grids, settings["table"], max(rows or needed, needed), settings["merge_size"])
+    figure = Figure(figsize=(4.6, 4.6), layout="constrained")
+    axis = figure.subplots()
+    axis.imshow(bucket.segments[:, None] == bucket.segments[None, :], cmap="Greys", interpolation="nearest")
+    axis.set_title(f"attention mask of a {bucket.rows}-row bucket (black: may attend)", fontsize=9)
+    return figure
+
+
+def geometry_sections(
+    image_path: str | Path,
+    checkpoint: str | Path | None = None,
+    bucket_images: tuple[str, ...] = ("256x256", "256x256"),
+    bucket_rows: int = 512,
+    **options,
+) -> list[Section]:
+    """Notebook 03: the resize, where the image's patches sample the learned position table (and whether a
+    wrong resampling could show), and a packed bucket's attention mask with its audit."""
+    import pandas as pd
+    from PIL import Image
+
+    settings = _settings(checkpoint)
+    with Image.open(image_path) as image:
+        size = f"{image.height}x{image.width}"
+    row = image_rows([size], settings)[0]
+    grid = tuple(row["grid_thw"])
+    packed = bucket_summary(list(bucket_images), bucket_rows, settings, grow=True)
+    grown = (
+        ""
+        if packed["rows"] == bucket_rows
+        else f" ({bucket_rows} rows cannot hold them under this processor: grown to {packed['rows']})"
+    )
+    verdict = (
+        "every patch lands on a table row, so a nearest-neighbour resampling would be INVISIBLE here"
+        if row["lands_on_table_rows"]
+        else "patches fall between table rows, so a wrong resampling shows"
+    )
+    return [
+        Section(
+            "Resize and grid",
+            "Qwen3-VL resizes every image to a multiple of 32 pixels with at least min_pixels: a small image is "
+            "upscaled (224x224 becomes 256x256), so the resampler and the bounds are part of the evidence.",
+            (
+                f"**{text(Path(image_path).name)}**: {row['image']} -> {row['resized']}"
+                + (" (upscaled by min_pixels)" if row["upscaled_by_min_pixels"] else "")
+                + f", grid {list(grid)}, {row['merged_tokens']} tokens. Settings: {text(settings['source'])}.",
+            ),
+        ),
+        Section(
+            "Position-table interpolation",
+            f"The learned {settings['table']}x{settings['table']} position table is resampled bilinearly "
+            f"(align_corners) to the grid: {verdict}.",
+            (
+                _table_figure(grid, settings["table"], f"grid {grid[1]}x{grid[2]} on the position table"),
+                _axis_frame(grid[1], settings["table"]),
+            ),
+        ),
+        Section(
+            "A packed bucket and its mask audit",
+            "Every count must be zero: no attention across images, between real rows and padding, padded rows "
+            f"that see anything but themselves, or blocked entries inside one image. Images {list(bucket_images)}"
+            + grown
+            + ".",
+            (
+                _mask_figure(list(bucket_images), bucket_rows, settings),
+                pd.DataFrame([packed["audit"]]),
+            ),
+        ),
+    ]
+
+
+def axis_sizes(config: dict, inputs=None) -> dict[str, int | str]:
+    """The size of every axis name the stage plan uses, for ``driftscope stages`` (token axes by name when
+    ``inputs`` is None); ``tokens:patch`` and ``tokens:merged`` are the ``tokens`` axis in each unit."""
+    vision = vision_config(config)
+    hidden, heads = int(vision.get("hidden_size", 1152)), int(vision.get("num_heads", 16))
+    merge = int(vision.get("spatial_merge_size", 2))
+    patch, temporal = int(vision.get("patch_size", 16)), int(vision.get("temporal_patch_size", 2))
+    sizes: dict[str, int | str] = {
+        "hidden": hidden,
+        "heads": heads,
+        "head_dim": hidden // heads,
+        "intermediate": int(vision.get("intermediate_size", 4304)),
+        "merged_hidden": hidden * merge * merge,
+        "out_hidden": int(vision.get("out_hidden_size", 3584)),
+        "channels": int(vision.get("in_channels", 3)) * temporal * patch * patch,
+        "thw": 3,
+    }
+    for name in ("patches", "merged_tokens", "images", "frames+1"):
+        sizes[name] = name
+    if inputs is not None:
+        grid = np.asarray(inputs["grid_thw"], dtype=np.int64)
+        patches = int(grid.prod(axis=1).sum())
+        sizes.update(
+            {
+                "patches": patches,
+                "merged_tokens": patches // (merge * merge),
+                "images": len(grid),
+                "frames+1": int(grid[:, 0].sum()) + 1,
+            }
+        )
+    sizes["tokens:patch"], sizes["tokens:merged"] = sizes["patches"], sizes["merged_tokens"]
+    return sizes
+
+
+def shapes_note(config: dict) -> str:
+    """How the token axes follow from the images, for ``driftscope stages`` without images."""
+    unit = int(vision_config(config).get("spatial_merge_size", 2)) ** 2
+    return (
+        f"patches = sum of t*h*w over the grids, merged_tokens = patches / {unit}; "
+        "the DeepStack branches and the main merger have merged_tokens rows"
+    )

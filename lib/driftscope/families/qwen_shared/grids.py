@@ -1,0 +1,37 @@
+"""Image grids (t, h, w in patches) as the Qwen processors lay them out: patch coordinates in processor
+order (2x2 merge blocks one after another, each block row-major) and full-attention bounds per frame.
+
+Integer numpy written from the definition, held against ``transformers.vision_utils`` by the tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+Grid = Sequence[int]  # (t, h, w) in patches
+
+
+def grids_of(grid_thw: Sequence[Grid] | np.ndarray) -> list[tuple[int, int, int]]:
+    """The grids as (t, h, w) integer tuples, one per image."""
+    return [(int(t), int(h), int(w)) for t, h, w in np.asarray(grid_thw, dtype=np.int64).reshape(-1, 3)]
+
+
+def cu_seqlens(grid_thw) -> np.ndarray:
+    """Full-attention bounds in patches: one segment per frame of every image."""
+    lengths = [h * w for t, h, w in grids_of(grid_thw) for _ in range(t)]
+    return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
+
+
+def position_ids(grid_thw, spatial_merge_size: int = 2) -> np.ndarray:
+    """(h, w) patch coordinates per processor row (rows are merge-block-major), shape [patches, 2]."""
+    rows = []
+    m = spatial_merge_size
+    for t, h, w in grids_of(grid_thw):
+        hh, ww = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+        shape = (h // m, m, w // m, m)
+        hpos = hh.reshape(shape).transpose(0, 2, 1, 3).reshape(-1)
+        wpos = ww.reshape(shape).transpose(0, 2, 1, 3).reshape(-1)
+        rows.append(np.tile(np.stack([hpos, wpos], axis=-1), (t, 1)))
+    return np.concatenate(rows).astype(np.int64) if rows else np.zeros((0, 2), dtype=np.int64)
