@@ -68,3 +68,15 @@ def test_linear_controls_cover_the_familys_linears(family_q4):
     modules = {row["module"] for row in controls["rows"]}
     assert any(module.endswith(".attn.qkv") for module in modules) and len(modules) >= 4, (family.name, modules)
     assert all(row["label"] == "none" for row in controls["rows"]), controls["rows"]  # float32: round-off only
+
+
+@pytest.mark.slow
+def test_iree_runs_the_same_dequantized_weights(family_q4, tmp_path):
+    """``iree:q4-dequant`` (the family's emitter on the dense dequantized checkpoint) agrees with the oracle."""
+    family, checkpoint, plan, _, _, taps = family_q4
+    inputs = prepare_inputs(checkpoint, list(family.tiny.images))
+    compiled = get_runtime("iree")(checkpoint, "q4-dequant").capture(inputs, plan, tmp_path / "iree")
+    stages = [s for s in taps["oracle"].stage_ids() if s.startswith("vision.") and s in compiled]
+    assert len(stages) > 10
+    rows = [compare_stage(s, taps["oracle"], compiled, Tolerance(1e-4, 0.0), i) for i, s in enumerate(stages)]
+    assert all(row.status == "pass" for row in rows), (family.name, max(rows, key=lambda row: row.max_abs))

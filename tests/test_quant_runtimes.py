@@ -147,6 +147,27 @@ def test_a_layer_the_group_size_does_not_divide_stays_dense_and_is_reported(tiny
     assert not hasattr(qkv, "scales") and hasattr(mlx.model.vision_tower.blocks[0].mlp.down_proj, "scales")
 
 
+def test_an_mlx_community_checkpoint_with_a_layer_left_dense_loads_and_reports_it(tiny_checkpoint_dir, tmp_path):
+    """8 bits at group size 128: the 64-wide layers stay dense in the directory; MLX loads it as is, the oracle's
+    dense checkpoint keeps those layers' float weights, and both reports list them with the reason."""
+    from make_tiny_q4 import main
+
+    main([str(tmp_path / "q8"), "--source", str(tiny_checkpoint_dir), "--bits", "8", "--group-size", "128"])
+    quantized = open_checkpoint(tmp_path / "q8")
+    oracle = get_runtime("transformers")(quantized, "q8-dequant")
+    fused = get_runtime("mlx")(quantized, "q8")
+    oracle.load()
+    fused.load()
+    for runtime in (oracle, fused):
+        left = {row["name"]: row["reason"] for row in runtime.quantized.report["left_dense"]}
+        assert left["vision_tower.blocks.0.attn.qkv.weight"] == "input width 64 is not a multiple of the group size 128"
+    assert not hasattr(fused.model.vision_tower.blocks[0].attn.qkv, "scales")
+    assert fused.model.vision_tower.blocks[0].mlp.down_proj.bits == 8
+    dense = TensorFiles(oracle.checkpoint.path).read("visual.blocks.0.attn.qkv.weight")
+    original = TensorFiles(tiny_checkpoint_dir).read("visual.blocks.0.attn.qkv.weight")
+    assert np.array_equal(dense, original.astype(np.float32))  # left dense: the checkpoint's own weights
+
+
 def test_policies_that_do_not_fit_the_checkpoint_are_named(q4, tiny_checkpoint):
     with pytest.raises(CheckpointError, match="(?s)is MLX-quantized .*fix: use q4 "):
         get_runtime("transformers")(q4.checkpoint, "f32")
