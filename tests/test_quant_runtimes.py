@@ -187,3 +187,45 @@ def test_compiled_path_runs_the_same_dequantized_weights(q4, runtime, tmp_path):
     assert taps.meta["quantization"]["execution"] == "dequant"
     rows = exact_rows(q4.taps["transformers:q4-dequant"], taps)
     assert all(row.status == "pass" for row in rows), max(rows, key=lambda row: row.max_abs)
+
+
+def test_an_investigation_reports_the_attribution_and_the_linear_controls(tiny_checkpoint_dir, tmp_path):
+    """The parameters' ``attribution`` section and the replay of a fused half policy, through ``investigate``:
+    the report holds the closer-to verdict over the blocks, the linear controls with each stage's replay label,
+    and what each runtime quantized; ``rejudge`` keeps the controls and relabels them."""
+    from driftscope.contract import load_contract
+    from driftscope.investigation import investigate
+    from driftscope.params import parse_parameters
+    from driftscope.report import rejudge
+    from make_tiny_q4 import ensure_q4
+
+    data = {
+        "name": "q4-attribution",
+        "checkpoint": str(ensure_q4(get_family(FAMILY))),
+        "images": [str(IMAGE)],
+        "runtimes": ["transformers:q4-dequant", "mlx:q4", "mlx:q4-f16", "mlx:q4-dequant-f16"],
+        "replay": ["mlx:q4-f16"],
+        "attribution": {"candidate": "mlx:q4", "references": ["mlx:q4-f16", "mlx:q4-dequant-f16"]},
+        "stages": {"blocks": True, "substages": [0]},
+        "notebooks": [],
+    }
+    report = investigate(parse_parameters(data), tmp_path / "run").data
+    attribution = report["attribution"]
+    assert (attribution["winner"], attribution["candidate"]) == ("mlx:q4-dequant-f16", "mlx:q4"), attribution
+    assert attribution["verdict"].startswith("mlx:q4 is closer to mlx:q4-dequant-f16 than to mlx:q4-f16 at 8/8 blocks")
+    controls = report["linear_replay"]["mlx:q4-f16"]
+    labels = {row["stage"]: row["label"] for row in report["replay"]["mlx:q4-f16"]["labels"]}
+    assert controls["rows"] and all(row["stage_label"] == labels[row["stage"]] for row in controls["rows"])
+    assert controls["verdict"].startswith("mlx:q4-f16: ")
+    assert {r["label"]: r["quantization"]["execution"] for r in report["runtimes"]} == {
+        "transformers:q4-dequant": "dequant",
+        "mlx:q4": "fused",
+        "mlx:q4-f16": "fused",
+        "mlx:q4-dequant-f16": "dequant",
+    }
+    loose = rejudge(tmp_path / "run" / "report.json", load_contract(ROOT / "parameters" / "contracts" / "default.yaml"))
+    relabelled = loose.data["linear_replay"]["mlx:q4-f16"]
+    assert [row["fused_vs_dequantized"] for row in relabelled["rows"]] == [
+        row["fused_vs_dequantized"] for row in controls["rows"]
+    ]
+    assert {row["stage_label"] for row in relabelled["rows"]} <= {"clean", "inherited", None}  # atol 0.08: no failure
