@@ -6,11 +6,13 @@ the host (the oracle) gives the same weights; ``jax``/``iree`` run the oracle's 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import yaml
 from driftscope.checkpoint import open_checkpoint
 from driftscope.compare import compare_stage
 from driftscope.contract import Tolerance
@@ -190,12 +192,11 @@ def test_compiled_path_runs_the_same_dequantized_weights(q4, runtime, tmp_path):
 
 
 def test_an_investigation_reports_the_attribution_and_the_linear_controls(tiny_checkpoint_dir, tmp_path):
-    """The parameters' ``attribution`` section and the replay of a fused half policy, through ``investigate``:
+    """The parameters' ``attribution`` section and the replay of a fused half policy, through ``driftscope run``:
     the report holds the closer-to verdict over the blocks, the linear controls with each stage's replay label,
-    and what each runtime quantized; ``rejudge`` keeps the controls and relabels them."""
+    and what each runtime quantized; notebook 02 shows them; ``rejudge`` keeps the controls and relabels them."""
+    from driftscope.cli import main
     from driftscope.contract import load_contract
-    from driftscope.investigation import investigate
-    from driftscope.params import parse_parameters
     from driftscope.report import rejudge
     from make_tiny_q4 import ensure_q4
 
@@ -207,9 +208,11 @@ def test_an_investigation_reports_the_attribution_and_the_linear_controls(tiny_c
         "replay": ["mlx:q4-f16"],
         "attribution": {"candidate": "mlx:q4", "references": ["mlx:q4-f16", "mlx:q4-dequant-f16"]},
         "stages": {"blocks": True, "substages": [0]},
-        "notebooks": [],
+        "notebooks": ["02_layer_drilldown"],
     }
-    report = investigate(parse_parameters(data), tmp_path / "run").data
+    (tmp_path / "q4.yaml").write_text(yaml.safe_dump(data))
+    assert main(["run", str(tmp_path / "q4.yaml"), "--out", str(tmp_path / "run"), "--no-gate"]) == 0
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
     attribution = report["attribution"]
     assert (attribution["winner"], attribution["candidate"]) == ("mlx:q4-dequant-f16", "mlx:q4"), attribution
     assert attribution["verdict"].startswith("mlx:q4 is closer to mlx:q4-dequant-f16 than to mlx:q4-f16 at 8/8 blocks")
@@ -223,6 +226,12 @@ def test_an_investigation_reports_the_attribution_and_the_linear_controls(tiny_c
         "mlx:q4-f16": "fused",
         "mlx:q4-dequant-f16": "dequant",
     }
+    notebook = json.loads((tmp_path / "run" / "02_layer_drilldown.ipynb").read_text())
+    outputs = [o for cell in notebook["cells"] if cell["cell_type"] == "code" for o in cell.get("outputs", [])]
+    assert not [o for o in outputs if o["output_type"] == "error"]
+    last = [cell for cell in notebook["cells"] if cell["cell_type"] == "code"][-1]["outputs"]
+    shown = json.dumps(last)
+    assert "Closer-to attribution" in shown and "Same-input linear replay" in shown and "image/png" in shown
     loose = rejudge(tmp_path / "run" / "report.json", load_contract(ROOT / "parameters" / "contracts" / "default.yaml"))
     relabelled = loose.data["linear_replay"]["mlx:q4-f16"]
     assert [row["fused_vs_dequantized"] for row in relabelled["rows"]] == [
