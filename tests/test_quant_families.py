@@ -71,11 +71,13 @@ def test_linear_controls_cover_the_familys_linears(family_q4):
 
 
 @pytest.mark.slow
-def test_iree_runs_the_same_dequantized_weights(family_q4, tmp_path):
-    """``iree:q4-dequant`` (the family's emitter on the dense dequantized checkpoint) agrees with the oracle."""
+@pytest.mark.parametrize("runtime", ["jax", "iree"])
+def test_the_compiled_path_runs_the_same_dequantized_weights(family_q4, runtime, tmp_path):
+    """``jax:q4-dequant`` and ``iree:q4-dequant`` (the family's emitter on the dense dequantized checkpoint) agree
+    with the oracle within 1e-4 on every vision stage."""
     family, checkpoint, plan, _, _, taps = family_q4
     inputs = prepare_inputs(checkpoint, list(family.tiny.images))
-    compiled = get_runtime("iree")(checkpoint, "q4-dequant").capture(inputs, plan, tmp_path / "iree")
+    compiled = get_runtime(runtime)(checkpoint, "q4-dequant").capture(inputs, plan, tmp_path / runtime)
     stages = [s for s in taps["oracle"].stage_ids() if s.startswith("vision.") and s in compiled]
     assert len(stages) > 10
     rows = [compare_stage(s, taps["oracle"], compiled, Tolerance(1e-4, 0.0), i) for i, s in enumerate(stages)]
