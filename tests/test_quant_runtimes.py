@@ -229,8 +229,8 @@ def test_an_investigation_reports_the_attribution_and_the_linear_controls(tiny_c
     notebook = json.loads((tmp_path / "run" / "02_layer_drilldown.ipynb").read_text())
     outputs = [o for cell in notebook["cells"] if cell["cell_type"] == "code" for o in cell.get("outputs", [])]
     assert not [o for o in outputs if o["output_type"] == "error"]
-    last = [cell for cell in notebook["cells"] if cell["cell_type"] == "code"][-1]["outputs"]
-    shown = json.dumps(last)
+    section = [cell for cell in notebook["cells"] if "quantized_items" in "".join(cell["source"])]
+    shown = json.dumps(section[0]["outputs"])
     assert "Closer-to attribution" in shown and "Same-input linear replay" in shown and "image/png" in shown
     loose = rejudge(tmp_path / "run" / "report.json", load_contract(ROOT / "parameters" / "contracts" / "default.yaml"))
     relabelled = loose.data["linear_replay"]["mlx:q4-f16"]

@@ -66,6 +66,8 @@ def linear_replay_frame(report: Report, label: str | None = None):
     if not frames:
         return pd.DataFrame(columns=["candidate", *LINEAR_COLUMNS])
     frame = pd.concat(frames, ignore_index=True)
+    if "stage_label" in frame:  # a stage the replay did not label (the rows stand without it)
+        frame["stage_label"] = frame["stage_label"].fillna("not replayed")
     return frame[["candidate", *[column for column in LINEAR_COLUMNS if column in frame]]]
 
 
@@ -94,13 +96,16 @@ def quantization_frame(report: Report):
 
 
 def quantized_items(report: Report) -> list[Any]:
-    """Notebook 02's quantized section, in order: Markdown lines, the attribution figure, the tables."""
+    """Notebook 02's quantized section, in order: Markdown lines, the attribution figure, the tables (styled as
+    the notebooks' other tables)."""
     from IPython.display import Markdown
 
     runtimes = quantization_frame(report)
     if runtimes.empty and not report.data.get("attribution"):
         return [Markdown("No quantized runtime and no attribution in this run.")]
-    items: list[Any] = [runtimes] if not runtimes.empty else []
+    from .notebook import table
+
+    items: list[Any] = [table(runtimes, highlight=None)] if not runtimes.empty else []
     left = [
         (runtime["label"], layer)
         for runtime in report.data.get("runtimes", [])
@@ -119,5 +124,5 @@ def quantized_items(report: Report) -> list[Any]:
         items.append(Markdown(f"**Same-input linear replay**: {text(entry['verdict'])}"))
     frame = linear_replay_frame(report)
     if not frame.empty:
-        items.append(frame)
+        items.append(table(frame, highlight=None))
     return items
