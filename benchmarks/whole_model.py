@@ -210,7 +210,7 @@ class ChildMemory:
                 return
             self.peak = max(self.peak, rss)
             text = self.log.read_text(errors="replace") if self.log.exists() else ""
-            for label in re.findall(r"^capture (\S+): ", text, re.M):
+            for label in re.findall(r"\] capture (\S+): ", text):
                 self.at_capture.setdefault(label, rss)
 
     def stop(self) -> None:
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="plain/tapped pairs per runtime (medians)")
     parser.add_argument("--skip-sweep", action="store_true", help="without the prompt-length sweep")
     parser.add_argument("--one", nargs=3, metavar=("RUNTIME", "KIND", "LENGTH"), help=argparse.SUPPRESS)
-    parser.add_argument("--checkpoint", help=argparse.SUPPRESS)
+    parser.add_argument("--checkpoint", help="a whole checkpoint to use instead of the generated one")
     args = parser.parse_args(argv)
     if args.one:
         from driftscope.blas import mlx_blas
@@ -274,7 +274,11 @@ def main(argv: list[str] | None = None) -> None:
     from make_3b_shaped import ensure_whole
 
     print(f"MLX BLAS: {mlx_blas()}")
-    path, bf16_path = ensure_whole(args.scale)
+    if args.checkpoint:  # another whole checkpoint (its bf16 copy, if any, next to it as DIR-bf16)
+        path = Path(args.checkpoint)
+        bf16_path = path.with_name(path.name + "-bf16")
+    else:
+        path, bf16_path = ensure_whole(args.scale)
     checkpoint = open_checkpoint(path)
     out = Path(args.out or tempfile.mkdtemp(prefix="driftscope-whole-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -292,7 +296,8 @@ def main(argv: list[str] | None = None) -> None:
         runtime.load()
         plain_whole(runtime, inputs, out)  # warm-up (and the cold IREE compiles of the production-like graphs)
         pairs = []
-        for rep in range(args.repeats):  # plain and tapped alternate, so drift in machine speed hits both alike
+        repeats = args.repeats if label in F32 else 1  # MLX bf16 has no BLAS on the CPU: one pair
+        for rep in range(repeats):  # plain and tapped alternate, so drift in machine speed hits both alike
             pairs.append((plain_whole(runtime, inputs, out), tapped_whole(runtime, inputs, plan, out / f"t-{rep}")))
         row = {"plain_s": statistics.median(p for p, _ in pairs), "tapped_s": statistics.median(t for _, t in pairs)}
         if label in F32:  # target 3: the tower alone, plain and with every substage of every block tapped
