@@ -38,14 +38,26 @@ SWEEP_LENGTHS = (128, 512, 2048)
 IMAGE = ROOT / "fixtures" / "images" / "shapes_448.png"
 
 
-def whole_params(checkpoint: Path, image: Path, runtimes=WHOLE_RUNTIMES, tokens: int = TOKENS, **extra) -> dict:
+def iree_options(target: str) -> dict:
+    """Runtime options for ``iree`` on ``target`` (llvm-cpu: none, the default)."""
+    return {} if target == "llvm-cpu" else {"target": target}
+
+
+def whole_params(
+    checkpoint: Path, image: Path, runtimes=WHOLE_RUNTIMES, tokens: int = TOKENS, target: str = "llvm-cpu", **extra
+) -> dict:
     """The whole-model investigation: every vision block, merged embeddings, every text layer's last
     position, prefill logits and ``tokens`` greedy tokens, one image."""
     return {
         "name": "bench-whole",
         "checkpoint": str(checkpoint),
         "images": [str(image)],
-        "runtimes": list(runtimes),
+        "runtimes": [
+            {"runtime": "iree", "policy": r.split(":")[1], "options": iree_options(target)}
+            if r.startswith("iree:") and iree_options(target)
+            else r
+            for r in runtimes
+        ],
         "stages": {"blocks": True},
         "text": {"max_new_tokens": tokens},
         "replay": False,
@@ -164,7 +176,7 @@ def text_compile(runtime, inputs, cache: Path) -> dict:
     timings = {}
     for attempt in ("cold", "warm"):
         start = time.perf_counter()
-        artifact = compile_graph(graph, "llvm-cpu", cache)
+        artifact = compile_graph(graph, runtime.target, cache)
         IreeModule(artifact, graph.output_names)
         timings[attempt] = time.perf_counter() - start
         assert artifact.cache_hit == (attempt == "warm")
@@ -255,6 +267,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", help="keep outputs here")
     parser.add_argument("--repeats", type=int, default=3, help="plain/tapped pairs per runtime (medians)")
     parser.add_argument("--skip-sweep", action="store_true", help="without the prompt-length sweep")
+    parser.add_argument(
+        "--tower-investigation", action="store_true", help="also the tower-only investigation (target 3's ratio)"
+    )
+    parser.add_argument("--sweep-only", action="store_true", help="only the prompt-length sweep")
+    parser.add_argument("--iree-target", default="llvm-cpu", help="IREE target (cuda on a GPU machine)")
     parser.add_argument("--one", nargs=3, metavar=("RUNTIME", "KIND", "LENGTH"), help=argparse.SUPPRESS)
     parser.add_argument("--checkpoint", help="a whole checkpoint to use instead of the generated one")
     args = parser.parse_args(argv)
@@ -282,6 +299,8 @@ def main(argv: list[str] | None = None) -> None:
     checkpoint = open_checkpoint(path)
     out = Path(args.out or tempfile.mkdtemp(prefix="driftscope-whole-"))
     out.mkdir(parents=True, exist_ok=True)
+    if args.sweep_only:
+        return sweep(checkpoint, out)
     os.environ["DRIFTSCOPE_CACHE"] = str(out / "cache")  # cold IREE compiles
     inputs = with_text(checkpoint, [IMAGE])
     plan = whole_plan(checkpoint)
@@ -291,10 +310,13 @@ def main(argv: list[str] | None = None) -> None:
     rows, compile_row = {}, None
     for label in WHOLE_RUNTIMES:
         name, policy = label.split(":")
-        runtime = get_runtime(name)(checkpoint, policy)
+        runtime = get_runtime(name)(
+            checkpoint, policy, options=iree_options(args.iree_target) if name == "iree" else {}
+        )
         rss.reset()
         runtime.load()
-        plain_whole(runtime, inputs, out)  # warm-up (and the cold IREE compiles of the production-like graphs)
+        if label != "mlx:bf16":  # warm-up (and the cold IREE compiles); MLX bf16 (no BLAS) is too slow to repeat
+            plain_whole(runtime, inputs, out)
         pairs = []
         repeats = args.repeats if label in F32 else 1  # MLX bf16 has no BLAS on the CPU: one pair
         for rep in range(repeats):  # plain and tapped alternate, so drift in machine speed hits both alike
@@ -318,11 +340,14 @@ def main(argv: list[str] | None = None) -> None:
         rows[label] = row
         print(f"  {label}: {row}", flush=True)
 
-    whole = run_investigation(whole_params(path, IMAGE), out, "whole")
-    tower_params = {**whole_params(path, IMAGE, F32), "name": "bench-tower", "notebooks": ["01_stage_parity"]}
-    tower_params.update(stages={"blocks": True, "substages": [0, 7]})
-    del tower_params["text"]  # as the tower benchmark (benchmarks/real_size.py) runs it
-    tower = run_investigation(tower_params, out, "tower")
+    # the captures above compiled every IREE graph the investigation needs into $DRIFTSCOPE_CACHE: it runs warm
+    whole = run_investigation(whole_params(path, IMAGE, target=args.iree_target), out, "whole", ("warm",))
+    tower = None
+    if args.tower_investigation:
+        tower_params = {**whole_params(path, IMAGE, F32), "name": "bench-tower", "notebooks": ["01_stage_parity"]}
+        tower_params.update(stages={"blocks": True, "substages": [0, 7]})
+        del tower_params["text"]  # as the tower benchmark (benchmarks/real_size.py) runs it
+        tower = run_investigation(tower_params, out, "tower")
     report(args, checkpoint, inputs, weights_bytes, bf16_path, rows, compile_row, whole, tower)
     if not args.skip_sweep:
         sweep(checkpoint, out)
@@ -357,8 +382,8 @@ def report(args, checkpoint, inputs, weights_bytes, bf16_path, rows, compile_row
     print(
         f"\n1. whole investigation (warm, {len(WHOLE_RUNTIMES)} runtimes): {warm['seconds']:.1f}s = "
         f"{warm['seconds'] / forwards:.2f}x the sum of their plain whole forwards ({forwards:.1f}s); "
-        f"{warm['seconds'] / f32_forwards:.2f}x the three f32 runtimes' ({f32_forwards:.1f}s); cold "
-        f"{whole['cold']['seconds']:.1f}s; verdict {data['verdict']['status']}"
+        f"{warm['seconds'] / f32_forwards:.2f}x the three f32 runtimes' ({f32_forwards:.1f}s); "
+        f"verdict {data['verdict']['status']}; " + phases(whole["report"])
     )
     largest = max(r["peak_rss"] for r in rows.values())
     print(
@@ -369,10 +394,14 @@ def report(args, checkpoint, inputs, weights_bytes, bf16_path, rows, compile_row
         + f"; largest per-runtime peak in this process {gib(largest)} GiB"
     )
     f32_tower = sum(rows[label]["tower_plain_s"] for label in F32)
+    investigation = (
+        f"tower investigation (warm, 3 f32 runtimes, blocks + substages of 2 blocks): {tower['warm']['seconds']:.1f}s"
+        f" = {tower['warm']['seconds'] / f32_tower:.2f}x the three plain tower forwards ({f32_tower:.1f}s); "
+        if tower
+        else ""
+    )
     print(
-        f"3. tower investigation (warm, 3 f32 runtimes, blocks + substages of 2 blocks): "
-        f"{tower['warm']['seconds']:.1f}s = {tower['warm']['seconds'] / f32_tower:.2f}x the three plain tower "
-        f"forwards ({f32_tower:.1f}s); every substage / plain tower: "
+        f"3. {investigation}every substage / plain tower: "
         + ", ".join(f"{label} {rows[label]['substages_ratio']:.2f}x" for label in F32)
     )
     c = compile_row
@@ -390,6 +419,14 @@ def report(args, checkpoint, inputs, weights_bytes, bf16_path, rows, compile_row
         if row.stage.startswith("text.layer") or row.stage == "text.logits.last":
             worst[row.candidate] = max(worst.get(row.candidate, 0.0), row.max_abs)
     print("largest max_abs on text layers and logits: " + ", ".join(f"{k} {v:.2e}" for k, v in worst.items()))
+
+
+def phases(report) -> str:
+    """Where the run's time went: each runtime's load and capture, from its report."""
+    return "loads + captures: " + ", ".join(
+        f"{r['label']} {r['timings'].get('load_s', 0):.1f} + {r['timings'].get('capture_s', 0):.1f}s"
+        for r in report.data["runtimes"]
+    )
 
 
 def prompt_of_length(checkpoint, images: list, length: int) -> str:
