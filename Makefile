@@ -1,5 +1,5 @@
 # The two commands of the README: `make demo` and `make test`. Each sets up what it needs first.
-.PHONY: setup demo test test-slow lint fixtures
+.PHONY: setup demo test test-slow lint fixtures lab
 
 setup:
 	bash scripts/setup.sh
@@ -9,6 +9,9 @@ demo: setup
 
 test: setup
 	.venv/bin/python -m pytest
+
+lab: setup
+	bash scripts/lab.sh
 
 test-slow: setup
 	.venv/bin/python -m pytest -m slow

@@ -70,3 +70,50 @@ def captures(tmp_path_factory, tiny_checkpoint, shapes_inputs, full_plan):
         runtime = get_runtime(name)(tiny_checkpoint, policy)
         taps[f"{name}:{policy}"] = runtime.capture(shapes_inputs, full_plan, out / f"{name}-{policy}")
     return taps
+
+
+def write_params(path: Path, name: str, runtimes: list, **extra) -> Path:
+    """A parameter file for the tiny checkpoint on the checkerboard image."""
+    import yaml
+
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": name,
+                "checkpoint": str(TINY),
+                "images": [str(ROOT / "fixtures" / "images" / "checkerboard_140.png")],
+                "runtimes": runtimes,
+                **extra,
+            }
+        )
+    )
+    return path
+
+
+@pytest.fixture(scope="session")
+def rendered(tmp_path_factory, tiny_checkpoint_dir):
+    """``driftscope run`` of four runtimes (MLX bf16 diverges; IREE does not decode) with notebooks 01, 02, 04:
+    (exit code, output directory)."""
+    from driftscope.cli import main
+
+    base = tmp_path_factory.mktemp("cli")
+    params = write_params(
+        base / "p.yaml",
+        "cli-check",
+        ["transformers:f32", "mlx:f32", "mlx:bf16", "iree:f32"],
+        pairs=[["mlx:f32", "iree:f32"]],
+        replay=["mlx:bf16"],
+        notebooks=["01_stage_parity", "02_layer_drilldown", "04_negative_controls"],
+        power={
+            "mutations": [
+                "identity_window_permutation",
+                "cross_image_leak",
+                "manual_f16_rmsnorm",
+                "drop_rotary_block_1",
+            ],
+            "require": ["identity_window_permutation"],
+        },
+        text={"max_new_tokens": 4},
+    )
+    code = main(["run", str(params), "--out", str(base / "out")])
+    return code, base / "out"

@@ -4,47 +4,9 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
-import pytest
-import yaml
-from conftest import ROOT, TINY
+from conftest import ROOT, write_params
 from driftscope.cli import main
-
-
-def write_params(path: Path, name: str, runtimes: list, **extra) -> Path:
-    """A parameter file for the tiny checkpoint on the checkerboard image."""
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "name": name,
-                "checkpoint": str(TINY),
-                "images": [str(ROOT / "fixtures" / "images" / "checkerboard_140.png")],
-                "runtimes": runtimes,
-                **extra,
-            }
-        )
-    )
-    return path
-
-
-@pytest.fixture(scope="module")
-def rendered(tmp_path_factory, tiny_checkpoint_dir):
-    base = tmp_path_factory.mktemp("cli")
-    params = write_params(
-        base / "p.yaml",
-        "cli-check",
-        ["transformers:f32", "mlx:f32", "mlx:bf16", "iree:f32"],
-        pairs=[["mlx:f32", "iree:f32"]],
-        replay=["mlx:bf16"],
-        notebooks=["01_stage_parity", "02_layer_drilldown", "04_negative_controls"],
-        power={
-            "mutations": ["identity_window_permutation", "cross_image_leak"],
-            "require": ["identity_window_permutation"],
-        },
-    )
-    code = main(["run", str(params), "--out", str(base / "out")])
-    return code, base / "out"
 
 
 def test_run_writes_report_notebook_and_html(rendered):
@@ -134,9 +96,10 @@ def test_a_forced_run_of_several_notebooks_investigates_once(tmp_path, tiny_chec
     assert json.loads((out / "report.json").read_text())["created"] != created
 
     def investigate_output(name: str) -> str:
+        """What the investigation printed: the progress log a notebook shows (collapsed) at its end."""
         cells = json.loads((out / f"{name}.ipynb").read_text())["cells"]
-        cell = next(c for c in cells if c["cell_type"] == "code" and "investigate(" in "".join(c["source"]))
-        return "".join("".join(o.get("text", "")) for o in cell["outputs"])
+        outputs = [o for c in cells if c["cell_type"] == "code" for o in c["outputs"]]
+        return "".join("".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", "")) for o in outputs)
 
     assert "capture mlx:f32" in investigate_output("01_stage_parity")
     assert "reusing the finished run" in investigate_output("04_negative_controls")
@@ -162,6 +125,25 @@ def test_window_geometry_notebook_renders_every_figure_and_the_audit(tmp_path):
     assert "padding_to_active" in text and "cross_media" in text
 
 
+def test_window_geometry_says_an_involution_once_instead_of_an_empty_panel(tmp_path):
+    """448x448 (issue 19 item 12): a wrong un-reorder misplaces nothing, so the page says so once and draws no
+    picture of zero misplaced tokens."""
+    from driftscope.render import execute, to_html
+
+    executed = execute(
+        "03_window_geometry",
+        tmp_path,
+        {"image_path": str(ROOT / "fixtures/images/shapes_448.png")},
+        cwd=ROOT,
+        log_output=False,
+    )
+    outputs = [o for c in json.loads(executed.read_text())["cells"] if c["cell_type"] == "code" for o in c["outputs"]]
+    assert not [o for o in outputs if o["output_type"] == "error"]
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 3  # windows, permutation, masks
+    text = to_html(executed)[1].read_text()
+    assert text.count("window permutation is an involution") == 1 and "misplaces <strong>0</strong> tokens" in text
+
+
 def test_layer_drilldown_renders_every_figure_for_the_first_divergent_block(rendered):
     _, out = rendered
     report = json.loads((out / "report.json").read_text())
@@ -177,6 +159,12 @@ def test_layer_drilldown_renders_every_figure_for_the_first_divergent_block(rend
     first = report["first_divergence"]["mlx:bf16"]["stage"]
     assert f"<code>{first}</code>" in html and "mlx:bf16 vs transformers:f32" in html
     assert "worst token" in html  # the top-channel table
+    # the run compared only block outputs: block 5's substages were captured for the pair, every one a row
+    block = int(first.split(".")[2])
+    assert f"The run compared only the output of block {block}: its substages were captured now" in html
+    substages = set(re.findall(rf">(vision\.block\.{block}\.[a-z_.0-9]+)<", html))
+    assert len(substages) > 8, substages
+    assert (out / "recapture" / f"transformers-f32-block{block}.safetensors").exists()
 
 
 def test_negative_controls_notebook_shows_the_power_table(rendered):
@@ -186,6 +174,8 @@ def test_negative_controls_notebook_shows_the_power_table(rendered):
     assert {m["mutation"]: m["detected"] for m in power["mutations"]} == {
         "identity_window_permutation": True,
         "cross_image_leak": False,
+        "manual_f16_rmsnorm": False,
+        "drop_rotary_block_1": True,
     }
     notebook = json.loads((out / "04_negative_controls.ipynb").read_text())
     outputs = [o for cell in notebook["cells"] if cell["cell_type"] == "code" for o in cell.get("outputs", [])]
@@ -193,4 +183,13 @@ def test_negative_controls_notebook_shows_the_power_table(rendered):
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 1
     html = (out / "04_negative_controls.html").read_text()
     assert "identity_window_permutation" in html and "one image: there is nothing to leak across" in html
+    by_name = {m["mutation"]: m for m in power["mutations"]}
+    # a precision defect under an f32 policy is not "inside the contract": it cannot exist there
+    assert by_name["manual_f16_rmsnorm"]["blind_reason"].startswith("needs a half-precision policy")
+    assert "needs a half-precision policy" in html and "stays inside the contract" not in html
+    # a detected mutation has a margin (an exact stage: how many entries differ), never NaN
+    exact = by_name["identity_window_permutation"]["exact_failures"]
+    assert exact and 0 < exact[0] <= exact[1]
+    words = re.sub(r"<style.*?</style>|<script.*?</script>|<[^>]+>", " ", html, flags=re.S)  # not the images' base64
+    assert f"exact stage: {exact[0]} of {exact[1]} entries differ" in words and "NaN" not in words
     assert "Fixture power" in (out / "01_stage_parity.html").read_text()

@@ -116,3 +116,62 @@ def test_the_worst_failing_element_is_the_one_furthest_over_its_own_bound(tmp_pa
     assert worst["coords"] == [1] and worst["reference"] == 0.0 and abs(worst["candidate"] - 0.2) < 1e-7
     assert abs(worst["tolerance"] - 0.08) < 1e-9 and abs(worst["excess"] - 0.2 / 0.08) < 1e-5
     assert row.atol_bound_failures == 1
+
+
+def test_tolerance_used_is_the_largest_share_of_each_elements_own_bound(tmp_path, monkeypatch):
+    """Over every element, max |a - e| / (atol + rtol|e|): below 1 on a passing stage (how close it came),
+    the worst failing element's excess on a failing one; chunking does not change it."""
+    rng = np.random.default_rng(3)
+    expected = rng.standard_normal((50, 9)).astype(np.float32) * 4
+    close = expected + rng.standard_normal((50, 9)).astype(np.float32) * 0.01
+    far = close.copy()
+    far[7, 2] = expected[7, 2] + 0.5
+    ref = write(tmp_path, "ref", {"close": expected, "far": expected})
+    cand = write(tmp_path, "cand", {"close": close, "far": far})
+    tolerance = Tolerance(0.08, 0.08)
+    e = expected.astype(np.float64)
+    for stage, actual in (("close", close), ("far", far)):
+        share = (np.abs(actual.astype(np.float64) - e) / (0.08 + 0.08 * np.abs(e))).max()
+        row = compare_stage(stage, ref, cand, tolerance, 0)
+        assert row.tolerance_used == pytest.approx(share, rel=1e-9), stage
+        monkeypatch.setattr(compare, "CHUNK_ELEMENTS", 17)
+        assert compare_stage(stage, ref, cand, tolerance, 0).tolerance_used == pytest.approx(share, rel=1e-9)
+        monkeypatch.undo()
+    assert compare_stage("close", ref, cand, tolerance, 0).status == "pass"
+    failing = compare_stage("far", ref, cand, tolerance, 0)
+    assert failing.status == "fail" and failing.tolerance_used == pytest.approx(failing.worst_failing["excess"])
+
+
+def test_a_stage_one_side_lacks_is_not_a_perfect_match(tmp_path):
+    ref = write(tmp_path, "ref", {"a": np.ones(4, np.float32), "b": np.ones(4, np.float32)})
+    cand = write(tmp_path, "cand", {"a": np.ones(4, np.float32)})
+    row = compare_tapsets(ref, cand, Contract())[1]
+    assert row.stage == "b" and row.status == "missing" and row.note == "not captured by the candidate"
+    assert np.isnan(row.cosine) and np.isnan(row.max_abs) and row.tolerance_used is None
+
+
+def test_stages_a_runtime_cannot_capture_are_said_why_and_never_a_verdict_reason(tmp_path):
+    """A compiled runtime that does not decode lacks text.generate.*: the report says so in words, per pair."""
+    from driftscope.report import judge
+    from driftscope.stages import StagePlan
+
+    values = {
+        "vision.x": np.ones(4, np.float32),
+        "text.generate.tokens": np.arange(3),
+        "text.generate.margins": np.ones(3),
+    }
+    oracle = write(tmp_path, "transformers", values, label="transformers:f32")
+    compiled = write(tmp_path, "iree", {"vision.x": np.ones(4, np.float32)}, label="iree:f32")
+    stages = [
+        Stage("vision.x", ("n",)),
+        Stage("text.generate.tokens", ("n",), integer=True),
+        Stage("text.generate.margins", ("n",)),
+    ]
+    judged = judge(oracle, [compiled], Contract(), StagePlan("any", stages))
+    assert judged["verdict"]["status"] == "pass" and judged["verdict"]["reasons"] == []
+    (group,) = judged["not_compared"]["iree:f32"]
+    assert group["pattern"] == "text.generate.*" and group["side"] == "candidate"
+    assert group["why"] == "iree does not decode" and group["stages"] == [
+        "text.generate.tokens",
+        "text.generate.margins",
+    ]

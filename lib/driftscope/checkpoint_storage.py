@@ -18,6 +18,9 @@ from .weightfile import read_header
 GROUPS = (("vision", ("visual.",)), ("embeddings", ("embed_tokens", "lm_head", "wte", "embeddings.")))
 
 
+FIXTURE_MARKER = "driftscope_fixture.json"  # written by every family's tiny-checkpoint builder
+
+
 def tensor_group(name: str) -> str:
     """``vision``, ``embeddings`` or ``text`` for a checkpoint tensor name."""
     for group, marks in GROUPS:
@@ -33,7 +36,8 @@ def index_file(path: Path) -> Path | None:
 
 
 def checkpoint_storage(path: str | Path) -> dict:
-    """Stored dtypes per group (``{"vision": {"BF16": 40}, ...}``), the shard files and the index file.
+    """Stored dtypes per group (``{"vision": {"BF16": 40}, ...}``), the shard files and the index file, and
+    whether it is a random-weight fixture (its builder leaves ``driftscope_fixture.json``: no real answers).
 
     A shard the index names but the directory lacks is refused, naming it.
     """
@@ -71,4 +75,5 @@ def checkpoint_storage(path: str | Path) -> dict:
         "files": [file.name for file in files],
         "index_file": index.name if index is not None else None,
         "dtypes": {group: dict(sorted(counts.items())) for group, counts in sorted(dtypes.items())},
+        "random_weights": (path / FIXTURE_MARKER).exists(),
     }

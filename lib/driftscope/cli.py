@@ -2,7 +2,8 @@
 
 Exit codes, for every command that judges (run, rejudge, show, diff, batch): 0 the verdict passes, 1 it
 fails (for diff: a run got worse), 2 something could not run (bad parameters, checkpoint, image,
-contract, runtime, policy or patch; an unreadable or unfinished report; a notebook error).
+contract, runtime, policy or patch; an unreadable or unfinished report; a notebook error). ``trend``: 0 its
+notebook rendered, 2 it could not.
 """
 
 from __future__ import annotations
@@ -26,13 +27,18 @@ def _run(args: argparse.Namespace) -> int:
     from .investigation import default_out_dir, log
     from .params import load_parameters
     from .preflight import check_parameters
-    from .render import investigate_and_render
+    from .render import investigate_and_render, rendered_current
     from .report import Report
 
     params = load_parameters(args.params)
     check_parameters(params)  # every parameter error before a kernel starts or a model loads
     out = Path(args.out).resolve() if args.out else default_out_dir(params)
     _output_directory(out)
+    if not (args.force or args.render) and rendered_current(out, params):
+        report = Report.load(out / "report.json")
+        log(f"reusing the finished run in {out} and its rendered notebooks (--render renders them again)")
+        log(f"report: {report.path} (verdict {report.verdict})")
+        return 0 if args.no_gate else _exit_code(report)
     log(f"run {params.name} -> {out}")
     errors = investigate_and_render(params, Path(params.source).resolve(), out, not args.force, Path.cwd(), log)
     report = Report.load(out / "report.json")
@@ -115,13 +121,52 @@ def _diff(args: argparse.Namespace) -> int:
     return diff_exit_code(diff, args.fail_on)
 
 
+def _trend(args: argparse.Namespace) -> int:
+    from .batch import REPO_ROOT
+    from .investigation import log
+    from .render import execute, to_html
+    from .views.history import from_parameters
+
+    root = Path(args.out_root or REPO_ROOT / "outputs")
+    choice = from_parameters(args.params, None, root, None, args.run, args.rev_a, args.rev_b, args.factor)
+    out = Path(args.out) if args.out else choice.root / "trend" / f"{choice.before.name}..{choice.after.name}"
+    _output_directory(out)
+    parameters = {
+        "params_path": args.params,
+        "out_root": str(choice.root),
+        "run": choice.run,
+        "rev_a": choice.before.name,
+        "rev_b": choice.after.name,
+        "factor": args.factor,
+    }
+    log(f"trend of {choice.run}: {choice.before.name} -> {choice.after.name} -> {out}")
+    try:
+        executed = execute("05_commit_trend", out, parameters, cwd=Path.cwd(), log_output=False)
+    except Exception as err:  # noqa: BLE001 - papermill raises PapermillExecutionError with the cell's error
+        name = getattr(err, "ename", type(err).__name__)
+        log(f"could not run: 05_commit_trend: {name}: {getattr(err, 'evalue', err)}")
+        executed, failed = out / "05_commit_trend.ipynb", True
+    else:
+        failed = False
+    if executed.exists():
+        html, nocode = to_html(executed)
+        log(f"rendered {html} and {nocode.name}")
+    return 2 if failed else 0
+
+
 def parser() -> argparse.ArgumentParser:
     main = argparse.ArgumentParser(prog="driftscope", description="Where, and why, two runtimes of a VLM disagree.")
+    main.add_argument(
+        "-v", "--verbose", action="store_true", help="also print papermill's and nbconvert's own progress messages"
+    )
     sub = main.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run an investigation from a parameter file and render its notebooks")
     run.add_argument("params", help="parameter YAML (see parameters/)")
     run.add_argument("--out", help="output directory (default: outputs/<commit>/<name>/)")
     run.add_argument("--force", action="store_true", help="re-run even if a finished report of these parameters exists")
+    run.add_argument(
+        "--render", action="store_true", help="execute and render the notebooks again even when they are current"
+    )
     run.add_argument("--no-gate", action="store_true", help="exit 0 even when the verdict fails")
     run.set_defaults(func=_run)
     again = sub.add_parser("rejudge", help="re-apply another contract to a saved run (no runtime is re-run)")
@@ -154,6 +199,17 @@ def parser() -> argparse.ArgumentParser:
         "--fail-on", choices=["worse"], help="exit 1 when a stage got worse beyond the noise floor (a CI gate)"
     )
     diff.set_defaults(func=_diff)
+    trend = sub.add_parser(
+        "trend", help="render notebook 05: one run's stages across commits, in git-history order (HTML)"
+    )
+    trend.add_argument("params", nargs="?", help="a parameter file whose run to follow (default: the run that changed)")
+    trend.add_argument("--run", help="run name to follow (instead of a parameter file)")
+    trend.add_argument("--from", dest="rev_a", help="older commit (default: the one before --to in git history)")
+    trend.add_argument("--to", dest="rev_b", help="newer commit (default: the newest with runs)")
+    trend.add_argument("--out-root", help="outputs root (default: outputs/ of this repository)")
+    trend.add_argument("--out", help="where to write the notebook and its HTML (default: <out-root>/trend/<a>..<b>/)")
+    trend.add_argument("--factor", type=float, default=1.5, help="a change beyond this ratio counts (default 1.5)")
+    trend.set_defaults(func=_trend)
     geometry = sub.add_parser(
         "geometry", help="the model family's geometry facts (windows, packing, ...) for image sizes"
     )
@@ -182,7 +238,9 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    logging.getLogger("papermill").setLevel(logging.INFO)  # the notebook's own progress lines
+    # papermill's and nbconvert's chatter (notebook paths, kernel name) only when asked for
+    for name in ("papermill", "traitlets", "nbconvert"):
+        logging.getLogger(name).setLevel(logging.INFO if args.verbose else logging.ERROR)
     try:
         return int(args.func(args))
     except DriftscopeError as err:

@@ -73,6 +73,7 @@ class _Accumulator:
         self.first_nonfinite: tuple[int, float, float] | None = None  # flat index, reference, candidate
         self.max_abs = -1.0
         self.max_excess = 0.0
+        self.tolerance_used = 0.0  # largest |a - e| / (atol + rtol * |e|) over every finite element
         #: the failing element furthest over its own bound: flat index, reference, candidate, bound
         self.worst: tuple[int, float, float, float] | None = None
         self.atol_bound = 0  # failures where the reference is so small that atol alone sets the bound
@@ -157,11 +158,20 @@ class _Accumulator:
                 self.worst = (offset + local, float(raw_e[local]), float(raw_a[local]), float(bound[local]))
             # atol decides where atol >= rtol * |e|, i.e. the bound is at most twice atol
             self.atol_bound += int(np.count_nonzero(bound[positions] <= 2.0 * self.tol.atol))
+        self._track_used(diff, bound)
         self.sum_sq += _dot(diff, diff)
         self.sum_abs += float(diff.sum())
         if finite is not None:
             diff[~finite] = -1.0  # a non-finite pair is never the worst finite element
         self._track_max(diff, ef if e is None else e, af if a is None else a, offset)
+
+    def _track_used(self, diff: np.ndarray, bound: np.ndarray) -> None:
+        """Fold in the largest |difference| / bound of the chunk (0/0, a zero tolerance met exactly, is 0)."""
+        if diff.size:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                used = float(np.fmax.reduce(np.divide(diff, bound, out=bound)))  # the bound is not read again
+            if used > self.tolerance_used:  # NaN (every ratio 0/0) never is
+                self.tolerance_used = used
 
     def _track_max(self, diff: np.ndarray, e: np.ndarray, a: np.ndarray, offset: int) -> None:
         """Keep the largest |difference| seen and the raw values at it."""
@@ -195,10 +205,14 @@ def compare_stage(
     )
     if tolerance.skip:
         row.status, row.note = "skipped", "skipped by the contract"
+        row.max_abs = row.rms = row.mean_abs = row.cosine = row.relative_rms = float("nan")  # nothing judged
+        row.tolerance_used = None
         return row
     if stage_id not in reference or stage_id not in candidate:
         side = "reference" if stage_id not in reference else "candidate"
         row.status, row.note = "missing", f"not captured by the {side}"
+        row.max_abs = row.rms = row.mean_abs = row.cosine = row.relative_rms = float("nan")  # nothing compared
+        row.tolerance_used = None
         return row
     row.integer = bool(integer)
     stored_ref, stored_cand = reference.shape(stage_id), candidate.shape(stage_id)
@@ -300,6 +314,7 @@ def _compare_integer(row: ComparisonRow, expected: np.ndarray, actual: np.ndarra
     row.rms = float(np.sqrt(np.mean(delta.astype(np.float64) ** 2))) if delta.size else 0.0
     row.mean_abs = float(delta.mean()) if delta.size else 0.0
     row.cosine = 1.0 if row.failures == 0 else float("nan")
+    row.tolerance_used = 0.0 if row.failures == 0 else float("inf")  # exact: any difference is past it
     if row.failures:
         flat = int(np.flatnonzero(diff.ravel())[0])
         row.max_index = flat
@@ -330,6 +345,7 @@ def _finish(row: ComparisonRow, acc: _Accumulator, shape: tuple[int, ...], tol: 
             row.rms / row.reference_rms if row.reference_rms > 0 else (0.0 if row.rms == 0 else float("inf"))
         )
     row.max_excess = acc.max_excess
+    row.tolerance_used = float("inf") if acc.mismatch else acc.tolerance_used
     denominator = np.sqrt(acc.norm_a) * np.sqrt(acc.norm_e)
     if denominator > 0:
         row.cosine = float(acc.dot / denominator)

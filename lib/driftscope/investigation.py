@@ -22,6 +22,7 @@ from .environment import current_commit, fingerprint
 from .errors import DriftscopeError, ReportError, TapFileError
 from .families import get_family
 from .names import remove_partial_files, safe_name
+from .outdirs import interactive_out_dir
 from .params import Parameters, load_parameters
 from .preflight import check_parameters
 from .report import Report, judge
@@ -70,11 +71,12 @@ def investigate(
     rather than running it again (so too in a notebook started by ``driftscope run``, which runs the
     investigation itself and holds the directory until its notebooks are rendered). A run that was killed
     (its report says ``running`` but its process is gone) is run again. Without ``reuse``, a run in
-    progress is an error. ``lock``: the directory's lock, already held by the caller.
+    progress is an error. ``lock``: the directory's lock, already held by the caller. Without ``out_dir``, see
+    :func:`interactive_out_dir`.
     """
     if not isinstance(params, Parameters):
         params = load_parameters(params)
-    out = Path(out_dir) if out_dir else default_out_dir(params)
+    out = Path(out_dir) if out_dir else interactive_out_dir(params, default_out_dir(params), log)
     if lock is None and reuse and held_by_parent(out):
         wait_for_result(out)  # this is a notebook of the `driftscope run` that holds the directory
         return _finished(params, out, waited=True, parent=True)

@@ -378,7 +378,7 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
     )
 
 
-def find_parameter_file(path: str | Path) -> Path:
+def find_path(path: str | Path) -> Path:
     """``path``, or a relative path not found from the cwd looked up at the cwd's repository root
     (a notebook opened in JupyterLab runs in ``notebooks/`` and names ``parameters/x.yaml``)."""
     path = Path(path).expanduser()
@@ -388,15 +388,22 @@ def find_parameter_file(path: str | Path) -> Path:
     return in_repository if in_repository.exists() else path
 
 
+find_parameter_file = find_path
+
+
 def load_parameters(path: str | Path, base: Path | None = None) -> Parameters:
     """Read and validate a parameter YAML file; relative paths in it resolve against ``base`` (default:
     :func:`parameter_root` of the file)."""
     given = path
     path = find_parameter_file(path)
     if not path.exists():
+        root = parameter_root(Path.cwd() / "_")
+        examples = ", ".join(sorted(str(p.relative_to(root)) for p in (root / "parameters").glob("*.yaml"))[:4])
         raise ParameterError(
-            f"parameter file {given} does not exist (looked in {Path.cwd()} and its repository root)",
-            "pass a YAML file from parameters/",
+            f"parameter file {given} does not exist (looked in {Path.cwd()} and in the repository root {root})",
+            "pass an absolute path or one relative to either of them"
+            + (f", e.g. {examples}" if examples else "")
+            + " (paths inside the file resolve against the repository holding it)",
         )
     try:
         data = yaml.safe_load(path.read_text())

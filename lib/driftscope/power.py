@@ -12,6 +12,7 @@ from .contract import Contract
 from .families import get_family
 from .families.base import Mutation
 from .inputs import ModelInputs
+from .rows import share_of_tolerance
 from .runtimes import get_runtime
 from .runtimes.base import Runtime
 from .stages import StagePlan
@@ -43,20 +44,29 @@ def mutated_runtime(checkpoint, policy: str, mutation: Mutation) -> Runtime:
     return Mutated(checkpoint, policy, None, {"label": f"{base.name}:{policy}+{mutation.name}"})
 
 
-def _margin(rows: list[ComparisonRow]) -> float:
-    """The worst element's |a - e| over its tolerance, across all float stages (>= 1 means detected)."""
-    worst = 0.0
-    for row in rows:
-        if row.integer:
-            if row.failures:
-                return float("inf")
-            continue
-        if row.status not in ("pass", "fail"):
-            continue
-        bound = row.atol + row.rtol * abs(row.max_reference_value or 0.0)
-        if bound > 0:
-            worst = max(worst, row.max_abs / bound)
-    return worst
+def _margin(rows: list[ComparisonRow]) -> tuple[float, str | None]:
+    """The largest share of its tolerance any float stage's worst element uses (>= 1: an element fails), and
+    that stage; integer stages, compared exactly, have no tolerance to measure against."""
+    judged = [row for row in rows if not row.integer and row.status in ("pass", "fail")]
+    if not judged:
+        return 0.0, None
+    worst = max(judged, key=share_of_tolerance)
+    return share_of_tolerance(worst), worst.stage
+
+
+def _needs_precision(mutation: Mutation, policy: str) -> str | None:
+    """Why a precision defect cannot show under ``policy`` (its activations wider than the defect's dtype)."""
+    from .precision import get_policy
+
+    if mutation.precision is None:
+        return None
+    activations = get_policy(policy).activations
+    if activations == mutation.precision or activations in ("float16", "bfloat16"):
+        return None
+    return (
+        f"needs a half-precision policy: the defect lives in {mutation.precision} arithmetic, and power.policy "
+        f"{policy!r} computes in {activations}, where it is exact (run the audit with power: {{policy: f16}})"
+    )
 
 
 def fixture_power(
@@ -82,14 +92,15 @@ def fixture_power(
         rows = compare_tapsets(reference, tapset, contract, plan)
         first = first_divergence(rows)
         declared = mutation.declared_stage(plan)
-        blind = mutation.blind(inputs, plan)
-        margin = _margin(rows)
+        blind = mutation.blind(inputs, plan) or _needs_precision(mutation, policy)
+        margin, margin_stage = _margin(rows)
         detected = first is not None
         reason = None
         if not detected:
             reason = blind or (
                 f"the defect stays inside the contract on this fixture (worst element at {margin:.2g} of its tolerance)"
             )
+        exact = first is not None and first.integer
         results.append(
             {
                 "mutation": name,
@@ -99,10 +110,20 @@ def fixture_power(
                 "declared_stage": declared,
                 "at_declared_stage": bool(first and first.stage == declared),
                 "margin": margin,
+                "margin_stage": margin_stage,
+                # an exact (integer) first divergence: how many of its entries differ, in place of a margin
+                "exact_failures": [first.failures, first.elements] if exact else None,
                 "blind_reason": reason,
                 "tapset": str(tapset.tensor_path),
                 "rows": [
-                    {"stage": r.stage, "max_abs": r.max_abs, "rms": r.rms, "failures": r.failures, "status": r.status}
+                    {
+                        "stage": r.stage,
+                        "max_abs": r.max_abs,
+                        "rms": r.rms,
+                        "failures": r.failures,
+                        "status": r.status,
+                        "tolerance_used": share_of_tolerance(r) if r.status in ("pass", "fail") else None,
+                    }
                     for r in rows
                 ],
                 "seconds": time.perf_counter() - start,

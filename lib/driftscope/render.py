@@ -44,10 +44,13 @@ def execute(
 ) -> Path:
     """Run one notebook into ``out_dir/<name>.ipynb``; the executed copy is written even if it fails."""
     import papermill
+    from traitlets.config import Config
 
     out_dir.mkdir(parents=True, exist_ok=True)
     source = notebook_path(name, notebook_dir)
     target = out_dir / source.name
+    config = Config()
+    config.KernelManager.transport_encryption = "auto"  # CurveZMQ keys where the kernel supports them
     papermill.execute_notebook(
         str(source),
         str(target),
@@ -58,6 +61,7 @@ def execute(
         progress_bar=False,
         report_mode=False,
         shutdown_kernel="immediate",  # every output is in by then; a graceful shutdown waited ~2 s for the kernel
+        config=config,
     )
     return target
 
@@ -108,6 +112,34 @@ def run_notebooks(
             if log:
                 log(f"rendered {html.name} and {nocode.name}")
     return errors
+
+
+def rendered_current(out_dir: Path, params) -> bool:
+    """Whether ``out_dir`` holds a finished run of these parameters whose notebooks all executed without an
+    error and were rendered (``.ipynb``, ``.html``, ``.nocode.html``) after its report was last written."""
+    import json
+
+    from .report import Report
+
+    try:
+        report = Report.load(Path(out_dir) / "report.json")
+        written = report.path.stat().st_mtime
+    except (DriftscopeError, OSError):
+        return False
+    if report.status != "complete" or report.data.get("parameters_digest") != params.digest:
+        return False
+    for name in params.notebooks:
+        stem = Path(out_dir) / Path(name).stem
+        pages = [stem.with_suffix(".ipynb"), stem.with_suffix(".html"), stem.with_name(stem.name + ".nocode.html")]
+        try:
+            if any(page.stat().st_mtime < written for page in pages):
+                return False
+            cells = json.loads(pages[0].read_text(encoding="utf-8")).get("cells", [])
+        except (OSError, ValueError):
+            return False
+        if any(o.get("output_type") == "error" for c in cells for o in c.get("outputs", [])):
+            return False
+    return True
 
 
 def _since(path: Path, started: float) -> bool:
@@ -168,6 +200,7 @@ def to_html(executed: Path) -> tuple[Path, Path]:
     notebook = nbformat.read(str(executed), as_version=4)
     written = []
     for suffix, exclude in ((".html", False), (".nocode.html", True)):
+        shown = without_code(notebook) if exclude else shorten_parameters(notebook, executed.parent)
         exporter = HTMLExporter(
             exclude_input=exclude,
             exclude_input_prompt=exclude,
@@ -175,8 +208,59 @@ def to_html(executed: Path) -> tuple[Path, Path]:
             template_name="offline",
             extra_template_basedirs=[str(TEMPLATES)],
         )
-        body, _ = exporter.from_notebook_node(notebook)
+        body, _ = exporter.from_notebook_node(shown)
         target = executed.with_name(executed.stem + suffix)
         write_text_atomic(target, body)
         written.append(target)
     return written[0], written[1]
+
+
+def _injected(cell) -> bool:
+    return "injected-parameters" in cell.get("metadata", {}).get("tags", [])
+
+
+def without_code(notebook):
+    """The notebook a reader without code sees: code cells that show nothing (the parameters, papermill's
+    injected copy of them, imports) are dropped, so the page starts with what the first cell shows."""
+    import copy
+
+    shown = copy.deepcopy(notebook)
+    shown.cells = [c for c in shown.cells if c.cell_type != "code" or (c.get("outputs") and not _injected(c))]
+    return shown
+
+
+def shorten_parameters(notebook, out_dir: Path):
+    """The notebook with papermill's injected parameters cell shortened to one line, paths under the
+    repository or the run's directory written relative to them."""
+    import ast
+    import copy
+
+    shown = copy.deepcopy(notebook)
+    roots = [(Path(out_dir).resolve(), "<this run>"), (NOTEBOOK_DIR.parent, "")]
+    for cell in shown.cells:
+        if cell.cell_type != "code" or not _injected(cell):
+            continue
+        given = []
+        for line in cell.source.splitlines():
+            name, _, value = line.partition(" = ")
+            if not value or not name.isidentifier():
+                continue
+            try:
+                literal = ast.literal_eval(value)
+            except (ValueError, SyntaxError):
+                literal = value
+            given.append(f"{name}={_short(literal, roots)!r}" if isinstance(literal, str) else f"{name}={value}")
+        cell.source = "# given to this run (paths relative to the repository): " + ", ".join(given)
+    return shown
+
+
+def _short(value: str, roots: list[tuple[Path, str]]) -> str:
+    if not Path(value).is_absolute():
+        return value
+    for root, label in roots:
+        try:
+            relative = Path(value).resolve().relative_to(root)
+        except (ValueError, OSError):
+            continue
+        return str(Path(label) / relative) if label else str(relative)
+    return value

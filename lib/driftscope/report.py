@@ -202,6 +202,7 @@ def judge(
     first: dict[str, dict | None] = {}
     growth: dict[str, list[dict]] = {}
     onset: dict[str, str | None] = {}
+    absent: dict[str, list[dict]] = {}
     per_candidate: dict[str, str] = {}
     reasons: list[str] = []
     pairs_out: list[dict] = []
@@ -219,7 +220,7 @@ def judge(
         first[key] = None if divergence is None else _divergence_record(divergence)
         growth[key] = growth_stages(pair_rows, contract.growth_factor, side=side)
         onset[key] = next((row.stage for row in pair_rows if not row.integer and row.relative_rms > DRIFT_FLOOR), None)
-        missing = [row.stage for row in pair_rows if row.status == "missing"]
+        absent[key] = not_compared(pair_rows, ref, candidate)
         compared_rows = [row for row in pair_rows if row.status not in ("missing", "skipped")]
         failed = divergence is not None or not compared_rows
         per_candidate[key] = "fail" if failed else "pass"
@@ -227,8 +228,6 @@ def judge(
             reasons.append(f"{key}: first divergence at {divergence.stage} ({_divergence_reason(divergence)})")
         if not compared_rows:
             reasons.append(f"{key}: no stage was compared (every stage skipped by the contract or missing)")
-        if missing:
-            reasons.append(f"{key}: {len(missing)} stages captured by only one side (e.g. {missing[0]})")
         for row in pair_rows:
             if row.warning:
                 reasons.append(f"{key}: {row.stage}: {row.warning}")
@@ -240,9 +239,50 @@ def judge(
         "first_divergence": first,
         "growth": growth,
         "drift_onset": onset,
+        "not_compared": {key: groups for key, groups in absent.items() if groups},
         "warnings": warnings,
         "verdict": {"status": status, "per_candidate": per_candidate, "reasons": reasons},
     }
+
+
+def not_compared(rows: list[ComparisonRow], reference: TapSet, candidate: TapSet) -> list[dict]:
+    """Stages one side of a pair did not capture, grouped by stage family (``text.generate.*``), with why.
+
+    They are not compared and never count toward the verdict; the runtime checks say whether a capture is
+    incomplete. ``why`` names the capability the runtime lacks when it declares one (e.g. it does not decode)."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for row in rows:
+        if row.status == "missing":
+            side = "reference" if row.note.endswith("reference") else "candidate"
+            groups.setdefault((side, row.stage.rsplit(".", 1)[0]), []).append(row.stage)
+    out = []
+    for (side, prefix), stages in groups.items():
+        tapset = reference if side == "reference" else candidate
+        out.append(
+            {
+                "side": side,
+                "runtime": tapset.label,
+                "stages": stages,
+                "pattern": stages[0] if len(stages) == 1 else f"{prefix}.*",
+                "why": _why_absent(tapset, prefix),
+            }
+        )
+    return out
+
+
+def _why_absent(tapset: TapSet, prefix: str) -> str:
+    """Why a runtime has no stages under ``prefix``: a capability its runtime declares it lacks, else plainly."""
+    from .errors import DriftscopeError
+    from .runtimes import get_runtime
+
+    name = str(tapset.meta.get("runtime") or tapset.label)
+    try:
+        runtime = get_runtime(name)
+    except DriftscopeError:
+        runtime = None
+    if prefix.startswith("text.generate") and runtime is not None and not runtime.decodes:
+        return f"{name} does not decode"
+    return f"{tapset.label} did not capture them"
 
 
 def _divergence_record(row: ComparisonRow) -> dict:

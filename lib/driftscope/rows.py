@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields
 
 
@@ -22,6 +23,10 @@ class ComparisonRow:
     #: largest |a - e| / (atol + rtol * |e|) among the elements over tolerance: how far the worst failing
     #: element is past its bound (0 when none fails; inf, stored as null, for a non-finite failure)
     max_excess: float | None = 0.0
+    #: largest |a - e| / (atol + rtol * |e|) over every element compared: the share of its own tolerance the
+    #: stage's worst element uses (above 1: it fails); None where nothing was compared (missing, skipped,
+    #: shapes that differ) or in reports written before it was recorded
+    tolerance_used: float | None = None
     rms: float = 0.0
     mean_abs: float = 0.0
     cosine: float = 1.0
@@ -70,6 +75,21 @@ class ComparisonRow:
 
 
 _FLOAT_METRICS = ("failure_fraction", "max_abs", "rms", "mean_abs", "cosine", "reference_rms", "relative_rms")
+
+
+def share_of_tolerance(row: ComparisonRow) -> float:
+    """``|a - e| / (atol + rtol * |e|)`` at the stage's worst element (above 1: an element fails).
+
+    Reports written before this was recorded give the value at the largest difference (a lower bound), or
+    the worst failing element's excess where the stage fails; a non-finite failure is infinite."""
+    used = getattr(row, "tolerance_used", None)
+    if used is not None and not (isinstance(used, float) and math.isnan(used)):
+        return float(used)
+    if row.failed and (row.max_excess is None or row.nonfinite_mismatch):
+        return math.inf
+    bound = row.atol + row.rtol * abs(row.max_reference_value or 0.0)
+    at_max = row.max_abs / bound if bound > 0 else (0.0 if row.max_abs == 0 else math.inf)
+    return max(at_max, float(row.max_excess or 0.0))
 
 
 def first_divergence(rows: list[ComparisonRow]) -> ComparisonRow | None:

@@ -35,7 +35,9 @@ class Mutation:
     ``install`` changes the loaded model; ``during`` (if any) is a context active while capturing;
     ``inputs`` (if any) gives the inputs the mutated runtime receives instead of the run's (a processor
     defect); ``declared`` lists the stages it should disturb first (most specific first); ``blind`` says,
-    from the inputs' geometry alone, why a fixture cannot reveal it (None: it can)."""
+    from the inputs' geometry alone, why a fixture cannot reveal it (None: it can); ``precision`` names the
+    activation dtype the defect lives in (e.g. ``float16``): under a policy computing in a wider dtype it
+    cannot show."""
 
     name: str
     description: str
@@ -45,6 +47,7 @@ class Mutation:
     settings: dict = field(default_factory=dict)
     during: Callable[[Any, dict], Any] | None = None  # (model, settings) -> context manager
     inputs: Callable[[Checkpoint, ModelInputs, dict], ModelInputs] | None = None  # (checkpoint, inputs, settings)
+    precision: str | None = None
 
     def declared_stage(self, plan: StagePlan) -> str | None:
         """The first declared stage that the plan captures."""

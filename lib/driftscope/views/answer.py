@@ -2,29 +2,67 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from matplotlib.figure import Figure
 
 from ..markup import code
 from ..report import Report
+from .notebook import describe
+
+
+def random_weights_note(report: Report) -> str:
+    """A plain warning when the checkpoint has random weights (a driftscope fixture), else ``""``."""
+    storage = report.data.get("checkpoint_storage") or {}
+    marked = storage.get("random_weights")
+    if marked is None:  # a report written before this was recorded
+        marked = (Path(str(report.data.get("checkpoint", ""))) / "driftscope_fixture.json").exists()
+    if not marked:
+        return ""
+    return (
+        "**This checkpoint has random weights** (a driftscope fixture): its decoded text is meaningless and no "
+        "expected word can appear. Compare the token ids, the prefill top-1 and the margins instead."
+    )
+
+
+def _prefill_rows(report: Report) -> dict[str, dict]:
+    """Each candidate's prefill logits against the main reference's (its ``text.logits.last`` row's extra)."""
+    reference = report.data.get("reference")
+    found = {}
+    for row in report.rows:
+        if row.stage == "text.logits.last" and row.reference == reference and row.extra:
+            found[row.candidate] = row.extra
+    return found
 
 
 def texts_frame(report: Report):
-    """Decoded greedy texts side by side, with the expected words each one contains."""
+    """One row per runtime: prefill top-1 (and whether it agrees with the reference's), top-5 overlap and
+    margin, then the greedy tokens and text with the expected words (runtimes that do not decode say so)."""
     import pandas as pd
 
     answer = report.data.get("answer") or {}
+    decoded = answer.get("runtimes", {})
+    prefill = _prefill_rows(report)
+    reference = report.data.get("reference")
     records = []
-    for label, entry in answer.get("runtimes", {}).items():
-        found = entry["expected_words"]
+    for runtime in report.data.get("runtimes", []):
+        label = runtime["label"]
+        entry, logits = decoded.get(label), prefill.get(label, {})
+        if entry is None and not logits:
+            continue
+        top1 = entry["prefill_top1"] if entry else logits.get("top1_candidate")
+        found = (entry or {}).get("expected_words") or {}
         records.append(
             {
                 "runtime": label,
-                "prefill top-1": entry["prefill_top1"],
-                "text": entry["text"],
-                "tokens": " ".join(map(str, entry["tokens"])),
-                "expected words found": ", ".join(w for w, ok in found.items() if ok) or "-",
-                "missing": ", ".join(w for w, ok in found.items() if not ok) or "-",
+                "prefill top-1": top1,
+                "top-1 agrees": "reference" if label == reference else ("yes" if logits.get("top1_agree") else "no"),
+                "top-5 overlap": 1.0 if label == reference else logits.get("top5_overlap"),
+                "prefill margin": logits.get("margin_candidate", ((entry or {}).get("margins") or [None])[0]),
+                "tokens": " ".join(map(str, entry["tokens"])) if entry else "does not decode (prefill only)",
+                "text": entry["text"] if entry else "",
+                "expected words found": (", ".join(w for w, ok in found.items() if ok) or "none") if entry else "",
             }
         )
     return pd.DataFrame(records)
@@ -90,16 +128,16 @@ def text_stage_frame(report: Report):
 
 
 def vision_link(report: Report) -> list[str]:
-    """For each pair, the first divergent vision stage (where to look next) next to its first text divergence."""
+    """For each pair, its first divergent vision stage (where to look next) next to its first text divergence."""
     lines = []
+    failed = [r for r in report.rows if r.failed]
     for key in report.pair_keys():
-        rows = [r for r in report.rows if (r.pair or r.candidate) == key and r.failed]
+        rows = [r for r in failed if (r.pair or r.candidate) == key]
         vision = next((r.stage for r in rows if r.stage.startswith("vision.")), None)
         text = next((r.stage for r in rows if r.stage.startswith("text.")), None)
-        lines.append(
-            f"- {code(report.pair_title(key))}: first vision divergence {code(vision)}, "
-            f"first text divergence {code(text)}"
-        )
+        where = f"first vision divergence {code(vision)}" if vision else "every vision stage passes"
+        after = f"first text divergence {code(text)}" if text else "every text stage passes"
+        lines.append(f"- {code(report.pair_title(key))}: {where}; {after}")
     return lines
 
 
@@ -108,8 +146,18 @@ def margin_plot(report: Report) -> Figure:
     answer = report.data.get("answer") or {}
     figure = Figure(figsize=(10, 3.4), layout="constrained")
     axis = figure.subplots()
-    for label, entry in answer.get("runtimes", {}).items():
-        axis.plot(np.arange(len(entry["margins"])), entry["margins"], marker="o", markersize=3, label=label)
+    markers = ["o", "s", "^", "D", "v", "P", "X"]
+    for index, (label, entry) in enumerate(answer.get("runtimes", {}).items()):
+        axis.plot(  # hollow markers of shrinking size and own dashes: runtimes whose margins coincide stay visible
+            np.arange(len(entry["margins"])),
+            entry["margins"],
+            marker=markers[index % len(markers)],
+            markersize=10 - 1.2 * (index % 6),
+            markerfacecolor="none",
+            linewidth=1.0,
+            linestyle=["-", "--", ":", "-."][index % 4],
+            label=label,
+        )
     for pair in answer.get("pairs", []):
         if pair["first_difference"] is not None:
             axis.axvline(pair["first_difference"], color="#d62728", linestyle="--", linewidth=1)
@@ -118,4 +166,5 @@ def margin_plot(report: Report) -> Figure:
     axis.set_title("logit margin along the greedy sequence (dashed: first differing token)")
     axis.legend(fontsize=8)
     axis.grid(True, alpha=0.3)
-    return figure
+    runtimes = len(answer.get("runtimes", {}))
+    return describe(figure, f"Top-1 minus top-2 logit at each generated step for {runtimes} runtimes.")

@@ -6,8 +6,10 @@ import numpy as np
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
+from ..markup import code, text
 from ..report import Report
-from .errormaps import StageDifference, patch_error_grid
+from .errormaps import StageDifference, magnitude_split, patch_error_grid
+from .notebook import describe
 from .plots import block_outputs, landmarks
 
 LABEL_COLORS = {"introduced": "#d62728", "amplified": "#ff7f0e", "inherited": "#1f77b4", "clean": "#bbbbbb"}
@@ -21,6 +23,137 @@ def default_focus(report: Report) -> tuple[str | None, str | None]:
             return pair, first[pair]["stage"]
     pairs = report.pair_keys()
     return (pairs[0] if pairs else None), None
+
+
+def choose(report: Report, pair: str | None, layers: list[int] | None, stage: str | None):
+    """``(pair, layers, stage)``: what was asked, else the first divergent pair, its first divergent stage and
+    that stage's block (else the first block output)."""
+    focus_pair, focus_stage = default_focus(report)
+    pair = pair or focus_pair
+    first_block = next((s["id"] for s in report.data.get("stage_plan", []) if s["id"] in block_outputs(report)), None)
+    stage = stage or focus_stage or first_block
+    if layers is None:
+        layers = [block_of(stage)] if block_of(stage) is not None else [0]
+    return pair, list(layers), stage
+
+
+def focus_markdown(report: Report, pair: str, layers: list[int], stage: str | None) -> str:
+    """What this page drills into, and where the replay found the first introduced error, in words."""
+    replay = (report.data.get("replay") or {}).get(pair)
+    if replay is None:
+        introduced = "no replay of this pair (its candidate cannot replay single stages, or `replay` left it out)"
+    elif replay.get("first_introduced"):
+        introduced = f"the first stage that introduces error is {code(replay['first_introduced'])}"
+    else:
+        introduced = "no replayed stage introduces error beyond the contract (every one is clean, or inherits it)"
+    blocks = ", ".join(str(block) for block in layers)
+    return (
+        f"**Runtime pair** {code(report.pair_title(pair))}; **block(s)** {text(blocks)}; **stage for the maps** "
+        f"{code(stage or 'none')}. Replay: {introduced}."
+    )
+
+
+def substages(report: Report, pair: str, layers: list[int]):
+    """The chosen blocks' substages as the run compared them (with the replay's label where it replayed them),
+    or a plain sentence saying the run did not capture them."""
+    import pandas as pd
+
+    from ..rows import share_of_tolerance
+
+    rows = [
+        r
+        for r in report.rows
+        if (r.pair or r.candidate) == pair and block_of(r.stage) in layers and r.stage not in block_outputs(report)
+    ]
+    if not rows:
+        asked = (report.data.get("parameters") or {}).get("stages", {}).get("substages")
+        return (
+            f"The run captured no substages of block(s) {text(', '.join(map(str, layers)))}: only the block "
+            f"output is compared (the parameter file's `stages: substages` is {code(asked)}). Add the block to "
+            "`stages: substages` and run again, or re-capture this block with or without a patch at the end of "
+            "this page."
+        )
+    labels = {x["stage"]: x for x in (report.data.get("replay") or {}).get(pair, {}).get("labels", [])}
+    return pd.DataFrame(
+        [
+            {
+                "stage": r.stage,
+                "status": r.status,
+                "failures": r.failures,
+                "tolerance used": share_of_tolerance(r) if r.status in ("pass", "fail") else None,
+                "max_abs": r.max_abs,
+                "relative_rms": r.relative_rms,
+                "replay label": labels.get(r.stage, {}).get("label", "not replayed"),
+                "op-local relative_rms": labels.get(r.stage, {}).get("op_local_relative_rms"),
+                "amplification": labels.get(r.stage, {}).get("amplification"),
+            }
+            for r in rows
+        ]
+    )
+
+
+def captured_substages(report: Report, pair: str, block: int):
+    """``(sentence, frame)``: the block's substages captured now on both sides of the pair (only this block; the
+    reference's capture is kept under ``<run>/recapture/`` and reused), for a run that compared only the block
+    output. The run's report is not changed."""
+    import pandas as pd
+
+    from ..recapture import recapture_block
+    from ..rows import share_of_tolerance
+
+    trial = recapture_block(report, pair, block, log=lambda message: None)
+    sentence = (
+        f"The run compared only the output of block {text(block)}: its substages were captured now for "
+        f"{code(report.pair_title(pair))} (this block only, in {trial.seconds:.1f} s), under the run's contract."
+    )
+    frame = pd.DataFrame(
+        [
+            {
+                "stage": r.stage,
+                "status": r.status,
+                "failures": r.failures,
+                "tolerance used": share_of_tolerance(r) if r.status in ("pass", "fail") else None,
+                "max_abs": r.max_abs,
+                "relative_rms": r.relative_rms,
+                "note": r.note,
+            }
+            for r in trial.rows
+        ]
+    )
+    return sentence, frame
+
+
+def replay_frame(report: Report, pair: str, layers: list[int]):
+    """The op-local replay rows of the chosen blocks (the candidate's operator fed the reference's input)."""
+    import pandas as pd
+
+    replayed = (report.data.get("replay") or {}).get(pair, {}).get("rows", [])
+    rows = [row for row in replayed if block_of(row["stage"]) in layers]
+    columns = ["stage", "status", "failures", "max_abs", "relative_rms", "cosine"]
+    return pd.DataFrame([{key: row.get(key) for key in columns} for row in rows], columns=columns)
+
+
+def where_markdown(difference: StageDifference, share: float, collapsed: int) -> str:
+    """Where a stage's failures sit, in one sentence: the top channels' share, collapsed rows, by magnitude."""
+    split = magnitude_split(difference)
+    total = split["failures_small"] + split["failures_large"]
+    if not total:
+        return f"{code(difference.stage)}: no element fails; **{collapsed}** rows collapsed to zero."
+    return (
+        f"{code(difference.stage)}: the top 3 channels carry **{share:.0%}** of the {total} failures; "
+        f"**{collapsed}** rows collapsed to zero; by magnitude, {split['failures_small']} failures at "
+        f"|expected| ≤ {split['split_at']:.3g} (the median) and {split['failures_large']} above it."
+    )
+
+
+def recapture_hint(pair: str, layers: list[int]) -> str:
+    """How to try a fix on the chosen block without running everything again."""
+    return (
+        f'Set `patch` in the parameters cell (e.g. `patch = "driftscope.hypotheses:NAME"`, '
+        f'`"my_fix.py:function"` or `{{"callable": ..., "kwargs": {{...}}}}`) and run this cell again: it '
+        f"captures block {text(layers[0] if layers else 0)} of {code(pair)} with the patch applied (only that "
+        "runtime loads; the reference's capture is the run's) and compares it stage by stage with the run."
+    )
 
 
 def block_of(stage: str | None) -> int | None:
@@ -105,22 +238,25 @@ def magnitude_scatter(difference: StageDifference, points: int = 20000) -> Figur
     diff = difference.diff.ravel()
     failing = difference.failing.ravel()
     pick = np.random.default_rng(0).permutation(expected.size)[:points]
-    axis.scatter(
-        np.maximum(expected[pick], 1e-6),
-        np.maximum(np.nan_to_num(diff[pick], nan=1e6), 1e-12),
-        s=2,
-        c=np.where(failing[pick], "#d62728", "#1f77b4"),
-        alpha=0.5,
-    )
+    pick = np.union1d(pick, np.flatnonzero(failing))  # every failing element, however many are sampled
+    x = np.maximum(expected[pick], 1e-6)
+    y = np.maximum(np.nan_to_num(diff[pick], nan=1e6), 1e-12)
+    bad = failing[pick]
+    axis.scatter(x[~bad], y[~bad], s=2, c="#1f77b4", alpha=0.4, label="passing", rasterized=True)
+    axis.scatter(x[bad], y[bad], s=18, c="#d62728", edgecolors="black", linewidths=0.4, zorder=3, label="failing")
     grid = np.logspace(-6, np.log10(max(expected.max(), 1e-5)), 50)
     axis.plot(grid, difference.atol + difference.rtol * grid, color="black", linestyle=":", label="atol + rtol|e|")
     axis.set_xscale("log")
     axis.set_yscale("log")
     axis.set_xlabel("|expected|")
     axis.set_ylabel("|actual - expected|")
-    axis.set_title(f"{difference.stage}: {int(failing.sum())} failing elements (red)", fontsize=9)
+    axis.set_title(f"{difference.stage}: {int(failing.sum())} failing elements (red, drawn on top)", fontsize=9)
     axis.legend(fontsize=8)
-    return figure
+    return describe(
+        figure,
+        f"|actual - expected| against |expected| at {difference.stage}, with the bound atol + rtol|e|; "
+        f"{int(failing.sum())} failing elements in red.",
+    )
 
 
 def spatial_map(report: Report, stage: str, pair: str, image: int = 0, replay: bool = False) -> Figure:
@@ -136,10 +272,15 @@ def spatial_map(report: Report, stage: str, pair: str, image: int = 0, replay: b
     if path:
         with Image.open(path) as picture:
             left.imshow(np.asarray(picture.convert("RGB").resize((width, height))))
-    shown = left.imshow(grid, extent=(0, width, height, 0), cmap="inferno", alpha=0.6, interpolation="nearest")
+    from matplotlib.colors import Normalize
+
+    norm = Normalize(vmin=float(grid.min()), vmax=float(grid.max()))  # one scale for both panels and the bar
+    left.imshow(grid, extent=(0, width, height, 0), cmap="inferno", norm=norm, alpha=0.6, interpolation="nearest")
     left.set_title(f"{stage}: per-patch RMS error over the image", fontsize=9)
     left.set_axis_off()
-    right.imshow(grid, cmap="inferno", interpolation="nearest")
-    right.set_title("the same grid alone (raster order)", fontsize=9)
-    figure.colorbar(shown, ax=[left, right], label="RMS error")
-    return figure
+    shown = right.imshow(grid, cmap="inferno", norm=norm, interpolation="nearest")
+    right.set_title("the same grid alone (raster order; the colour bar's scale)", fontsize=9)
+    right.set_xlabel("patch column")
+    right.set_ylabel("patch row")
+    figure.colorbar(shown, ax=[left, right], label="RMS error per patch")
+    return describe(figure, f"Per-patch RMS error of {stage} ({pair}) over the resized image and alone, raster order.")

@@ -28,13 +28,14 @@ code{font-size:13px}img{display:block}
 
 
 def _curve_png(report) -> str:
-    """A small error-curve image (max_abs per stage, one line per pair) as a data URI."""
+    """A small error-curve image (share of its tolerance each stage uses, one line per pair) as a data URI."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     from .plots import error_curves
 
-    figure = error_curves(report, metrics=("max_abs",))
+    figure = error_curves(report, metrics=("tolerance_used",))
     figure.set_size_inches(6.5, 2.3)
+    figure.suptitle("")
     for axis in figure.axes:
         axis.set_title("")
         legend = axis.get_legend()
@@ -42,6 +43,7 @@ def _curve_png(report) -> str:
             legend.remove()
         axis.set_xticks([])
         axis.set_xlabel("")
+        axis.set_ylabel("tolerance used", fontsize=8)
     buffer = io.BytesIO()
     FigureCanvasAgg(figure).print_png(buffer)
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
@@ -145,7 +147,7 @@ def write_index(root, commit: str, entries: list[dict], problem: str | None = No
         if row["outcome"] == "error" and not row["error"]:
             label = f"not judged (verdict {row['verdict']})"
         curve = (
-            f'<img src="{row["curve"]}" alt="max_abs per stage for {html.escape(row["name"])}" width="390">'
+            f'<img src="{row["curve"]}" alt="tolerance used per stage, {html.escape(row["name"])}" width="390">'
             if row["curve"]
             else ""
         )

@@ -12,6 +12,7 @@ from pathlib import Path
 from ..errors import CheckpointError
 from ..families import DEFAULT_FAMILY, Family, detect_family, get_family
 from ..families.base import Section
+from ..params import find_path
 
 
 def family_for(checkpoint: str | Path | None = None, family: str | None = None) -> Family:
@@ -29,7 +30,10 @@ def family_for(checkpoint: str | Path | None = None, family: str | None = None) 
 def geometry_sections(
     image_path: str | Path, checkpoint: str | Path | None = None, family: str | None = None, **options
 ) -> list[Section]:
-    """The family's geometry sections for one image (``options``: what the family's sections take)."""
+    """The family's geometry sections for one image (``options``: what the family's sections take); relative
+    paths are found from the working directory, else the repository root (JupyterLab runs in ``notebooks/``)."""
+    image_path = find_path(image_path)
+    checkpoint = None if checkpoint is None else find_path(checkpoint)
     hooks = family_for(checkpoint, family).view_hooks()
     return hooks.geometry_sections(image_path, checkpoint, **options)
 

@@ -8,6 +8,8 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from ..report import Report
+from ..rows import share_of_tolerance
+from .curves import error_curves  # noqa: F401 - the notebooks' import of it
 
 COLORS = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f", "#17becf"]
 
@@ -46,49 +48,6 @@ def _block_ticks(report: Report, ordered: list[str]) -> tuple[list[int], list[st
     return ticks, labels
 
 
-def error_curves(report: Report, metrics: tuple[str, ...] = ("max_abs", "rms", "failures")) -> Figure:
-    """Per-stage error against execution order, log scale, one line per runtime pair, tolerance marked."""
-    ordered, position = _stage_axis(report, activations_only=True)
-    rows = [row for row in report.rows if row.stage in position and row.status in ("pass", "fail")]
-    figure = Figure(figsize=(12, 2.8 * len(metrics)), layout="constrained")
-    axes = figure.subplots(len(metrics), 1, sharex=True, squeeze=False)[:, 0]
-    atol = report.data.get("contract", {}).get("default", {}).get("atol")
-    first = report.data.get("first_divergence", {})
-    for color, label in zip(COLORS, report.pair_keys(), strict=False):
-        pair = sorted(
-            (row for row in rows if (row.pair or row.candidate) == label), key=lambda row: position.get(row.stage, 0)
-        )
-        xs = [position.get(row.stage, 0) for row in pair]
-        for axis, metric in zip(axes, metrics, strict=False):
-            values = np.array([getattr(row, metric) for row in pair], dtype=float)
-            if metric == "failures":
-                values = values + 1.0  # log axis: 1 means no failure
-            axis.plot(
-                xs,
-                np.maximum(values, 1e-9),
-                marker=".",
-                markersize=3,
-                linewidth=1,
-                color=color,
-                label=report.pair_title(label),
-            )
-            divergence = first.get(label)
-            if divergence and divergence["stage"] in position:
-                axis.axvline(position[divergence["stage"]], color=color, linestyle="--", linewidth=1)
-    for axis, metric in zip(axes, metrics, strict=False):
-        axis.set_yscale("log")
-        axis.set_ylabel("failures + 1" if metric == "failures" else f"{metric} (floor 1e-9)")
-        axis.grid(True, which="major", alpha=0.3)
-        if metric == "max_abs" and atol:
-            axis.axhline(atol, color="black", linestyle=":", linewidth=1, label=f"atol {atol}")
-    ticks, labels = _block_ticks(report, ordered)
-    axes[-1].set_xticks(ticks, labels, rotation=90, fontsize=7)
-    axes[-1].set_xlabel("stage (execution order; dashed: first divergence)")
-    axes[0].legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, borderaxespad=0.0)
-    axes[0].set_title(f"{report.data.get('name')}: error per stage, one line per runtime pair")
-    return figure
-
-
 def input_images(report: Report) -> Figure:
     """The input images as the processor resized them, with the family's overlay (e.g. its attention-window
     grid) drawn over and its caption."""
@@ -124,6 +83,8 @@ def stage_table(report: Report, only_failing: bool = False):
     frame = report.frame()
     if frame.empty:
         return frame
+    compared = frame["status"].isin(("pass", "fail", "shape_mismatch", "layout_mismatch"))
+    frame["failures"] = frame["failures"].where(compared)  # a stage not compared has no failure count, not 0
     ordered, position = _stage_axis(report)
     frame["order"] = frame["stage"].map(position)
     wide = frame.pivot_table(index=["order", "stage"], columns="pair", values=["max_abs", "failures"], aggfunc="first")
@@ -138,6 +99,7 @@ def stage_table(report: Report, only_failing: bool = False):
         return "background-color: #f8d0d0" if value in ("fail", "shape_mismatch", "layout_mismatch") else ""
 
     formats = {column: "{:.3g}" for column in table.columns if column.endswith("max_abs")}
+    formats.update({column: "{:.0f}" for column in table.columns if column.endswith("failures")})
     # a Styler writes labels raw into its HTML: every value, stage id and runtime label is escaped
     return (
         table.style.map(highlight)
@@ -149,40 +111,49 @@ def stage_table(report: Report, only_failing: bool = False):
 
 
 def mutation_curves(report: Report) -> Figure:
-    """For each detected mutation, its max_abs per stage against the real candidates' (grey), log scale."""
+    """For each detected mutation, the share of its tolerance each stage uses (max_abs in older reports) against
+    the real runtime pairs' (grey), log scale; the line at 1 is the tolerance, ★ the mutation's first divergence."""
+    from .curves import plotted_stages, stage_label
+    from .notebook import describe
+
     power = report.data.get("power") or {}
     detected = [m for m in power.get("mutations", []) if m["detected"]]
-    ordered, position = _stage_axis(report, activations_only=True)
-    figure = Figure(figsize=(12, 2.4 * max(len(detected), 1)), layout="constrained")
+    stages = plotted_stages(report)
+    position = {stage: index for index, stage in enumerate(stages)}
+    shared = all("tolerance_used" in r for m in detected for r in m["rows"])
+    metric, label = ("tolerance_used", "share of tolerance used") if shared else ("max_abs", "max |a - e|")
+    figure = Figure(figsize=(14, 2.6 * max(len(detected), 1) + 1.2), layout="constrained")
     axes = figure.subplots(max(len(detected), 1), 1, sharex=True, squeeze=False)[:, 0]
-    atol = report.data.get("contract", {}).get("default", {}).get("atol")
     real = [row for row in report.rows if row.stage in position and row.status in ("pass", "fail")]
-    ticks, labels = _block_ticks(report, ordered)
     for axis, mutation in zip(axes, detected, strict=False):
         for key in report.pair_keys():
             pair = sorted((r for r in real if (r.pair or r.candidate) == key), key=lambda r: position[r.stage])
-            axis.plot(
-                [position[r.stage] for r in pair],
-                np.maximum([r.max_abs for r in pair], 1e-9),
-                color="#aaaaaa",
-                linewidth=0.8,
-            )
+            values = [share_of_tolerance(r) if shared else r.max_abs for r in pair]
+            axis.plot([position[r.stage] for r in pair], np.clip(values, 1e-9, 1e9), color="#aaaaaa", linewidth=0.8)
         rows = sorted((r for r in mutation["rows"] if r["stage"] in position), key=lambda r: position[r["stage"]])
-        axis.plot(
-            [position[r["stage"]] for r in rows],
-            np.maximum([r["max_abs"] for r in rows], 1e-9),
-            color="#d62728",
-            linewidth=1.4,
-            label=mutation["mutation"],
-        )
-        if mutation["first_divergence"] in position:
-            axis.axvline(position[mutation["first_divergence"]], color="#d62728", linestyle="--", linewidth=1)
-        if atol:
-            axis.axhline(atol, color="black", linestyle=":", linewidth=1)
+        xs = [position[r["stage"]] for r in rows]
+        ys = np.clip(np.nan_to_num([r[metric] or 0.0 for r in rows], posinf=1e9), 1e-9, 1e9)
+        axis.plot(xs, ys, color="#d62728", linewidth=1.4, marker=".")
+        first = mutation["first_divergence"]
+        if first in position:
+            axis.axvline(position[first], color="#d62728", linestyle="--", linewidth=1)
+            at = [y for x, y in zip(xs, ys, strict=True) if x == position[first]]
+            if at:
+                axis.plot(position[first], at[0], marker="*", markersize=15, color="#d62728", zorder=5)
+        elif first:  # an integer stage (e.g. an index) off the plotted axis
+            axis.text(0.01, 0.05, f"first divergence: {first} (exact stage)", transform=axis.transAxes, fontsize=8)
+        if shared:
+            axis.axhline(1.0, color="black", linewidth=1)
         axis.set_yscale("log")
-        axis.set_ylabel("max_abs")
-        axis.legend(loc="upper left", fontsize=8)
+        axis.set_ylabel(label)
+        axis.set_xlabel("stage (execution order)", fontsize=8)
+        axis.set_title(f"{mutation['mutation']}: first divergence {first}", fontsize=9)
         axis.grid(True, alpha=0.3)
-    axes[-1].set_xticks(ticks, labels, rotation=90, fontsize=7)
-    axes[0].set_title("detected mutations (red) against the real runtime pairs (grey); dotted: atol")
-    return figure
+    axes[-1].set_xticks(range(len(stages)), [stage_label(s) for s in stages], rotation=90, fontsize=7)
+    tolerance = "; black line: the tolerance" if shared else ""
+    figure.suptitle(
+        f"each detected mutation (red) against the real runtime pairs (grey); ★: first divergence{tolerance}",
+        fontsize=10,
+    )
+    names = ", ".join(f"{m['mutation']} at {m['first_divergence']}" for m in detected) or "none"
+    return describe(figure, f"Error per stage of each detected mutation against the real runtime pairs: {names}.")

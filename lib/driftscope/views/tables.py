@@ -5,6 +5,9 @@ from __future__ import annotations
 from ..markup import code, text
 from ..report import Report
 from ..runtime_checks import checks_markdown
+from .parity import divergence_frame, not_compared_lines, stage_frame  # noqa: F401 - divergence_frame re-exported
+
+block_frame = stage_frame  # failing and first-divergent stages first, then block outputs and landmarks
 
 
 def _atol_note(first: dict) -> str:
@@ -67,6 +70,7 @@ def summary_markdown(report: Report) -> str:
         lines.append(f"\n- {text(reason)}")
     for warning in data.get("warnings") or []:
         lines.append(f"\n- **warning**: {text(warning)}")
+    lines += [f"\n- {line}" for line in not_compared_lines(report)]
     checks = checks_markdown(data, ("warn",))  # failed checks are among the verdict's reasons above
     if checks:
         lines.append("\n" + checks)
@@ -91,65 +95,36 @@ def _number(value: object, digits: int = 3) -> str:
     return str(value)
 
 
+def _margin(mutation: dict) -> str:
+    """How far past (or short of) its tolerance a mutation's worst element is, in words."""
+    exact = mutation.get("exact_failures")
+    if exact:
+        return f"exact stage: {exact[0]} of {exact[1]} entries differ"
+    margin, stage = mutation.get("margin"), mutation.get("margin_stage")
+    if margin is None:
+        return "an exact stage differs" if mutation.get("detected") else ""
+    where = f" (at {stage})" if stage else ""
+    return f"{margin:.3g}x its tolerance{where}" if margin >= 1 else f"{margin:.2g} of its tolerance{where}"
+
+
 def power_frame(report: Report):
-    """The fixture power table: per mutation, detected or not, where, and why not."""
+    """The fixture power table: per mutation, detected or not, where, by how much, and why not."""
     import pandas as pd
 
     power = report.data.get("power") or {}
-    columns = [
-        "mutation",
-        "detected",
-        "first_divergence",
-        "declared_stage",
-        "at_declared_stage",
-        "margin",
-        "blind_reason",
-    ]
     required = set(power.get("require", []))
-    frame = pd.DataFrame([{k: m[k] for k in columns} for m in power.get("mutations", [])], columns=columns)
-    frame.insert(1, "required", frame["mutation"].isin(required))
-    return frame
-
-
-def divergence_frame(report: Report):
-    """For each runtime pair, the first divergent stage's row with both values at the worst element."""
-    import pandas as pd
-
-    records = []
-    first = report.data.get("first_divergence", {})
-    for row in report.rows:
-        divergence = first.get(row.pair or row.candidate)
-        if divergence and divergence["stage"] == row.stage:
-            records.append(
-                {
-                    "pair": report.pair_title(row.pair or row.candidate),
-                    "stage": row.stage,
-                    "status": row.status,
-                    "failures": row.failures,
-                    "elements": row.elements,
-                    "max_abs": row.max_abs,
-                    "rms": row.rms,
-                    "cosine": row.cosine,
-                    "worst at": row.max_coords,
-                    "reference value": row.max_reference_value,
-                    "candidate value": row.max_candidate_value,
-                    "note": row.note,
-                }
-            )
-    return pd.DataFrame(records)
-
-
-def block_frame(report: Report):
-    """Rows of block outputs, the plan's landmarks (and their parts) and any failing stage: the compact table."""
-    from .plots import block_outputs, landmarks
-
-    frame = report.frame()
-    if frame.empty:
-        return frame
-    marks = landmarks(report)
-    keep = (
-        frame["stage"].isin(block_outputs(report))
-        | frame["stage"].map(lambda stage: any(stage == m or stage.startswith(m + ".") for m in marks))
-        | (frame["status"] != "pass")
+    return pd.DataFrame(
+        [
+            {
+                "mutation": m["mutation"],
+                "required": "yes" if m["mutation"] in required else "no",
+                "detected": "yes" if m["detected"] else "no",
+                "first divergence": m.get("first_divergence") or "",
+                "declared stage": m.get("declared_stage") or "",
+                "at the declared stage": "yes" if m.get("at_declared_stage") else "no",
+                "margin over tolerance": _margin(m),
+                "why it is not detected": m.get("blind_reason") or "",
+            }
+            for m in power.get("mutations", [])
+        ]
     )
-    return frame[keep].reset_index(drop=True)

@@ -210,6 +210,7 @@ for mutation in (
         "(squares overflow F16 above |x| = 256)",
         _block_stages(lambda plan: [0], "norm1"),
         _manual_rmsnorm,
+        precision="float16",
     ),
     Mutation(
         "drop_rotary_block_1",

@@ -62,7 +62,15 @@ def geometry_sections(
         ),
         Section("Windows over the image (numbered in window order)", "", (windows_over_image(image_path, spec),)),
         Section("The window permutation", "", (permutation_picture(image_path, spec),)),
-        Section("What a wrong un-reorder misplaces", "", (misplaced_over_image(image_path, spec),)),
+        Section(
+            "What a wrong un-reorder misplaces",
+            "This image's window permutation is an involution: `reverse[orig] = rank` gives the same order as the "
+            "correct argsort and misplaces no token, so a twice-applied un-reorder cannot be seen here. Choose a "
+            "size whose permutation is not an involution (e.g. 336x336) to test it."
+            if audit.involution
+            else "",
+            () if audit.involution else (misplaced_over_image(image_path, spec),),
+        ),
         Section(
             "Masks of a packed bucket and their audit",
             "Every count must be zero: no attention across images, between real rows and padding, padded rows "

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.patheffects import withStroke
 
 from .masks import audit_masks, bucket_masks
 from .packing import pack_images
@@ -62,6 +63,7 @@ def windows_over_image(image_path: str | Path, spec: ResizeSpec = ResizeSpec()) 
             va="center",
             fontsize=9,
             fontweight="bold",
+            path_effects=[withStroke(linewidth=2.5, foreground="black")],  # legible on light and dark cells
         )
     axis.set_title(
         f"{Path(image_path).name}: {image.shape[0]}x{image.shape[1]}, grid {list(grid)}, "

@@ -1,0 +1,233 @@
+"""The top of notebook 01, what a reviewer reads in ten seconds: the verdict, each runtime pair's first
+divergence (the worst failing element with both values and its own tolerance, and whether atol decided),
+what was not compared and why, and the error curves against the real per-stage tolerance."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from ..markup import code, text
+from ..report import Report
+from ..rows import share_of_tolerance
+from .curves import error_curves
+from .notebook import table
+
+
+def _number(value: object, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "nan"
+    return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
+
+
+def atol_note(first: dict, atol: float, rtol: float) -> str:
+    """Whether atol alone decided a first divergence's failures (each at a reference so small that rtol·|e|
+    adds at most atol): ``"all 5: atol-bound (|e| <= atol/rtol = 1)"``, or ``""``."""
+    failures, bound = int(first.get("failures") or 0), int(first.get("atol_bound_failures") or 0)
+    if not failures or not bound or first.get("nonfinite_mismatch"):
+        return ""
+    share = f"all {failures}" if bound == failures else f"{bound} of {failures}"
+    limit = f"|e| <= atol/rtol = {atol / rtol:.3g}" if rtol else "rtol 0"
+    return f"{share}: atol-bound ({limit})"
+
+
+def _row(rows: list, key: str, stage: str | None):
+    return next((r for r in rows if (r.pair or r.candidate) == key and r.stage == stage), None)
+
+
+def not_compared_lines(report: Report) -> list[str]:
+    """One Markdown line per reason stages were not compared (never part of the verdict), e.g.
+    "iree does not decode: ``text.generate.*`` not compared for ``iree:f32``, ``iree:f16-contract``"."""
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for key, groups in (report.data.get("not_compared") or {}).items():
+        for group in groups:
+            grouped.setdefault((group["why"], group["pattern"]), []).append(key)
+    return [
+        f"{text(why)}: {code(pattern)} not compared for {', '.join(code(report.pair_title(k)) for k in keys)} "
+        "(not part of the verdict)"
+        for (why, pattern), keys in grouped.items()
+    ]
+
+
+def verdict_markdown(report: Report) -> str:
+    """The verdict in one paragraph, with the run, commit, reference and contract; then the reasons that are not
+    a first divergence (failed checks, warnings, a runtime that could not run) and what was not compared."""
+    data = report.data
+    verdict = data.get("verdict") or {}
+    contract = data.get("contract") or {}
+    tolerance = contract.get("default") or {}
+    per_pair = verdict.get("per_candidate") or {}
+    failing = [key for key, status in per_pair.items() if status != "pass"]
+    head = (
+        f"**Verdict: {text(str(verdict.get('status', 'unknown')).upper())}**: {len(failing)} of {len(per_pair)} "
+        f"runtime pairs fail. Run {code(data.get('name'))}, commit {code(data.get('commit'))}, reference "
+        f"{code(data.get('reference'))}, contract {code(contract.get('name'))} (atol {text(tolerance.get('atol'))}, "
+        f"rtol {text(tolerance.get('rtol'))}: an element fails where |a - e| > atol + rtol·|e|)."
+    )
+    if report.status != "complete":
+        return head + f"\n\nRun **{text(report.status)}**: {text(report.stopped())}"
+    lines = [head, ""]
+    others = [r for r in verdict.get("reasons", []) if ": first divergence at " not in r]
+    lines += [f"- {text(reason)}" for reason in others]
+    lines += [f"- **warning**: {text(warning)}" for warning in data.get("warnings") or []]
+    lines += [f"- {line}" for line in not_compared_lines(report)]
+    power = data.get("power")
+    if power:
+        blind = [code(m["mutation"]) for m in power["mutations"] if not m["detected"]]
+        detected = len(power["mutations"]) - len(blind)
+        lines.append(
+            f"- Fixture power ({code(power['runtime'])} with each mutation, gate {text(power.get('gate'))}): detects "
+            f"{detected} of {len(power['mutations'])}; blind to {', '.join(blind) or 'none'} (notebook 04 says why)"
+        )
+    return "\n".join(lines)
+
+
+def _closest(rows: list, key: str) -> str:
+    """The stage of a pair whose worst element comes closest to (or goes furthest past) its tolerance."""
+    rows = [r for r in rows if (r.pair or r.candidate) == key and r.status in ("pass", "fail")]
+    rows = [r for r in rows if not r.integer]
+    if not rows:
+        return ""
+    worst = max(rows, key=share_of_tolerance)
+    return f"{share_of_tolerance(worst):.2g} at {worst.stage}"
+
+
+def divergence_frame(report: Report):
+    """One row per runtime pair: its verdict, its first divergent stage and the worst failing element there
+    (coordinates, expected and actual value, that element's tolerance and how far past it), whether atol
+    alone decided, and the stage closest to its tolerance."""
+    import pandas as pd
+
+    data = report.data
+    per_pair = (data.get("verdict") or {}).get("per_candidate") or {}
+    rows = report.rows  # parsed once
+    records = []
+    for key in report.pair_keys():
+        first = (data.get("first_divergence") or {}).get(key) or {}
+        row = _row(rows, key, first.get("stage"))
+        nonfinite = bool(first.get("nonfinite_mismatch"))
+        records.append(
+            {
+                "runtime pair": report.pair_title(key),
+                "verdict": per_pair.get(key, ""),
+                "first divergence": first.get("stage", "none"),
+                "failures": f"{first['failures']} / {first['elements']}" if first else "0",
+                "worst failing element": "" if not first else str(first.get("max_coords")),
+                "expected": "" if not first else _number(first.get("reference_value"), 5),
+                "actual": "" if not first else _number(first.get("candidate_value"), 5),
+                "its tolerance": "" if not first or nonfinite else _number(first.get("tolerance"), 4),
+                "past it": "non-finite" if nonfinite else (f"{first['excess']:.3g}x" if first.get("excess") else ""),
+                "atol-bound": atol_note(first, row.atol, row.rtol) if first and row else "",
+                "most tolerance used (stage)": _closest(rows, key),
+            }
+        )
+    return pd.DataFrame(records)
+
+
+def headline(report: Report):
+    """Display the verdict, the first-divergence table and the tolerance curve (the first screen of 01)."""
+    from IPython.display import Markdown, display
+
+    display(Markdown(verdict_markdown(report)))
+    if report.status != "complete":
+        return
+    display(table(divergence_frame(report), highlight="verdict"))
+    if report.rows:
+        display(error_curves(report, metrics=("tolerance_used",), height=1.7))  # above the fold at 1400x900
+
+
+def _element(row) -> tuple[object, float | None, float | None]:
+    """(coordinates, expected, actual) of a row's element to look at: the worst failing one where it fails,
+    else the largest difference."""
+    worst = row.first_nonfinite or row.worst_failing
+    if worst:
+        return worst["coords"], worst["reference"], worst["candidate"]
+    return row.max_coords, row.max_reference_value, row.max_candidate_value
+
+
+def stage_frame(report: Report):
+    """The compact stage table: failing and first-divergent stages first, then block outputs and the plan's
+    landmarks (and their parts), each pair in execution order; the pair in the first column. Stages nobody
+    compared (not captured by one side) are left out: :func:`not_compared_lines` says which and why."""
+    import pandas as pd
+
+    from .plots import block_outputs, landmarks
+
+    first = {key: (value or {}).get("stage") for key, value in (report.data.get("first_divergence") or {}).items()}
+    marks, blocks = landmarks(report), block_outputs(report)
+    order = {key: index for index, key in enumerate(report.pair_keys())}
+    position = {stage["id"]: index for index, stage in enumerate(report.data.get("stage_plan", []))}
+    chosen = []
+    for row in report.rows:
+        key = row.pair or row.candidate
+        failing = row.failed or first.get(key) == row.stage
+        landmark = row.stage in blocks or any(row.stage == m or row.stage.startswith(m + ".") for m in marks)
+        if failing or (landmark and row.status == "pass"):
+            chosen.append((0 if failing else 1, order.get(key, len(order)), position.get(row.stage, 0), row))
+    records = []
+    for *_, row in sorted(chosen, key=lambda item: item[:3]):
+        coords, expected, actual = _element(row)
+        records.append(
+            {
+                "runtime pair": report.pair_title(row.pair or row.candidate),
+                "stage": row.stage,
+                "status": row.status,
+                "failures": row.failures,
+                "elements": row.elements,
+                "tolerance used": share_of_tolerance(row),
+                "max_abs": row.max_abs,
+                "relative_rms": row.relative_rms,
+                "cosine": row.cosine,
+                "element (worst failing, else largest |a - e|)": "" if coords is None else str(coords),
+                "expected": expected,
+                "actual": actual,
+                "atol-bound failures": row.atol_bound_failures if row.failures else None,
+                "note": row.note,
+            }
+        )
+    return pd.DataFrame(records)
+
+
+def inputs_frame(report: Report):
+    """What every runtime received, one row per image: each per-image entry of the report's ``inputs`` (its
+    size, the processor's resize and grid, its tokens, what was done to make it RGB), whatever the family."""
+    import pandas as pd
+
+    inputs = report.data.get("inputs") or {}
+    images = inputs.get("images") or []
+    per_image = {
+        key: value
+        for key, value in inputs.items()
+        if key != "images" and isinstance(value, list) and len(value) == len(images)
+    }
+
+    def shown(value) -> str:
+        if value is None:
+            return "none"
+        return " x ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+    return pd.DataFrame(
+        [
+            {"image": Path(str(path)).name, **{key.replace("_", " "): shown(v[i]) for key, v in per_image.items()}}
+            for i, path in enumerate(images)
+        ]
+    )
+
+
+def inputs_markdown(report: Report) -> str:
+    """The processor, the inputs digest every runtime's capture must match, and the prompt (when followed)."""
+    inputs = report.data.get("inputs") or {}
+    processor = dict(inputs.get("processor") or {})
+    name = processor.pop("class", "the checkpoint's processor")
+    settings = ", ".join(f"{text(k)} {text(v)}" for k, v in processor.items())
+    lines = [
+        f"Processor {code(name)}" + (f" ({settings})" if settings else "") + f"; {text(inputs.get('patches'))} "
+        f"patches; inputs digest {code(inputs.get('digest'))} (every capture must report the same)."
+    ]
+    prompt = inputs.get("text")
+    if prompt:
+        lines.append(
+            f"Prompt ({text(prompt.get('tokens'))} tokens, {text(prompt.get('max_new_tokens'))} generated): "
+            f"{code(prompt.get('prompt'))}; expected words: {', '.join(code(w) for w in prompt.get('expect') or [])}"
+        )
+    return "\n\n".join(lines)
