@@ -1,10 +1,17 @@
-"""Write the random-weight Qwen2.5-VL-3B-shaped checkpoint (vision tower at full size) on demand.
+"""Write the random-weight Qwen2.5-VL-3B-shaped checkpoints on demand.
 
-    .venv/bin/python benchmarks/make_3b_shaped.py [--out DIR]
+    .venv/bin/python benchmarks/make_3b_shaped.py [--out DIR]                 # the vision tower at full size
+    .venv/bin/python benchmarks/make_3b_shaped.py --whole [--scale K] [--out DIR] [--shard-gib G]
 
-Default location: ``$DRIFTSCOPE_CACHE/checkpoints/qwen2_5-vl-3b-shaped`` or
-``~/.cache/driftscope/checkpoints/...`` (outside the repository; about 2.8 GB of float32).
-Skips the work when the checkpoint is already there.
+The first is the tower benchmark's checkpoint (about 2.8 GB of float32). ``--whole`` writes the whole model
+with Qwen2.5-VL-3B's real dimensions (vision depth 32 / hidden 1280, 36 text layers, hidden 2048, 16 heads
+/ 2 KV heads, MLP 11008, vocabulary 151936, tied embeddings; ~15 GB float32) in safetensors shards with an
+index file as a real checkpoint ships, plus a bfloat16 copy next to it (``...-bf16``, ~7.5 GB), one shard in
+memory at a time. ``--scale K`` divides every width by K (depths, heads and vocabulary kept): ``--scale 4``
+is the ~1.2 GB variant docs/benchmarks.md measures on a shared machine.
+
+Default location: ``$DRIFTSCOPE_CACHE/checkpoints/`` or ``~/.cache/driftscope/checkpoints/`` (outside the
+repository). Skips the work when the checkpoint is already there.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import time
 from pathlib import Path
 
 from driftscope.families.qwen2_5_vl.synthetic import QWEN25_VL_3B_SHAPED, make_checkpoint
+from driftscope.families.qwen2_5_vl.whole_checkpoint import QWEN25_VL_3B_WHOLE, scaled_spec, write_whole_checkpoint
 from driftscope.synthetic import benchmark_cache_dir
 
 
@@ -26,7 +34,29 @@ def ensure_3b_shaped(out: Path | None = None) -> Path:
     return out
 
 
+def whole_name(scale: int) -> str:
+    return "qwen2_5-vl-3b-whole" + (f"-w{scale}" if scale != 1 else "")
+
+
+def ensure_whole(scale: int = 1, out: Path | None = None, shard_gib: float = 2.0) -> tuple[Path, Path]:
+    """(float32 dir, bfloat16 dir) of the whole 3B-shaped model with widths divided by ``scale``."""
+    out = Path(out) if out else benchmark_cache_dir() / whole_name(scale)
+    bf16 = out.with_name(out.name + "-bf16")
+    if not (out / "model.safetensors.index.json").exists() or not (bf16 / "model.safetensors.index.json").exists():
+        start = time.perf_counter()
+        write_whole_checkpoint(out, scaled_spec(QWEN25_VL_3B_WHOLE, scale), int(shard_gib * 2**30), bf16)
+        print(f"wrote {out} and {bf16} in {time.perf_counter() - start:.0f}s")
+    return out, bf16
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="checkpoint directory")
-    print(ensure_3b_shaped(parser.parse_args().out))
+    parser.add_argument("--whole", action="store_true", help="the whole model (vision and language)")
+    parser.add_argument("--scale", type=int, default=1, help="divide every width by this (with --whole)")
+    parser.add_argument("--shard-gib", type=float, default=2.0, help="float32 shard size (with --whole)")
+    args = parser.parse_args()
+    if args.whole:
+        print(*ensure_whole(args.scale, args.out, args.shard_gib))
+    else:
+        print(ensure_3b_shaped(args.out))

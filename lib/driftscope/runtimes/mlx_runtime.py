@@ -125,9 +125,10 @@ class MLXTaps(Protocol):
 
     def run_vision(self, model: Any, inputs: ModelInputs) -> Any: ...
 
-    def capture(self, model: Any, inputs: ModelInputs, sink: StageSink) -> None: ...
+    # may return the tower's output, which is then handed to capture_text as ``tower=`` (no second tower run)
+    def capture(self, model: Any, inputs: ModelInputs, sink: StageSink) -> Any: ...
 
-    def capture_text(self, model: Any, inputs: ModelInputs, sink: StageSink) -> None: ...
+    def capture_text(self, model: Any, inputs: ModelInputs, sink: StageSink, **tower: Any) -> None: ...
 
     def replay(self, model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray: ...
 
@@ -192,14 +193,15 @@ class MLXRuntime(Runtime):
 
     def _capture(self, inputs: ModelInputs, sink: StageSink) -> None:
         self.put_inputs(inputs, sink)
-        self.taps.capture(self.model, inputs, sink)
+        self._tower = self.taps.capture(self.model, inputs, sink)
 
     can_replay = True
     decodes = True
 
     def _capture_text(self, inputs: ModelInputs, sink: StageSink) -> None:
         """mlx-vlm's full model: merged embeddings and positions from its own code, prefill, greedy decode."""
-        self.taps.capture_text(self.model, inputs, sink)
+        tower, self._tower = self.__dict__.pop("_tower", None), None  # the tower's output, when the family gave it
+        self.taps.capture_text(self.model, inputs, sink, **({"tower": tower} if tower is not None else {}))
 
     def replay(self, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
         """mlx-vlm's own modules (in the policy's dtype) applied to ``inputs``."""

@@ -39,9 +39,10 @@ class TransformersTaps(Protocol):
 
     def run_vision(self, model: Any, inputs: ModelInputs) -> Any: ...
 
-    def capture(self, model: Any, inputs: ModelInputs, sink: StageSink) -> None: ...
+    # may return the tower's output, which is then handed to capture_text as ``tower=`` (no second tower run)
+    def capture(self, model: Any, inputs: ModelInputs, sink: StageSink) -> Any: ...
 
-    def capture_text(self, model: Any, inputs: ModelInputs, sink: StageSink) -> None: ...
+    def capture_text(self, model: Any, inputs: ModelInputs, sink: StageSink, **tower: Any) -> None: ...
 
     def replay(self, model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray: ...
 
@@ -91,15 +92,17 @@ class TransformersRuntime(Runtime):
     def _capture(self, inputs: ModelInputs, sink: StageSink) -> None:
         self.put_inputs(inputs, sink)
         with self.arithmetic():
-            self.taps.capture(self.model, inputs, sink)
+            self._tower = self.taps.capture(self.model, inputs, sink)
 
     can_replay = True
     decodes = True
 
     def _capture_text(self, inputs: ModelInputs, sink: StageSink) -> None:
-        """Prefill the whole model on the prompt (hooks on the text layers), then greedy decode with the cache."""
+        """Prefill the whole model on the prompt (hooks on the text layers), then greedy decode with the cache;
+        the tower's output from this capture is reused when the family returned one."""
+        tower, self._tower = self.__dict__.pop("_tower", None), None
         with self.arithmetic():
-            self.taps.capture_text(self.model, inputs, sink)
+            self.taps.capture_text(self.model, inputs, sink, **({"tower": tower} if tower is not None else {}))
 
     def replay(self, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
         """The stage's own torch modules (the ones the forward ran) applied to ``inputs``; float32 result."""

@@ -55,7 +55,9 @@ def run_vision(model: Any, inputs: ModelInputs):
     return model.vision_tower(*_pixels(model, inputs))
 
 
-def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
+def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
+    """One tower forward with recorders on every tapped call; returns the tower's output (``capture_text``'s
+    ``tower``)."""
     import mlx.core as mx
     import mlx.nn as nn
     from mlx_vlm.models.qwen2_5_vl import vision as vision_module
@@ -116,6 +118,7 @@ def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
         out = tower(*_pixels(model, inputs))
         put("vision.merger", out)
         state["block"] = None
+    return out
 
 
 def _block_recorder(index: int, block: Any, full: set[int], state: dict, put, put_bounds):
@@ -158,15 +161,18 @@ def _wrap_substages(enter, index: int, block: Any, put) -> None:
     enter(shadow(mlp, "down_proj", Recording(mlp.down_proj, both_to("mlp.product", "mlp.down"))))
 
 
-def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
-    """mlx-vlm's full model: merged embeddings and M-RoPE from its own code, prefill, greedy decode."""
+def capture_text(model: Any, inputs: ModelInputs, sink: StageSink, tower: Any = None) -> None:
+    """mlx-vlm's full model: merged embeddings and M-RoPE from its own code, prefill, greedy decode. ``tower``
+    (the output ``capture`` returned for these inputs) goes in as mlx-vlm's cached image features, so the
+    tower does not run again for the embeddings and the prefill."""
     import mlx.core as mx
     from mlx_vlm.models.cache import make_prompt_cache
 
     text = inputs.text
     ids = mx.array(text.input_ids[None])
     pixels, grid = _pixels(model, inputs)
-    features = model.get_input_embeddings(ids, pixels, image_grid_thw=grid)
+    cached = {"cached_image_features": tower} if tower is not None else {}
+    features = model.get_input_embeddings(ids, pixels, image_grid_thw=grid, **cached)
     embeds = to_numpy(features.inputs_embeds[0])
     rows = to_numpy(model.language_model.model.embed_tokens(ids)[0])
     put_text_inputs(
@@ -191,7 +197,7 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
         for index, layer in enumerate(layers):
             stack.enter_context(list_item(layers, index, Recording(layer, layer_out(index))))
         stack.enter_context(shadow(inner, "norm", Recording(inner.norm, last("text.norm.last"))))
-        logits = model(ids, pixel_values=pixels, cache=cache, image_grid_thw=grid).logits
+        logits = model(ids, pixel_values=pixels, cache=cache, image_grid_thw=grid, **cached).logits
         mx.eval(logits)
     final = to_numpy(logits[0, -1])
     sink.put("text.logits.last", final)

@@ -38,6 +38,7 @@ class SyntheticQwen25VLSpec:
     weight_gain: float = 1.0
     massive_channel: int | None = None  # plant a massive activation in this hidden channel of the vision tower
     massive_gain: float = 0.5  # patch-embedding weight of that channel: |x| ~ gain * |sum of a patch's pixels|
+    tie_word_embeddings: bool = False  # lm_head shares embed_tokens (then not saved), as in the real 3B
     extra: dict = field(default_factory=dict)
 
 
@@ -54,18 +55,13 @@ def plant_massive_channel(model, channel: int, gain: float) -> None:
         weight[channel] = torch.full_like(weight[channel], gain)
 
 
-def make_checkpoint(out_dir: Path, spec: SyntheticQwen25VLSpec = SyntheticQwen25VLSpec()) -> Path:
-    """Write a random-weight Qwen2.5-VL checkpoint (safetensors, tokenizer, processor) to ``out_dir``."""
-    import torch
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+def build_config(spec: SyntheticQwen25VLSpec, tokenizer):
+    """The transformers config of ``spec``, with the special token ids of ``tokenizer``."""
+    from transformers import Qwen2_5_VLConfig
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(spec.vocab_size)
     token_id = tokenizer.convert_tokens_to_ids
     eos = token_id("<|im_end|>")
-    config = Qwen2_5_VLConfig(
+    return Qwen2_5_VLConfig(
         text_config=dict(
             hidden_size=spec.text_hidden,
             intermediate_size=spec.text_intermediate,
@@ -96,15 +92,15 @@ def make_checkpoint(out_dir: Path, spec: SyntheticQwen25VLSpec = SyntheticQwen25
         vision_start_token_id=token_id("<|vision_start|>"),
         vision_end_token_id=token_id("<|vision_end|>"),
         eos_token_id=eos,
-        tie_word_embeddings=False,
+        tie_word_embeddings=spec.tie_word_embeddings,
         **spec.extra,
     )
-    torch.manual_seed(spec.seed)
-    model = Qwen2_5_VLForConditionalGeneration(config).eval()
-    reinitialize(model, spec.seed, spec.weight_gain)
-    if spec.massive_channel is not None:
-        plant_massive_channel(model, spec.massive_channel, spec.massive_gain)
-    model.save_pretrained(out_dir, safe_serialization=True)
+
+
+def save_side_files(out_dir: Path, spec: SyntheticQwen25VLSpec, tokenizer) -> None:
+    """Image processor, tokenizer with the chat template, and the spec that made the checkpoint."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
     image_processor = Qwen2VLImageProcessorPil(min_pixels=spec.min_pixels, max_pixels=spec.max_pixels)
     # The combined Qwen2_5_VLProcessor also wants a video processor, which needs torchvision; the
     # image processor and tokenizer are saved side by side instead, as a real checkpoint has them.
@@ -112,6 +108,24 @@ def make_checkpoint(out_dir: Path, spec: SyntheticQwen25VLSpec = SyntheticQwen25
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(out_dir)
     (out_dir / "driftscope_fixture.json").write_text(json.dumps({"spec": repr(spec)}, indent=1) + "\n")
+
+
+def make_checkpoint(out_dir: Path, spec: SyntheticQwen25VLSpec = SyntheticQwen25VLSpec()) -> Path:
+    """Write a random-weight Qwen2.5-VL checkpoint (safetensors, tokenizer, processor) to ``out_dir``."""
+    import torch
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(spec.vocab_size)
+    config = build_config(spec, tokenizer)
+    torch.manual_seed(spec.seed)
+    model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    reinitialize(model, spec.seed, spec.weight_gain)
+    if spec.massive_channel is not None:
+        plant_massive_channel(model, spec.massive_channel, spec.massive_gain)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    save_side_files(out_dir, spec, tokenizer)
     return out_dir
 
 

@@ -37,9 +37,9 @@ def run_vision(model: Any, inputs: ModelInputs):
     return out.pooler_output
 
 
-def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
+def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
     """One vision forward with hooks on every tapped module; q/k from the RoPE call, the window index from
-    the function that builds it."""
+    the function that builds it. Returns the tower's output (what ``capture_text`` takes as ``tower``)."""
     import torch
     from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as modeling
 
@@ -121,10 +121,13 @@ def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
     finally:
         for handle in hooks:
             handle.remove()
+    return out
 
 
-def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
-    """Prefill the whole model on the prompt (hooks on the text layers), then greedy decode with the cache."""
+def capture_text(model: Any, inputs: ModelInputs, sink: StageSink, tower: Any = None) -> None:
+    """Prefill the whole model on the prompt (hooks on the text layers), then greedy decode with the cache.
+    ``tower`` (the output ``capture`` returned for these inputs) is handed to the model as its encoder output,
+    so the tower does not run twice; only the last position's logits are computed."""
     import torch
 
     text = inputs.text
@@ -151,14 +154,19 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
     hooks.append(language.norm.register_forward_hook(lambda m, a, out: sink.put("text.norm.last", _np(out[0, -1]))))
     ids = torch.from_numpy(text.input_ids)[None]
     pixel_values, grid_thw = _tower_inputs(model, inputs)
+    images: dict[str, Any] = {"pixel_values": pixel_values}
+    if tower is not None:
+        sizes = (grid_thw.prod(-1) // _visual(model).spatial_merge_size ** 2).tolist()
+        images = {"mm_encoder_outputs": {"image": type(tower)(pooler_output=torch.split(tower.pooler_output, sizes))}}
     try:
         with torch.no_grad():
             out = model(
                 input_ids=ids,
-                pixel_values=pixel_values,
                 image_grid_thw=grid_thw,
                 mm_token_type_ids=torch.from_numpy(text.mm_token_type_ids)[None],
                 use_cache=True,
+                logits_to_keep=1,
+                **images,
             )
     finally:
         for hook in hooks:

@@ -80,12 +80,15 @@ def load_text_weights(path, spec: TextSpec) -> dict[str, np.ndarray]:
         )
     ]
     keys = {name: prefix + name for name in names}
-    keys["lm_head.weight"] = "lm_head.weight" if not spec.tie_word_embeddings else prefix + "embed_tokens.weight"
+    if not spec.tie_word_embeddings:
+        keys["lm_head.weight"] = "lm_head.weight"
     weights = {}
     for name, key in keys.items():
         if key not in files:
             raise CheckpointError(f"checkpoint tensor {key!r} is missing", "re-save the checkpoint or fix its config")
         weights[name] = files.read(key)
+    if spec.tie_word_embeddings:  # one array in memory (and on the device), as the tied model has one tensor
+        weights["lm_head.weight"] = weights["embed_tokens.weight"]
     return weights
 
 

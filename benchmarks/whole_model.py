@@ -1,0 +1,526 @@
+"""The whole Qwen2.5-VL-3B-shaped model (vision and language) through every runtime: plain whole-model
+forwards, the `driftscope run` investigation, its peak memory, IREE's text-decoder compile, and how the
+text side's cost grows with the prompt. Targets 1-5 of issue 22, measured side by side in one run.
+
+    .venv/bin/python benchmarks/whole_model.py --scale 4      # the ~1.2 GB variant (widths / 4)
+    .venv/bin/python benchmarks/whole_model.py                # the real 3B shape (~15 GB f32; 24 GiB machine)
+    .venv/bin/python benchmarks/whole_model.py --scale 4 --skip-sweep --repeats 1
+
+Generates the checkpoints on first use (benchmarks/make_3b_shaped.py --whole, outside the repo). One model
+is resident at a time in this process; the investigation and each sweep case run in fresh processes.
+Prints Markdown tables; ``--out`` keeps the run's outputs (default: a temp dir).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from real_size import PeakRSS, gib, plain_forward, slope, tapped_capture  # noqa: E402
+
+#: the investigation's runtimes (the first is the reference); the first three are the f32 runtimes
+WHOLE_RUNTIMES = ("transformers:f32", "mlx:f32", "iree:f32", "mlx:bf16", "iree:f16-contract")
+F32 = WHOLE_RUNTIMES[:3]
+TOKENS = 8
+SWEEP_LENGTHS = (128, 512, 2048)
+IMAGE = ROOT / "fixtures" / "images" / "shapes_448.png"
+
+
+def iree_options(target: str) -> dict:
+    """Runtime options for ``iree`` on ``target`` (llvm-cpu: none, the default)."""
+    return {} if target == "llvm-cpu" else {"target": target}
+
+
+def whole_params(
+    checkpoint: Path, image: Path, runtimes=WHOLE_RUNTIMES, tokens: int = TOKENS, target: str = "llvm-cpu", **extra
+) -> dict:
+    """The whole-model investigation: every vision block, merged embeddings, every text layer's last
+    position, prefill logits and ``tokens`` greedy tokens, one image."""
+    return {
+        "name": "bench-whole",
+        "checkpoint": str(checkpoint),
+        "images": [str(image)],
+        "runtimes": [
+            {"runtime": "iree", "policy": r.split(":")[1], "options": iree_options(target)}
+            if r.startswith("iree:") and iree_options(target)
+            else r
+            for r in runtimes
+        ],
+        "stages": {"blocks": True},
+        "text": {"max_new_tokens": tokens},
+        "replay": False,
+        "notebooks": ["01_stage_parity", "06_answer_parity"],
+        **extra,
+    }
+
+
+def whole_plan(checkpoint, tokens: int = TOKENS):
+    """The investigation's stage plan: every block output and the text stages."""
+    from driftscope.families import get_family
+    from driftscope.stages import StagePlan, StageSelection
+
+    family = get_family(checkpoint.family)
+    vision = family.vision_plan(checkpoint.config).select(StageSelection(blocks=True))
+    text = family.text_stages(checkpoint.config, tokens)
+    return StagePlan(vision.family, vision.stages + text, vision.depth, dict(vision.meta))
+
+
+def with_text(checkpoint, images: list, prompt: str | None = None, tokens: int = TOKENS):
+    from driftscope.families import get_family
+
+    family = get_family(checkpoint.family)
+    inputs = family.prepare_inputs(checkpoint, images)
+    inputs.text = family.text_inputs(
+        checkpoint, inputs, **({"prompt": prompt} if prompt else {}), max_new_tokens=tokens
+    )
+    return inputs
+
+
+def plain_whole(runtime, inputs, out: Path) -> float:
+    """Seconds of one plain whole-model forward without taps: tower, prefill (last position's logits) and
+    greedy decode to ``max_new_tokens`` (IREE: the production-like tower graph and the compiled prefill; it
+    does not decode)."""
+    text = inputs.text
+    if runtime.name == "transformers":
+        import torch
+
+        model = runtime.model
+        start = time.perf_counter()
+        with torch.no_grad():
+            pixels = torch.from_numpy(inputs["pixel_values"]).to(next(model.parameters()).dtype)
+            step = model(
+                input_ids=torch.from_numpy(text.input_ids)[None],
+                pixel_values=pixels,
+                image_grid_thw=torch.from_numpy(inputs["grid_thw"]),
+                mm_token_type_ids=torch.from_numpy(text.mm_token_type_ids)[None],
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            cache = step.cache
+            for _ in range(text.max_new_tokens - 1):
+                token = int(step.logits[0, -1].argmax())
+                step = model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True)
+        return time.perf_counter() - start
+    if runtime.name == "mlx":
+        import mlx.core as mx
+        from mlx_vlm.models.cache import make_prompt_cache
+
+        model = runtime.model
+        start = time.perf_counter()
+        dtype = model.vision_tower.patch_embed.proj.weight.dtype
+        pixels, grid = mx.array(inputs["pixel_values"]).astype(dtype), mx.array(inputs["grid_thw"])
+        cache = make_prompt_cache(model.language_model)
+        logits = model(mx.array(text.input_ids[None]), pixel_values=pixels, cache=cache, image_grid_thw=grid).logits
+        for _ in range(text.max_new_tokens - 1):
+            token = int(mx.argmax(logits[0, -1]).item())
+            logits = model.language_model(mx.array([[token]]), cache=cache).logits
+        mx.eval(logits)
+        return time.perf_counter() - start
+    from driftscope.families import get_family
+    from driftscope.stages import StagePlan, StageSelection
+
+    family = get_family(runtime.checkpoint.family)
+    vision = family.vision_plan(runtime.checkpoint.config).select(StageSelection(blocks=False))
+    plan = StagePlan(vision.family, vision.stages + family.text_stages(runtime.checkpoint.config, 1), 0, {})
+    options = dict(runtime.options)
+    runtime.options.update(taps="final", graph="whole")
+    runtime.capture(inputs, plan, out / f"plain-{runtime.name}")
+    runtime.options.clear()
+    runtime.options.update(options)
+    return runtime.timings["capture_s"] - runtime.timings.get("lower_s", 0.0) - runtime.timings.get("compile_s", 0.0)
+
+
+def tapped_whole(runtime, inputs, plan, out: Path) -> float:
+    """Seconds of one capture of the investigation's plan (IREE: without lowering and compiling)."""
+    runtime.capture(inputs, plan, out)
+    seconds = runtime.timings["capture_s"]
+    if runtime.name == "iree":
+        seconds -= runtime.timings.get("lower_s", 0.0) + runtime.timings.get("compile_s", 0.0)
+    return seconds
+
+
+def text_compile(runtime, inputs, cache: Path) -> dict:
+    """Target 4: the text decoder's prefill lowered and iree-compiled cold (fresh cache), then warm (cache
+    hit and module load); whether its weights are arguments (argument count, largest constant, vmfb size)."""
+    import jax
+    import numpy as np
+    from driftscope.compiled.graph import lower_function
+    from driftscope.compiled.iree import IreeModule, compile_graph
+    from driftscope.families.qwen2_5_vl.emitter.text import TextSpec, load_text_weights, text_prefill
+
+    spec = TextSpec.from_config(runtime.checkpoint.config)
+    weights = runtime.__dict__.get("_text_weights") or load_text_weights(runtime.checkpoint.path, spec)
+    seq, contract = int(inputs.text.input_ids.size), runtime.contract
+    function = jax.jit(lambda w, e, p: text_prefill(w, e, p, spec=spec, contract=contract), keep_unused=True)
+    function.__name__ = "text_prefill"
+    shapes = (
+        {k: jax.ShapeDtypeStruct(v.shape, np.float32) for k, v in weights.items()},
+        jax.ShapeDtypeStruct((seq, spec.hidden_size), np.float32),
+        jax.ShapeDtypeStruct((3, seq), np.int32),
+    )
+    start = time.perf_counter()
+    graph = lower_function(function, shapes, runtime.policy)
+    lower_s = time.perf_counter() - start
+    timings = {}
+    for attempt in ("cold", "warm"):
+        start = time.perf_counter()
+        artifact = compile_graph(graph, runtime.target, cache)
+        IreeModule(artifact, graph.output_names)
+        timings[attempt] = time.perf_counter() - start
+        assert artifact.cache_hit == (attempt == "warm")
+    main = re.search(r"func\.func public @main\((.*?)\)\s*->", graph.text, re.S)
+    arguments = main.group(1).count("%arg") if main else -1
+    constants = [
+        int(np.prod([int(d) for d in dims.split("x") if d.isdigit()] or [1]))
+        for dims in re.findall(r"stablehlo\.constant dense.*?: tensor<([0-9x]*)[a-z]", graph.text)
+    ]
+    leaves = len(jax.tree_util.tree_leaves(shapes[0]))
+    return {
+        "layers": spec.layers,
+        "tokens": seq,
+        "lower_s": lower_s,
+        "cold_s": timings["cold"],
+        "warm_s": timings["warm"],
+        "arguments": arguments,
+        "expected_arguments": leaves + 2,
+        "largest_constant_elements": max(constants, default=0),
+        "vmfb_bytes": artifact.path.stat().st_size,
+        "weight_bytes": sum(int(np.prod(v.shape)) * 4 for v in {id(v): v for v in weights.values()}.values()),
+    }
+
+
+class ChildMemory:
+    """Samples a child process's resident memory every 50 ms; notes it whenever the run's log says a capture
+    starts (``capture LABEL: ...``), so a runtime left resident beside the next one would show."""
+
+    def __init__(self, pid: int, log: Path):
+        import psutil
+
+        self.process, self.log = psutil.Process(pid), log
+        self.peak, self.at_capture = 0, {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            try:
+                rss = self.process.memory_info().rss
+            except Exception:  # noqa: BLE001 - the child has exited
+                return
+            self.peak = max(self.peak, rss)
+            text = self.log.read_text(errors="replace") if self.log.exists() else ""
+            for label in re.findall(r"\] capture (\S+): ", text):
+                self.at_capture.setdefault(label, rss)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def run_investigation(params: dict, out: Path, tag: str, attempts: tuple[str, ...] = ("cold", "warm")) -> dict:
+    """`driftscope run` in a fresh process (as a user runs it), cold then warm; the warm run's seconds, peak
+    RSS (ru_maxrss and sampled), RSS when each capture started, and its report."""
+    import yaml
+    from driftscope.report import Report
+
+    path = out / f"{tag}.yaml"
+    path.write_text(yaml.safe_dump(params))
+    result = {}
+    for attempt in attempts:
+        target = out / f"{tag}-{attempt}"
+        start = time.perf_counter()
+        child = subprocess.Popen(
+            [sys.executable, "-m", "driftscope", "run", str(path), "--out", str(target), "--force", "--no-gate"]
+        )
+        memory = ChildMemory(child.pid, target / "investigation.log")
+        _, status, usage = os.wait4(child.pid, 0)
+        seconds = time.perf_counter() - start
+        memory.stop()
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise RuntimeError(f"driftscope run {path} failed ({os.waitstatus_to_exitcode(status)})")
+        result[attempt] = {
+            "seconds": seconds,
+            "maxrss": usage.ru_maxrss * 1024,
+            "sampled_peak": memory.peak,
+            "rss_at_capture": memory.at_capture,
+        }
+    result["report"] = Report.load(out / f"{tag}-{attempts[-1]}" / "report.json")
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", type=int, default=1, help="divide every width by this (1: the real 3B shape)")
+    parser.add_argument("--out", help="keep outputs here")
+    parser.add_argument("--repeats", type=int, default=3, help="plain/tapped pairs per runtime (medians)")
+    parser.add_argument("--skip-sweep", action="store_true", help="without the prompt-length sweep")
+    parser.add_argument(
+        "--tower-investigation", action="store_true", help="also the tower-only investigation (target 3's ratio)"
+    )
+    parser.add_argument("--sweep-only", action="store_true", help="only the prompt-length sweep")
+    parser.add_argument("--iree-target", default="llvm-cpu", help="IREE target (cuda on a GPU machine)")
+    parser.add_argument("--one", nargs=3, metavar=("RUNTIME", "KIND", "LENGTH"), help=argparse.SUPPRESS)
+    parser.add_argument("--checkpoint", help="a whole checkpoint to use instead of the generated one")
+    args = parser.parse_args(argv)
+    if args.one:
+        from driftscope.blas import mlx_blas
+
+        mlx_blas()
+        runtime, kind, length = args.one
+        print(json.dumps(sweep_case(runtime, kind, int(length), Path(args.out), Path(args.checkpoint))))
+        return
+
+    from driftscope.blas import mlx_blas
+    from driftscope.checkpoint import open_checkpoint
+    from driftscope.families import stage_plan
+    from driftscope.runtimes import get_runtime
+    from driftscope.stages import StageSelection
+    from make_3b_shaped import ensure_whole
+
+    print(f"MLX BLAS: {mlx_blas()}")
+    if args.checkpoint:  # another whole checkpoint (its bf16 copy, if any, next to it as DIR-bf16)
+        path = Path(args.checkpoint)
+        bf16_path = path.with_name(path.name + "-bf16")
+    else:
+        path, bf16_path = ensure_whole(args.scale)
+    checkpoint = open_checkpoint(path)
+    out = Path(args.out or tempfile.mkdtemp(prefix="driftscope-whole-"))
+    out.mkdir(parents=True, exist_ok=True)
+    if args.sweep_only:
+        return sweep(checkpoint, out)
+    os.environ["DRIFTSCOPE_CACHE"] = str(out / "cache")  # cold IREE compiles
+    inputs = with_text(checkpoint, [IMAGE])
+    plan = whole_plan(checkpoint)
+    substages = stage_plan(checkpoint.family, checkpoint.config).select(StageSelection.everything())
+    weights_bytes = sum(p.stat().st_size for p in path.glob("*.safetensors"))
+    rss = PeakRSS()
+    rows, compile_row = {}, None
+    for label in WHOLE_RUNTIMES:
+        name, policy = label.split(":")
+        runtime = get_runtime(name)(
+            checkpoint, policy, options=iree_options(args.iree_target) if name == "iree" else {}
+        )
+        rss.reset()
+        runtime.load()
+        if label != "mlx:bf16":  # warm-up (and the cold IREE compiles); MLX bf16 (no BLAS) is too slow to repeat
+            plain_whole(runtime, inputs, out)
+        pairs = []
+        repeats = args.repeats if label in F32 else 1  # MLX bf16 has no BLAS on the CPU: one pair
+        for rep in range(repeats):  # plain and tapped alternate, so drift in machine speed hits both alike
+            pairs.append((plain_whole(runtime, inputs, out), tapped_whole(runtime, inputs, plan, out / f"t-{rep}")))
+        row = {"plain_s": statistics.median(p for p, _ in pairs), "tapped_s": statistics.median(t for _, t in pairs)}
+        if label in F32:  # target 3: the tower alone, plain and with every substage of every block tapped
+            tower = [
+                (plain_forward(runtime, inputs, out), tapped_capture(runtime, inputs, substages, out / "s")[1])
+                for _ in range(args.repeats)
+            ]
+            row["tower_plain_s"] = statistics.median(p for p, _ in tower)
+            row["substages_ratio"] = statistics.median(t / p for p, t in tower)
+        if label == "iree:f32":
+            compile_row = text_compile(runtime, inputs, out / "compile-cache")
+        row["peak_rss"] = rss.peak
+        runtime.release()
+        del runtime
+        gc.collect()
+        for file in out.glob("**/*.safetensors"):
+            file.unlink()
+        rows[label] = row
+        print(f"  {label}: {row}", flush=True)
+
+    # the captures above compiled every IREE graph the investigation needs into $DRIFTSCOPE_CACHE: it runs warm
+    whole = run_investigation(whole_params(path, IMAGE, target=args.iree_target), out, "whole", ("warm",))
+    tower = None
+    if args.tower_investigation:
+        tower_params = {**whole_params(path, IMAGE, F32), "name": "bench-tower", "notebooks": ["01_stage_parity"]}
+        tower_params.update(stages={"blocks": True, "substages": [0, 7]})
+        del tower_params["text"]  # as the tower benchmark (benchmarks/real_size.py) runs it
+        tower = run_investigation(tower_params, out, "tower")
+    report(args, checkpoint, inputs, weights_bytes, bf16_path, rows, compile_row, whole, tower)
+    if not args.skip_sweep:
+        sweep(checkpoint, out)
+
+
+def report(args, checkpoint, inputs, weights_bytes, bf16_path, rows, compile_row, whole, tower) -> None:
+    text = checkpoint.config["text_config"]
+    vision = checkpoint.config["vision_config"]
+    bf16_bytes = sum(p.stat().st_size for p in bf16_path.glob("*.safetensors"))
+    print(
+        f"\nwhole model, widths / {args.scale}: vision depth {vision['depth']} hidden {vision['hidden_size']}, text "
+        f"{text['num_hidden_layers']} layers hidden {text['hidden_size']} heads {text['num_attention_heads']}/"
+        f"{text['num_key_value_heads']} MLP {text['intermediate_size']} vocab {text['vocab_size']}; weights "
+        f"{gib(weights_bytes)} GiB f32 ({gib(bf16_bytes)} GiB bf16 copy); prompt {inputs.text.input_ids.size} "
+        f"tokens ({int(inputs.text.mm_token_type_ids.sum())} image), {TOKENS} greedy tokens\n"
+    )
+    print(
+        "| runtime | plain whole forward s | investigation's capture s | tapped / plain | tower plain s | "
+        "every substage / tower plain | peak RSS GiB |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for label, r in rows.items():
+        tower_cols = f"{r['tower_plain_s']:.2f} | {r['substages_ratio']:.2f}x" if "tower_plain_s" in r else " | "
+        print(
+            f"| {label} | {r['plain_s']:.2f} | {r['tapped_s']:.2f} | {r['tapped_s'] / r['plain_s']:.2f}x | "
+            f"{tower_cols} | {gib(r['peak_rss'])} |"
+        )
+    forwards = sum(r["plain_s"] for r in rows.values())
+    f32_forwards = sum(rows[label]["plain_s"] for label in F32)
+    warm = whole["warm"]
+    data = whole["report"].data
+    print(
+        f"\n1. whole investigation (warm, {len(WHOLE_RUNTIMES)} runtimes): {warm['seconds']:.1f}s = "
+        f"{warm['seconds'] / forwards:.2f}x the sum of their plain whole forwards ({forwards:.1f}s); "
+        f"{warm['seconds'] / f32_forwards:.2f}x the three f32 runtimes' ({f32_forwards:.1f}s); "
+        f"verdict {data['verdict']['status']}; " + phases(whole["report"])
+    )
+    largest = max(r["peak_rss"] for r in rows.values())
+    print(
+        f"2. peak RSS of the run process: {gib(warm['maxrss'])} GiB (ru_maxrss; sampled {gib(warm['sampled_peak'])});"
+        f" bound: largest runtime's weights {gib(weights_bytes)} + 2 = {gib(weights_bytes + 2**31)} GiB; RSS when "
+        "each capture started: "
+        + ", ".join(f"{k} {gib(v)}" for k, v in warm["rss_at_capture"].items())
+        + f"; largest per-runtime peak in this process {gib(largest)} GiB"
+    )
+    f32_tower = sum(rows[label]["tower_plain_s"] for label in F32)
+    investigation = (
+        f"tower investigation (warm, 3 f32 runtimes, blocks + substages of 2 blocks): {tower['warm']['seconds']:.1f}s"
+        f" = {tower['warm']['seconds'] / f32_tower:.2f}x the three plain tower forwards ({f32_tower:.1f}s); "
+        if tower
+        else ""
+    )
+    print(
+        f"3. {investigation}every substage / plain tower: "
+        + ", ".join(f"{label} {rows[label]['substages_ratio']:.2f}x" for label in F32)
+    )
+    c = compile_row
+    print(
+        f"4. IREE text decoder ({c['layers']} layers, {c['tokens']} tokens): lowering {c['lower_s']:.1f}s, "
+        f"iree-compile cold {c['cold_s']:.1f}s, warm (cache hit + module load) {c['warm_s']:.3f}s; "
+        f"{c['arguments']} arguments for {c['expected_arguments']} expected (weights + embeddings + positions), "
+        f"largest constant {c['largest_constant_elements']} elements, vmfb {c['vmfb_bytes'] / 2**20:.1f} MiB for "
+        f"{c['weight_bytes'] / 2**30:.2f} GiB of weights"
+    )
+    answer = data.get("answer", {}).get("runtimes", {})
+    print("greedy tokens: " + "; ".join(f"{k} {v.get('tokens')}" for k, v in answer.items()))
+    worst = {}
+    for row in whole["report"].rows:
+        if row.stage.startswith("text.layer") or row.stage == "text.logits.last":
+            worst[row.candidate] = max(worst.get(row.candidate, 0.0), row.max_abs)
+    print("largest max_abs on text layers and logits: " + ", ".join(f"{k} {v:.2e}" for k, v in worst.items()))
+
+
+def phases(report) -> str:
+    """Where the run's time went: each runtime's load and capture, from its report."""
+    return "loads + captures: " + ", ".join(
+        f"{r['label']} {r['timings'].get('load_s', 0):.1f} + {r['timings'].get('capture_s', 0):.1f}s"
+        for r in report.data["runtimes"]
+    )
+
+
+def prompt_of_length(checkpoint, images: list, length: int) -> str:
+    """The shortest prompt of repeated shape words whose full chat sequence has at least ``length`` tokens."""
+    words = "a red square and a blue circle next to a green triangle".split()
+    low, high = 1, 4 * length
+    while low < high:
+        middle = (low + high) // 2
+        prompt = " ".join(words[i % len(words)] for i in range(middle))
+        if with_text(checkpoint, images, prompt).text.input_ids.size >= length:
+            high = middle
+        else:
+            low = middle + 1
+    return " ".join(words[i % len(words)] for i in range(low))
+
+
+def sweep_case(label: str, kind: str, length: int, out: Path, checkpoint_path: Path) -> dict:
+    """In a fresh process: one runtime, one prompt length (a 224x224 image and words), a plain whole forward
+    or a capture of the investigation's plan; seconds, resident memory after the load, peak, working memory."""
+    from driftscope.checkpoint import open_checkpoint
+    from driftscope.runtimes import get_runtime
+    from PIL import Image
+
+    checkpoint = open_checkpoint(checkpoint_path)
+    image = out / "sweep-224.png"
+    if not image.exists():
+        with Image.open(IMAGE) as picture:
+            picture.resize((224, 224)).save(image)
+    inputs = with_text(checkpoint, [image], prompt_of_length(checkpoint, [image], length))
+    name, policy = label.split(":")
+    runtime = get_runtime(name)(checkpoint, policy)
+    before = PeakRSS.now()
+    runtime.load()
+    if name == "iree":  # the text weights load lazily in the capture; counted with the model instead
+        from driftscope.families.qwen2_5_vl.emitter.text import TextSpec, load_text_weights
+
+        runtime._text_weights = load_text_weights(checkpoint.path, TextSpec.from_config(checkpoint.config))
+    rss = PeakRSS()
+    loaded = rss.now()
+    rss.reset()
+    if kind == "plain":
+        seconds = plain_whole(runtime, inputs, out)
+    else:
+        seconds = tapped_whole(runtime, inputs, whole_plan(checkpoint), out / f"{name}-sweep")
+    weights = sum(p.stat().st_size for p in checkpoint.path.glob("*.safetensors"))
+    return {
+        "tokens": int(inputs.text.input_ids.size),
+        "seconds": seconds,
+        "loaded": loaded,
+        "peak": rss.peak,
+        "working": rss.peak - max(loaded, before + weights),
+    }
+
+
+def sweep(checkpoint, out: Path) -> None:
+    """Target 5: each f32 runtime, prompt length and kind (plain, tapped) in its own process."""
+    print("\n5. how the text side's cost grows (one 224x224 image, words to the length; each case a fresh process)\n")
+    results: dict[str, list] = {}
+    for label in F32:
+        for length in SWEEP_LENGTHS:
+            point = {"length": length}
+            for kind in ("plain", "tapped"):
+                command = [sys.executable, __file__, "--one", label, kind, str(length), "--out", str(out)]
+                done = subprocess.run(command + ["--checkpoint", str(checkpoint.path)], capture_output=True, text=True)
+                if done.returncode != 0:
+                    raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+                measured = json.loads(done.stdout.strip().splitlines()[-1])
+                point.update({f"{kind}_{k}": v for k, v in measured.items()}, tokens=measured["tokens"])
+            results.setdefault(label, []).append(point)
+            print(f"  {label} {point}", flush=True)
+    print("| runtime | prompt tokens | plain s | tapped s | tapped / plain | plain working GiB | tapped working GiB |")
+    print("|---|---|---|---|---|---|---|")
+    for label, points in results.items():
+        for p in points:
+            print(
+                f"| {label} | {p['tokens']} | {p['plain_seconds']:.2f} | {p['tapped_seconds']:.2f} | "
+                f"{p['tapped_seconds'] / p['plain_seconds']:.2f}x | {gib(p['plain_working'])} | "
+                f"{gib(p['tapped_working'])} |"
+            )
+    print("\nexponents against prompt tokens (log-log least squares; memory where both exceed 64 MiB):")
+    for label, points in results.items():
+        xs = [p["tokens"] for p in points]
+        fits = [
+            f"{kind} time ~ tokens^{slope(xs, [p[f'{kind}_seconds'] for p in points]):.2f}"
+            for kind in ("plain", "tapped")
+        ]
+        big = [p for p in points if min(p["plain_working"], p["tapped_working"]) > 64 * 2**20]
+        if len(big) >= 2:
+            fits += [
+                f"{kind} memory ~ tokens^{slope([p['tokens'] for p in big], [p[f'{kind}_working'] for p in big]):.2f}"
+                for kind in ("plain", "tapped")
+            ]
+        print(f"  {label}: " + ", ".join(fits))
+
+
+if __name__ == "__main__":
+    main()

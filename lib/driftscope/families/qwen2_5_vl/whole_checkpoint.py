@@ -1,0 +1,151 @@
+"""A whole random-weight Qwen2.5-VL checkpoint (vision and language) written tensor by tensor.
+
+The model is never built in memory: its tensor names and shapes come from a model on torch's ``meta``
+device, each tensor gets its own seeded values and shards are written one at a time as Hugging Face ships
+them (``model-0000N-of-0000M.safetensors`` and ``model.safetensors.index.json``, legacy ``visual.*`` /
+``model.*`` keys, no ``lm_head`` when the embeddings are tied). Peak memory is one shard, so the ~15 GB
+float32 3B-shaped checkpoint can be written on a 24 GiB machine; a bfloat16 copy is written shard by shard
+from the float32 one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import zlib
+from pathlib import Path
+
+from ..qwen_shared.tokenizer import build_tokenizer
+from .synthetic import SyntheticQwen25VLSpec, build_config, save_side_files
+
+#: Qwen2.5-VL-3B's real dimensions: vision depth 32 (hidden 1280, 16 heads, MLP 3420, full attention at
+#: 7/15/23/31), 36 text layers (hidden 2048, 16 heads / 2 KV heads, MLP 11008), vocabulary 151936, tied
+#: embeddings. About 3.75 B parameters: 15 GB in float32.
+QWEN25_VL_3B_WHOLE = SyntheticQwen25VLSpec(
+    vision_depth=32,
+    vision_hidden=1280,
+    vision_heads=16,
+    vision_intermediate=3420,
+    fullatt_block_indexes=(7, 15, 23, 31),
+    text_hidden=2048,
+    text_layers=36,
+    text_heads=16,
+    text_kv_heads=2,
+    text_intermediate=11008,
+    mrope_section=(16, 24, 24),
+    vocab_size=151936,
+    tie_word_embeddings=True,
+)
+#: Legacy checkpoint keys (as the hub's Qwen2.5-VL checkpoints and transformers' save_pretrained write them).
+KEY_PREFIXES = (("model.visual.", "visual."), ("model.language_model.", "model."))
+
+
+def scaled_spec(spec: SyntheticQwen25VLSpec, divisor: int = 1, **overrides) -> SyntheticQwen25VLSpec:
+    """``spec`` with every width divided by ``divisor`` (depths, heads, vocabulary kept), then ``overrides``;
+    the M-RoPE sections are rescaled to the new head size. Raises ValueError for a shape RoPE cannot take."""
+    if divisor < 1:
+        raise ValueError(f"the width divisor must be >= 1, got {divisor}")
+    widths = ("vision_hidden", "vision_intermediate", "text_hidden", "text_intermediate")
+    out = dataclasses.replace(spec, **{name: getattr(spec, name) // divisor for name in widths})
+    out = dataclasses.replace(out, **overrides)
+    vision_head, text_head = out.vision_hidden / out.vision_heads, out.text_hidden / out.text_heads
+    if vision_head % 4 or text_head % 2:
+        raise ValueError(
+            f"head sizes {vision_head:g} (vision) and {text_head:g} (text) must be multiples of 4 and 2: "
+            "pick a divisor or head counts that keep them so"
+        )
+    if "mrope_section" not in overrides:
+        half, total = int(text_head) // 2, sum(spec.mrope_section)
+        sections = [max(1, s * half // total) for s in spec.mrope_section[:-1]]
+        out = dataclasses.replace(out, mrope_section=(*sections, half - sum(sections)))
+    return out
+
+
+def parameter_shapes(spec: SyntheticQwen25VLSpec, config) -> dict[str, tuple[int, ...]]:
+    """Checkpoint key -> shape of every saved tensor, from a model on the ``meta`` device (no memory)."""
+    import torch
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    with torch.device("meta"):
+        model = Qwen2_5_VLForConditionalGeneration(config)
+    shapes = {}
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight" and spec.tie_word_embeddings:
+            continue
+        for new, old in KEY_PREFIXES:
+            if name.startswith(new):
+                name = old + name[len(new) :]
+                break
+        shapes[name] = tuple(tensor.shape)
+    return dict(sorted(shapes.items()))
+
+
+def seeded_tensor(name: str, shape: tuple[int, ...], seed: int, gain: float):
+    """The values of one tensor, from its own generator (independent of every other tensor): N(0, gain /
+    sqrt(fan_in)) for matrices, 1 + N(0, 0.1) for norm scales, N(0, 0.02) for biases."""
+    import torch
+
+    generator = torch.Generator().manual_seed(zlib.crc32(name.encode()) ^ seed)
+    values = torch.randn(shape, generator=generator)
+    if name.endswith("bias"):
+        return values.mul_(0.02)
+    if len(shape) == 1:
+        return values.mul_(0.1).add_(1.0)
+    return values.mul_(gain / math.sqrt(math.prod(shape[1:])))
+
+
+def plan_shards(shapes: dict[str, tuple[int, ...]], shard_bytes: int, itemsize: int = 4) -> list[list[str]]:
+    """Tensor names grouped into shards of at most ``shard_bytes`` (a larger tensor gets a shard of its own)."""
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name, shape in shapes.items():
+        nbytes = math.prod(shape) * itemsize
+        if shards[-1] and size + nbytes > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+    return shards
+
+
+def _write_index(out_dir: Path, names: list[list[str]], total_bytes: int) -> None:
+    count = len(names)
+    weight_map = {
+        name: f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i, shard in enumerate(names) for name in shard
+    }
+    index = {"metadata": {"total_size": total_bytes}, "weight_map": weight_map}
+    (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def write_whole_checkpoint(
+    out_dir: Path, spec: SyntheticQwen25VLSpec, shard_bytes: int = 2 << 30, bf16_dir: Path | None = None
+) -> Path:
+    """Write ``spec`` as a sharded float32 checkpoint in ``out_dir`` (and, with ``bf16_dir``, a bfloat16 copy
+    there); one shard in memory at a time. The index is written last: a directory without it is unfinished."""
+    import torch
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    tokenizer = build_tokenizer(min(spec.vocab_size, 4096))
+    config = build_config(spec, tokenizer)
+    shapes = parameter_shapes(spec, config)
+    shards = plan_shards(shapes, shard_bytes)
+    targets = [(out_dir, torch.float32)] + ([(Path(bf16_dir), torch.bfloat16)] if bf16_dir else [])
+    for folder, dtype in targets:
+        folder.mkdir(parents=True, exist_ok=True)
+        config.dtype = str(dtype).removeprefix("torch.")
+        config.save_pretrained(folder)
+        save_side_files(folder, spec, tokenizer)
+    for i, names in enumerate(shards):
+        tensors = {name: seeded_tensor(name, shapes[name], spec.seed, spec.weight_gain) for name in names}
+        file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        for folder, dtype in targets:
+            cast = tensors if dtype == torch.float32 else {k: v.to(dtype) for k, v in tensors.items()}
+            save_file(cast, str(folder / file), metadata={"format": "pt"})
+            del cast
+        del tensors
+    for folder, dtype in targets:
+        itemsize = 4 if dtype == torch.float32 else 2
+        _write_index(folder, shards, sum(math.prod(s) for s in shapes.values()) * itemsize)
+    return out_dir
