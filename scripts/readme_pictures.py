@@ -1,13 +1,18 @@
-"""Regenerate the README's pictures from a finished demo run (``make demo``):
+"""Regenerate the README's pictures from a finished run:
 
-    .venv/bin/python scripts/readme_pictures.py outputs/<commit>/demo-shapes
+    .venv/bin/python scripts/readme_pictures.py outputs/<commit>/demo-shapes     # make demo
+    .venv/bin/python scripts/readme_pictures.py outputs/<commit>/case-layer17    # the layer-17 case
 
-docs/images/demo_error_curves.png: the error curves of notebook 01 (share of tolerance, max |a - e|, failures);
-docs/images/demo_first_screen.png: notebook 01's .nocode.html as headless Chromium shows it at 1400x900.
+demo-shapes: docs/images/demo_error_curves.png (notebook 01's error curves: share of tolerance, max |a - e|,
+failures) and docs/images/demo_first_screen.png (notebook 01's .nocode.html as headless Chromium shows it at
+1400x900). case-layer17: docs/images/case17_first_screen.png (the same screen) and, from the executed notebook 02,
+case17_blocks.png (accumulated vs op-local error per block), and case17_channels.png (the channel map).
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -26,7 +31,32 @@ def curves(run: Path) -> Path:
     return target
 
 
-def first_screen(run: Path) -> Path:
+def notebook_figure(notebook: Path, alt_starts: str) -> bytes:
+    """The PNG of the first figure in an executed notebook whose alt text starts with ``alt_starts``."""
+    for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
+        for output in cell.get("outputs", []):
+            png = output.get("data", {}).get("image/png")
+            alt = str(output.get("metadata", {}).get("image/png", {}).get("alt", ""))
+            if png and alt.startswith(alt_starts):
+                return base64.b64decode("".join(png) if isinstance(png, list) else png)
+    raise SystemExit(f"{notebook} has no figure whose alt text starts with {alt_starts!r}")
+
+
+def case_figures(run: Path) -> list[Path]:
+    """Notebook 02's figures of the layer-17 case (the first candidate pair's drill-down)."""
+    notebook = run / "02_layer_drilldown.ipynb"
+    wanted = {
+        "case17_blocks.png": "mlx:f16-manual-rmsnorm: accumulated vs op-local",
+        "case17_channels.png": "vision.block.17.norm2: image 0",
+    }
+    written = []
+    for name, alt in wanted.items():
+        (IMAGES / name).write_bytes(notebook_figure(notebook, alt))
+        written.append(IMAGES / name)
+    return written
+
+
+def first_screen(run: Path, name: str = "demo_first_screen.png") -> Path:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -41,7 +71,7 @@ def first_screen(run: Path) -> Path:
             {"width": 1400, "height": 900, "deviceScaleFactor": 1, "mobile": False},
         )
         driver.get((run / "01_stage_parity.nocode.html").resolve().as_uri())
-        target = IMAGES / "demo_first_screen.png"
+        target = IMAGES / name
         driver.save_screenshot(str(target))
         return target
     finally:
@@ -51,9 +81,14 @@ def first_screen(run: Path) -> Path:
 if __name__ == "__main__":
     if len(sys.argv) != 2 or not (Path(sys.argv[1]) / "report.json").exists():
         sys.exit(
-            "usage: scripts/readme_pictures.py RUN_DIRECTORY (a finished demo run, e.g. outputs/<commit>/demo-shapes)"
+            "usage: scripts/readme_pictures.py RUN_DIRECTORY (a finished run, e.g. outputs/<commit>/demo-shapes or "
+            "outputs/<commit>/case-layer17)"
         )
     run = Path(sys.argv[1])
     IMAGES.mkdir(parents=True, exist_ok=True)
-    for made in (curves(run), first_screen(run)):
+    if json.loads((run / "report.json").read_text())["name"] == "case-layer17":
+        made_list = [first_screen(run, "case17_first_screen.png"), *case_figures(run)]
+    else:
+        made_list = [curves(run), first_screen(run)]
+    for made in made_list:
         print(f"wrote {made.relative_to(ROOT)} ({made.stat().st_size // 1024} KiB)")
