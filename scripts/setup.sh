@@ -46,4 +46,5 @@ fi
 "$VENV/bin/python" fixtures/make_tiny_qwen25vl.py
 "$VENV/bin/python" fixtures/make_tiny_qwen25vl_deep.py
 "$VENV/bin/python" fixtures/make_tiny_qwen3vl.py
+"$VENV/bin/python" fixtures/make_tiny_molmo2.py
 echo "[setup] ready: $VENV/bin/driftscope"

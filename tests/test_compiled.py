@@ -366,3 +366,27 @@ def test_device_arrays_on_the_cpu_driver_share_host_memory_and_keep_it_alive():
     junk = [np.full(4097, 7.0, np.float32) for _ in range(200)]  # reuse any memory freed too early
     np.testing.assert_array_equal(copied.to_host(), expected)
     assert len(junk) == 200
+
+
+def test_an_iree_output_that_is_its_argument_outlives_the_call(tmp_path):
+    """A function returning one of its inputs (a replay that picks a layer) hands back the argument's own
+    buffer, imported from a host array the caller drops: the output must keep that memory alive."""
+    import gc
+
+    import jax
+    from driftscope.compiled.graph import lower_function
+    from driftscope.compiled.iree import IreeModule
+
+    def pick(layers):
+        return layers[1]
+
+    jitted = jax.jit(pick, keep_unused=True)
+    rng = np.random.default_rng(0)
+    layers = [rng.standard_normal(4096).astype(np.float32) for _ in range(3)]
+    graph = lower_function(jitted, (layers,), get_policy("f32"))
+    module = IreeModule(compile_graph(graph, cache_dir=tmp_path), graph.output_names)
+    out = module([layer.copy() for layer in layers])["output"]
+    gc.collect()
+    junk = [np.full(4096, 7.0, np.float32) for _ in range(200)]  # reuse any memory freed too early
+    np.testing.assert_array_equal(out, layers[1])
+    assert len(junk) == 200

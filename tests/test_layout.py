@@ -174,3 +174,16 @@ def test_a_window_with_other_tokens_fails_the_traversal(oracle, full_plan, tmp_p
     broken = rewrite(oracle, tmp_path / "repeated", traversal_engine(oracle, repeat_a_token))
     row = next(r for r in compare_tapsets(oracle, broken, Contract(), full_plan) if r.stage == "vision.window_index")
     assert row.status == "fail" and "does not restore raster order" in row.note
+
+
+def test_row_axes_merge_into_token_rows_and_the_row_ranges_follow():
+    """A stage over [crops, patches, hidden] (plan meta row_axes [crops, patches]) has one row per patch in the
+    views; ranges of crops become ranges of patch rows."""
+    from driftscope.views.errormaps import _token_rows
+
+    array = np.arange(3 * 4 * 2).reshape(3, 4, 2)
+    merged, rows = _token_rows(array, ["crops", "patches", "hidden"], ["crops", "patches"], [(1, 3)])
+    assert merged.shape == (12, 2) and rows == [(4, 12)]
+    np.testing.assert_array_equal(merged[4:8], array[1])
+    same, rows = _token_rows(array, ["tokens", "x", "hidden"], ["crops", "patches"], [(0, 3)])
+    assert same is array and rows == [(0, 3)]

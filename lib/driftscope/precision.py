@@ -48,6 +48,17 @@ POLICIES.register(
     "f64", PrecisionPolicy("f64", "float64", "float64", "float64", "float64", "float64", "float64 oracle")
 )
 POLICIES.register(
+    "tf32",
+    PrecisionPolicy(
+        "tf32",
+        "float32",
+        "float32",
+        description="float32, with every matmul and convolution operand rounded to TF32's 10-bit mantissa before a "
+        "float32-accumulated product (allow_tf32 on an NVIDIA GPU, emulated on the CPU)",
+        dot_inputs="tf32",
+    ),
+)
+POLICIES.register(
     "f16",
     PrecisionPolicy(
         "f16", "float16", "float16", "float16", "float16", "float16", "weights and activations in float16 (eager)"

@@ -21,16 +21,21 @@ class TextInputs:
     prompt: str
     max_new_tokens: int = 16
     expect: list[str] = field(default_factory=list)
+    token_types: np.ndarray | None = None  # [seq] 1 for every token of an image (when it is not just the placeholder)
 
     @property
     def mm_token_type_ids(self) -> np.ndarray:
+        """1 where a token belongs to an image: ``token_types`` when the family gives them (e.g. an image's
+        start, end and row-separator tokens too), else the image placeholder tokens."""
+        if self.token_types is not None:
+            return np.asarray(self.token_types, dtype=np.int64)
         return (self.input_ids == self.image_token_id).astype(np.int64)
 
     def summary(self) -> dict:
         return {
             "prompt": self.prompt,
             "tokens": int(self.input_ids.size),
-            "image_tokens": int(self.mm_token_type_ids.sum()),
+            "image_tokens": int((self.input_ids == self.image_token_id).sum()),
             "max_new_tokens": self.max_new_tokens,
             "expect": self.expect,
         }

@@ -204,10 +204,12 @@ class IreeModule:
 
     def __call__(self, arguments: list) -> dict[str, np.ndarray]:
         driver = self.artifact.identity["driver"]
-        results = self._module.main(*[device_array(driver, a) if isinstance(a, np.ndarray) else a for a in arguments])
+        arguments = [device_array(driver, a) if isinstance(a, np.ndarray) else a for a in arguments]
+        results = self._module.main(*arguments)
         if not isinstance(results, (tuple, list)):
             results = (results,)
-        return {name: _host(r) for name, r in zip(self.output_names, results, strict=True)}
+        # an output may alias an argument (a function returning one of its inputs): it holds the arguments too
+        return {name: _host(r, arguments) for name, r in zip(self.output_names, results, strict=True)}
 
 
 class _Pinned:
@@ -218,8 +220,9 @@ class _Pinned:
         self._array, self._owner = array, owner
 
 
-def _host(result) -> np.ndarray:
+def _host(result, arguments: list) -> np.ndarray:
     """An output as a numpy array without a copy: on the CPU drivers ``to_host`` maps the device buffer, which
     is unmapped (and its memory reused by the next call) once the device array is dropped, so the array holds
-    the device array for as long as it, or any view of it, lives."""
-    return np.asarray(_Pinned(np.asarray(result.to_host()), result))
+    the device array for as long as it, or any view of it, lives. An output that is an argument's buffer (an
+    imported host array) also needs that argument's host memory: the array holds the arguments as well."""
+    return np.asarray(_Pinned(np.asarray(result.to_host()), (result, arguments)))

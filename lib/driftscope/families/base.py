@@ -125,6 +125,9 @@ class Family:
     #: the finer stages computed inside a stage (a block's substages, a head's pieces), from the full plan: what
     #: narrowing captures when that stage is a pair's first divergence; () for a stage with no declared pieces
     substages_of: Callable[[str, StagePlan], tuple[str, ...]] = block_substages
+    #: runtime -> the ready patch correcting that runtime's known defects in this family's port (e.g. mlx-vlm's
+    #: Molmo2): the shared agreement tests apply it, a run only when its parameter file names it
+    known_defects: Mapping[str, str] = field(default_factory=dict)
 
     def supports(self, runtime: str) -> bool:
         return runtime in self.engines

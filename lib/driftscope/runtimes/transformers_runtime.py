@@ -6,7 +6,7 @@ which modules replay a stage (its ``transformers_taps`` module, :class:`Transfor
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -46,10 +46,19 @@ class TransformersTaps(Protocol):
 
 
 class TransformersRuntime(Runtime):
-    """Hugging Face transformers' own model code, eager attention, on the CPU."""
+    """Hugging Face transformers' own model code, eager attention, on the CPU (``tf32``: float32 with TF32
+    operand rounding around every forward and replay, what a GPU reference with ``allow_tf32`` computes)."""
 
     name = "transformers"
-    policies = ("f32", "f64")
+    policies = ("f32", "f64", "tf32")
+
+    def arithmetic(self) -> AbstractContextManager:
+        """The policy's arithmetic around a forward: TF32 operand rounding under ``tf32``, else nothing."""
+        if self.policy.name == "tf32":
+            from ..tf32 import emulate_tf32
+
+            return emulate_tf32()
+        return nullcontext()
 
     def _load(self) -> Any:
         torch = require("torch", "torch", self.name)
@@ -75,20 +84,24 @@ class TransformersRuntime(Runtime):
     def run_vision(self, inputs: ModelInputs):
         """The plain vision forward (no taps): the tower's output."""
         self.load()
-        return self.taps.run_vision(self.model, inputs)
+        with self.arithmetic():
+            return self.taps.run_vision(self.model, inputs)
 
     def _capture(self, inputs: ModelInputs, sink: StageSink) -> None:
         self.put_inputs(inputs, sink)
-        self.taps.capture(self.model, inputs, sink)
+        with self.arithmetic():
+            self.taps.capture(self.model, inputs, sink)
 
     can_replay = True
     decodes = True
 
     def _capture_text(self, inputs: ModelInputs, sink: StageSink) -> None:
         """Prefill the whole model on the prompt (hooks on the text layers), then greedy decode with the cache."""
-        self.taps.capture_text(self.model, inputs, sink)
+        with self.arithmetic():
+            self.taps.capture_text(self.model, inputs, sink)
 
     def replay(self, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
         """The stage's own torch modules (the ones the forward ran) applied to ``inputs``; float32 result."""
         self.load()
-        return np.asarray(self.taps.replay(self.model, stage_id, inputs, ctx), dtype=np.float32)
+        with self.arithmetic():
+            return np.asarray(self.taps.replay(self.model, stage_id, inputs, ctx), dtype=np.float32)

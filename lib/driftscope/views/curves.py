@@ -56,10 +56,14 @@ def _value(row, metric: str) -> float:
 
 
 def error_curves(
-    report: Report, metrics: tuple[str, ...] = ("tolerance_used", "max_abs", "failures"), height: float = 3.0
+    report: Report,
+    metrics: tuple[str, ...] = ("tolerance_used", "max_abs", "failures"),
+    height: float = 3.0,
+    title: bool = True,
 ) -> Figure:
     """Per-stage error against execution order (log scale), one curve and marker per runtime pair, the
-    tolerance drawn where the metric has one, every stage labelled, each pair's first divergence starred."""
+    tolerance drawn where the metric has one, every stage labelled, each pair's first divergence starred.
+    ``title``: the figure's own title (the first screen of notebook 01 has its heading instead)."""
     stages = plotted_stages(report)
     position = {stage: index for index, stage in enumerate(stages)}
     figure = Figure(figsize=(14, height * len(metrics) + 1.3), layout="constrained")
@@ -110,7 +114,8 @@ def error_curves(
     axes[-1].set_xlim(-0.7, len(stages) - 0.3)
     axes[-1].set_xlabel("stage, in execution order (★ and dashed line: a pair's first divergence)")
     axes[0].legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, borderaxespad=0.0)
-    figure.suptitle(f"{report.data.get('name')}: error per stage, one curve per runtime pair", fontsize=11)
+    if title:
+        figure.suptitle(f"{report.data.get('name')}: error per stage, one curve per runtime pair", fontsize=11)
     verdict = "; ".join(marked) or "no pair diverges"
     return describe(
         figure,

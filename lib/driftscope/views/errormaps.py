@@ -48,6 +48,19 @@ def _as_matrix(array: np.ndarray) -> np.ndarray:
     return array.reshape(array.shape[0], -1) if array.ndim > 1 else array[:, None]
 
 
+def _token_rows(array: np.ndarray, axes: list[str], row_axes: list[str], rows):
+    """``array`` with its leading axes that together index token rows (the plan's ``row_axes``, e.g. crops and
+    patches) merged into one, so that each row is one token; ``rows`` (ranges of the first axis) follow."""
+    lead = 0
+    while lead < min(len(axes), len(row_axes), array.ndim) and axes[lead] == row_axes[lead]:
+        lead += 1
+    if lead < 2:
+        return array, rows
+    per = int(np.prod(array.shape[1:lead]))
+    merged = array.reshape(-1, *array.shape[lead:])
+    return merged, None if rows is None else [(start * per, stop * per) for start, stop in rows]
+
+
 def _pair_tapsets(report: Report, pair: str) -> tuple[TapSet, TapSet]:
     return report.pair_tapsets(pair)  # with the stages narrowing added to the pair
 
@@ -66,8 +79,13 @@ def stage_difference(report: Report, stage: str, pair: str, replay: bool = False
         expected, actual = (_as_matrix(side) for side in alignment.arrays(reference, candidate, stage))
         order = "raster"
     else:
-        expected = _as_matrix(take_rows(np.asarray(reference[stage]), alignment.reference_rows))
-        actual = _as_matrix(take_rows(np.asarray(candidate[stage]), alignment.candidate_rows))
+        axes, row_axes = list(declaration.get("axes", [])), list(report.data.get("plan_meta", {}).get("row_axes", []))
+        expected = _as_matrix(
+            take_rows(*_token_rows(np.asarray(reference[stage]), axes, row_axes, alignment.reference_rows))
+        )
+        actual = _as_matrix(
+            take_rows(*_token_rows(np.asarray(candidate[stage]), axes, row_axes, alignment.candidate_rows))
+        )
     rows = [(0, expected.shape[0])]
     if declaration.get("token_unit") == "patch":  # one panel per image (the token order keeps images apart)
         layout = _layout(report, reference, "patch")

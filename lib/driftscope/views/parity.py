@@ -133,7 +133,7 @@ def headline(report: Report):
         return
     display(table(divergence_frame(report), highlight="verdict"))
     if report.rows:
-        display(error_curves(report, metrics=("tolerance_used",), height=1.7))  # above the fold at 1400x900
+        display(error_curves(report, metrics=("tolerance_used",), height=1.5, title=False))  # above the fold
 
 
 def _element(row) -> tuple[object, float | None, float | None]:

@@ -1,0 +1,348 @@
+"""Molmo2 in mlx-vlm: loading (config adapted in memory), where to record each stage, the replay operators.
+
+Wrappers stand in for submodules (instance attributes shadow mlx's child modules), list items (ViT and
+decoder blocks) and mlx-vlm's ``nn`` inside its vision module (the projector's SiLU); each is removed again
+afterwards, restoring whatever a hypothesis patch put there. ``vision.selected.L`` is the slice of the
+features mlx-vlm actually concatenated, named by the layer the checkpoint config selects: a runtime that
+reads another layer diverges there. Replays run mlx-vlm's own code wherever it is inline (the attention
+context, the pooler's gather, query and mask, the decoder's mask) by feeding it the reference's values.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...inputs import ModelInputs
+from ...runtimes.base import StageSink, put_greedy
+from ...runtimes.mlx_runtime import Recording, dtype_name, list_item, module_attr, shadow, to_numpy
+from .config import load_mlx_model
+from .plan import block_stage_id, parse_stage
+
+
+class _NNProxy:
+    """Stands in for ``mlx.nn`` inside mlx-vlm's Molmo2 vision module: ``silu`` records, the rest delegates."""
+
+    def __init__(self, nn: Any, silu):
+        self._nn = nn
+        self.silu = silu
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._nn, name)
+
+
+def load(path: Path, config: dict) -> Any:
+    """mlx-vlm's Molmo2 ``Model`` with the checkpoint's weights (its code unchanged, its defects included)."""
+    return load_mlx_model(path, config)
+
+
+def decoder(model: Any) -> Any:
+    """mlx-vlm's ``Molmo2Transformer`` behind any wrapper a hypothesis patch or recorder put around it."""
+    import mlx.nn as nn
+
+    inner = model.language_model.model
+    while not isinstance(inner, nn.Module):
+        inner = next(value for key, value in vars(inner).items() if key in ("inner", "decoder"))
+    return inner
+
+
+def rms_norms(model: Any) -> list[tuple[Any, str]]:
+    """Every RMSNorm (the decoder's; the ViT normalizes with LayerNorm), as (owner, attribute)."""
+    text = decoder(model)
+    sites = [(block, name) for block in text.blocks for name in ("attn_norm", "ff_norm")]
+    return sites + [(text, "ln_f")]
+
+
+def _tower_inputs(model: Any, inputs: ModelInputs):
+    """[1, crops, patches, pixels] and [1, tokens, slots]: one example holding every image's crops (the
+    indices already offset across images, as mlx-vlm's own batching makes them)."""
+    import mlx.core as mx
+
+    dtype = model.vision_tower.image_vit.patch_embedding.weight.dtype
+    return mx.array(inputs["pixel_values"])[None].astype(dtype), mx.array(inputs["pooling"])[None]
+
+
+def run_vision(model: Any, inputs: ModelInputs):
+    """The plain image path (no taps): the projected features of every pooled token."""
+    return model.vision_tower(*_tower_inputs(model, inputs))
+
+
+def _recorder(sink: StageSink):
+    def put(stage_id: str, value: Any) -> None:
+        if sink.wants(stage_id):
+            sink.put(stage_id, to_numpy(value), native_dtype=dtype_name(value))
+
+    def output(stage_id, transform=lambda v: v):
+        return lambda args, kwargs, out: put(stage_id, transform(out))
+
+    def argument(stage_id, index=0, transform=lambda v: v):
+        return lambda args, kwargs, out: put(stage_id, transform(args[index]))
+
+    return put, output, argument
+
+
+def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
+    """One pass of mlx-vlm's image path with recorders on every tapped module."""
+    import mlx.core as mx
+    from mlx_vlm.models.molmo2 import vision as vision_module
+
+    put, output, argument = _recorder(sink)
+    tower = model.vision_tower
+    vit = tower.image_vit
+    layers = list(sink.plan.meta.get("selected_layers", []))
+
+    def both(*records):
+        return lambda args, kwargs, out: [record(args, kwargs, out) for record in records]
+
+    def pooled(args, kwargs, out):
+        put("pool.query", args[0][:, 0])
+        put("pool.gathered", args[1])
+        put("pool.output", out[:, 0])
+
+    def encoded(args, kwargs, out):
+        features = out[0]
+        width = features.shape[-1] // len(layers)
+        for slot, layer in enumerate(layers):
+            put(f"vision.selected.{layer}", features[..., slot * width : (slot + 1) * width])
+        put("vision.concatenated", features)
+
+    def silu(x):
+        y = nn_silu(x)
+        put("projector.act", y[0])
+        return y
+
+    nn_silu = vision_module.nn.silu
+    projector = tower.image_projector
+    first = lambda value: value[0]  # noqa: E731 - the projector runs on [batch, tokens, ...]
+    with ExitStack() as stack:
+        enter = stack.enter_context
+        enter(shadow(vit, "patch_embedding", Recording(vit.patch_embedding, output("vision.patch_embed"))))
+        for index, block in enumerate(list(vit.transformer)):
+            attn, mlp, s = block.attention, block.feed_forward, f"vision.block.{index}."
+
+            def heads(value, attn=attn):
+                return value.reshape(*value.shape[:-1], attn.num_heads, attn.head_dim)
+
+            enter(shadow(block, "attention_norm", Recording(block.attention_norm, output(s + "norm1"))))
+            enter(shadow(attn, "wq", Recording(attn.wq, output(s + "attn.q", heads))))
+            enter(shadow(attn, "wk", Recording(attn.wk, output(s + "attn.k", heads))))
+            enter(shadow(attn, "wv", Recording(attn.wv, output(s + "attn.v", heads))))
+            enter(shadow(attn, "wo", Recording(attn.wo, both(argument(s + "attn.context"), output(s + "attn.out")))))
+            enter(
+                shadow(
+                    block, "ffn_norm", Recording(block.ffn_norm, both(argument(s + "residual1"), output(s + "norm2")))
+                )
+            )
+            enter(shadow(mlp, "w1", Recording(mlp.w1, output(s + "mlp.fc1"))))
+            enter(shadow(mlp, "act", Recording(mlp.act, output(s + "mlp.act"))))
+            enter(shadow(mlp, "w2", Recording(mlp.w2, output(s + "mlp.fc2"))))
+            record = output(block_stage_id(index))
+            if index == 0:
+                record = both(argument("vision.positioned"), record)
+            enter(list_item(vit.transformer, index, Recording(block, record)))
+        enter(shadow(tower, "encode_image", Recording(tower.encode_image, encoded)))
+        enter(shadow(tower, "image_pooling_2d", Recording(tower.image_pooling_2d, pooled)))
+        enter(shadow(projector, "w1", Recording(projector.w1, output("projector.gate", first))))
+        enter(shadow(projector, "w3", Recording(projector.w3, output("projector.up", first))))
+        enter(
+            shadow(
+                projector,
+                "w2",
+                Recording(
+                    projector.w2, both(argument("projector.product", 0, first), output("projector.output", first))
+                ),
+            )
+        )
+        enter(module_attr(vision_module, "nn", _NNProxy(vision_module.nn, silu)))
+        mx.eval(tower(*_tower_inputs(model, inputs)))
+    # the valid slots of the indices handed to the pooler (mlx-vlm derives its denominator and mask inline)
+    sink.put("pool.valid_counts", (np.asarray(inputs["pooling"]) >= 0).sum(axis=-1))
+    table = vit.positional_embedding
+    if tuple(vit.config.image_num_patch) == (int(round(table.shape[0] ** 0.5)),) * 2:
+        put("vision.pos_embed", table)  # mlx-vlm adds the table as is (it resizes it for another grid)
+
+
+def allowed(mask: Any, seq: int) -> np.ndarray:
+    """The mask mlx-vlm's decoder used as 1 where row ``i`` may read column ``j`` ([seq, seq] int64)."""
+    import mlx.core as mx
+
+    if mask is None:
+        return np.ones((seq, seq), dtype=np.int64)
+    if isinstance(mask, str):  # "causal": scaled_dot_product_attention's own causal mask
+        return np.tril(np.ones((seq, seq), dtype=np.int64))
+    mask = mask.reshape(mask.shape[-2], mask.shape[-1])
+    if mask.dtype == mx.bool_:
+        return np.array(mask).astype(np.int64)
+    return (to_numpy(mask) > -1e30).astype(np.int64)  # additive: 0 where allowed, -inf (or a huge negative) not
+
+
+def per_image_pooling(inputs: ModelInputs) -> np.ndarray:
+    """Pooling indices without the offset of earlier images (mlx-vlm's model adds that offset itself)."""
+    pooling = np.asarray(inputs["pooling"]).copy()
+    start, offset = 0, 0
+    patches = inputs["pixel_values"].shape[1]
+    for tokens, crops in zip(inputs.image_tokens.tolist(), np.asarray(inputs["num_crops"]).tolist(), strict=True):
+        rows = pooling[start : start + tokens]
+        pooling[start : start + tokens] = np.where(rows >= 0, rows - offset, -1)
+        start, offset = start + tokens, offset + crops * patches
+    return pooling
+
+
+def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
+    """mlx-vlm's whole model on the prompt: merged embeddings, the decoder's mask and layers, greedy decode."""
+    import mlx.core as mx
+    from mlx_vlm.models.cache import make_prompt_cache
+
+    text = inputs.text
+    ids = mx.array(text.input_ids[None])
+    seen: dict[str, Any] = {}
+    inner = decoder(model)
+    blocks = inner.blocks
+
+    def last(stage_id):
+        return lambda args, kwargs, out: sink.put(stage_id, to_numpy(out[0, -1]))
+
+    def first_block(args, kwargs, out):
+        seen["mask"] = args[1] if len(args) > 1 else kwargs.get("mask")
+        last("text.layer.0.last")(args, kwargs, out)
+
+    cache = make_prompt_cache(model.language_model)
+    language = model.language_model
+    with ExitStack() as stack:  # recorders only during the prefill
+        stack.enter_context(
+            shadow(language, "model", Recording(language.model, lambda a, k, o: seen.update(embeds=a[1])))
+        )
+        for index, block in enumerate(list(blocks)):
+            record = first_block if index == 0 else last(f"text.layer.{index}.last")
+            stack.enter_context(list_item(blocks, index, Recording(block, record)))
+        stack.enter_context(shadow(inner, "ln_f", Recording(inner.ln_f, last("text.norm.last"))))
+        logits = model(
+            ids,
+            mx.array(inputs["pixel_values"]),
+            cache=cache,
+            image_token_pooling=mx.array(per_image_pooling(inputs)),
+            image_grids=mx.array(inputs["grids"]),
+            image_num_crops=mx.array(inputs["num_crops"]),
+        ).logits
+        mx.eval(logits)
+    embeds = to_numpy(seen["embeds"][0])
+    image = text.input_ids == text.image_token_id
+    sink.put("text.input_ids", text.input_ids)
+    sink.put("text.token_types", text.mm_token_type_ids)
+    sink.put("text.embeds.image", embeds[image])
+    sink.put("text.embeds.text", embeds[~image])
+    sink.put("text.attention_mask", allowed(seen["mask"], len(text.input_ids)))
+    final = to_numpy(logits[0, -1])
+    sink.put("text.logits.last", final)
+    put_greedy(
+        sink,
+        final,
+        lambda token: to_numpy(model.language_model(mx.array([[token]]), cache=cache).logits[0, -1]),
+        text.max_new_tokens,
+    )
+
+
+def _pooler(model: Any, features: Any, pooling: np.ndarray, query: Any = None) -> dict[str, Any]:
+    """mlx-vlm's pooler on ``features`` ([1, rows, dim]) with ``pooling`` (its own gather, query, denominator and
+    mask); ``query`` replaces the query its attention reads. Returns what the attention read and gave."""
+    import mlx.core as mx
+
+    tower = model.vision_tower
+    seen: dict[str, Any] = {}
+    attention = tower.image_pooling_2d
+
+    def pool(q, kv, attn_mask=None):
+        seen.update(query=q[:, 0], gathered=kv)
+        out = attention(q if query is None else query[:, None], kv, attn_mask=attn_mask)
+        seen["output"] = out[:, 0]
+        return out
+
+    with shadow(tower, "encode_image", lambda images: features), shadow(tower, "image_pooling_2d", pool):
+        mx.eval(tower(mx.zeros((1, 1, 1, 1)), mx.array(pooling)[None]))
+    return seen
+
+
+def _text_mask(model: Any, ids: np.ndarray) -> np.ndarray:
+    """The mask mlx-vlm's decoder builds for this prompt (its own code, or a patch's; no layer runs)."""
+    import mlx.core as mx
+
+    inner = decoder(model)
+    seen: dict[str, Any] = {}
+
+    def record(x, mask=None, cache=None):
+        seen["mask"] = mask
+        return x
+
+    prompt = mx.array(ids.astype(np.int64)[None])
+    embeds = mx.zeros((1, len(ids), inner.ln_f.weight.shape[0]))
+    with shadow(inner, "blocks", [record]), shadow(inner, "ln_f", lambda x: x):
+        model.language_model.model(prompt, embeds, None, None)
+    return allowed(seen["mask"], len(ids))
+
+
+def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
+    """mlx-vlm's own modules (in the policy's dtype) applied to ``inputs``."""
+    import mlx.core as mx
+    from mlx_vlm.models.molmo2 import vision as vision_module
+
+    if stage_id == "text.attention_mask":
+        return _text_mask(model, inputs[0])
+    tower = model.vision_tower
+    vit = tower.image_vit
+    dtype = vit.patch_embedding.weight.dtype
+    args = [mx.array(np.ascontiguousarray(x, dtype=np.float32)).astype(dtype) for x in inputs]
+    block, kind = parse_stage(stage_id)
+    projector = tower.image_projector
+    if block is not None:
+        out = _block_replay(vit.transformer[block], kind, args)
+    elif stage_id == "vision.patch_embed":
+        out = vit.patch_embedding(args[0])
+    elif stage_id == "vision.positioned":
+        out = vit.add_pos_emb(args[0], vit.config.image_num_patch)
+    elif stage_id.startswith("vision.selected."):  # the layers mlx-vlm concatenates at this slot
+        out = args[tower.vit_layers[ctx.slot(int(stage_id.rsplit(".", 1)[1]))]]
+    elif stage_id == "vision.concatenated":
+        out = mx.concatenate(args, axis=-1)
+    elif stage_id == "pool.gathered":
+        out = _pooler(model, args[0][None], ctx.pooling)["gathered"]
+    elif stage_id == "pool.query":
+        out = _pooler(model, args[0].reshape(1, -1, args[0].shape[-1]), ctx.flat_pooling())["query"]
+    elif stage_id == "pool.output":
+        gathered = args[1].reshape(1, -1, args[1].shape[-1])
+        out = _pooler(model, gathered, ctx.flat_pooling(), query=args[0])["output"]
+    else:
+        out = {
+            "projector.gate": lambda: projector.w1(args[0]),
+            "projector.act": lambda: vision_module.nn.silu(args[0]),
+            "projector.up": lambda: projector.w3(args[0]),
+            "projector.product": lambda: args[0] * args[1],
+            "projector.output": lambda: projector.w2(args[0]),
+        }[stage_id]()
+    mx.eval(out)
+    return to_numpy(out)
+
+
+def _block_replay(block: Any, kind: str, args: list):
+    attn, mlp = block.attention, block.feed_forward
+    if kind == "block":
+        return block(args[0])
+    if kind in ("attn.q", "attn.k", "attn.v"):
+        out = {"attn.q": attn.wq, "attn.k": attn.wk, "attn.v": attn.wv}[kind](args[0])
+        return out.reshape(*out.shape[:-1], attn.num_heads, attn.head_dim)
+    if kind == "attn.context":  # mlx-vlm's inline attention, fed these q/k/v, before its output projection
+        q, k, v = (t.reshape(*t.shape[:2], -1) for t in args)
+        with shadow(attn, "wq", lambda x: q), shadow(attn, "wk", lambda x: k), shadow(attn, "wv", lambda x: v):
+            with shadow(attn, "wo", lambda x: x):
+                return attn(q)
+    return {
+        "norm1": lambda: block.attention_norm(args[0]),
+        "attn.out": lambda: attn.wo(args[0]),
+        "residual1": lambda: args[0] + args[1],
+        "norm2": lambda: block.ffn_norm(args[0]),
+        "mlp.fc1": lambda: mlp.w1(args[0]),
+        "mlp.act": lambda: mlp.act(args[0]),
+        "mlp.fc2": lambda: mlp.w2(args[0]),
+    }[kind]()

@@ -1,0 +1,208 @@
+"""What the generic views, the geometry notebook and the geometry CLI ask of Molmo2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import InputError
+from ...tapset import TapSet
+from ..base import ImageTokens, Section
+from .config import read_facts
+from .geometry import CropSpec, summary
+
+#: The hub's defaults when no checkpoint is named: 27 declared layers, vit_layers [-3, -9].
+HUB_DEFAULTS = {"vit_config": {"num_hidden_layers": 27}, "adapter_config": {"vit_layers": [-3, -9]}}
+
+
+def _images(reference: TapSet) -> list[tuple[int, int, int, tuple[int, int, int, int]]]:
+    """Per image: (first crop, crops, first token, grid) from the reference's inputs."""
+    crops = np.asarray(reference["inputs.num_crops"]).reshape(-1).tolist()
+    grids = np.asarray(reference["inputs.grids"]).reshape(-1, 4).tolist()
+    out, crop, token = [], 0, 0
+    for count, grid in zip(crops, grids, strict=True):
+        out.append((crop, int(count), token, tuple(int(v) for v in grid)))
+        crop, token = crop + int(count), token + grid[0] * grid[1] + grid[2] * grid[3]
+    return out
+
+
+def _canvas_cells(pooling: np.ndarray, grid, first_crop: int, crops: int, patches: int) -> np.ndarray:
+    """Canvas (row, col) of every patch of an image's high-resolution crops, from where its pooling indices put
+    the crop's kept patches (a crop's dropped margins land on the neighbour's patches there)."""
+    high_rows, high_cols = grid[2], grid[3]
+    side = int(round(patches**0.5))
+    windows = pooling.reshape(high_rows, high_cols, 2, 2).transpose(0, 2, 1, 3).reshape(2 * high_rows, 2 * high_cols)
+    local = np.stack(np.meshgrid(np.arange(side), np.arange(side), indexing="ij"), -1).reshape(-1, 2)
+    cells = []
+    for crop in range(first_crop + 1, first_crop + crops):
+        y, x = np.argwhere(windows // patches == crop)[0]
+        ly, lx = divmod(int(windows[y, x] % patches), side)
+        cells.append(local + (y - ly, x - lx))
+    return np.concatenate(cells)
+
+
+def token_layout(reference: TapSet, unit: str | None, plan_meta: dict) -> list[ImageTokens]:
+    """Per image, where its high-resolution rows sit: pooled tokens (``merged``) row-major on the high-resolution
+    token grid; patch rows (``patch``, crop after crop) on the resized canvas. The low-resolution crop and its
+    tokens (the whole image at 378 px) come first in each image and are left out of the map."""
+    if unit not in ("patch", "merged") or "inputs.grids" not in reference:
+        return []
+    patches = int(reference.shape("inputs.pixel_values")[1])
+    pooling = np.asarray(reference["inputs.pooling"])
+    layout = []
+    for first_crop, crops, first_token, grid in _images(reference):
+        low, high = grid[0] * grid[1], grid[2] * grid[3]
+        if unit == "merged":
+            cells = np.stack(np.meshgrid(np.arange(grid[2]), np.arange(grid[3]), indexing="ij"), -1).reshape(-1, 2)
+            layout.append(ImageTokens(first_token + low, first_token + low + high, (grid[2], grid[3]), cells))
+            continue
+        tokens = pooling[first_token + low : first_token + low + high]
+        cells = _canvas_cells(tokens, grid, first_crop, crops, patches)
+        shape = (int(cells[:, 0].max()) + 1, int(cells[:, 1].max()) + 1)
+        layout.append(ImageTokens((first_crop + 1) * patches, (first_crop + crops) * patches, shape, cells))
+    return layout
+
+
+def input_overlay(inputs: dict, image: int) -> tuple[int | None, str]:
+    """No grid over the image (the crops overlap); the caption says how it was cut."""
+    height, width = inputs["resized"][image]
+    rows, cols = inputs["tiling"][image]
+    return None, (
+        f"canvas {height}x{width}, {rows}x{cols} crops + the low-res crop, {inputs['image_tokens'][image]} tokens "
+        f"({inputs['padded_tokens'][image]} padded)"
+    )
+
+
+def layer_facts(checkpoint: str | Path | None) -> dict:
+    """The checkpoint's ViT layer facts (the hub's defaults without a checkpoint)."""
+    config = HUB_DEFAULTS
+    if checkpoint is not None and (Path(checkpoint) / "config.json").exists():
+        config = json.loads((Path(checkpoint) / "config.json").read_text())
+    facts = read_facts(config)
+    return {
+        "source": str(checkpoint) if checkpoint is not None else "the hub's defaults (no checkpoint)",
+        "layout": facts.layout,
+        "declared_depth": facts.vit.declared_depth,
+        "configured_layers": list(facts.adapter.configured_layers),
+        "selected_layers": list(facts.selected_layers),
+        "execution_depth": facts.execution_depth,
+    }
+
+
+def geometry_report(
+    sizes: list[str], bucket: int | None, checkpoint: str | Path | None, as_json: bool, window_size: int | None = None
+) -> str:
+    """``driftscope geometry``: per image size the crops, tokens and partially padded pooling windows; the
+    selected ViT layers as resolved against the declared depth, and how many layers run."""
+    from ...views.geometry import parse_size
+
+    if bucket is not None or window_size is not None:
+        raise InputError(
+            "Molmo2 has no attention windows and packs no buckets (--bucket / --window-size do not apply)",
+            "drop --bucket and --window-size for a Molmo2 checkpoint",
+        )
+    spec = CropSpec.from_checkpoint(checkpoint)
+    images = [summary(*parse_size(size), spec) for size in sizes]
+    layers = layer_facts(checkpoint)
+    if as_json:
+        return json.dumps({"processor": vars(spec), "layers": layers, "images": images}, indent=2)
+    columns = ["image", "tiling", "crops", "canvas", "low_res_tokens", "high_res_tokens", "tokens"]
+    columns += ["padded_low_res", "padded_high_res"]
+    table = [columns] + [[str(row[c]) for c in columns] for row in images]
+    widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)) for line in table]
+    return "\n".join(
+        [
+            f"crops of {spec.crop_size} px, margins {list(spec.margins)} patches, at most {spec.max_crops} crops; "
+            f"pooling {spec.pooling[0]}x{spec.pooling[1]} (padded windows: tokens with fewer valid patches)",
+            f"ViT layers ({layers['source']}, {layers['layout']} layout): declared {layers['declared_depth']}, "
+            f"configured {layers['configured_layers']} -> selected {layers['selected_layers']} "
+            f"(resolved against the declared depth); {layers['execution_depth']} layers run",
+            "",
+            *lines,
+        ]
+    )
+
+
+def geometry_sections(image_path: str | Path, checkpoint: str | Path | None = None, **options) -> list[Section]:
+    """Notebook 03: the crops over the image, the pooling windows and their padding, the selected layers."""
+    from PIL import Image
+
+    from .geometry_plots import crop_table, crops_over_image, pooling_windows
+
+    spec = CropSpec.from_checkpoint(checkpoint)
+    with Image.open(image_path) as image:
+        facts = summary(image.height, image.width, spec)
+    layers = layer_facts(checkpoint)
+    headline = (
+        f"**{Path(image_path).name}** ({facts['image']}): {facts['crops']} crops (tiling {facts['tiling']} on a "
+        f"{facts['canvas']} canvas, plus the whole image at {spec.crop_size} px), {facts['tokens']} pooled tokens "
+        f"({facts['low_res_tokens']} low-res, {facts['high_res_tokens']} high-res); partially padded windows: "
+        f"{facts['padded_low_res']} low-res, {facts['padded_high_res']} high-res."
+    )
+    return [
+        Section(
+            "Crops and pooled tokens",
+            "Molmo2 reads an image as one low-resolution crop (the whole image) and overlapping high-resolution "
+            "crops; every canvas patch is read from exactly one crop, the interior margins are dropped.",
+            (headline, crop_table(image_path, spec)),
+        ),
+        Section("Crops over the image (kept part dashed)", "", (crops_over_image(image_path, spec),)),
+        Section(
+            "Pooling windows",
+            "Each token pools a 2x2 window of patches; a grid with an odd side is padded with -1, so its last row "
+            "and column pool fewer patches. The query divides by the valid count and the attention masks padding: "
+            "a port that divides by 4 or reads patch 0 in a padded slot differs exactly on these tokens.",
+            (pooling_windows(image_path, spec),),
+        ),
+        Section(
+            "Selected ViT layers",
+            "Negative vit_layers count from the depth the config declares, not from the layers the checkpoint keeps; "
+            "only the prefix up to the deepest selected layer runs.",
+            (
+                f"{layers['layout']} layout ({layers['source']}): declared depth {layers['declared_depth']}, "
+                f"configured {layers['configured_layers']} -> selected **{layers['selected_layers']}**, "
+                f"**{layers['execution_depth']}** layers run.",
+            ),
+        ),
+    ]
+
+
+def axis_sizes(config: dict, inputs=None) -> dict[str, int | str]:
+    """The size of every axis name the stage plan uses, for ``driftscope stages`` (token axes by name when
+    ``inputs`` is None); ``tokens`` is pooled tokens in both units."""
+    facts = read_facts(config)
+    vit, adapter = facts.vit, facts.adapter
+    sizes: dict[str, int | str] = {
+        "patches": vit.position_grid**2,
+        "positions": vit.num_positions,
+        "pixels": vit.patch_dim,
+        "hidden": vit.hidden_size,
+        "heads": vit.num_heads,
+        "head_dim": vit.head_dim,
+        "mlp": vit.intermediate_size,
+        "pool_dim": vit.hidden_size * len(facts.selected_layers),
+        "adapter_hidden": adapter.hidden_size,
+        "projector_hidden": adapter.intermediate_size,
+        "text_hidden": adapter.text_hidden_size,
+        "slots": 4,
+        "grid": 4,
+    }
+    for name in ("crops", "tokens", "images"):
+        sizes[name] = name
+    if inputs is not None:
+        sizes.update(
+            crops=int(inputs["pixel_values"].shape[0]),
+            tokens=int(inputs["pooling"].shape[0]),
+            slots=int(inputs["pooling"].shape[1]),
+            images=int(len(inputs["num_crops"])),
+        )
+    sizes["tokens:patch"] = sizes["tokens:merged"] = sizes["tokens"]
+    return sizes
+
+
+def shapes_note(config: dict) -> str:
+    """How the image axes follow from the images, for ``driftscope stages`` without images."""
+    return "crops = 1 + rows x cols per image (378-px crops), tokens = pooled 2x2 windows of the crops"
