@@ -47,4 +47,6 @@ fi
 "$VENV/bin/python" fixtures/make_tiny_qwen25vl_deep.py
 "$VENV/bin/python" fixtures/make_tiny_qwen3vl.py
 "$VENV/bin/python" fixtures/make_tiny_molmo2.py
+"$VENV/bin/python" fixtures/make_tiny_q4.py  # each family's tiny fixture in 4 bits
+"$VENV/bin/python" fixtures/make_tiny_qwen25vl_wide.py  # parameters/demo_q4.yaml
 echo "[setup] ready: $VENV/bin/driftscope"

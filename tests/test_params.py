@@ -97,3 +97,36 @@ def test_relative_to_a_peer():
         parse_parameters({**BASE, "relative": {"peer": "iree:f32"}})
     with pytest.raises(ParameterError, match="neither a float64 run"):
         parse_parameters({**BASE, "relative": {"factor": 3}})
+
+
+Q4 = {
+    **BASE,
+    "runtimes": [
+        {"runtime": "transformers", "policy": "q4-dequant"},
+        {"runtime": "mlx", "policy": "q4-f16"},
+        {"runtime": "mlx", "policy": "q4-dequant-f16"},
+        {"runtime": "iree", "policy": "q4-dequant"},
+    ],
+}
+
+
+def test_attribution_section():
+    section = {"candidate": "iree:q4-dequant", "references": ["mlx:q4-f16", "mlx:q4-dequant-f16"]}
+    params = parse_parameters({**Q4, "attribution": section})
+    assert params.attribution == section and params.to_dict()["attribution"] == section
+    assert "attribution" not in parse_parameters(Q4).to_dict()  # digests of runs without one are unchanged
+
+
+@pytest.mark.parametrize(
+    "section, message",
+    [
+        ({"candidate": "iree:q4-dequant", "references": ["mlx:q4", "mlx:q4-dequant-f16"]}, "\\['mlx:q4'\\]"),
+        ({"candidate": "iree:q4-dequant", "references": ["mlx:q4-f16"]}, "at least two"),
+        ({"candidate": "mlx:q4-f16", "references": ["mlx:q4-f16", "mlx:q4-dequant-f16"]}, "distinct"),
+        ({"candidate": "iree:q4-dequant", "references": "mlx:q4-f16"}, "attribution.references must be list"),
+        ({"candidate": "iree:q4-dequant", "refs": []}, "refs"),
+    ],
+)
+def test_bad_attribution_sections_are_named(section, message):
+    with pytest.raises(ParameterError, match=message):
+        parse_parameters({**Q4, "attribution": section})

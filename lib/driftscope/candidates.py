@@ -52,6 +52,12 @@ def judge_candidate(params, report, out, spec, runtime, inputs, plan, contract, 
         entry = result.drill.to_dict()
         entry["tapset"] = str(Path(entry["tapset"]).relative_to(out))
         report.data["replay"][label] = entry
+        controls = runtime.same_input_controls(reference, plan)  # e.g. quantized linears, fused and dequantized
+        if controls is not None:
+            from .quant.linear_controls import linear_verdict
+
+            report.data.setdefault("linear_replay", {})[label] = linear_verdict(controls, result.drill.labels, label)
+            log(f"  {report.data['linear_replay'][label]['verdict']}")
     report.data["conclusions"][label] = result.conclusion
     log(f"  {label}: {result.conclusion['text']}")
     report.save()

@@ -251,6 +251,7 @@ def _capture_one(
             "tapset": str(tapset.tensor_path.relative_to(out)),
             "timings": tapset.meta.get("timings", {}),
             "artifact": tapset.meta.get("artifact"),
+            "quantization": tapset.meta.get("quantization"),
             "bucket": tapset.meta.get("bucket"),
             "stages": len(tapset.stage_ids()),
         }
@@ -350,6 +351,11 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
             )
         if "peer" in rel:
             report.data["peer_relative"] = peer_verdict(report.rows, reference.label, rel["peer"], contract, plan)
+    if params.attribution:
+        from .quant.attribution import attribution_report
+
+        report.data["attribution"] = attribution_report(tapsets, params.attribution, contract, plan, compared)
+        log(f"attribution: {report.data['attribution']['verdict']}")
     if params.text:
         from .answer import answer_parity
 

@@ -45,6 +45,8 @@ TOP_KEYS = {
     "stages": "{blocks: bool, substages: [block indices] | all, include: [globs], exclude: [globs]}",
     "contract": "tolerance contract YAML path or URL (default: atol 0.08, rtol 0.08)",
     "notebooks": "notebooks to render for this run (default: [01_stage_parity])",
+    "attribution": "{candidate: iree:q4-dequant, references: [mlx:q4, mlx:q4-dequant]}: per stage, which reference "
+    "the candidate is closer to (relative RMS), and a verdict over the blocks",
 }
 RUNTIME_KEYS = {"runtime", "policy", "patch", "label", "options"}
 PATH_RULE = (
@@ -95,6 +97,7 @@ class Parameters:
     relative: dict | None = None
     power: dict | None = None
     text: dict | None = None
+    attribution: dict | None = None
     #: checkpoint, images and contract as the file wrote them (repository-relative paths, URLs): the run's
     #: identity in ``to_dict`` and ``digest``, so a checkout's location never changes it
     written: dict = field(default_factory=dict, compare=False, repr=False)
@@ -117,6 +120,7 @@ class Parameters:
             "relative": self.relative,
             "power": self.power,
             "text": self.text,
+            **({"attribution": self.attribution} if self.attribution else {}),
         }
 
     def replays(self, label: str) -> bool:
@@ -256,6 +260,26 @@ def _relative(relative: Any, labels: list[str], reference: str) -> dict | None:
             )
         out["peer"] = relative["peer"]
     return out
+def _attribution(data: Any, labels: list[str]) -> dict | None:
+    example = "{candidate: iree:q4-dequant, references: [mlx:q4, mlx:q4-dequant]}"
+    data = _section(data, "attribution", {"candidate", "references"}, example)
+    if data is None:
+        return None
+    candidate = data.get("candidate")
+    references = _expect(data.get("references", []), list, "attribution.references", "[mlx:q4, mlx:q4-dequant]")
+    named = [candidate, *references]
+    if candidate not in labels or any(label not in labels for label in references):
+        unknown = [label for label in named if label not in labels]
+        raise ParameterError(
+            f"attribution names runtimes {unknown} this run does not have", f"use labels from {labels}"
+        )
+    if len(set(references)) < 2 or candidate in references or len(set(references)) != len(references):
+        raise ParameterError(
+            f"attribution needs a candidate and at least two other, distinct references (got {candidate!r}, "
+            f"{references})",
+            f"write e.g. {example}",
+        )
+    return {"candidate": candidate, "references": list(references)}
 
 
 def _family(name: Any) -> str:
@@ -374,6 +398,7 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
     relative = _relative(data.get("relative"), labels, reference or labels[0])
     power = _power(data.get("power"))
     text = _text(data.get("text"))
+    attribution = _attribution(data.get("attribution"), labels)
     notebooks = data.get("notebooks", ["01_stage_parity"])
     _expect(notebooks, list, "notebooks", "[01_stage_parity]")
     name = data.get("name") or (Path(source).stem if source else "run")
@@ -395,6 +420,7 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
         relative=relative,
         power=power,
         text=text,
+        attribution=attribution,
         written={
             "checkpoint": data["checkpoint"],
             "images": list(images),

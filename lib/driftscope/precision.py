@@ -100,3 +100,9 @@ POLICIES.register(
 def get_policy(name: str) -> PrecisionPolicy:
     """The registered policy called ``name`` (an unknown name lists the valid ones)."""
     return POLICIES.get(name)
+
+
+# The quantized policies (q4, q4-dequant, q8, ... with f32/f16/bf16 activations): see driftscope.quant.policy.
+from .quant.policy import register_quantized_policies  # noqa: E402
+
+register_quantized_policies(POLICIES)

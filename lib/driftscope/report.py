@@ -402,6 +402,13 @@ def rejudge(report_path: str | Path, contract: Contract, out_path: str | Path | 
         data["peer_relative"] = peer_verdict(
             rows, reference_label, data["peer_relative"]["peer"], contract, report.plan
         )
+    if data.get("linear_replay"):  # the linear controls' rows stand; their stage labels follow the new contract
+        from .quant.linear_controls import linear_verdict
+
+        data["linear_replay"] = {
+            label: linear_verdict(entry, data["replay"].get(label, {}).get("labels", []), label)
+            for label, entry in data["linear_replay"].items()
+        }
     data["contract"] = contract.to_dict()
     data["rejudged_from"] = str(report.path)
     target = Path(out_path) if out_path else report.path

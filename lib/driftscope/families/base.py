@@ -128,6 +128,9 @@ class Family:
     #: runtime -> the ready patch correcting that runtime's known defects in this family's port (e.g. mlx-vlm's
     #: Molmo2): the shared agreement tests apply it, a run only when its parameter file names it
     known_defects: Mapping[str, str] = field(default_factory=dict)
+    #: module holding ``PROFILE``, the family's :class:`~driftscope.quant.profiles.QuantProfile` (None: the
+    #: family runs no quantized policy)
+    quantization: str | None = None
 
     def supports(self, runtime: str) -> bool:
         return runtime in self.engines
@@ -149,3 +152,13 @@ class Family:
 
     def view_hooks(self) -> ModuleType:
         return _module(self.views)
+
+    def quant_profile(self) -> Any:
+        """What quantized policies need to know about this family (``quant.profiles.QuantProfile``)."""
+        if self.quantization is None:
+            raise RuntimeUnavailableError(
+                f"model family {self.name!r} has no quantization profile, so it runs no quantized policy",
+                "use a float policy (f32, f16, bf16), or give the family a quantization module "
+                "(docs/adding-a-family.md)",
+            )
+        return _module(self.quantization).PROFILE

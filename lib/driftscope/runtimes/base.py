@@ -23,6 +23,8 @@ from ..hypotheses import hypotheses_of
 from ..inputs import ModelInputs
 from ..patches import HypothesisPatch
 from ..precision import PrecisionPolicy, get_policy
+from ..quant.loading import QuantizedWeights, check_policy_fits, quantized_weights
+from ..quant.policy import QuantizedPolicy
 from ..stages import StagePlan
 from ..tapset import TapSet, TapWriter
 
@@ -115,6 +117,12 @@ class Runtime(ABC):
         self.options = dict(options or {})
         self.model: Any = None
         self.timings: dict[str, float] = {}
+        #: the checkpoint the run names; ``checkpoint`` is what loads (under a -dequant policy, its dense
+        #: dequantized copy: see ``quant.loading``)
+        self.source = checkpoint
+        self.quantized: QuantizedWeights | None = None
+        if not self.external:
+            check_policy_fits(checkpoint, self.policy, self.options)
 
     @classmethod
     def check_policy(cls, policy: str) -> None:
@@ -141,6 +149,9 @@ class Runtime(ABC):
         if self.model is not None:
             return
         start = time.perf_counter()
+        if isinstance(self.policy, QuantizedPolicy) and self.quantized is None:
+            self.quantized = quantized_weights(self.source, self.policy, self.options, self.family)
+            self.checkpoint = self.quantized.checkpoint
         self.model = self._load()
         if self.patch is not None:
             with hypotheses_of(self.checkpoint.family):
@@ -171,9 +182,10 @@ class Runtime(ABC):
             "patch": self._describe_patch(),
             "versions": self.versions(),
             "inputs_digest": inputs.digest,
-            "checkpoint": str(self.checkpoint.path),
+            "checkpoint": str(self.source.path),
             "family": self.checkpoint.family,
             "options": self.options,
+            **({"quantization": self.quantized.report} if self.quantized else {}),
         }
 
     def _describe_patch(self) -> dict | None:
@@ -229,6 +241,10 @@ class Runtime(ABC):
         raise RuntimeUnavailableError(
             f"runtime {self.name!r} cannot replay single stages", "replay with transformers, mlx, jax or iree"
         )
+
+    def same_input_controls(self, reference: TapSet, plan: StagePlan) -> dict | None:
+        """Controls beyond the stage replay, on the reference's own stage inputs (None: this runtime has none)."""
+        return None
 
     def put_inputs(self, inputs: ModelInputs, sink: StageSink) -> None:
         for stage_id, value in inputs.stages().items():

@@ -21,6 +21,7 @@ from ..compiled.layers import Contract
 from ..errors import ParameterError
 from ..inputs import ModelInputs
 from ..precision import PrecisionPolicy
+from ..quant.policy import RUNTIME_POLICIES
 from ..stages import Stage
 from .base import Runtime, StageSink, package_versions, require
 
@@ -80,7 +81,7 @@ class CompiledTaps(Protocol):
 
 
 class CompiledRuntime(Runtime):
-    policies = COMPILED_POLICIES
+    policies = (*COMPILED_POLICIES, *RUNTIME_POLICIES["jax"])  # q4-dequant: the dense dequantized checkpoint
 
     def _load(self) -> Any:
         require("jax", "jax", self.name)

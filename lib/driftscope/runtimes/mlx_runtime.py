@@ -14,9 +14,10 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from ..inputs import ModelInputs
+from ..quant.policy import RUNTIME_POLICIES
+from ..stages import StagePlan
+from ..tapset import TapSet
 from .base import Runtime, StageSink, package_versions, require
-
-DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
 
 
 def to_numpy(array: Any) -> np.ndarray:
@@ -135,7 +136,7 @@ class MLXRuntime(Runtime):
     """mlx-vlm's eager model on MLX (CPU here; Metal on a Mac)."""
 
     name = "mlx"
-    policies = ("f32", "f16", "bf16")
+    policies = ("f32", "f16", "bf16", *RUNTIME_POLICIES["mlx"])
 
     def _load(self) -> Any:
         from ..blas import mlx_blas
@@ -144,8 +145,14 @@ class MLXRuntime(Runtime):
         mx = require("mlx.core", "mlx", self.name)
         require("mlx_vlm", "mlx-vlm", self.name)
         model = self.taps.load(self.checkpoint.path, self.checkpoint.config)
-        # every policy casts, f32 too: a bf16 checkpoint would otherwise run in bf16 under "f32"
-        model.set_dtype(getattr(mx, DTYPES[self.policy.name]))
+        if self.quantized is not None and self.quantized.quantize_on_load:  # a fused policy on a dense checkpoint
+            from ..quant.mlx_checkpoint import quantize_loaded
+
+            model.set_dtype(mx.float32)  # quantized from float32, as the host quantizes the checkpoint's tensors
+            quantize_loaded(model, self.family.quant_profile().mlx, self.quantized.spec)
+        # every policy casts, f32 too: a bf16 checkpoint would otherwise run in bf16 under "f32" (quantized
+        # layers: their scales and biases, which the fused kernel then computes in)
+        model.set_dtype(getattr(mx, self.policy.activations))
         mx.eval(model.parameters())
         form = self.options.get("rmsnorm", "fused")
         if form not in RMSNORM_FORMS:
@@ -198,3 +205,12 @@ class MLXRuntime(Runtime):
         """mlx-vlm's own modules (in the policy's dtype) applied to ``inputs``."""
         self.load()
         return self.taps.replay(self.model, stage_id, inputs, ctx)
+
+    def same_input_controls(self, reference: TapSet, plan: StagePlan) -> dict | None:
+        """Under a fused quantized policy: each quantized linear run fused and dequantized on the reference's input."""
+        if self.quantized is None or self.quantized.spec.execution != "fused":
+            return None
+        from ..quant.linear_controls import replay_linears
+
+        self.load()
+        return replay_linears(self.model, self.family, reference, plan, self.policy.activations)

@@ -12,6 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from ..inputs import ModelInputs
+from ..quant.policy import RUNTIME_POLICIES
 from .base import Runtime, StageSink, package_versions, require
 
 
@@ -50,7 +51,7 @@ class TransformersRuntime(Runtime):
     operand rounding around every forward and replay, what a GPU reference with ``allow_tf32`` computes)."""
 
     name = "transformers"
-    policies = ("f32", "f64", "tf32")
+    policies = ("f32", "f64", "tf32", *RUNTIME_POLICIES["transformers"])  # q4-dequant: the dense dequantized checkpoint
 
     def arithmetic(self) -> AbstractContextManager:
         """The policy's arithmetic around a forward: TF32 operand rounding under ``tf32``, else nothing."""

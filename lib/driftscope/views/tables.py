@@ -84,6 +84,11 @@ def summary_markdown(report: Report) -> str:
             f"detects {len(detected)}/{len(power['mutations'])}; blind to "
             + (", ".join(code(name) for name in blind) or "nothing")
         )
+    attribution = data.get("attribution")
+    if attribution:
+        lines.append(f"\n**Closer-to attribution**: {text(attribution['verdict'])}")
+    for entry in (data.get("linear_replay") or {}).values():
+        lines.append(f"\n**Quantized linears, fused and dequantized on the same input**: {text(entry['verdict'])}")
     return "\n".join(lines)
 
 

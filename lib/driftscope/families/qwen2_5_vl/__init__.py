@@ -7,6 +7,7 @@ Qwen2 decoder with M-RoPE. Everything driftscope knows about the family is in th
 - ``transformers_taps``, ``mlx_taps``, ``emitter/``: where each runtime taps and how it replays;
 - ``replay``: the side inputs every replay needs (rotary tables, attention bounds, window order);
 - ``mutations``, ``hypotheses``: the family's defects for fixture power, ready "what if" patches;
+- ``quantization``: what quantized policies need (tensor groups, MLX names, the linear layers behind stages);
 - ``views``: what the generic views and the geometry CLI ask of a family;
 - ``synthetic``: the tiny random-weight checkpoints.
 """
@@ -55,4 +56,5 @@ FAMILY = Family(
         images=(_ROOT / "fixtures" / "images" / "shapes_448.png",),
     ),
     substages_of=substages_of,
+    quantization=f"{__name__}.quantization",
 )

@@ -1,4 +1,4 @@
-"""Load a transformers-5 Qwen2.5-VL checkpoint with mlx-vlm's model code.
+"""Load a transformers-5 Qwen2.5-VL checkpoint (or an MLX-community quantized one) with mlx-vlm's model code.
 
 mlx-vlm 0.7 reads the older config layout: text settings at the top level and ``rope_scaling``
 with ``type: mrope``. transformers 5 nests them under ``text_config`` with ``rope_parameters``.
@@ -58,8 +58,8 @@ def load_mlx_model(path: Path, config: dict) -> Any:
     weights = utils.sanitize_weights(model, weights)
     weights = utils.sanitize_weights(model_module.VisionModel, weights, model_config.vision_config)
     weights = utils.sanitize_weights(model_module.LanguageModel, weights, model_config.text_config)
-    try:
-        model.load_weights(list(weights.items()), strict=True)
+    try:  # mlx-vlm's own install: an MLX-community checkpoint's quantized layers become quantized modules
+        utils.load_model_weights(model, adapted, weights, Path(path), strict=True)
     except ValueError as err:
         raise CheckpointError(
             f"checkpoint {path} does not match mlx-vlm's Qwen2.5-VL model: {err}",

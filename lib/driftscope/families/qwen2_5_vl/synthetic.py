@@ -137,3 +137,16 @@ QWEN25_VL_3B_SHAPED = SyntheticQwen25VLSpec(
 TINY_SPEC = SyntheticQwen25VLSpec()
 MASSIVE_CHANNEL = 17
 MASSIVE_SPEC = SyntheticQwen25VLSpec(massive_channel=MASSIVE_CHANNEL)
+
+
+#: A wide variant (hidden 1024, MLP 2048, depth 2): its linear layers have 1024 and 2048 inputs, wide enough for
+#: MLX's fused quantized matmul, which sums in the activation dtype, to dominate the float16 error from the first
+#: linear layer on (``fixtures/make_tiny_qwen25vl_wide.py`` saves it as a 4-bit MLX-community checkpoint).
+WIDE_SPEC = SyntheticQwen25VLSpec(
+    vision_depth=2,
+    vision_hidden=1024,
+    vision_heads=16,
+    vision_intermediate=2048,
+    fullatt_block_indexes=(1,),
+    seed=4,
+)

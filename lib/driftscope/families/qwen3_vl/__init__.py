@@ -8,6 +8,7 @@ Qwen3 decoder with interleaved M-RoPE. Everything driftscope knows about the fam
 - ``transformers_taps``, ``mlx_taps`` (+ ``mlx_config``), ``emitter/``: where each runtime taps, how it replays;
 - ``replay``: the side inputs every replay needs (rotary tables, attention bounds, grids);
 - ``mutations``, ``hypotheses``: the family's defects for fixture power, ready "what if" patches;
+- ``quantization``: what quantized policies need (tensor groups, MLX names, the linear layers behind stages);
 - ``views``: what the generic views, ``driftscope geometry`` and ``driftscope stages`` ask of a family;
 - ``synthetic``: the tiny random-weight checkpoint.
 
@@ -58,4 +59,5 @@ FAMILY = Family(
         build=_build_tiny,
         images=(_ROOT / "fixtures" / "images" / "shapes_224.png",),
     ),
+    quantization=f"{__name__}.quantization",
 )

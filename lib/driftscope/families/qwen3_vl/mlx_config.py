@@ -1,4 +1,4 @@
-"""Load a transformers-5 Qwen3-VL checkpoint with mlx-vlm 0.7.10's model code.
+"""Load a transformers-5 Qwen3-VL checkpoint (or an MLX-community quantized one) with mlx-vlm 0.7.10's model code.
 
 mlx-vlm reads the text RoPE from ``text_config.rope_theta`` and ``rope_scaling {type, mrope_section,
 mrope_interleaved}``; transformers 5 writes ``rope_parameters``. mlx-vlm's vision tower refuses the
@@ -88,8 +88,8 @@ def load_mlx_model(path: str | Path, config: dict) -> Any:
     weights = utils.sanitize_weights(model, weights)
     weights = utils.sanitize_weights(model_module.VisionModel, weights, model_config.vision_config)
     weights = utils.sanitize_weights(model_module.LanguageModel, weights, model_config.text_config)
-    try:
-        model.load_weights(list(weights.items()), strict=True)
+    try:  # mlx-vlm's own install: an MLX-community checkpoint's quantized layers become quantized modules
+        utils.load_model_weights(model, adapted, weights, Path(path), strict=True)
     except ValueError as err:
         raise CheckpointError(
             f"checkpoint {path} does not match mlx-vlm's Qwen3-VL model: {err}",
