@@ -151,7 +151,10 @@ def test_layer_drilldown_renders_every_figure_for_the_first_divergent_block(rend
     labels = {x["stage"]: x["label"] for x in report["replay"]["mlx:bf16"]["labels"]}
     # the stem (patch embedding, rotary tables), 8 blocks, the merger's four operators, and what narrowing added
     added = (report["narrowing"].get("mlx:bf16") or {}).get("added", [])
-    assert len(labels) == 3 + 8 + 4 + len(added)
+    text = {"text.embeds.image", "text.embeds.text", "text.norm.last", "text.logits.last"}
+    text |= {f"text.layer.{i}{last}" for i in range(2) for last in ("", ".last")}  # the tiny decoder's 2 layers
+    assert {stage for stage in labels if stage.startswith("text.")} == text  # the text side is replayed too
+    assert len(labels) == 3 + 8 + 4 + len(added) + len(text)
     assert set(labels.values()) <= {"clean", "inherited", "amplified", "introduced"}
     notebook = json.loads((out / "02_layer_drilldown.ipynb").read_text())
     outputs = [o for cell in notebook["cells"] if cell["cell_type"] == "code" for o in cell.get("outputs", [])]

@@ -47,8 +47,8 @@ def test_the_spatial_maps_colour_bar_is_the_scale_of_its_heatmaps(rendered):
         assert np.array_equal(np.asarray(heatmap.get_array()), grid)
         assert heatmap.norm.vmin == limits[0] == grid.min() and heatmap.norm.vmax == limits[1] == grid.max()
     # the grid is each patch's RMS error, every token once: its root mean square is the stage's RMS error
-    reference = np.asarray(report.tapset(report.data["reference"])[stage], dtype=np.float64)
-    candidate = np.asarray(report.tapset("mlx:bf16")[stage], dtype=np.float64)
+    sides = report.pair_tapsets("mlx:bf16")  # the run's TapSets with the stages narrowing added to this pair
+    reference, candidate = (np.asarray(side[stage], dtype=np.float64) for side in sides)
     assert grid.size == reference.shape[0]
     assert np.sqrt(np.mean(grid**2)) == pytest.approx(np.sqrt(np.mean((candidate - reference) ** 2)), rel=1e-6)
 

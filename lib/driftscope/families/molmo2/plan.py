@@ -95,11 +95,17 @@ def vision_plan(config: dict) -> StagePlan:
         )
     hidden = ("crops", "patches", "hidden")
     stages = [
-        _vit("inputs.pixel_values", ("crops", "patches", "pixels"), "crop pixels, 14x14x3 per patch row"),
-        Stage("inputs.pooling", ("tokens", "slots"), integer=True, description="pooling indices, -1 for padding"),
-        Stage("inputs.grids", ("images", "grid"), integer=True, description="low/high-res token rows, cols"),
-        Stage("inputs.num_crops", ("images",), integer=True, description="crops per image"),
-        Stage("inputs.image_tokens", ("images",), integer=True, description="pooled tokens per image"),
+        _vit("inputs.pixel_values", ("crops", "patches", "pixels"), "crop pixels, 14x14x3 per patch row", data=True),
+        Stage(
+            "inputs.pooling",
+            ("tokens", "slots"),
+            integer=True,
+            description="pooling indices, -1 for padding",
+            data=True,
+        ),
+        Stage("inputs.grids", ("images", "grid"), integer=True, description="low/high-res token rows, cols", data=True),
+        Stage("inputs.num_crops", ("images",), integer=True, description="crops per image", data=True),
+        Stage("inputs.image_tokens", ("images",), integer=True, description="pooled tokens per image", data=True),
         _vit("vision.patch_embed", hidden, "linear patch embedding of 14x14x3 pixel rows"),
         Stage("vision.pos_embed", ("positions", "hidden"), side=True, description="learned positions of one crop"),
         _vit("vision.positioned", hidden, "patch embedding + positions (block 0 input)"),
@@ -117,9 +123,8 @@ def vision_plan(config: dict) -> StagePlan:
         _vit("vision.concatenated", ("crops", "patches", "pool_dim"), "selected layers concatenated, configured order")
     )
     for stage_id, axes, meaning, _ in HEAD:
-        stages.append(
-            Stage(stage_id, axes, "raster", "merged", integer=stage_id == "pool.valid_counts", description=meaning)
-        )
+        counts = stage_id == "pool.valid_counts"  # index math: how many pooling slots are real
+        stages.append(Stage(stage_id, axes, "raster", "merged", integer=counts, description=meaning, data=counts))
     meta = {
         "layout": facts.layout,
         "declared_depth": facts.vit.declared_depth,
@@ -157,8 +162,14 @@ def text_stages(config: dict, max_new_tokens: int) -> list[Stage]:
     """After the projector: the prompt, the merged embeddings, the decoder's mask, each layer, logits, tokens."""
     layers = read_facts(config).text.layers
     stages = [
-        Stage("text.input_ids", ("tokens",), integer=True, description="prompt token ids"),
-        Stage("text.token_types", ("tokens",), integer=True, description="1 for image tokens (mm_token_type_ids)"),
+        Stage("text.input_ids", ("tokens",), integer=True, description="prompt token ids", data=True),
+        Stage(
+            "text.token_types",
+            ("tokens",),
+            integer=True,
+            description="1 for image tokens (mm_token_type_ids)",
+            data=True,
+        ),
         Stage("text.embeds.image", ("image_tokens", "text_hidden"), description="<im_patch> embeddings + features"),
         Stage("text.embeds.text", ("text_tokens", "text_hidden"), description="embeddings at the other slots"),
         Stage(
@@ -175,7 +186,9 @@ def text_stages(config: dict, max_new_tokens: int) -> list[Stage]:
     stages += [
         Stage("text.norm.last", ("text_hidden",), description="final norm, last position"),
         Stage("text.logits.last", ("vocab",), description="prefill logits, last position"),
-        Stage("text.generate.tokens", ("steps",), integer=True, description=f"greedy tokens ({max_new_tokens})"),
+        Stage(
+            "text.generate.tokens", ("steps",), integer=True, description=f"greedy tokens ({max_new_tokens})", data=True
+        ),
         Stage("text.generate.margins", ("steps",), side=True, description="top-1 minus top-2 logit at each step"),
     ]
     return stages
