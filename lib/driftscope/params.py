@@ -260,6 +260,8 @@ def _relative(relative: Any, labels: list[str], reference: str) -> dict | None:
             )
         out["peer"] = relative["peer"]
     return out
+
+
 def _attribution(data: Any, labels: list[str]) -> dict | None:
     example = "{candidate: iree:q4-dequant, references: [mlx:q4, mlx:q4-dequant]}"
     data = _section(data, "attribution", {"candidate", "references"}, example)
