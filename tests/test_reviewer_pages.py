@@ -46,7 +46,8 @@ const tables = Array.from(document.querySelectorAll('div.driftscope-table'));
 const verdict = Array.from(document.querySelectorAll('p')).find(p => p.innerText.startsWith('Verdict:'));
 const divergence = tables.find(t => t.querySelector('th') && t.innerText.includes('first divergence'));
 const curve = Array.from(document.images).find(i => i.alt.startsWith('Error per stage (share of tolerance used)'));
-const logs = Array.from(document.querySelectorAll('details')).filter(d => d.innerText.startsWith('Progress log'));
+const logs = Array.from(document.querySelectorAll('details'))
+  .filter(d => d.querySelector('summary') && d.querySelector('summary').textContent.startsWith('Progress log'));
 const last = Math.max(...Array.from(document.querySelectorAll('img, table')).map(e => e.getBoundingClientRect().top));
 return {verdict: verdict && box(verdict), divergence: divergence && box(divergence), curve: curve && box(curve),
   curveLoaded: curve && curve.complete && curve.naturalWidth > 0, logs: logs.map(d => [d.open, box(d).top]),
@@ -55,8 +56,18 @@ return {verdict: verdict && box(verdict), divergence: divergence && box(divergen
 """
 
 
-def page(browser, path) -> dict:
+def load(browser, path) -> None:
+    """Open ``path`` and wait until the whole document (its last section, the progress log, included) is in."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
     browser.get(path.as_uri())
+    WebDriverWait(browser, 60).until(
+        lambda d: d.execute_script("return document.readyState === 'complete' && !!document.querySelector('details')")
+    )
+
+
+def page(browser, path) -> dict:
+    load(browser, path)
     return browser.execute_script(BOXES)
 
 
@@ -79,7 +90,7 @@ def test_the_verdict_first_divergence_and_curve_are_above_the_fold(browser, rend
 
 
 def stage_table_rows(browser, path) -> tuple[list[str], list[list[str]], dict]:
-    browser.get(path.as_uri())
+    load(browser, path)
     return browser.execute_script(
         """
         const h = Array.from(document.querySelectorAll('h2')).find(h => h.innerText.startsWith('Stage table'));
@@ -155,7 +166,7 @@ def test_the_first_divergence_names_the_worst_failing_element(browser, rendered)
     report = Report.load(out)
     first = report.data["first_divergence"]["mlx:bf16"]
     truth = worst_failing_from_taps(report, "mlx:bf16", first["stage"])
-    browser.get((out / "01_stage_parity.nocode.html").as_uri())
+    load(browser, out / "01_stage_parity.nocode.html")
     header, *rows = browser.execute_script(
         """
         const box = Array.from(document.querySelectorAll('div.driftscope-table'))
