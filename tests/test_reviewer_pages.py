@@ -128,8 +128,8 @@ def worst_failing_from_taps(report: Report, key: str, stage: str):
     """The failing element furthest past its own tolerance, computed here from the two TapSets with numpy
     (``key`` is a runtime compared with the run's reference)."""
     row = next(r for r in report.rows if (r.pair or r.candidate) == key and r.stage == stage)
-    reference = np.asarray(report.tapset(report.data["reference"])[stage], dtype=np.float64)
-    candidate = np.asarray(report.tapset(key)[stage], dtype=np.float64)
+    sides = report.pair_tapsets(key)  # the run's TapSets with the stages narrowing added to this pair
+    reference, candidate = (np.asarray(side[stage], dtype=np.float64) for side in sides)
     difference = np.abs(candidate - reference)
     bound = row.atol + row.rtol * np.abs(reference)
     failing = difference > bound
