@@ -12,20 +12,11 @@ from ...runtimes.base import StageSink, put_greedy
 from ...runtimes.transformers_runtime import replaced
 from ...runtimes.transformers_runtime import to_numpy as _np
 from ..qwen_shared.text import put_text_inputs
+from ..qwen_shared.tower import tower_inputs as _tower_inputs
+from ..qwen_shared.tower import visual as _visual
 from .plan import block_stage_id, parse_stage
 
 MODEL_CLASS = "Qwen2_5_VLForConditionalGeneration"
-
-
-def _visual(model: Any) -> Any:
-    return model.model.visual
-
-
-def _tower_inputs(model: Any, inputs: ModelInputs):
-    import torch
-
-    dtype = next(_visual(model).parameters()).dtype
-    return torch.from_numpy(inputs["pixel_values"]).to(dtype), torch.from_numpy(inputs["grid_thw"])
 
 
 def run_vision(model: Any, inputs: ModelInputs):
