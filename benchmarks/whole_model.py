@@ -274,7 +274,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--iree-target", default="llvm-cpu", help="IREE target (cuda on a GPU machine)")
     parser.add_argument("--one", nargs=3, metavar=("RUNTIME", "KIND", "LENGTH"), help=argparse.SUPPRESS)
     parser.add_argument("--checkpoint", help="a whole checkpoint to use instead of the generated one")
+    parser.add_argument(
+        "--runtimes",
+        default=",".join(WHOLE_RUNTIMES),
+        help="runtime:policy labels, comma-separated: the three f32 runtimes (reference first) and any of the others",
+    )
     args = parser.parse_args(argv)
+    runtimes = tuple(args.runtimes.split(","))
+    if runtimes[0] != WHOLE_RUNTIMES[0] or not set(F32) <= set(runtimes) <= set(WHOLE_RUNTIMES):
+        parser.error(f"--runtimes: {', '.join(F32)} (the reference first), then any of {', '.join(WHOLE_RUNTIMES[3:])}")
     if args.one:
         from driftscope.blas import mlx_blas
 
@@ -308,7 +316,7 @@ def main(argv: list[str] | None = None) -> None:
     weights_bytes = sum(p.stat().st_size for p in path.glob("*.safetensors"))
     rss = PeakRSS()
     rows, compile_row = {}, None
-    for label in WHOLE_RUNTIMES:
+    for label in runtimes:
         name, policy = label.split(":")
         runtime = get_runtime(name)(
             checkpoint, policy, options=iree_options(args.iree_target) if name == "iree" else {}
@@ -341,7 +349,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  {label}: {row}", flush=True)
 
     # the captures above compiled every IREE graph the investigation needs into $DRIFTSCOPE_CACHE: it runs warm
-    whole = run_investigation(whole_params(path, IMAGE, target=args.iree_target), out, "whole", ("warm",))
+    whole = run_investigation(whole_params(path, IMAGE, runtimes, target=args.iree_target), out, "whole", ("warm",))
     tower = None
     if args.tower_investigation:
         tower_params = {**whole_params(path, IMAGE, F32), "name": "bench-tower", "notebooks": ["01_stage_parity"]}
@@ -380,7 +388,7 @@ def report(args, checkpoint, inputs, weights_bytes, bf16_path, rows, compile_row
     warm = whole["warm"]
     data = whole["report"].data
     print(
-        f"\n1. whole investigation (warm, {len(WHOLE_RUNTIMES)} runtimes): {warm['seconds']:.1f}s = "
+        f"\n1. whole investigation (warm, {len(rows)} runtimes): {warm['seconds']:.1f}s = "
         f"{warm['seconds'] / forwards:.2f}x the sum of their plain whole forwards ({forwards:.1f}s); "
         f"{warm['seconds'] / f32_forwards:.2f}x the three f32 runtimes' ({f32_forwards:.1f}s); "
         f"verdict {data['verdict']['status']}; " + phases(whole["report"])
