@@ -90,8 +90,8 @@ def with_text(checkpoint, images: list, prompt: str | None = None, tokens: int =
 
 def plain_whole(runtime, inputs, out: Path) -> float:
     """Seconds of one plain whole-model forward without taps: tower, prefill (last position's logits) and
-    greedy decode to ``max_new_tokens`` (IREE: the production-like tower graph and the compiled prefill; it
-    does not decode)."""
+    greedy decode to ``max_new_tokens`` (IREE: the production-like tower graph, the compiled prefill and its
+    compiled decode step)."""
     text = inputs.text
     if runtime.name == "transformers":
         import torch
@@ -133,7 +133,8 @@ def plain_whole(runtime, inputs, out: Path) -> float:
 
     family = get_family(runtime.checkpoint.family)
     vision = family.vision_plan(runtime.checkpoint.config).select(StageSelection(blocks=False))
-    plan = StagePlan(vision.family, vision.stages + family.text_stages(runtime.checkpoint.config, 1), 0, {})
+    text_stages = family.text_stages(runtime.checkpoint.config, text.max_new_tokens)
+    plan = StagePlan(vision.family, vision.stages + text_stages, 0, {})
     options = dict(runtime.options)
     runtime.options.update(taps="final", graph="whole")
     runtime.capture(inputs, plan, out / f"plain-{runtime.name}")
@@ -158,10 +159,11 @@ def text_compile(runtime, inputs, cache: Path) -> dict:
     import numpy as np
     from driftscope.compiled.graph import lower_function
     from driftscope.compiled.iree import IreeModule, compile_graph
-    from driftscope.families.qwen2_5_vl.emitter.text import TextSpec, load_text_weights, text_prefill
+    from driftscope.families.qwen2_5_vl.emitter.program import _text
+    from driftscope.families.qwen2_5_vl.emitter.text import text_prefill
 
-    spec = TextSpec.from_config(runtime.checkpoint.config)
-    weights = runtime.__dict__.get("_text_weights") or load_text_weights(runtime.checkpoint.path, spec)
+    runtime.load()
+    spec, weights = _text(runtime.model)  # the runtime's own text weights (read once; only their shapes are used)
     seq, contract = int(inputs.text.input_ids.size), runtime.contract
     function = jax.jit(lambda w, e, p: text_prefill(w, e, p, spec=spec, contract=contract), keep_unused=True)
     function.__name__ = "text_prefill"
@@ -469,9 +471,9 @@ def sweep_case(label: str, kind: str, length: int, out: Path, checkpoint_path: P
     before = PeakRSS.now()
     runtime.load()
     if name == "iree":  # the text weights load lazily in the capture; counted with the model instead
-        from driftscope.families.qwen2_5_vl.emitter.text import TextSpec, load_text_weights
+        from driftscope.families.qwen2_5_vl.emitter.program import _text
 
-        runtime._text_weights = load_text_weights(checkpoint.path, TextSpec.from_config(checkpoint.config))
+        _text(runtime.model)  # read into the runtime's own model (a separate copy would count twice)
     rss = PeakRSS()
     loaded = rss.now()
     rss.reset()

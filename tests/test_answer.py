@@ -43,7 +43,7 @@ def answered(tmp_path_factory, tiny_checkpoint_dir):
     return Report.load(out / "run" / "report.json"), out / "run"
 
 
-def test_every_runtime_agrees_on_the_prefill_top1_and_mlx_on_16_greedy_tokens(answered):
+def test_every_runtime_agrees_on_the_prefill_top1_and_on_16_greedy_tokens(answered):
     report, _ = answered
     rows = {(r.candidate, r.stage): r for r in report.rows}
     for label in RUNTIMES[1:]:
@@ -56,12 +56,17 @@ def test_every_runtime_agrees_on_the_prefill_top1_and_mlx_on_16_greedy_tokens(an
         assert rows[(label, "text.layer.1.last")].max_abs < 1e-4
     answer = report.data["answer"]
     tokens = {label: entry["tokens"] for label, entry in answer["runtimes"].items()}
-    assert set(tokens) == {"transformers:f32", "mlx:f32"}  # the compiled path stops at prefill logits
-    assert len(tokens["transformers:f32"]) == 16 and tokens["mlx:f32"] == tokens["transformers:f32"]
-    pair = next(p for p in answer["pairs"] if p["candidate"] == "mlx:f32")
-    assert pair["identical"] and pair["first_difference"] is None
+    assert set(tokens) == set(RUNTIMES)  # the compiled path decodes too: its own decode graph and cache
+    assert len(tokens["transformers:f32"]) == 16
     top1 = {label: entry["prefill_top1"] for label, entry in answer["runtimes"].items()}
-    assert top1["mlx:f32"] == top1["transformers:f32"] == tokens["transformers:f32"][0]
+    for label in RUNTIMES[1:]:
+        assert tokens[label] == tokens["transformers:f32"], label
+        pair = next(p for p in answer["pairs"] if p["candidate"] == label)
+        assert pair["identical"] and pair["first_difference"] is None, label
+        assert top1[label] == top1["transformers:f32"] == tokens["transformers:f32"][0], label
+        # every step's top-1 minus top-2 logit, against transformers' cached decode: positions, cache and mask
+        margins = rows[(label, "text.generate.margins")]
+        assert margins.status == "pass" and margins.max_abs < 1e-4, label
 
 
 def test_oracle_positions_equal_the_geometry_library(answered):
@@ -142,7 +147,7 @@ def test_the_answer_table_has_every_runtimes_prefill_and_says_the_weights_are_ra
         agrees = "reference" if label == RUNTIMES[0] else ("yes" if own == reference_top1 else "no")
         assert frame.loc[label, "top-1 agrees"] == agrees, label
     for label in ("jax:f32", "iree:f32"):
-        assert frame.loc[label, "tokens"] == "does not decode (prefill only)"
+        assert frame.loc[label, "tokens"] == frame.loc["transformers:f32", "tokens"] != "does not decode (prefill only)"
         assert 0 < frame.loc[label, "top-5 overlap"] <= 1
     assert random_weights_note(report).startswith("**This checkpoint has random weights**")
     page = (out / "06_answer_parity.nocode.html").read_text()

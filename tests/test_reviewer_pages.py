@@ -228,7 +228,10 @@ def test_stages_one_side_cannot_capture_are_said_in_words(browser, rendered):
     _, out = rendered
     report = Report.load(out)
     text = page(browser, out / "01_stage_parity.nocode.html")["text"]
-    assert "iree does not decode: text.generate.* not compared for iree:f32 vs transformers:f32" in text
+    assert (
+        "iree does not decode (options.decode: false): text.generate.* not compared for iree:f32 vs transformers:f32"
+        in text
+    )
     assert "captured by only one side" not in text
     assert not [r for r in report.data["verdict"]["reasons"] if "text.generate" in r or "one side" in r]
     missing = [r for r in report.rows if r.status == "missing"]

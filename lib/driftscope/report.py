@@ -308,9 +308,22 @@ def _why_absent(tapset: TapSet, prefix: str) -> str:
         runtime = get_runtime(name)
     except DriftscopeError:
         runtime = None
-    if prefix.startswith("text.generate") and runtime is not None and not runtime.decodes:
+    family = str(tapset.meta.get("family") or "")
+    if prefix.startswith("text.generate") and (tapset.meta.get("options") or {}).get("decode") is False:
+        return f"{name} does not decode (options.decode: false)"
+    if prefix.startswith("text.generate") and runtime is not None and not _decodes(runtime, family):
         return f"{name} does not decode"
     return f"{tapset.label} did not capture them"
+
+
+def _decodes(runtime, family: str) -> bool:
+    """Whether ``runtime`` declares greedy decoding for ``family`` (its general answer for an unknown family)."""
+    from .errors import DriftscopeError
+
+    try:
+        return runtime.decodes_with(family) if family else runtime.decodes
+    except DriftscopeError:
+        return runtime.decodes
 
 
 def _divergence_record(row: ComparisonRow) -> dict:

@@ -236,6 +236,12 @@ class Runtime(ABC):
     #: whether the text capture decodes greedily past the prefill (``text.generate.*``)
     decodes: bool = False
 
+    @classmethod
+    def decodes_with(cls, family: str) -> bool:
+        """Whether this engine decodes greedily for ``family`` (engines whose decoding is the family's code,
+        the compiled ones, ask the family)."""
+        return cls.decodes
+
     def replay(self, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
         """Run only ``stage_id``'s operator on ``inputs`` (another runtime's stage values); float32 result."""
         raise RuntimeUnavailableError(

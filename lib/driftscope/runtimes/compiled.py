@@ -31,6 +31,8 @@ COMPILED_POLICIES = ("f32", "f16-contract", "f16-state")
 #: out between calls; "auto" (default): whole while its tapped outputs fit ``options.whole_taps_mib``, else
 #: blocks (memory stays bounded by the model plus one block's taps however many substages are tapped)
 GRAPH_MODES = ("auto", "whole", "blocks")
+#: Runtime options: ``graph`` (above), ``whole_taps_mib``, ``target`` and ``flags`` (iree), ``cache_dir``, and
+#: ``decode`` (default true: the text side decodes greedily where the family's emitter can; false: prefill only).
 #: Default budget for the tapped outputs a whole graph holds at once before ``auto`` goes block by block.
 WHOLE_TAPS_MIB = 512
 
@@ -187,11 +189,19 @@ class CompiledRuntime(Runtime):
 
     can_replay = True
 
+    @classmethod
+    def decodes_with(cls, family: str) -> bool:
+        """The family's emitter decodes when its program module says so (``DECODES = True``)."""
+        from ..families import get_family
+
+        return bool(getattr(get_family(family).engine(cls.name), "DECODES", False))
+
     def _capture_text(self, inputs: ModelInputs, sink: StageSink) -> None:
         """The family's JAX text decoder on embeddings merged from this runtime's own tower output."""
         self.taps.capture_text(self, inputs, sink, self._tower)
 
-    def run_text(self, function, args) -> dict[str, np.ndarray]:
+    def run_text(self, function, args, name: str = "text_prefill") -> dict[str, np.ndarray]:
+        """One text graph (``name``: the prefill, a decode step) on ``args`` (weights first)."""
         return {k: np.asarray(v) for k, v in function(*args).items()}
 
     def replay_call(self, stage_id: str, inputs: list[np.ndarray], ctx: Any):
@@ -328,9 +338,10 @@ class IreeRuntime(CompiledRuntime):
         leaves = [device(w) for w in jax.tree_util.tree_leaves(args[0])] + jax.tree_util.tree_leaves(args[1:])
         return modules[key](leaves)
 
-    def run_text(self, function, args) -> dict[str, np.ndarray]:
-        """The text prefill lowered on its own and compiled by iree-compile (cached like the tower)."""
-        return self.call("text_prefill", function, args)
+    def run_text(self, function, args, name: str = "text_prefill") -> dict[str, np.ndarray]:
+        """A text graph (the prefill, a decode step) lowered on its own and compiled by iree-compile (cached like
+        the tower; a decode step's graph once for every step, its shapes do not change)."""
+        return self.call(name, function, args)
 
     def replay(self, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
         """The stage lowered on its own and compiled by iree-compile (one cached artifact per stage kind)."""

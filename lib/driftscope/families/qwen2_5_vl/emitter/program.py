@@ -13,7 +13,7 @@ from ....compiled.graph import LoweredGraph, contract_for, lower_graph
 from ....compiled.layers import Contract
 from ....inputs import ModelInputs
 from ....precision import PrecisionPolicy
-from ....runtimes.base import StageSink
+from ....runtimes.base import StageSink, put_greedy
 from ....runtimes.compiled import EmittedModel
 from ....stages import Stage
 from ...qwen_shared.text import put_text_inputs
@@ -24,6 +24,8 @@ from .model import FINAL, SUBSTAGES, block_graph, merger_graph, stem_graph, visi
 from .stages import prefixed, stage_function, stage_weights
 from .weights import load_vision_weights
 
+#: The text side decodes greedily after the prefill (``text.generate.*``): see :func:`capture_text`.
+DECODES = True
 #: Stages computed on the host (inputs and index math), not by the graph.
 HOST_STAGES = (
     "inputs.pixel_values",
@@ -142,7 +144,9 @@ def capture_pieces(runtime, bucket: Bucket, inputs: ModelInputs, sink: StageSink
 
 
 def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str, np.ndarray]) -> None:
-    """Prefill logits through the JAX text decoder on embeddings merged from the runtime's own tower output."""
+    """The JAX text decoder on embeddings merged from the runtime's own tower output: the prefill (every layer,
+    the last position's logits), then greedy decode step by step against a fixed-size key/value cache (left out
+    under the runtime option ``decode: false``)."""
     import jax
 
     from .text import text_prefill
@@ -158,10 +162,55 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
     )
     put_text_inputs(inputs, sink, embeds, rows, positions, np.array([delta]))
     contract = runtime.contract
-    function = jax.jit(lambda w, e, p: text_prefill(w, e, p, spec=spec, contract=contract), keep_unused=True)
+    decode = runtime.options.get("decode", True) is not False and sink.wants("text.generate.tokens")
+
+    def prefill(w, e, p):
+        return text_prefill(w, e, p, spec=spec, contract=contract, cache=decode and text.max_new_tokens > 1)
+
     args = (weights, embeds.astype(np.float32), positions.astype(np.int32))
-    for stage_id, value in runtime.run_text(function, args).items():
+    out = runtime.run_text(jax.jit(prefill, keep_unused=True), args)
+    cache = (out.pop("cache.keys", None), out.pop("cache.values", None))
+    for stage_id, value in out.items():
         sink.put(stage_id, np.asarray(value, dtype=np.float32))
+    if decode:
+        step = _decoder(runtime, spec, weights, cache, len(text.input_ids) + int(delta), text.max_new_tokens)
+        put_greedy(sink, np.asarray(out["text.logits.last"]), step, text.max_new_tokens)
+
+
+def _decoder(runtime, spec, weights: dict, cache: tuple, first_position: int, max_new_tokens: int):
+    """``step(token) -> logits`` for greedy decoding after the prefill: one compiled decode graph whose cache
+    holds the prompt and every generated token (capacity fixed up front); the token fed at step ``i`` sits at
+    M-RoPE position ``first_position + i`` on all three axes, as transformers places generated tokens (the
+    prompt's length plus the rope delta)."""
+    import jax
+
+    from .text import text_decode_step
+
+    contract = runtime.contract
+    keys, values = cache
+    if keys is None:  # a single token: no step is ever taken
+        return None
+    length = keys.shape[1]
+    grow = ((0, 0), (0, max_new_tokens - 1), (0, 0), (0, 0))
+    state = {"keys": np.pad(keys, grow), "values": np.pad(values, grow), "length": length}
+
+    def decode(w, k, v, token, position, at):
+        return text_decode_step(w, k, v, token, position, at, spec=spec, contract=contract)
+
+    function = jax.jit(decode, keep_unused=True)
+
+    def step(token: int) -> np.ndarray:
+        at = state["length"]
+        scalars = (
+            np.array([token], np.int32),
+            np.array([first_position + at - length], np.int32),
+            np.array([at], np.int32),
+        )
+        out = runtime.run_text(function, (weights, state["keys"], state["values"], *scalars), name="text_decode")
+        state.update(keys=np.array(out["keys"]), values=np.array(out["values"]), length=at + 1)  # own copies
+        return np.asarray(out["logits"], dtype=np.float32)
+
+    return step
 
 
 def replay_call(model: EmittedModel, stage_id: str, inputs: list[np.ndarray], ctx: Any, contract: Contract):

@@ -1,7 +1,8 @@
-"""The Qwen2.5-VL text decoder (prefill) in JAX: M-RoPE, grouped-query causal attention, SwiGLU.
+"""The Qwen2.5-VL text decoder in JAX: M-RoPE, grouped-query causal attention, SwiGLU.
 
-Takes the merged input embeddings and the (t, h, w) position ids, returns each layer's output and
-the final norm at the last position and the last position's logits. Weights are arguments.
+The prefill takes the merged input embeddings and the (t, h, w) position ids and returns each layer's
+output, the final norm at the last position and the last position's logits (and, for decoding, every
+layer's keys and values); a decode step runs one token against a fixed-size cache. Weights are arguments.
 """
 
 from __future__ import annotations
@@ -109,12 +110,9 @@ def _rotate(x, cos, sin):
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-def decoder_layer(w: dict, x: jax.Array, cos, sin, *, spec: TextSpec, contract: Contract) -> jax.Array:
-    """One decoder layer over a whole sequence (weights without their ``layers.N.`` prefix), causal."""
-    seq = x.shape[0]
-    causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
-    group = spec.num_heads // spec.num_kv_heads
-    h = rms_norm(x, w["input_layernorm.weight"], spec.eps)
+def _project(w: dict, h: jax.Array, cos, sin, *, spec: TextSpec, contract: Contract):
+    """Rotated queries [seq, heads, head_dim] and keys, values [seq, kv_heads, head_dim] of normed ``h``."""
+    seq = h.shape[0]
     q = linear(contract, h, w["self_attn.q_proj.weight"], w["self_attn.q_proj.bias"]).reshape(seq, spec.num_heads, -1)
     k = linear(contract, h, w["self_attn.k_proj.weight"], w["self_attn.k_proj.bias"]).reshape(
         seq, spec.num_kv_heads, -1
@@ -122,16 +120,40 @@ def decoder_layer(w: dict, x: jax.Array, cos, sin, *, spec: TextSpec, contract: 
     v = linear(contract, h, w["self_attn.v_proj.weight"], w["self_attn.v_proj.bias"]).reshape(
         seq, spec.num_kv_heads, -1
     )
-    q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+    return _rotate(q, cos, sin), _rotate(k, cos, sin), v
+
+
+def _attend(q, k, v, visible, *, spec: TextSpec, contract: Contract) -> jax.Array:
+    """Grouped-query attention of ``q`` [seq, heads, d] over ``k``, ``v`` [keys, kv_heads, d] where ``visible``
+    [seq, keys] allows it; the heads' contexts concatenated [seq, heads * d]."""
+    group = spec.num_heads // spec.num_kv_heads
     k, v = jnp.repeat(k, group, axis=1), jnp.repeat(v, group, axis=1)
     qh, kh, vh = (jnp.transpose(t, (1, 0, 2)) for t in (q, k, v))
     scores = contract.dot(qh, kh, ((2,), (2,)), ((0,), (0,))) * (spec.head_dim**-0.5)
-    probs = jax.nn.softmax(jnp.where(causal[None], scores, -jnp.inf), axis=-1)
-    context = jnp.transpose(contract.dot(probs, vh, ((2,), (1,)), ((0,), (0,))), (1, 0, 2)).reshape(seq, -1)
+    probs = jax.nn.softmax(jnp.where(visible[None], scores, -jnp.inf), axis=-1)
+    return jnp.transpose(contract.dot(probs, vh, ((2,), (1,)), ((0,), (0,))), (1, 0, 2)).reshape(q.shape[0], -1)
+
+
+def _finish(w: dict, x: jax.Array, context: jax.Array, *, spec: TextSpec, contract: Contract) -> jax.Array:
+    """The attention's output projection and residual, then the SwiGLU MLP and its residual."""
     x = x + linear(contract, context, w["self_attn.o_proj.weight"])
     h = rms_norm(x, w["post_attention_layernorm.weight"], spec.eps)
     gate = jax.nn.silu(linear(contract, h, w["mlp.gate_proj.weight"]))
     return x + linear(contract, gate * linear(contract, h, w["mlp.up_proj.weight"]), w["mlp.down_proj.weight"])
+
+
+def _decoder_layer_kv(w: dict, x: jax.Array, cos, sin, *, spec: TextSpec, contract: Contract):
+    """One causal decoder layer over a whole sequence: (output, its keys, its values)."""
+    seq = x.shape[0]
+    q, k, v = _project(w, rms_norm(x, w["input_layernorm.weight"], spec.eps), cos, sin, spec=spec, contract=contract)
+    causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
+    context = _attend(q, k, v, causal, spec=spec, contract=contract)
+    return _finish(w, x, context, spec=spec, contract=contract), k, v
+
+
+def decoder_layer(w: dict, x: jax.Array, cos, sin, *, spec: TextSpec, contract: Contract) -> jax.Array:
+    """One decoder layer over a whole sequence (weights without their ``layers.N.`` prefix), causal."""
+    return _decoder_layer_kv(w, x, cos, sin, spec=spec, contract=contract)[0]
 
 
 def layer_weights(weights: dict, layer: int) -> dict:
@@ -140,21 +162,59 @@ def layer_weights(weights: dict, layer: int) -> dict:
 
 
 def text_prefill(
-    weights: dict, embeds: jax.Array, positions: jax.Array, *, spec: TextSpec, contract: Contract
+    weights: dict, embeds: jax.Array, positions: jax.Array, *, spec: TextSpec, contract: Contract, cache: bool = False
 ) -> dict[str, jax.Array]:
     """Prefill of one sequence: each layer's output (every position and the last), the final norm and the logits
-    at the last position."""
+    at the last position; with ``cache``, also every layer's rotated keys and values (``cache.keys``,
+    ``cache.values``: [layers, seq, kv_heads, head_dim]) for :func:`text_decode_step`."""
     cos, sin = mrope_tables(positions, spec)
     out: dict[str, jax.Array] = {}
+    keys, values = [], []
     x = embeds.astype(jnp.float32)
     for i in range(spec.layers):
-        x = decoder_layer(layer_weights(weights, i), x, cos, sin, spec=spec, contract=contract)
+        x, k, v = _decoder_layer_kv(layer_weights(weights, i), x, cos, sin, spec=spec, contract=contract)
         out[f"text.layer.{i}"] = x
         out[f"text.layer.{i}.last"] = x[-1]
+        keys.append(k)
+        values.append(v)
     normed = rms_norm(x[-1:], weights["norm.weight"], spec.eps)
     out["text.norm.last"] = normed[0]
     out["text.logits.last"] = linear(contract, normed, weights["lm_head.weight"])[0]
+    if cache:
+        out["cache.keys"], out["cache.values"] = jnp.stack(keys), jnp.stack(values)
     return out
+
+
+def text_decode_step(
+    weights: dict,
+    keys: jax.Array,
+    values: jax.Array,
+    token: jax.Array,
+    position: jax.Array,
+    length: jax.Array,
+    *,
+    spec: TextSpec,
+    contract: Contract,
+) -> dict[str, jax.Array]:
+    """One greedy step: ``token`` ([1] int32) at M-RoPE position ``position`` ([1], the same on t, h and w, as for
+    every generated token) attends to the ``length`` ([1]) cached positions and itself. ``keys``/``values``
+    [layers, capacity, kv_heads, head_dim] come back with the token's entries written at ``length``; one
+    compiled graph serves every step (its shapes do not change)."""
+    x = jnp.take(weights["embed_tokens.weight"], token, axis=0).astype(jnp.float32)
+    cos, sin = mrope_tables(jnp.broadcast_to(position[None, :], (3, 1)), spec)
+    visible = (jnp.arange(keys.shape[1]) <= length[0])[None, :]
+    at = length[0]
+    for i in range(spec.layers):
+        w = layer_weights(weights, i)
+        q, k, v = _project(
+            w, rms_norm(x, w["input_layernorm.weight"], spec.eps), cos, sin, spec=spec, contract=contract
+        )
+        keys = jax.lax.dynamic_update_slice(keys, k[None].astype(keys.dtype), (i, at, 0, 0))
+        values = jax.lax.dynamic_update_slice(values, v[None].astype(values.dtype), (i, at, 0, 0))
+        context = _attend(q, keys[i], values[i], visible, spec=spec, contract=contract)
+        x = _finish(w, x, context, spec=spec, contract=contract)
+    normed = rms_norm(x, weights["norm.weight"], spec.eps)
+    return {"logits": linear(contract, normed, weights["lm_head.weight"])[0], "keys": keys, "values": values}
 
 
 def text_replay(stage_id: str, weights: dict, spec: TextSpec, contract: Contract):
