@@ -4,6 +4,10 @@ The ``mlx[cpu]`` wheel links a bundled reference BLAS (``libblas-*.so.3.10``): a
 ViT block runs ~50x slower than OpenBLAS (see docs/benchmarks.md). Loading a system OpenBLAS
 with ``RTLD_GLOBAL`` before ``mlx.core`` is first imported makes MLX's ``cblas_sgemm`` resolve to
 it. ``DRIFTSCOPE_MLX_BLAS`` names another library, or ``bundled`` to keep the reference BLAS.
+
+torch is imported first when it is installed: a library loaded afterwards binds its BLAS symbols to the
+first global definition, so torch imported after OpenBLAS ran its f32 matmuls through it at ~50 GFLOP/s
+instead of MKL's ~200 on this machine (a 3B-shaped transformers forward 3-4x slower; docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -35,6 +39,16 @@ def mlx_blas() -> str:
         if path is None:
             _state["blas"] = "bundled reference BLAS (no OpenBLAS found: `make setup` installs libopenblas0-pthread)"
         else:
+            _bind_torch_first()
             ctypes.CDLL(path, mode=os.RTLD_NOW | ctypes.RTLD_GLOBAL)
             _state["blas"] = f"openblas ({path})"
     return _state["blas"]
+
+
+def _bind_torch_first() -> None:
+    """Import torch (if installed) before OpenBLAS enters the global symbol scope, so torch's own BLAS (MKL)
+    keeps its matmuls; torch's extension is loaded with RTLD_NOW, so every symbol binds at import."""
+    import importlib.util
+
+    if "torch" not in sys.modules and importlib.util.find_spec("torch") is not None:
+        import torch  # noqa: F401
