@@ -308,20 +308,21 @@ def _why_absent(tapset: TapSet, prefix: str) -> str:
         runtime = get_runtime(name)
     except DriftscopeError:
         runtime = None
-    family = str(tapset.meta.get("family") or "")
-    if prefix.startswith("text.generate") and (tapset.meta.get("options") or {}).get("decode") is False:
-        return f"{name} does not decode (options.decode: false)"
-    if prefix.startswith("text.generate") and runtime is not None and not _decodes(runtime, family):
-        return f"{name} does not decode"
+    if prefix.startswith("text.generate"):
+        if (tapset.meta.get("options") or {}).get("decode") is False:
+            return f"{name} does not decode (options.decode: false)"
+        if runtime is not None and not _decodes(runtime, str(tapset.meta.get("family") or "")):
+            return f"{name} does not decode"
     return f"{tapset.label} did not capture them"
 
 
 def _decodes(runtime, family: str) -> bool:
-    """Whether ``runtime`` declares greedy decoding for ``family`` (its general answer for an unknown family)."""
+    """Whether ``runtime`` declares greedy decoding for ``family`` (its general answer when the family is not
+    known)."""
     from .errors import DriftscopeError
 
     try:
-        return runtime.decodes_with(family) if family else runtime.decodes
+        return runtime.decodes_with(family)
     except DriftscopeError:
         return runtime.decodes
 

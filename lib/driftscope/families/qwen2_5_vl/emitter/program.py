@@ -173,15 +173,15 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
     for stage_id, value in out.items():
         sink.put(stage_id, np.asarray(value, dtype=np.float32))
     if decode:
-        step = _decoder(runtime, spec, weights, cache, len(text.input_ids) + int(delta), text.max_new_tokens)
+        step = _decoder(runtime, spec, weights, cache, int(delta), text.max_new_tokens)
         put_greedy(sink, np.asarray(out["text.logits.last"]), step, text.max_new_tokens)
 
 
-def _decoder(runtime, spec, weights: dict, cache: tuple, first_position: int, max_new_tokens: int):
+def _decoder(runtime, spec, weights: dict, cache: tuple, rope_delta: int, max_new_tokens: int):
     """``step(token) -> logits`` for greedy decoding after the prefill: one compiled decode graph whose cache
-    holds the prompt and every generated token (capacity fixed up front); the token fed at step ``i`` sits at
-    M-RoPE position ``first_position + i`` on all three axes, as transformers places generated tokens (the
-    prompt's length plus the rope delta)."""
+    holds the prompt and every generated token (capacity fixed up front); the token written at sequence index
+    ``at`` sits at M-RoPE position ``at + rope_delta`` on all three axes, as transformers places generated
+    tokens."""
     import jax
 
     from .text import text_decode_step
@@ -190,9 +190,8 @@ def _decoder(runtime, spec, weights: dict, cache: tuple, first_position: int, ma
     keys, values = cache
     if keys is None:  # a single token: no step is ever taken
         return None
-    length = keys.shape[1]
     grow = ((0, 0), (0, max_new_tokens - 1), (0, 0), (0, 0))
-    state = {"keys": np.pad(keys, grow), "values": np.pad(values, grow), "length": length}
+    state = {"keys": np.pad(keys, grow), "values": np.pad(values, grow), "length": keys.shape[1]}
 
     def decode(w, k, v, token, position, at):
         return text_decode_step(w, k, v, token, position, at, spec=spec, contract=contract)
@@ -203,7 +202,7 @@ def _decoder(runtime, spec, weights: dict, cache: tuple, first_position: int, ma
         at = state["length"]
         scalars = (
             np.array([token], np.int32),
-            np.array([first_position + at - length], np.int32),
+            np.array([at + rope_delta], np.int32),
             np.array([at], np.int32),
         )
         out = runtime.run_text(function, (weights, state["keys"], state["values"], *scalars), name="text_decode")
