@@ -17,25 +17,13 @@ import zlib
 from pathlib import Path
 
 from ..qwen_shared.tokenizer import build_tokenizer
-from .synthetic import SyntheticQwen25VLSpec, build_config, save_side_files
+from .synthetic import QWEN25_VL_3B_SHAPED, SyntheticQwen25VLSpec, build_config, save_side_files
 
 #: Qwen2.5-VL-3B's real dimensions: vision depth 32 (hidden 1280, 16 heads, MLP 3420, full attention at
 #: 7/15/23/31), 36 text layers (hidden 2048, 16 heads / 2 KV heads, MLP 11008), vocabulary 151936, tied
 #: embeddings. About 3.75 B parameters: 15 GB in float32.
-QWEN25_VL_3B_WHOLE = SyntheticQwen25VLSpec(
-    vision_depth=32,
-    vision_hidden=1280,
-    vision_heads=16,
-    vision_intermediate=3420,
-    fullatt_block_indexes=(7, 15, 23, 31),
-    text_hidden=2048,
-    text_layers=36,
-    text_heads=16,
-    text_kv_heads=2,
-    text_intermediate=11008,
-    mrope_section=(16, 24, 24),
-    vocab_size=151936,
-    tie_word_embeddings=True,
+QWEN25_VL_3B_WHOLE = dataclasses.replace(  # the tower benchmark's 3B-shaped vision tower, with the real text side
+    QWEN25_VL_3B_SHAPED, text_layers=36, text_intermediate=11008, vocab_size=151936, tie_word_embeddings=True
 )
 #: Legacy checkpoint keys (as the hub's Qwen2.5-VL checkpoints and transformers' save_pretrained write them).
 KEY_PREFIXES = (("model.visual.", "visual."), ("model.language_model.", "model."))
