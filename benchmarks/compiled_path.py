@@ -27,15 +27,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--policy", default="f32")
     args = parser.parse_args(argv)
 
-    from driftscope.checkpoint import open_checkpoint
-    from driftscope.compiled.iree import IreeModule, compile_graph
+    from driftscope.capture.iree import IreeModule, compile_graph
     from driftscope.families import stage_plan
+    from driftscope.families.checkpoints import open_checkpoint, prepare_inputs
     from driftscope.families.qwen2_5_vl.emitter import VisionSpec, load_vision_weights
     from driftscope.families.qwen2_5_vl.emitter.program import HOST_STAGES, lower_vision_tower
     from driftscope.families.qwen2_5_vl.geometry import pack_images
-    from driftscope.inputs import prepare_inputs
-    from driftscope.precision import get_policy
-    from driftscope.stages import StageSelection
+    from driftscope.model.policies import get_policy
+    from driftscope.taps.stages import StageSelection
 
     checkpoint = open_checkpoint(args.checkpoint)
     spec = VisionSpec.from_config(checkpoint.config)

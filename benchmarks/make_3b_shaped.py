@@ -22,7 +22,7 @@ from pathlib import Path
 
 from driftscope.families.qwen2_5_vl.synthetic import QWEN25_VL_3B_SHAPED, make_checkpoint
 from driftscope.families.qwen2_5_vl.whole_checkpoint import QWEN25_VL_3B_WHOLE, scaled_spec, write_whole_checkpoint
-from driftscope.synthetic import benchmark_cache_dir
+from driftscope.model.synthetic import benchmark_cache_dir
 
 
 def ensure_3b_shaped(out: Path | None = None) -> Path:

@@ -16,7 +16,7 @@ import sys
 
 CODE = r"""
 import json, sys, time, numpy as np
-from driftscope.blas import mlx_blas
+from driftscope.model.blas import mlx_blas
 blas = mlx_blas()
 import mlx.core as mx
 shapes = [(1024, 1280, 3840), (1024, 1280, 1280), (1024, 1280, 3420), (1024, 1280, 3420), (1024, 3420, 1280)]

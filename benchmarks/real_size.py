@@ -90,20 +90,19 @@ def main(argv: list[str] | None = None) -> None:
     if args.one:
         import json
 
-        from driftscope.blas import mlx_blas
+        from driftscope.model.blas import mlx_blas
 
         mlx_blas()
         print(json.dumps(measure_one(*args.one, args.images, Path(args.out), Path(args.checkpoint))))
         return
 
-    from driftscope.blas import mlx_blas
-    from driftscope.checkpoint import open_checkpoint
-    from driftscope.compare import compare_tapsets
-    from driftscope.contract import load_contract
+    from driftscope.capture.runtimes import get_runtime
     from driftscope.families import stage_plan
-    from driftscope.inputs import prepare_inputs
-    from driftscope.runtimes import get_runtime
-    from driftscope.stages import StageSelection
+    from driftscope.families.checkpoints import open_checkpoint, prepare_inputs
+    from driftscope.judge.compare import compare_tapsets
+    from driftscope.judge.contract import load_contract
+    from driftscope.model.blas import mlx_blas
+    from driftscope.taps.stages import StageSelection
     from make_3b_shaped import ensure_3b_shaped
 
     print(f"MLX BLAS: {mlx_blas()}")
@@ -148,10 +147,10 @@ def main(argv: list[str] | None = None) -> None:
 
     def warm_compile(runtime) -> float:
         """A second compile of the production-like graph: the cache lookup and module load."""
-        from driftscope.compiled.iree import IreeModule, compile_graph
+        from driftscope.capture.iree import IreeModule, compile_graph
         from driftscope.families.qwen2_5_vl.emitter.program import lower_vision_tower
         from driftscope.families.qwen2_5_vl.geometry import pack_images
-        from driftscope.precision import get_policy
+        from driftscope.model.policies import get_policy
 
         rows_ = pack_images(inputs["grid_thw"]).rows
         spec, weights = runtime.model.spec, runtime.model.weights  # lowering reads their shapes only
@@ -267,7 +266,7 @@ def whole_investigation(checkpoint: Path, image: Path, out: Path):
     import subprocess
 
     import yaml
-    from driftscope.report import Report
+    from driftscope.run.report import Report
 
     params = out / "bench.yaml"
     params.write_text(
@@ -304,13 +303,13 @@ def narrowing_budget(checkpoint, out: Path, repeats: int = 3) -> None:
     import subprocess
 
     import yaml
-    from driftscope.report import Report
+    from driftscope.run.report import Report
 
     out.mkdir(parents=True, exist_ok=True)
     depth = int((checkpoint.config.get("vision_config") or {}).get("depth", 32))
     stage = f"vision.block.{depth // 2 + 1}.norm2"
     image = ROOT / "fixtures" / "images" / "shapes_448.png"
-    patch = {"callable": "driftscope.hypotheses:plant_defect", "kwargs": {"stage": stage, "factor": 1.5}}
+    patch = {"callable": "driftscope.families.hypotheses:plant_defect", "kwargs": {"stage": stage, "factor": 1.5}}
     seconds: dict[bool, list[float]] = {True: [], False: []}
     reports = {}
     for attempt in range(repeats + 1):  # the first pair warms the page cache and the imports; not counted
@@ -367,7 +366,7 @@ def plain_forward(runtime, inputs, out: Path) -> float:
         runtime.run_vision(inputs)
         return time.perf_counter() - start
     from driftscope.families import stage_plan
-    from driftscope.stages import StageSelection
+    from driftscope.taps.stages import StageSelection
 
     options = dict(runtime.options)
     runtime.options.update(taps="final", graph="whole")
@@ -395,11 +394,10 @@ def measure_one(runtime_spec: str, kind: str, images: list[str], out: Path, chec
     """In a fresh process: load one runtime, run one plain forward or one all-blocks capture; report seconds,
     resident memory after the load, the peak, and the working memory: the peak above the imports and the
     resident weights (transformers maps its weights lazily, so they count once the forward touches them)."""
-    from driftscope.checkpoint import open_checkpoint
+    from driftscope.capture.runtimes import get_runtime
     from driftscope.families import stage_plan
-    from driftscope.inputs import prepare_inputs
-    from driftscope.runtimes import get_runtime
-    from driftscope.stages import StageSelection
+    from driftscope.families.checkpoints import open_checkpoint, prepare_inputs
+    from driftscope.taps.stages import StageSelection
 
     checkpoint = open_checkpoint(checkpoint_path)
     inputs = prepare_inputs(checkpoint, images)

@@ -69,7 +69,7 @@ def whole_params(
 def whole_plan(checkpoint, tokens: int = TOKENS):
     """The investigation's stage plan: every block output and the text stages."""
     from driftscope.families import get_family
-    from driftscope.stages import StagePlan, StageSelection
+    from driftscope.taps.stages import StagePlan, StageSelection
 
     family = get_family(checkpoint.family)
     vision = family.vision_plan(checkpoint.config).select(StageSelection(blocks=True))
@@ -129,7 +129,7 @@ def plain_whole(runtime, inputs, out: Path) -> float:
         mx.eval(logits)
         return time.perf_counter() - start
     from driftscope.families import get_family
-    from driftscope.stages import StagePlan, StageSelection
+    from driftscope.taps.stages import StagePlan, StageSelection
 
     family = get_family(runtime.checkpoint.family)
     vision = family.vision_plan(runtime.checkpoint.config).select(StageSelection(blocks=False))
@@ -157,10 +157,10 @@ def text_compile(runtime, inputs, cache: Path) -> dict:
     hit and module load); whether its weights are arguments (argument count, largest constant, vmfb size)."""
     import jax
     import numpy as np
-    from driftscope.compiled.graph import lower_function
-    from driftscope.compiled.iree import IreeModule, compile_graph
+    from driftscope.capture.iree import IreeModule, compile_graph
     from driftscope.families.qwen2_5_vl.emitter.program import _text
     from driftscope.families.qwen2_5_vl.emitter.text import text_prefill
+    from driftscope.taps.jax.graph import lower_function
 
     runtime.load()
     spec, weights = _text(runtime.model)  # the runtime's own text weights (read once; only their shapes are used)
@@ -242,7 +242,7 @@ def run_investigation(params: dict, out: Path, tag: str, attempts: tuple[str, ..
     """`driftscope run` in a fresh process (as a user runs it), cold then warm; the warm run's seconds, peak
     RSS (ru_maxrss and sampled), RSS when each capture started, and its report."""
     import yaml
-    from driftscope.report import Report
+    from driftscope.run.report import Report
 
     path = out / f"{tag}.yaml"
     path.write_text(yaml.safe_dump(params))
@@ -293,18 +293,18 @@ def main(argv: list[str] | None = None) -> None:
     if runtimes[0] != WHOLE_RUNTIMES[0] or not set(F32) <= set(runtimes) <= set(WHOLE_RUNTIMES):
         parser.error(f"--runtimes: {', '.join(F32)} (the reference first), then any of {', '.join(WHOLE_RUNTIMES[3:])}")
     if args.one:
-        from driftscope.blas import mlx_blas
+        from driftscope.model.blas import mlx_blas
 
         mlx_blas()
         runtime, kind, length = args.one
         print(json.dumps(sweep_case(runtime, kind, int(length), Path(args.out), Path(args.checkpoint))))
         return
 
-    from driftscope.blas import mlx_blas
-    from driftscope.checkpoint import open_checkpoint
+    from driftscope.capture.runtimes import get_runtime
     from driftscope.families import stage_plan
-    from driftscope.runtimes import get_runtime
-    from driftscope.stages import StageSelection
+    from driftscope.families.checkpoints import open_checkpoint
+    from driftscope.model.blas import mlx_blas
+    from driftscope.taps.stages import StageSelection
     from make_3b_shaped import ensure_whole
 
     print(f"MLX BLAS: {mlx_blas()}")
@@ -464,8 +464,8 @@ def prompt_of_length(checkpoint, images: list, length: int) -> str:
 def sweep_case(label: str, kind: str, length: int, out: Path, checkpoint_path: Path) -> dict:
     """In a fresh process: one runtime, one prompt length (a 224x224 image and words), a plain whole forward
     or a capture of the investigation's plan; seconds, resident memory after the load, peak, working memory."""
-    from driftscope.checkpoint import open_checkpoint
-    from driftscope.runtimes import get_runtime
+    from driftscope.capture.runtimes import get_runtime
+    from driftscope.families.checkpoints import open_checkpoint
     from PIL import Image
 
     checkpoint = open_checkpoint(checkpoint_path)

@@ -22,7 +22,7 @@ IMAGES = ROOT / "docs" / "images"
 
 
 def curves(run: Path) -> Path:
-    from driftscope.report import Report
+    from driftscope.run.report import Report
     from driftscope.views.curves import error_curves
 
     figure = error_curves(Report.load(run), metrics=("tolerance_used", "max_abs", "failures"), height=2.4)

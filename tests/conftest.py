@@ -39,14 +39,14 @@ def tiny_checkpoint_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tiny_checkpoint_dir):
-    from driftscope.checkpoint import open_checkpoint
+    from driftscope.families.checkpoints import open_checkpoint
 
     return open_checkpoint(tiny_checkpoint_dir)
 
 
 @pytest.fixture(scope="session")
 def shapes_inputs(tiny_checkpoint):
-    from driftscope.inputs import prepare_inputs
+    from driftscope.families.checkpoints import prepare_inputs
 
     return prepare_inputs(tiny_checkpoint, [SHAPES])
 
@@ -54,7 +54,7 @@ def shapes_inputs(tiny_checkpoint):
 @pytest.fixture(scope="session")
 def full_plan(tiny_checkpoint):
     from driftscope.families import stage_plan
-    from driftscope.stages import StageSelection
+    from driftscope.taps.stages import StageSelection
 
     return stage_plan(tiny_checkpoint.family, tiny_checkpoint.config).select(StageSelection.everything())
 
@@ -62,7 +62,7 @@ def full_plan(tiny_checkpoint):
 @pytest.fixture(scope="session")
 def captures(tmp_path_factory, tiny_checkpoint, shapes_inputs, full_plan):
     """TapSets of every stage: transformers f32, MLX f32 and MLX f16 on the 448x448 shapes image."""
-    from driftscope.runtimes import get_runtime
+    from driftscope.capture.runtimes import get_runtime
 
     out = tmp_path_factory.mktemp("captures")
     taps = {}

@@ -9,8 +9,8 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
-from driftscope.contract import Contract, Tolerance
 from driftscope.families import get_family
+from driftscope.judge.contract import Contract, Tolerance
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILY = get_family("molmo2")
@@ -43,7 +43,7 @@ def checkpoint_dirs() -> dict[str, Path]:
 
 @cache
 def checkpoint(layout: str = "hub"):
-    from driftscope.checkpoint import open_checkpoint
+    from driftscope.families.checkpoints import open_checkpoint
 
     return open_checkpoint(checkpoint_dirs()[layout])
 
@@ -68,7 +68,7 @@ def inputs(case: str, layout: str = "hub"):
 @cache
 def plan(layout: str = "hub"):
     """The whole plan: every vision stage and substage, the pooler, the projector, the text stages."""
-    from driftscope.stages import StagePlan, StageSelection
+    from driftscope.taps.stages import StagePlan, StageSelection
 
     vision = FAMILY.vision_plan(config(layout)).select(StageSelection.everything())
     return StagePlan(
@@ -78,16 +78,16 @@ def plan(layout: str = "hub"):
 
 def fixes_patch(skip: tuple[str, ...] = ()):
     """The ready patch applying mlx-vlm's fixes, all but ``skip``."""
-    from driftscope.patches import HypothesisPatch
+    from driftscope.capture.patches import HypothesisPatch
 
-    return HypothesisPatch("driftscope.hypotheses:mlx_vlm_fixes", {"skip": list(skip)} if skip else {})
+    return HypothesisPatch("driftscope.families.hypotheses:mlx_vlm_fixes", {"skip": list(skip)} if skip else {})
 
 
 @cache
 def capture(runtime: str, case: str, layout: str = "hub", skip: tuple[str, ...] | None = None, policy: str = "f32"):
     """``runtime``'s TapSet of the whole plan on ``case``; for mlx, ``skip`` not None applies every fix but
     those (``()``: all three)."""
-    from driftscope.runtimes import get_runtime
+    from driftscope.capture.runtimes import get_runtime
 
     patch = None if skip is None else fixes_patch(skip)
     engine = get_runtime(runtime)(checkpoint(layout), policy, patch)

@@ -9,8 +9,8 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
-from driftscope.contract import Contract, Tolerance
 from driftscope.families import get_family
+from driftscope.judge.contract import Contract, Tolerance
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILY = get_family("qwen3_vl")
@@ -31,7 +31,7 @@ MAX_NEW_TOKENS = 8
 
 @cache
 def checkpoint():
-    from driftscope.checkpoint import open_checkpoint
+    from driftscope.families.checkpoints import open_checkpoint
 
     return open_checkpoint(FAMILY.tiny.ensure())
 
@@ -75,7 +75,7 @@ def inputs(name: str):
 @cache
 def plan():
     """The whole plan: every vision stage and substage, every DeepStack branch, the text stages."""
-    from driftscope.stages import StagePlan, StageSelection
+    from driftscope.taps.stages import StagePlan, StageSelection
 
     vision = FAMILY.vision_plan(config()).select(StageSelection.everything())
     return StagePlan(
@@ -86,7 +86,7 @@ def plan():
 @cache
 def capture(runtime: str, name: str, graph: str = "auto"):
     """``runtime``'s f32 TapSet of the whole plan on case ``name`` (``graph``: the compiled runtimes' mode)."""
-    from driftscope.runtimes import get_runtime
+    from driftscope.capture.runtimes import get_runtime
 
     options = {"graph": graph} if runtime in ("jax", "iree") else {}
     engine = get_runtime(runtime)(checkpoint(), "f32", None, options)

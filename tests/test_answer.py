@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 from conftest import SHAPES, TINY
-from driftscope.investigation import investigate
-from driftscope.params import parse_parameters
+from driftscope.run.investigation import investigate
+from driftscope.run.params import parse_parameters
 
 RUNTIMES = ["transformers:f32", "mlx:f32", "jax:f32", "iree:f32"]
 
@@ -34,7 +34,7 @@ def _params(runtimes, **extra):
 def answered(tmp_path_factory, tiny_checkpoint_dir):
     import yaml
     from driftscope.cli import main
-    from driftscope.report import Report
+    from driftscope.run.report import Report
 
     out = tmp_path_factory.mktemp("answer")
     params = out / "answer.yaml"
@@ -81,7 +81,7 @@ def test_oracle_positions_equal_the_geometry_library(answered):
 
 
 def test_perturbed_image_embeddings_fail_after_the_tower_and_change_the_answer(tmp_path, tiny_checkpoint_dir):
-    patch = {"callable": "driftscope.hypotheses:perturb_image_embeddings", "kwargs": {"scale": -2.0}}
+    patch = {"callable": "driftscope.families.hypotheses:perturb_image_embeddings", "kwargs": {"scale": -2.0}}
     report = investigate(_params(["transformers:f32", {"runtime": "mlx", "patch": patch}]), tmp_path)
     rows = {r.stage: r for r in report.rows}
     assert all(row.status == "pass" for stage, row in rows.items() if stage.startswith(("vision.", "inputs.")))
@@ -95,8 +95,8 @@ def test_perturbed_image_embeddings_fail_after_the_tower_and_change_the_answer(t
 
 def test_text_slots_that_a_runtime_changes_are_counted():
     from driftscope.families.qwen_shared.text import put_text_inputs
-    from driftscope.runtimes.base import StageSink
-    from driftscope.text_inputs import TextInputs
+    from driftscope.inputs.text_inputs import TextInputs
+    from driftscope.taps.sink import StageSink
 
     puts = {}
 
@@ -116,7 +116,7 @@ def test_text_slots_that_a_runtime_changes_are_counted():
 
 
 def test_answer_parity_notebook_renders(answered):
-    from driftscope.render import to_html
+    from driftscope.views.render import to_html
 
     report, out = answered
     executed = out / "06_answer_parity.ipynb"

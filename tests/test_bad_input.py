@@ -5,10 +5,9 @@ import sys
 
 import numpy as np
 import pytest
-from driftscope.checkpoint import open_checkpoint
+from driftscope.capture.runtimes import get_runtime
 from driftscope.errors import CheckpointError, InputError, RegistryError, RuntimeUnavailableError
-from driftscope.inputs import prepare_inputs
-from driftscope.runtimes import get_runtime
+from driftscope.families.checkpoints import open_checkpoint, prepare_inputs
 from PIL import Image
 
 

@@ -13,7 +13,7 @@ from xml.etree import ElementTree
 import pytest
 import yaml
 from conftest import ROOT, TINY
-from driftscope.batch import run_batch
+from driftscope.batch.runner import run_batch
 from driftscope.cli import main
 from driftscope.errors import ParameterError
 from driftscope.views.trend import diff_commits, resolve_commit_dir
@@ -23,7 +23,7 @@ SHAPES_336 = ROOT / "fixtures" / "images" / "shapes_336.png"
 NO_OP = """def perturb(model):
     return model
 """
-PERTURB = """from driftscope.hypotheses import scale_block_output
+PERTURB = """from driftscope.families.hypotheses import scale_block_output
 
 
 def perturb(model):
@@ -183,9 +183,9 @@ def test_diff_lists_the_contract_first_and_stages_in_execution_order(two_commits
 def test_runs_that_cannot_execute_never_show_green(tmp_path, tiny_checkpoint_dir):
     """Items 4 and 11: a missing image and a missing notebook are 'could not run' in the summary, the
     index, the JUnit and the exit code alike; with --jobs each run says when it starts and ends."""
-    from driftscope.runrecord import commit_entries, exit_code
-    from driftscope.storage import OutputRoot
-    from driftscope.views.evidence import write_index
+    from driftscope.batch.evidence import write_index
+    from driftscope.core.storage import OutputRoot
+    from driftscope.run.runrecord import commit_entries, exit_code
 
     good = _write(tmp_path / "good.yaml", _params("good"))
     bad = _write(tmp_path / "bad.yaml", _params("bad", image=tmp_path / "missing.png"))
@@ -320,7 +320,7 @@ def test_reviewers_pages_in_headless_chromium(two_commits):
 
 
 def test_commit_trend_notebook_renders_the_diff_and_heatmap(two_commits, tmp_path):
-    from driftscope.render import execute, to_html
+    from driftscope.views.render import execute, to_html
 
     _, out_root, a, b, _ = two_commits
     executed = execute(

@@ -6,7 +6,7 @@ import numpy as np
 
 
 def test_mlx_runtime_reports_openblas_and_matmuls_stay_exact(tiny_checkpoint):
-    from driftscope.runtimes import get_runtime
+    from driftscope.capture.runtimes import get_runtime
 
     runtime = get_runtime("mlx")(tiny_checkpoint, "f32")
     runtime.load()
@@ -25,7 +25,7 @@ def test_openblas_for_mlx_leaves_torch_its_own_blas():
     import sys
 
     script = (
-        "import sys; from driftscope.blas import mlx_blas; blas = mlx_blas(); "
+        "import sys; from driftscope.model.blas import mlx_blas; blas = mlx_blas(); "
         "print(blas.startswith('openblas'), 'torch' in sys.modules); "
         "import torch, numpy as np; a = np.random.default_rng(0).standard_normal((64, 96), dtype=np.float32); "
         "print(float(np.abs((torch.from_numpy(a) @ torch.from_numpy(a.T)).numpy() - a @ a.T).max()))"

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import yaml
 from conftest import ROOT
+from driftscope.capture.runtimes import get_runtime
 from driftscope.families import stage_plan
-from driftscope.runtimes import get_runtime
-from driftscope.stages import StageSelection
+from driftscope.taps.stages import StageSelection
 
 DEEP = ROOT / "fixtures" / "checkpoints" / "tiny-qwen2_5-vl-deep"
 CASE = ROOT / "parameters" / "case_layer17.yaml"
@@ -22,9 +22,9 @@ CASE = ROOT / "parameters" / "case_layer17.yaml"
 def test_a_capture_keeps_the_operators_a_precision_experiment_or_patch_put_in_place(
     tiny_checkpoint, shapes_inputs, tmp_path
 ):
-    from driftscope.hypotheses import norm2_in_float32
-    from driftscope.patches import parse_patch
-    from driftscope.runtimes.mlx_runtime import ManualRMSNorm
+    from driftscope.capture.patches import parse_patch
+    from driftscope.families.hypotheses import norm2_in_float32
+    from driftscope.taps.mlx_hooks import ManualRMSNorm
 
     plan = stage_plan(tiny_checkpoint.family, tiny_checkpoint.config).select(StageSelection(True, (0,)))
     manual = get_runtime("mlx")(tiny_checkpoint, "f16", options={"rmsnorm": "manual"})
@@ -33,7 +33,7 @@ def test_a_capture_keeps_the_operators_a_precision_experiment_or_patch_put_in_pl
     assert all(isinstance(block.norm2, ManualRMSNorm) for block in manual.model.vision_tower.blocks)
 
     patched = get_runtime("mlx")(
-        tiny_checkpoint, "f16", parse_patch("driftscope.hypotheses:norm2_in_float32"), {"rmsnorm": "manual"}
+        tiny_checkpoint, "f16", parse_patch("driftscope.families.hypotheses:norm2_in_float32"), {"rmsnorm": "manual"}
     )
     patched.capture(shapes_inputs, plan, tmp_path / "patched")
     norm2 = patched.model.vision_tower.blocks[0].norm2
@@ -46,14 +46,14 @@ def _deep_checkpoint():
         from make_tiny_qwen25vl_deep import main
 
         main([str(DEEP)])
-    from driftscope.checkpoint import open_checkpoint
+    from driftscope.families.checkpoints import open_checkpoint
 
     return open_checkpoint(DEEP)
 
 
 @pytest.mark.slow
 def test_the_massive_channels_first_exceed_256_at_block_17s_norm2_input(tmp_path):
-    from driftscope.inputs import prepare_inputs
+    from driftscope.families.checkpoints import prepare_inputs
     from make_tiny_qwen25vl_deep import IMAGES
 
     checkpoint = _deep_checkpoint()
@@ -76,8 +76,8 @@ def test_the_layer17_story(tmp_path):
     """With block-level taps only (the case's parameter file), narrowing finds it: manual F16 RMSNorm diverges at
     block 17, whose substages narrowing captures for that pair alone; norm2 is introduced, rows collapsed; the
     fused norm, IREE f16-contract and the norm2-in-float32 patch stay inside the default contract."""
-    from driftscope.investigation import investigate
-    from driftscope.params import parse_parameters
+    from driftscope.run.investigation import investigate
+    from driftscope.run.params import parse_parameters
     from driftscope.views.errormaps import StageDifference, collapsed_rows
 
     _deep_checkpoint()
@@ -89,7 +89,7 @@ def test_the_layer17_story(tmp_path):
             "policy": "f16",
             "label": "mlx:f16-manual+norm2-f32",
             "options": {"rmsnorm": "manual"},
-            "patch": "driftscope.hypotheses:norm2_in_float32",
+            "patch": "driftscope.families.hypotheses:norm2_in_float32",
         }
     )
     data["notebooks"] = []

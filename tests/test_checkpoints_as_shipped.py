@@ -44,11 +44,10 @@ RUNTIMES = ["transformers", "mlx", "jax", pytest.param("iree", marks=pytest.mark
 
 @pytest.mark.parametrize("name", RUNTIMES)
 def test_every_runtime_runs_a_bf16_checkpoint_in_float32_under_f32(shipped, name, tmp_path):
-    from driftscope.checkpoint import open_checkpoint
+    from driftscope.capture.runtimes import get_runtime
     from driftscope.families import stage_plan
-    from driftscope.inputs import prepare_inputs
-    from driftscope.runtimes import get_runtime
-    from driftscope.stages import StageSelection
+    from driftscope.families.checkpoints import open_checkpoint, prepare_inputs
+    from driftscope.taps.stages import StageSelection
 
     taps = {}
     for kind, path in shipped.items():  # the sharded copy loads in every runtime, to the same taps
@@ -71,11 +70,10 @@ def test_every_runtime_runs_a_bf16_checkpoint_in_float32_under_f32(shipped, name
 
 def test_mlx_bf16_is_what_the_bf16_checkpoint_gives_without_a_cast(shipped, tmp_path):
     """The control: under bf16 the same taps are bf16-representable (the test above can fail)."""
-    from driftscope.checkpoint import open_checkpoint
+    from driftscope.capture.runtimes import get_runtime
     from driftscope.families import stage_plan
-    from driftscope.inputs import prepare_inputs
-    from driftscope.runtimes import get_runtime
-    from driftscope.stages import StageSelection
+    from driftscope.families.checkpoints import open_checkpoint, prepare_inputs
+    from driftscope.taps.stages import StageSelection
 
     checkpoint = open_checkpoint(shipped["bf16"])
     plan = stage_plan(checkpoint.family, checkpoint.config).select(StageSelection())
@@ -86,8 +84,8 @@ def test_mlx_bf16_is_what_the_bf16_checkpoint_gives_without_a_cast(shipped, tmp_
 
 
 def test_the_report_records_the_stored_dtypes_the_shards_and_what_each_runtime_computed_in(shipped, tmp_path):
-    from driftscope.investigation import investigate
-    from driftscope.params import parse_parameters
+    from driftscope.run.investigation import investigate
+    from driftscope.run.params import parse_parameters
 
     params = parse_parameters(
         {
@@ -120,8 +118,8 @@ def test_the_report_records_the_stored_dtypes_the_shards_and_what_each_runtime_c
 
 
 def test_a_shard_the_index_names_but_the_directory_lacks_is_named(shipped, tmp_path):
-    from driftscope.checkpoint_storage import checkpoint_storage
     from driftscope.errors import CheckpointError
+    from driftscope.model.checkpoint_storage import checkpoint_storage
 
     broken = tmp_path / "broken"
     shutil.copytree(shipped["bf16-sharded"], broken)

@@ -85,7 +85,7 @@ def test_a_crashed_investigation_shows_in_the_notebook_and_the_rest_are_not_run(
 
 def test_a_forced_run_of_several_notebooks_investigates_once(tmp_path, tiny_checkpoint_dir):
     """``reuse=False`` (batch --force) re-runs the investigation in the first notebook; the next one reuses it."""
-    from driftscope.render import run_notebooks
+    from driftscope.views.render import run_notebooks
 
     params = write_params(tmp_path / "p.yaml", "forced", ["transformers:f32", "mlx:f32"])
     out = tmp_path / "out"
@@ -106,7 +106,7 @@ def test_a_forced_run_of_several_notebooks_investigates_once(tmp_path, tiny_chec
 
 
 def test_window_geometry_notebook_renders_every_figure_and_the_audit(tmp_path):
-    from driftscope.render import execute, to_html
+    from driftscope.views.render import execute, to_html
 
     executed = execute(
         "03_window_geometry",
@@ -128,7 +128,7 @@ def test_window_geometry_notebook_renders_every_figure_and_the_audit(tmp_path):
 def test_window_geometry_says_an_involution_once_instead_of_an_empty_panel(tmp_path):
     """448x448 (issue 19 item 12): a wrong un-reorder misplaces nothing, so the page says so once and draws no
     picture of zero misplaced tokens."""
-    from driftscope.render import execute, to_html
+    from driftscope.views.render import execute, to_html
 
     executed = execute(
         "03_window_geometry",

@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
-from driftscope import compare
-from driftscope.compare import compare_stage, compare_tapsets, first_divergence, growth_stages
-from driftscope.contract import Contract, Tolerance
-from driftscope.stages import Stage, TokenOrder
-from driftscope.tapset import TapWriter
+from driftscope.judge import accumulator, compare
+from driftscope.judge.compare import compare_stage, compare_tapsets, first_divergence, growth_stages
+from driftscope.judge.contract import Contract, Tolerance
+from driftscope.taps.stages import Stage, TokenOrder
+from driftscope.taps.tapset import TapWriter
 
 
 def write(tmp_path, name, stages: dict, label=None):
@@ -44,6 +44,7 @@ def test_chunked_comparison_equals_whole(tmp_path, monkeypatch):
     ref, cand = write(tmp_path, "ref", {"s": expected}), write(tmp_path, "cand", {"s": actual})
     whole = compare_stage("s", ref, cand, Tolerance(), 0)
     monkeypatch.setattr(compare, "CHUNK_ELEMENTS", 13)
+    monkeypatch.setattr(accumulator, "CHUNK_ELEMENTS", 13)
     chunked = compare_stage("s", ref, cand, Tolerance(), 0)
     for field in ("failures", "elements", "max_abs", "max_index", "max_coords"):
         assert getattr(chunked, field) == getattr(whole, field), field
@@ -120,8 +121,8 @@ def test_the_worst_failing_element_is_the_one_furthest_over_its_own_bound(tmp_pa
 
 def test_a_data_stage_is_compared_exactly_and_says_so(tmp_path):
     """Data (inputs, index math) has no tolerance: a float input off by one ulp fails, and the row says why."""
-    from driftscope.compare import DATA_NOTE
-    from driftscope.stages import StagePlan
+    from driftscope.judge.compare import DATA_NOTE
+    from driftscope.taps.stages import StagePlan
 
     pixels = np.random.default_rng(3).standard_normal((8, 6)).astype(np.float32)
     nudged = pixels.copy()
@@ -157,6 +158,7 @@ def test_tolerance_used_is_the_largest_share_of_each_elements_own_bound(tmp_path
         row = compare_stage(stage, ref, cand, tolerance, 0)
         assert row.tolerance_used == pytest.approx(share, rel=1e-9), stage
         monkeypatch.setattr(compare, "CHUNK_ELEMENTS", 17)
+        monkeypatch.setattr(accumulator, "CHUNK_ELEMENTS", 17)
         assert compare_stage(stage, ref, cand, tolerance, 0).tolerance_used == pytest.approx(share, rel=1e-9)
         monkeypatch.undo()
     assert compare_stage("close", ref, cand, tolerance, 0).status == "pass"
@@ -174,8 +176,8 @@ def test_a_stage_one_side_lacks_is_not_a_perfect_match(tmp_path):
 
 def test_stages_a_runtime_cannot_capture_are_said_why_and_never_a_verdict_reason(tmp_path):
     """A compiled runtime that does not decode lacks text.generate.*: the report says so in words, per pair."""
-    from driftscope.report import judge
-    from driftscope.stages import StagePlan
+    from driftscope.judge.verdict import judge
+    from driftscope.taps.stages import StagePlan
 
     values = {
         "vision.x": np.ones(4, np.float32),

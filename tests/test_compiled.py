@@ -7,16 +7,16 @@ import re
 import numpy as np
 import pytest
 from conftest import ROOT
-from driftscope.compare import compare_tapsets, first_divergence
-from driftscope.compiled.iree import compile_graph
-from driftscope.contract import load_contract
+from driftscope.capture.iree import compile_graph
+from driftscope.capture.runtimes import get_runtime
+from driftscope.families.checkpoints import prepare_inputs
 from driftscope.families.qwen2_5_vl.emitter import VisionSpec, load_vision_weights
 from driftscope.families.qwen2_5_vl.emitter.program import lower_vision_tower
 from driftscope.families.qwen2_5_vl.geometry import pack_images
-from driftscope.inputs import prepare_inputs
-from driftscope.precision import get_policy
-from driftscope.report import judge
-from driftscope.runtimes import get_runtime
+from driftscope.judge.compare import compare_tapsets, first_divergence
+from driftscope.judge.contract import load_contract
+from driftscope.judge.verdict import judge
+from driftscope.model.policies import get_policy
 
 CHECKER = ROOT / "fixtures" / "images" / "checkerboard_140.png"
 RUNTIMES = (("jax", "f32"), ("iree", "f32"), ("iree", "f16-contract"))
@@ -93,7 +93,7 @@ def test_iree_records_the_artifact_and_the_bucket(compiled_captures):
 def two_images(tiny_checkpoint, tmp_path_factory, iree_cache):
     """Two 140x140 images (100 patches each) packed into one 256-row bucket."""
     from driftscope.families import stage_plan
-    from driftscope.stages import StageSelection
+    from driftscope.taps.stages import StageSelection
 
     inputs = prepare_inputs(tiny_checkpoint, [CHECKER, ROOT / "fixtures" / "images" / "shapes_336.png"])
     plan = stage_plan(tiny_checkpoint.family, tiny_checkpoint.config).select(StageSelection.everything())
@@ -283,7 +283,7 @@ def test_a_bucket_too_small_says_how_many_rows_the_images_need(tiny_checkpoint, 
     inputs = prepare_inputs(tiny_checkpoint, [CHECKER, CHECKER])
     runtime = get_runtime("jax")(tiny_checkpoint, "f32", options={"bucket": 128})
     from driftscope.families import stage_plan
-    from driftscope.stages import StageSelection
+    from driftscope.taps.stages import StageSelection
 
     plan = stage_plan(tiny_checkpoint.family, tiny_checkpoint.config).select(StageSelection())
     with pytest.raises(InputError, match="need 200 patch rows"):
@@ -348,8 +348,8 @@ def test_device_arrays_on_the_cpu_driver_share_host_memory_and_keep_it_alive():
     live as long as the device array (the bindings tie it only to a temporary HalBuffer object)."""
     import gc
 
-    from driftscope.compiled.iree import device_array
-    from driftscope.weightfile import aligned_empty
+    from driftscope.capture.iree import device_array
+    from driftscope.model.weightfile import aligned_empty
 
     aligned = aligned_empty((64, 48))
     aligned[...] = np.arange(64 * 48, dtype=np.float32).reshape(64, 48)
@@ -374,8 +374,8 @@ def test_an_iree_output_that_is_its_argument_outlives_the_call(tmp_path):
     import gc
 
     import jax
-    from driftscope.compiled.graph import lower_function
-    from driftscope.compiled.iree import IreeModule
+    from driftscope.capture.iree import IreeModule
+    from driftscope.taps.jax.graph import lower_function
 
     def pick(layers):
         return layers[1]

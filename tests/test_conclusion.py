@@ -4,10 +4,10 @@ amplify it (the chain, strongest first named, in execution order), instead of a 
 
 from __future__ import annotations
 
+from driftscope.judge.rows import ComparisonRow
 from driftscope.replay.conclusion import conclude
 from driftscope.replay.drilldown import Drilldown
-from driftscope.rows import ComparisonRow
-from driftscope.stages import Stage, StagePlan
+from driftscope.taps.stages import Stage, StagePlan
 
 IDS = ["inputs.pixels", "patch_embed", "block.0", "block.0.norm2", "block.1", "block.2", "merger"]
 PLAN = StagePlan("f", [Stage(i, ("tokens", "hidden"), data=i.startswith("inputs.")) for i in IDS], depth=3)

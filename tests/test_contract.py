@@ -1,6 +1,6 @@
 import pytest
-from driftscope.contract import Contract, load_contract
 from driftscope.errors import ContractError
+from driftscope.judge.contract import Contract, load_contract
 
 
 def test_default_contract_is_atol_rtol_0_08():
@@ -54,7 +54,7 @@ def test_contracts_shipped_in_parameters_load():
 
 
 def test_peer_factors_per_stage_pattern():
-    from driftscope.contract import Contract
+    from driftscope.judge.contract import Contract
 
     contract = Contract.from_dict(
         {"default": {"peer_factor": 2}, "stages": [{"pattern": "vision.merger*", "peer_factor": 8, "peer_floor": 1e-3}]}

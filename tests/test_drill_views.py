@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from driftscope.report import Report
+from driftscope.run.report import Report
 from driftscope.views.drill import magnitude_scatter, spatial_map
 from driftscope.views.errormaps import patch_error_grid, stage_difference
 

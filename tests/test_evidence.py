@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from driftscope.compare import compare_tapsets
-from driftscope.contract import Contract, Tolerance
-from driftscope.report import Report
-from driftscope.runrecord import exit_code, outcome
-from driftscope.storage import OutputRoot
-from driftscope.tapset import TapWriter
-from driftscope.views.evidence import _worst, headline, worst_stage, write_junit
+from driftscope.batch.evidence import _worst, headline, worst_stage, write_junit
+from driftscope.core.storage import OutputRoot
+from driftscope.judge.compare import compare_tapsets
+from driftscope.judge.contract import Contract, Tolerance
+from driftscope.run.report import Report
+from driftscope.run.runrecord import exit_code, outcome
+from driftscope.taps.tapset import TapWriter
 
 
 def _tapset(path, label, stages):

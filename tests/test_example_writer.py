@@ -78,8 +78,8 @@ def engine_tapset(writer_module, oracle, base, raster=False, store=None):
 
 
 def test_a_tapset_from_the_example_writer_passes_against_the_oracle(writer_module, captures, tmp_path):
-    from driftscope.investigation import investigate
-    from driftscope.params import parse_parameters
+    from driftscope.run.investigation import investigate
+    from driftscope.run.params import parse_parameters
 
     oracle = captures["transformers:f32"]
     paths = {
@@ -113,7 +113,7 @@ def test_a_tapset_from_the_example_writer_passes_against_the_oracle(writer_modul
 
 def test_the_script_reads_the_inputs_driftscope_writes_and_starts_a_tapset(capsys, tmp_path, shapes_inputs):
     from driftscope.cli import main
-    from driftscope.tapset import TapSet
+    from driftscope.taps.tapset import TapSet
 
     assert main(["stages", str(TINY), "--images", str(SHAPES), "--write-inputs", str(tmp_path / "in.safetensors")]) == 0
     done = subprocess.run(

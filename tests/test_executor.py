@@ -157,7 +157,7 @@ def test_a_lost_worker_marks_its_run_dead_and_keeps_what_finished(tmp_path):
     """The worker dies with its processes (a lost host) while the second run executes: KilledWorker."""
     import dask
     from distributed import Client, LocalCluster
-    from driftscope.batch import run_batch
+    from driftscope.batch.runner import run_batch
 
     files = []
     for name in ("first", "second"):

@@ -13,12 +13,12 @@ import re
 import numpy as np
 import pytest
 from conftest import ROOT
-from driftscope.compare import compare_tapsets
-from driftscope.contract import Contract
+from driftscope.capture.patches import parse_patch
+from driftscope.capture.runtimes import get_runtime
 from driftscope.families import FAMILIES, detect_family, get_family
-from driftscope.patches import parse_patch
-from driftscope.runtimes import get_runtime
-from driftscope.stages import StagePlan, StageSelection
+from driftscope.judge.compare import compare_tapsets
+from driftscope.judge.contract import Contract
+from driftscope.taps.stages import StagePlan, StageSelection
 
 FAMILY_NAMES = FAMILIES.names()
 ORACLE = "transformers"
@@ -66,7 +66,7 @@ def test_the_family_is_detected_from_its_model_types_and_an_override_must_agree(
 @pytest.fixture(scope="session")
 def tiny(request):
     """name -> (checkpoint, inputs with the prompt, full plan with the text stages)."""
-    from driftscope.checkpoint import open_checkpoint
+    from driftscope.families.checkpoints import open_checkpoint
 
     built = {}
 
@@ -213,7 +213,7 @@ def test_the_emitter_matches_the_oracle_in_f32(name, tiny, runs):
 
 @pytest.mark.parametrize("name", FAMILY_NAMES)
 def test_mutations_first_disturb_the_stages_they_declare(name, tiny, runs, tmp_path):
-    from driftscope.power import fixture_power
+    from driftscope.replay.power import fixture_power
 
     checkpoint, inputs, plan = tiny(name)  # the full plan: a defect of the decoder is seen at a text stage
     family = get_family(name)

@@ -19,13 +19,14 @@ import pytest
 import yaml
 from conftest import ROOT, TINY
 from driftscope.cli import main
-from driftscope.contract import Contract, load_contract
 from driftscope.errors import CheckpointError, ContractError, InputError
-from driftscope.investigation import investigate
-from driftscope.params import load_parameters, parse_parameters
-from driftscope.report import Report, judge
-from driftscope.stages import Stage, StagePlan
-from driftscope.tapset import TapWriter
+from driftscope.judge.contract import Contract, load_contract
+from driftscope.judge.verdict import judge
+from driftscope.run.investigation import investigate
+from driftscope.run.params import load_parameters, parse_parameters
+from driftscope.run.report import Report
+from driftscope.taps.stages import Stage, StagePlan
+from driftscope.taps.tapset import TapWriter
 from PIL import Image
 
 CHECKER = ROOT / "fixtures" / "images" / "checkerboard_140.png"
@@ -51,7 +52,7 @@ def taps(tmp_path: Path, label: str, stages: dict) -> object:
         for stage_id, value in stages.items():
             array, declaration = value if isinstance(value, tuple) else (value, {})
             writer.add(stage_id, array, **declaration)
-    from driftscope.tapset import TapSet
+    from driftscope.taps.tapset import TapSet
 
     return TapSet(tmp_path / label)
 
@@ -99,7 +100,7 @@ def finished(tmp_path_factory, captures, full_plan) -> Path:
 def notebook_run(tmp_path_factory, tiny_checkpoint_dir) -> tuple[Path, Path]:
     """Notebook 01 run as JupyterLab runs it (the kernel in ``notebooks/``), on a parameter file in a repository
     that names everything relatively, for a run named and a runtime labelled ``<script>alert(n)</script>``."""
-    from driftscope.render import execute, to_html
+    from driftscope.views.render import execute, to_html
 
     base = tmp_path_factory.mktemp("jupyter")
     repo = base / "repo"
@@ -167,7 +168,7 @@ def test_2_nonfinite_values_fail_whatever_max_failure_fraction_allows(tmp_path):
 
 
 def test_3_a_sidecar_cannot_make_a_float_stage_integer(tmp_path):
-    from driftscope.compare import compare_tapsets
+    from driftscope.judge.compare import compare_tapsets
 
     rng = np.random.default_rng(1)
     expected = (0.05 + 0.05 * rng.random((16, 8))).astype(np.float32)  # truncated to int: all 0
@@ -242,8 +243,8 @@ def test_7_contract_rules_that_match_nothing_and_skipping_everything(finished, t
 
 
 def test_8_run_names_are_labels_and_every_output_stays_under_the_root(tmp_path, tiny_checkpoint_dir):
-    from driftscope.batch import run_batch
-    from driftscope.investigation import default_out_dir
+    from driftscope.batch.runner import run_batch
+    from driftscope.run.investigation import default_out_dir
 
     names = ["../escaped", str(tmp_path / "absolute" / "run"), "plain#1?x=%41"]
     files = []
@@ -266,9 +267,9 @@ def test_8_run_names_are_labels_and_every_output_stays_under_the_root(tmp_path, 
         (run_dir / "01_stage_parity.html").write_text("<html></html>")
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["outputs", "params"]  # nothing beside it
     assert not (tmp_path / "absolute").exists() and not (tmp_path.parent / "escaped").exists()
-    from driftscope.runrecord import commit_entries
-    from driftscope.storage import OutputRoot
-    from driftscope.views.evidence import write_index
+    from driftscope.batch.evidence import write_index
+    from driftscope.core.storage import OutputRoot
+    from driftscope.run.runrecord import commit_entries
 
     storage = OutputRoot(root)
     write_index(storage, result.commit, commit_entries(storage, result.commit))
@@ -281,9 +282,9 @@ def test_8_run_names_are_labels_and_every_output_stays_under_the_root(tmp_path, 
 
 
 def test_9_labels_and_names_are_escaped_in_every_rendered_page(notebook_run, tmp_path):
-    from driftscope.runrecord import commit_entries
-    from driftscope.storage import OutputRoot
-    from driftscope.views.evidence import write_index
+    from driftscope.batch.evidence import write_index
+    from driftscope.core.storage import OutputRoot
+    from driftscope.run.runrecord import commit_entries
 
     _, out = notebook_run
     root = OutputRoot(tmp_path / "root")
@@ -301,8 +302,7 @@ def test_9_labels_and_names_are_escaped_in_every_rendered_page(notebook_run, tmp
 
 
 def test_10_relative_paths_resolve_against_the_parameter_files_repository(notebook_run, tmp_path, monkeypatch):
-    from driftscope.checkpoint import open_checkpoint
-    from driftscope.inputs import prepare_inputs
+    from driftscope.families.checkpoints import open_checkpoint, prepare_inputs
 
     repo, out = notebook_run
     elsewhere = tmp_path / "elsewhere"
@@ -326,9 +326,9 @@ def test_10_relative_paths_resolve_against_the_parameter_files_repository(notebo
 
 
 def test_11_output_files_get_the_umask_permissions(tmp_path):
-    from driftscope.atomic import write_json_atomic
-    from driftscope.storage import OutputRoot
-    from driftscope.views.evidence import write_index, write_junit
+    from driftscope.batch.evidence import write_index, write_junit
+    from driftscope.core.atomic import write_json_atomic
+    from driftscope.core.storage import OutputRoot
 
     summary = {"params": "p.yaml", "name": "n", "verdict": "pass", "status": "complete", "commit": "c", "dir": "n"}
     previous = os.umask(0o022)
@@ -383,7 +383,7 @@ def test_14_show_rejudge_diff_and_run_never_print_a_traceback(tmp_path, finished
 
 
 def test_15_a_truncated_or_corrupt_checkpoint_is_found_when_it_opens(tmp_path, tiny_checkpoint_dir):
-    from driftscope.checkpoint import open_checkpoint
+    from driftscope.families.checkpoints import open_checkpoint
 
     copy = tmp_path / "ck"
     shutil.copytree(tiny_checkpoint_dir, copy)
@@ -399,8 +399,8 @@ def test_15_a_truncated_or_corrupt_checkpoint_is_found_when_it_opens(tmp_path, t
 
 
 def test_16_transparent_palette_and_gray_images_become_rgb_as_the_processor_makes_them(tmp_path, tiny_checkpoint):
+    from driftscope.families.checkpoints import prepare_inputs
     from driftscope.families.qwen_shared.processor import load_image_processor
-    from driftscope.inputs import prepare_inputs
 
     processor = load_image_processor(tiny_checkpoint)
     rng = np.random.default_rng(3)

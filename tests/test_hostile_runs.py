@@ -19,8 +19,8 @@ import yaml
 from conftest import ROOT, TINY
 from driftscope.cli import main
 from driftscope.errors import HypothesisPatchError, RegistryError
-from driftscope.investigation import investigate
-from driftscope.params import load_parameters, parse_parameters
+from driftscope.run.investigation import investigate
+from driftscope.run.params import load_parameters, parse_parameters
 
 CHECKER = ROOT / "fixtures" / "images" / "checkerboard_140.png"
 PATCHES = ROOT / "tests" / "hostile_patches.py"
@@ -94,8 +94,8 @@ def test_13_a_patch_that_raises_is_named_and_its_traceback_kept_in_the_log(tmp_p
 
 
 def test_17_the_directory_stays_locked_until_the_last_notebook_is_rendered(tmp_path, tiny_checkpoint_dir, monkeypatch):
-    from driftscope import render
-    from driftscope.runlock import BusyError, run_lock
+    from driftscope.run.runlock import BusyError, run_lock
+    from driftscope.views import render
 
     params = write(tmp_path / "locked.yaml", notebooks=["01_stage_parity"])
     out = tmp_path / "out"
@@ -124,7 +124,7 @@ def test_17_the_directory_stays_locked_until_the_last_notebook_is_rendered(tmp_p
 
 
 def test_18_a_killed_run_is_recognised_as_dead_and_its_partial_files_are_removed(tmp_path, tiny_checkpoint_dir, capsys):
-    from driftscope.render import _stopped_at
+    from driftscope.views.render import _stopped_at
 
     marker = tmp_path / "loading"
     hang = {

@@ -7,11 +7,11 @@ import os
 import shutil
 
 from conftest import write_params
-from driftscope import investigation
 from driftscope.cli import main
-from driftscope.outdirs import INTERACTIVE, interactive_out_dir
-from driftscope.params import load_parameters
-from driftscope.report import Report
+from driftscope.run import investigation
+from driftscope.run.outdirs import INTERACTIVE, interactive_out_dir
+from driftscope.run.params import load_parameters
+from driftscope.run.report import Report
 
 
 def test_an_interactive_run_of_other_parameters_writes_beside_the_run_it_would_replace(
@@ -56,7 +56,7 @@ def test_an_unreadable_report_is_left_alone_too(tmp_path):
 def test_a_rendered_run_is_not_executed_again_unless_asked(rendered, capsys):
     """``driftscope run`` of a finished run whose notebooks rendered after its report reuses them untouched;
     a report newer than its pages (written again) makes them stale."""
-    from driftscope.render import rendered_current
+    from driftscope.views.render import rendered_current
 
     code, out = rendered
     params_path = out.parent / "p.yaml"
@@ -87,7 +87,7 @@ def test_notebooks_03_and_05_run_with_their_defaults_from_the_notebooks_folder(t
     import json
 
     from conftest import ROOT
-    from driftscope.render import execute, to_html
+    from driftscope.views.render import execute, to_html
 
     empty = tmp_path / "outputs"
     empty.mkdir()

@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 import yaml
 from conftest import ROOT, TINY
-from driftscope.contract import Contract, load_contract
 from driftscope.errors import HypothesisPatchError
-from driftscope.investigation import investigate
-from driftscope.params import parse_parameters
-from driftscope.report import Report, rejudge
-from driftscope.tapset import TapSet, TapWriter
+from driftscope.judge.contract import Contract, load_contract
+from driftscope.run.investigation import investigate
+from driftscope.run.params import parse_parameters
+from driftscope.run.rejudge import rejudge
+from driftscope.run.report import Report
+from driftscope.taps.tapset import TapSet, TapWriter
 
 CHECKER = ROOT / "fixtures" / "images" / "checkerboard_140.png"
 
@@ -72,7 +73,7 @@ def test_report_has_the_documented_fields(finished):
 
 def test_rejudging_under_a_stricter_contract_runs_nothing(finished, tmp_path, monkeypatch):
     report, out = finished
-    import driftscope.runtimes as runtimes
+    import driftscope.capture.runtimes as runtimes
 
     monkeypatch.setattr(runtimes, "get_runtime", lambda *a, **k: pytest.fail("a runtime was run"))
     stamps = {p: p.stat().st_mtime_ns for p in (out / "taps").iterdir()}
@@ -152,7 +153,7 @@ def test_shape_disagreement_end_to_end(finished, tmp_path):
 
 def test_reuse_returns_the_finished_report_without_running(finished, monkeypatch):
     report, out = finished
-    import driftscope.investigation as investigation
+    import driftscope.run.investigation as investigation
 
     monkeypatch.setattr(investigation, "get_runtime", lambda *a, **k: pytest.fail("a runtime was run"))
     again = investigate(_params(["transformers:f32", "mlx:f32", "mlx:f16"]), out, reuse=True)

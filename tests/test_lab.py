@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
-from driftscope.report import Report
+from driftscope.run.report import Report
 
 requests = pytest.importorskip("requests")
 websocket = pytest.importorskip("websocket")
@@ -167,7 +167,7 @@ def test_notebooks_run_top_to_bottom_in_the_lab_kernel(lab, rendered, notebook):
     kernel = lab.session(f"notebooks/{notebook}.ipynb")
     where = lab.execute(
         kernel,
-        "import os\nfrom driftscope.params import load_parameters\n"
+        "import os\nfrom driftscope.run.params import load_parameters\n"
         "print(os.getcwd(), load_parameters('parameters/demo_shapes.yaml').checkpoint)",
     )
     cwd, checkpoint = where[0]["text"].split()

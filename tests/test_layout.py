@@ -9,17 +9,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import ROOT
-from driftscope.compare import compare_tapsets, first_divergence
-from driftscope.contract import Contract
-from driftscope.tapset import TapSet, TapWriter
+from driftscope.judge.compare import compare_tapsets, first_divergence
+from driftscope.judge.contract import Contract
+from driftscope.taps.tapset import TapSet, TapWriter
 
 CHECKER = ROOT / "fixtures" / "images" / "checkerboard_140.png"  # 5x5 merged tokens: windows of 16, 4, 4 and 1
 
 
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory, tiny_checkpoint, full_plan):
-    from driftscope.inputs import prepare_inputs
-    from driftscope.runtimes import get_runtime
+    from driftscope.capture.runtimes import get_runtime
+    from driftscope.families.checkpoints import prepare_inputs
 
     inputs = prepare_inputs(tiny_checkpoint, [CHECKER])
     out = tmp_path_factory.mktemp("layout")

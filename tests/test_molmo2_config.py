@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from driftscope.errors import CheckpointError
 from driftscope.families.molmo2.config import layout_of, mlx_config, read_facts, resolve_layers
-from driftscope.weightfile import read_header
+from driftscope.model.weightfile import read_header
 from molmo2_support import FAMILY, capture, checkpoint, checkpoint_dirs, config, plan
 
 
@@ -78,7 +78,7 @@ def test_fixture_files_hold_the_hub_prefix_and_the_resplit_embedding():
 
 
 def test_transformers_reads_both_layouts_alike():
-    from driftscope.runtimes import get_runtime
+    from driftscope.capture.runtimes import get_runtime
 
     models = []
     for layout in ("hub", "native"):

@@ -9,9 +9,9 @@ import functools
 
 import numpy as np
 import pytest
-from driftscope.compare import compare_tapsets
 from driftscope.families.molmo2.emitter import FINAL, Molmo2Spec, load_weights, vision_features
 from driftscope.families.molmo2.emitter.layers import Contract, bicubic_matrix, resize_positions
+from driftscope.judge.compare import compare_tapsets
 from molmo2_support import F32, TOLERANCE, capture, checkpoint_dirs, config, inputs, max_abs, plan
 
 #: (runtime, case) of the default suite (patched mlx at 224 px is test_molmo2_hypotheses'); 448 px is slow.
@@ -85,9 +85,9 @@ def test_bicubic_positions_match_torch(source, target):
 def test_the_pooling_indices_are_an_input_of_the_compiled_module(tmp_path):
     """Lowered with weights and index tensors as arguments: other indices give other features, same module."""
     import jax
-    from driftscope.compiled.graph import lower_function
-    from driftscope.compiled.iree import IreeModule, compile_graph
-    from driftscope.precision import get_policy
+    from driftscope.capture.iree import IreeModule, compile_graph
+    from driftscope.model.policies import get_policy
+    from driftscope.taps.jax.graph import lower_function
 
     spec, weights = spec_and_weights()
     vision = {k: v for k, v in weights.items() if not k.startswith("text.")}

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from driftscope.compare import compare_tapsets, first_divergence
 from driftscope.errors import HypothesisPatchError
 from driftscope.families.molmo2 import hypotheses
 from driftscope.families.molmo2.config import load_mlx_model
+from driftscope.judge.compare import compare_tapsets, first_divergence
 from molmo2_support import (
     DEFECT_STAGE,
     F32,
@@ -61,8 +61,8 @@ def test_with_two_patches_the_first_divergence_names_the_third_defect(missing):
 def test_with_two_patches_the_first_introduced_error_is_the_third_defect(missing):
     """Same-input replay of mlx-vlm (two patches) on transformers' stage inputs labels the remaining defect's
     stage introduced, and nothing before it."""
+    from driftscope.capture.runtimes import get_runtime
     from driftscope.replay.drilldown import drill_down
-    from driftscope.runtimes import get_runtime
     from molmo2_support import checkpoint
 
     reference = capture("transformers", "224")

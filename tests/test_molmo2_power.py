@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from driftscope.families.molmo2.mutations import MUTATIONS
-from driftscope.stages import StagePlan
+from driftscope.taps.stages import StagePlan
 from molmo2_support import F32, capture, checkpoint, inputs, plan, scratch
 
 EXPECTED = {
@@ -24,7 +24,7 @@ EXPECTED = {
 
 @pytest.mark.slow  # seven mutated captures of the whole plan; the default contract's audit is test_families'
 def test_every_mutation_is_first_seen_at_its_declared_stage_under_the_f32_contract():
-    from driftscope.power import fixture_power
+    from driftscope.replay.power import fixture_power
 
     power = fixture_power(capture("transformers", "224"), checkpoint(), inputs("224"), plan(), F32, scratch() / "power")
     found = {entry["mutation"]: entry for entry in power["mutations"]}

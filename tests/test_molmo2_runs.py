@@ -20,8 +20,8 @@ DEFECT_RUNS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("fix", sorted(DEFECT_RUNS))
 def test_each_defect_run_names_its_defect_first(fix, tmp_path):
-    from driftscope.investigation import investigate
-    from driftscope.params import load_parameters
+    from driftscope.run.investigation import investigate
+    from driftscope.run.params import load_parameters
 
     checkpoint_dirs()  # built when absent
     report = investigate(load_parameters(ROOT / "parameters" / DEFECT_RUNS[fix]), tmp_path)

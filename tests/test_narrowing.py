@@ -6,17 +6,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import SHAPES, TINY
-from driftscope.compare import compare_tapsets
-from driftscope.contract import Contract, load_contract
+from driftscope.capture.patches import parse_patch
+from driftscope.capture.runtimes import get_runtime
 from driftscope.families import get_family, stage_plan
-from driftscope.investigation import investigate
-from driftscope.params import parse_parameters
-from driftscope.patches import parse_patch
+from driftscope.judge.compare import compare_tapsets
+from driftscope.judge.contract import Contract, load_contract
 from driftscope.replay.narrowing import Side, judge_pair
 from driftscope.replay.recapture import FORWARD, RERUN, rerun_from_stored, targeted_forward
-from driftscope.report import rejudge
-from driftscope.runtimes import get_runtime
-from driftscope.stages import StageSelection
+from driftscope.run.investigation import investigate
+from driftscope.run.params import parse_parameters
+from driftscope.run.rejudge import rejudge
+from driftscope.taps.stages import StageSelection
 
 #: stage with a planted defect -> the runtime it is planted in (transformers keeps the MLP's activation a module)
 PLANTED = {
@@ -42,7 +42,7 @@ MORE = {
 
 
 def planted(stage: str, runtime: str, factor: float = 1.5) -> dict:
-    patch = {"callable": "driftscope.hypotheses:plant_defect", "kwargs": {"stage": stage, "factor": factor}}
+    patch = {"callable": "driftscope.families.hypotheses:plant_defect", "kwargs": {"stage": stage, "factor": factor}}
     return {"runtime": runtime, "policy": "f32", "label": stage, "patch": patch}
 
 
@@ -143,7 +143,7 @@ def test_rejudging_keeps_the_narrowed_stages_and_the_conclusions(planted_run, tm
 def test_the_lineage_follows_the_worst_row_through_raster_and_window_orders(planted_run):
     """The lineage reads one row per stage through each side's own order; restoring whole stages to raster order
     (an independent path) gives the same row errors."""
-    from driftscope.stages import orders_of
+    from driftscope.taps.stages import orders_of
 
     report, _ = planted_run
     pair = "vision.block.6.norm2"
@@ -265,7 +265,7 @@ def test_narrowing_is_generic_over_families(tmp_path):
     from driftscope.families import get_family as family_of
 
     tiny = family_of("qwen3_vl").tiny
-    patch = {"callable": "driftscope.hypotheses:scale_block_output", "kwargs": {"block": 1, "factor": 1.5}}
+    patch = {"callable": "driftscope.families.hypotheses:scale_block_output", "kwargs": {"block": 1, "factor": 1.5}}
     data = {
         "name": "narrowing-qwen3",
         "checkpoint": str(tiny.ensure()),

@@ -1,6 +1,6 @@
 import pytest
 from driftscope.errors import HypothesisPatchError, ParameterError
-from driftscope.params import load_parameters, parse_parameters
+from driftscope.run.params import load_parameters, parse_parameters
 
 BASE = {"checkpoint": "ck", "images": ["a.png"], "runtimes": ["transformers", {"runtime": "mlx", "policy": "f16"}]}
 
@@ -51,7 +51,7 @@ def test_patch_entries():
                 "transformers",
                 {
                     "runtime": "mlx",
-                    "patch": {"callable": "driftscope.hypotheses:scale_block_output", "kwargs": {"block": 2}},
+                    "patch": {"callable": "driftscope.families.hypotheses:scale_block_output", "kwargs": {"block": 2}},
                 },
             ],
         }

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 from conftest import ROOT, SHAPES, TINY
-from driftscope.contract import load_contract
+from driftscope.capture.runtimes import get_runtime
 from driftscope.errors import RegistryError
 from driftscope.families import stage_plan
-from driftscope.inputs import prepare_inputs
-from driftscope.investigation import investigate
-from driftscope.params import parse_parameters
-from driftscope.power import fixture_power
-from driftscope.runtimes import get_runtime
-from driftscope.stages import StageSelection
+from driftscope.families.checkpoints import prepare_inputs
+from driftscope.judge.contract import load_contract
+from driftscope.replay.power import fixture_power
+from driftscope.run.investigation import investigate
+from driftscope.run.params import parse_parameters
+from driftscope.taps.stages import StageSelection
 from PIL import Image
 
 IMAGES = ROOT / "fixtures" / "images"

@@ -7,7 +7,7 @@ import itertools
 import ml_dtypes
 import numpy as np
 import pytest
-from driftscope.quant.affine import (
+from driftscope.model.quant.affine import (
     QuantizedTensor,
     dequantize,
     from_mlx,

@@ -6,16 +6,16 @@ import math
 
 import numpy as np
 import pytest
-from driftscope.quant.attribution import (
+from driftscope.core.numeric import relative_rms
+from driftscope.judge.attribution import (
     CloserRow,
     attribute,
     closer_rows,
     closer_to_arrays,
     closer_to_tapsets,
     explain_quantized,
-    relative_rms,
 )
-from driftscope.tapset import TapWriter
+from driftscope.taps.tapset import TapWriter
 
 FUSED, DEQUANT, CANDIDATE = "mlx:q4", "mlx:q4-dequant", "iree:q4-dequant"
 

@@ -10,14 +10,13 @@ import numpy as np
 import pytest
 from driftscope.errors import CheckpointError
 from driftscope.families import get_family
-from driftscope.quant.affine import from_mlx, mlx_core
-from driftscope.quant.host import quantize_checkpoint
-from driftscope.quant.mlx_checkpoint import MLXQuantizedCheckpoint
-from driftscope.quant.policy import QuantSpec
-from driftscope.quant.profiles import get_profile
-from driftscope.weightfile import TensorFiles
+from driftscope.model.quant.affine import from_mlx, mlx_core
+from driftscope.model.quant.host import quantize_checkpoint
+from driftscope.model.quant.mlx_checkpoint import MLXQuantizedCheckpoint
+from driftscope.model.quant.policy import QuantSpec
+from driftscope.model.weightfile import TensorFiles
 
-PROFILE = get_profile("qwen2_5_vl")
+PROFILE = get_family("qwen2_5_vl").quant_profile()
 
 
 @pytest.fixture(scope="module")

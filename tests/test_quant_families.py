@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from driftscope.checkpoint import open_checkpoint
-from driftscope.compare import compare_stage
-from driftscope.contract import Tolerance
+from driftscope.capture.runtimes import get_runtime
 from driftscope.families import FAMILIES, get_family, stage_plan
-from driftscope.inputs import prepare_inputs
-from driftscope.quant.affine import mlx_core
-from driftscope.runtimes import get_runtime
-from driftscope.stages import StageSelection
-from driftscope.weightfile import TensorFiles
+from driftscope.families.checkpoints import open_checkpoint, prepare_inputs
+from driftscope.judge.compare import compare_stage
+from driftscope.judge.contract import Tolerance
+from driftscope.model.quant.affine import mlx_core
+from driftscope.model.weightfile import TensorFiles
+from driftscope.taps.stages import StageSelection
 
 QUANTIZED = [name for name in FAMILIES.names() if get_family(name).quantization is not None]
 

@@ -18,8 +18,8 @@ import sys
 import ml_dtypes
 import numpy as np
 import pytest
-from driftscope.quant.affine import from_mlx, mlx_core, quantize, to_mlx
-from driftscope.quant.linear_replay import layer_of, replay_linear
+from driftscope.capture.linear_replay import layer_of, replay_linear
+from driftscope.model.quant.affine import from_mlx, mlx_core, quantize, to_mlx
 
 HALF_SUMS = {"float16": 2048.0, "bfloat16": 256.0}
 NUMPY = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
@@ -75,7 +75,7 @@ def test_half_fused_kernel_accumulates_in_the_half_type(mx, dtype):
 
 FLOAT32_PROBE = """
 import numpy as np
-from driftscope.blas import mlx_blas
+from driftscope.model.blas import mlx_blas
 blas = mlx_blas()
 import mlx.core as mx
 rng = np.random.default_rng(0)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from driftscope.core.registry import Registry
 from driftscope.errors import ParameterError, RegistryError
-from driftscope.precision import POLICIES, PrecisionPolicy, get_policy
-from driftscope.quant.policy import (
+from driftscope.model.policies import POLICIES, get_policy
+from driftscope.model.precision import PrecisionPolicy
+from driftscope.model.quant.policy import (
     QUANTIZED_POLICIES,
     RUNTIME_POLICIES,
     QuantizedPolicy,
@@ -13,11 +15,10 @@ from driftscope.quant.policy import (
     quant_spec,
     register_quantized_policies,
 )
-from driftscope.registry import Registry
 
 
 def registry_with_quantized() -> Registry[PrecisionPolicy]:
-    """What precision.POLICIES holds once precision.py calls ``register_quantized_policies(POLICIES)``."""
+    """What policies.POLICIES holds once policies.py calls ``register_quantized_policies(POLICIES)``."""
     registry: Registry[PrecisionPolicy] = Registry("precision policy")
     for name in POLICIES:
         registry.register(name, POLICIES.get(name))
@@ -97,14 +98,18 @@ def test_spec_validates_itself_and_unknown_names_list_the_policies():
     assert isinstance(registry_with_quantized().get("q4"), QuantizedPolicy)
 
 
-@pytest.mark.parametrize("first", ["driftscope.precision", "driftscope.quant.policy", "driftscope.quant.attribution"])
+@pytest.mark.parametrize(
+    "first", ["driftscope.model.precision", "driftscope.model.quant.policy", "driftscope.model.policies"]
+)
 def test_precision_registers_the_quantized_policies_whichever_module_is_imported_first(first):
     """A fresh interpreter: no circular import, whichever module is imported first, and every quantized policy is
     registered next to the float ones."""
     import subprocess
     import sys
 
-    script = f"import {first}; from driftscope.precision import POLICIES; print(' '.join(sorted(POLICIES.names())))"
+    script = (
+        f"import {first}; from driftscope.model.policies import POLICIES; print(' '.join(sorted(POLICIES.names())))"
+    )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     names = set(out.stdout.split())

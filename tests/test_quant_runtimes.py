@@ -13,17 +13,16 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import yaml
-from driftscope.checkpoint import open_checkpoint
-from driftscope.compare import compare_stage
-from driftscope.contract import Tolerance
+from driftscope.capture.runtimes import get_runtime
 from driftscope.errors import CheckpointError, ParameterError
 from driftscope.families import get_family, stage_plan
-from driftscope.inputs import prepare_inputs
-from driftscope.quant.affine import mlx_core
-from driftscope.quant.attribution import attribute, closer_to_tapsets
-from driftscope.runtimes import get_runtime
-from driftscope.stages import StageSelection
-from driftscope.weightfile import TensorFiles
+from driftscope.families.checkpoints import open_checkpoint, prepare_inputs
+from driftscope.judge.attribution import attribute, closer_to_tapsets
+from driftscope.judge.compare import compare_stage
+from driftscope.judge.contract import Tolerance
+from driftscope.model.quant.affine import mlx_core
+from driftscope.model.weightfile import TensorFiles
+from driftscope.taps.stages import StageSelection
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = ROOT / "fixtures" / "images" / "checkerboard_140.png"  # 100 patches: cheap
@@ -196,8 +195,8 @@ def test_an_investigation_reports_the_attribution_and_the_linear_controls(tiny_c
     the report holds the closer-to verdict over the blocks, the linear controls with each stage's replay label,
     and what each runtime quantized; notebook 02 shows them; ``rejudge`` keeps the controls and relabels them."""
     from driftscope.cli import main
-    from driftscope.contract import load_contract
-    from driftscope.report import rejudge
+    from driftscope.judge.contract import load_contract
+    from driftscope.run.rejudge import rejudge
     from make_tiny_q4 import ensure_q4
 
     data = {

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from driftscope.errors import ParameterError
-from driftscope.quant.host import quantize_weights
-from driftscope.quant.policy import QuantSpec
-from driftscope.quant.profiles import get_profile
-from driftscope.quant.select import TensorGroups, select_weights
-from driftscope.weightfile import TensorFiles
+from driftscope.families import get_family
+from driftscope.model.quant.host import quantize_weights
+from driftscope.model.quant.policy import QuantSpec
+from driftscope.model.quant.select import TensorGroups, select_weights
+from driftscope.model.weightfile import TensorFiles
 
-PROFILE = get_profile("qwen2_5_vl")
+PROFILE = get_family("qwen2_5_vl").quant_profile()
 
 
 @pytest.fixture(scope="module")

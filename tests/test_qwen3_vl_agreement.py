@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from driftscope.compare import compare_tapsets
+from driftscope.judge.compare import compare_tapsets
 from qwen3_vl_support import F32, TOLERANCE, capture, inputs, max_errors, plan
 
 #: (runtime, case) pairs of the default suite; 448x448 (and IREE's compiles of the packed call) are slow checks.
@@ -59,11 +59,11 @@ def test_text_layer_deepstack_is_the_hidden_state_after_the_add():
     """``text.layer.k.deepstack`` holds layer k's output plus branch k at the image rows: with branch 1 dropped
     (the ready hypothesis patch, in transformers) layer 0 is unchanged and layer 1's rows differ by exactly
     ``vision.deepstack.1``, which is far above the tolerance (a dropped or misplaced branch cannot hide)."""
-    from driftscope.patches import HypothesisPatch
-    from driftscope.runtimes import get_runtime
+    from driftscope.capture.patches import HypothesisPatch
+    from driftscope.capture.runtimes import get_runtime
     from qwen3_vl_support import checkpoint, scratch
 
-    patch = HypothesisPatch("driftscope.hypotheses:drop_deepstack_branch", {"branch": 1})
+    patch = HypothesisPatch("driftscope.families.hypotheses:drop_deepstack_branch", {"branch": 1})
     engine = get_runtime("transformers")(checkpoint(), "f32", patch)
     dropped = engine.capture(inputs("224"), plan(), scratch() / "224" / "transformers-dropped-1")
     taps = capture("transformers", "224")

@@ -22,10 +22,10 @@ def _weights():
 
 def _tower(spec, policy: str, taps: tuple[str, ...]):
     import jax
-    from driftscope.compiled.graph import contract_for
     from driftscope.families.qwen3_vl.emitter import vision_tower
     from driftscope.families.qwen3_vl.geometry import pack_bucket
-    from driftscope.precision import get_policy
+    from driftscope.model.policies import get_policy
+    from driftscope.taps.jax.graph import contract_for
 
     _, weights = _weights()
     case = inputs("224")

@@ -49,7 +49,7 @@ def test_a_checkpoint_that_disagrees_with_its_config_is_named(tmp_path):
 
 
 def test_the_manual_rmsnorm_experiment_says_qwen3_vl_has_no_rmsnorm_to_swap(tmp_path):
-    from driftscope.runtimes import get_runtime
+    from driftscope.capture.runtimes import get_runtime
     from qwen3_vl_support import inputs, plan
 
     engine = get_runtime("mlx")(checkpoint(), "f16", None, {"rmsnorm": "manual"})

@@ -79,7 +79,7 @@ def test_replays_read_earlier_stages_and_every_vision_operator_replays():
 
 
 def test_driftscope_stages_gives_every_stage_the_shape_the_oracle_writes():
-    from driftscope.stage_listing import list_stages
+    from driftscope.capture.stage_listing import list_stages
 
     listed = json.loads(list_stages(str(checkpoint().path), [str(p) for p in image_paths("224")], as_json=True))
     taps = capture("transformers", "224")

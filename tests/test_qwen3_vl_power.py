@@ -5,7 +5,7 @@ declares itself blind, with the reason, on inputs that cannot reveal it."""
 from __future__ import annotations
 
 from driftscope.families.qwen3_vl.mutations import MUTATIONS
-from driftscope.stages import StageSelection
+from driftscope.taps.stages import StageSelection
 from qwen3_vl_support import F32, capture, checkpoint, config, inputs, plan, scratch
 
 EXPECTED = {
@@ -23,7 +23,7 @@ EXPECTED = {
 
 
 def test_every_mutation_is_first_seen_at_its_declared_stage_under_the_f32_contract():
-    from driftscope.power import fixture_power
+    from driftscope.replay.power import fixture_power
 
     power = fixture_power(capture("transformers", "224"), checkpoint(), inputs("224"), plan(), F32, scratch() / "power")
     found = {entry["mutation"]: entry for entry in power["mutations"]}

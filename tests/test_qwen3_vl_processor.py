@@ -8,7 +8,7 @@ import json
 import shutil
 
 import yaml
-from driftscope.checkpoint import open_checkpoint
+from driftscope.families.checkpoints import open_checkpoint
 from qwen3_vl_support import FAMILY, checkpoint, image_paths, inputs
 
 
@@ -59,7 +59,7 @@ def test_an_override_that_differs_from_the_config_is_a_difference(tmp_path):
 
 
 def test_the_report_carries_the_processor_warnings(tmp_path):
-    from driftscope.investigation import investigate
+    from driftscope.run.investigation import investigate
 
     bare = _copy(tmp_path, lambda config: config.pop("size"))
     parameters = {

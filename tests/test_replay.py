@@ -5,15 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import ROOT, SHAPES
-from driftscope.compare import compare_tapsets
-from driftscope.contract import load_contract
+from driftscope.capture.patches import parse_patch
+from driftscope.capture.runtimes import get_runtime
 from driftscope.families import stage_plan
+from driftscope.families.checkpoints import prepare_inputs
 from driftscope.families.qwen2_5_vl.replay import ReplayContext
-from driftscope.inputs import prepare_inputs
-from driftscope.patches import parse_patch
+from driftscope.judge.compare import compare_tapsets
+from driftscope.judge.contract import load_contract
 from driftscope.replay import drill_down
-from driftscope.runtimes import get_runtime
-from driftscope.stages import StageSelection
+from driftscope.taps.stages import StageSelection
 
 MASSIVE = ROOT / "fixtures" / "checkpoints" / "tiny-qwen2_5-vl-massive"
 
@@ -66,7 +66,9 @@ def test_op_local_errors_of_each_candidate(tiny_checkpoint, shapes_inputs, oracl
 def test_a_perturbed_block_is_introduced_and_later_blocks_inherit(
     tiny_checkpoint, shapes_inputs, oracle, full_plan, tmp_path
 ):
-    patch = parse_patch({"callable": "driftscope.hypotheses:scale_block_output", "kwargs": {"block": 5, "factor": 1.5}})
+    patch = parse_patch(
+        {"callable": "driftscope.families.hypotheses:scale_block_output", "kwargs": {"block": 5, "factor": 1.5}}
+    )
     runtime = get_runtime("mlx")(tiny_checkpoint, "f32", patch)
     candidate = runtime.capture(shapes_inputs, full_plan, tmp_path / "run")
     contract = load_contract(None)
@@ -79,7 +81,7 @@ def test_a_perturbed_block_is_introduced_and_later_blocks_inherit(
 
 
 def test_massive_activation_collapses_rows_under_manual_f16_rmsnorm(tmp_path):
-    from driftscope.checkpoint import open_checkpoint
+    from driftscope.families.checkpoints import open_checkpoint
     from driftscope.views.errormaps import StageDifference, collapsed_rows, top_channels
 
     if not (MASSIVE / "model.safetensors").exists():
@@ -104,8 +106,8 @@ def test_massive_activation_collapses_rows_under_manual_f16_rmsnorm(tmp_path):
 
 
 def test_relative_verdict_against_float64(tiny_checkpoint, shapes_inputs, captures, tmp_path):
-    from driftscope.relative import relative_verdict
-    from driftscope.stages import StageSelection as Selection
+    from driftscope.judge.relative import relative_verdict
+    from driftscope.taps.stages import StageSelection as Selection
 
     plan = stage_plan(tiny_checkpoint.family, tiny_checkpoint.config).select(Selection())
     high = get_runtime("transformers")(tiny_checkpoint, "f64").capture(shapes_inputs, plan, tmp_path / "f64")
@@ -122,8 +124,8 @@ def test_relative_verdict_against_float64(tiny_checkpoint, shapes_inputs, captur
 def test_peer_relative_verdict(captures, full_plan):
     """mlx:f16 judged by its error against the oracle relative to mlx:f32's (the trusted peer's), with the factor
     declared per stage pattern in the contract."""
-    from driftscope.contract import Contract
-    from driftscope.relative import peer_verdict
+    from driftscope.judge.contract import Contract
+    from driftscope.judge.relative import peer_verdict
 
     oracle = captures["transformers:f32"]
     rows = []

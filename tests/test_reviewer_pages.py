@@ -12,7 +12,7 @@ import shutil
 
 import numpy as np
 import pytest
-from driftscope.report import Report
+from driftscope.run.report import Report
 
 WIDTH, HEIGHT = 1400, 900
 BROWSER, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, TINY
-from driftscope.investigation import InvestigationFailed, investigate
-from driftscope.params import parse_parameters
-from driftscope.runlock import BusyError, run_lock
+from driftscope.run.investigation import InvestigationFailed, investigate
+from driftscope.run.params import parse_parameters
+from driftscope.run.runlock import BusyError, run_lock
 
 PARAMS = {
     "name": "locked",
@@ -27,9 +27,9 @@ HOLDER = textwrap.dedent(
     """
     import os, sys, time
     from pathlib import Path
-    from driftscope.params import parse_parameters
-    from driftscope.report import Report
-    from driftscope.runlock import run_lock
+    from driftscope.run.params import parse_parameters
+    from driftscope.run.report import Report
+    from driftscope.run.runlock import run_lock
 
     out, status, hold = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3])
     params = parse_parameters({params!r}, "test")
@@ -78,7 +78,7 @@ def test_a_second_run_into_a_busy_directory_fails_naming_the_holder_and_the_fix(
 
 
 def test_reuse_waits_for_the_running_investigation_and_returns_its_report(tmp_path, monkeypatch, capsys):
-    import driftscope.investigation as investigation
+    import driftscope.run.investigation as investigation
 
     monkeypatch.setattr(investigation, "get_runtime", lambda *a, **k: pytest.fail("a runtime was run"))
     child = hold(tmp_path, "complete", 1.5)
@@ -92,7 +92,7 @@ def test_reuse_waits_for_the_running_investigation_and_returns_its_report(tmp_pa
 
 
 def test_reuse_raises_the_error_of_the_run_it_waited_for_instead_of_running_again(tmp_path, monkeypatch):
-    import driftscope.investigation as investigation
+    import driftscope.run.investigation as investigation
 
     monkeypatch.setattr(investigation, "get_runtime", lambda *a, **k: pytest.fail("a runtime was run"))
     child = hold(tmp_path, "error", 0.5)

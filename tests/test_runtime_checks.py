@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import ROOT, SHAPES
 from driftscope.cli import main
-from driftscope.tapset import TapSet, TapWriter
+from driftscope.taps.tapset import TapSet, TapWriter
 from test_cli_render import write_params
 
 
@@ -129,8 +129,8 @@ def test_notebook_01_shows_the_checks(checked_run):
 
 
 def test_rejudging_keeps_the_checks(checked_run, tmp_path):
-    from driftscope.contract import load_contract
-    from driftscope.report import rejudge
+    from driftscope.judge.contract import load_contract
+    from driftscope.run.rejudge import rejudge
 
     _, out = checked_run
     again = rejudge(out / "report.json", load_contract(None), tmp_path / "again.json")

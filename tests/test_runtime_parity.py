@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from driftscope.compare import compare_tapsets, first_divergence
-from driftscope.contract import Contract
 from driftscope.families import stage_plan
-from driftscope.stages import StageSelection
+from driftscope.judge.compare import compare_tapsets, first_divergence
+from driftscope.judge.contract import Contract
+from driftscope.taps.stages import StageSelection
 
 TINY_PLAN_IDS = [
     s.id for s in stage_plan("qwen2_5_vl", {"vision_config": {"depth": 8}}).select(StageSelection.everything())
@@ -45,7 +45,7 @@ def test_stage_shapes_follow_the_declared_axes(captures, tiny_checkpoint):
 
 
 def test_mlx_f16_drifts_and_the_report_says_where_it_starts(captures, full_plan):
-    from driftscope.report import judge
+    from driftscope.judge.verdict import judge
 
     verdict = judge(captures["transformers:f32"], [captures["mlx:f16"]], Contract(), full_plan)
     rows = {row["stage"]: row for row in verdict["rows"]}
@@ -104,7 +104,7 @@ def test_substages_compose_like_the_block(captures, tiny_checkpoint, runtime):
 
 
 def test_tapped_forward_equals_the_plain_forward(tiny_checkpoint, shapes_inputs, captures):
-    from driftscope.runtimes import get_runtime
+    from driftscope.capture.runtimes import get_runtime
 
     mlx = get_runtime("mlx")(tiny_checkpoint, "f32")
     np.testing.assert_array_equal(np.array(mlx.run_vision(shapes_inputs)), captures["mlx:f32"]["vision.merger"])
@@ -117,10 +117,10 @@ def test_tapped_forward_equals_the_plain_forward(tiny_checkpoint, shapes_inputs,
 def test_hypothesis_patch_on_one_block_is_the_first_divergence(
     tmp_path, tiny_checkpoint, shapes_inputs, captures, full_plan
 ):
-    from driftscope.patches import HypothesisPatch
-    from driftscope.runtimes import get_runtime
+    from driftscope.capture.patches import HypothesisPatch
+    from driftscope.capture.runtimes import get_runtime
 
-    patch = HypothesisPatch("driftscope.hypotheses:scale_block_output", {"block": 5, "factor": 1.2})
+    patch = HypothesisPatch("driftscope.families.hypotheses:scale_block_output", {"block": 5, "factor": 1.2})
     runtime = get_runtime("mlx")(tiny_checkpoint, "f32", patch)
     patched = runtime.capture(shapes_inputs, full_plan, tmp_path / "patched")
     rows = compare_tapsets(captures["transformers:f32"], patched, Contract(), full_plan)
@@ -128,4 +128,4 @@ def test_hypothesis_patch_on_one_block_is_the_first_divergence(
     assert divergence is not None
     assert divergence.stage == "vision.block.5"  # its substages still pass: the patch scales the output
     assert all(row.status == "pass" for row in rows if row.stage.startswith("vision.block.4"))
-    assert patched.meta["patch"]["target"] == "driftscope.hypotheses:scale_block_output"
+    assert patched.meta["patch"]["target"] == "driftscope.families.hypotheses:scale_block_output"

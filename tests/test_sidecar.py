@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import ROOT
 from driftscope.errors import TapFileError
-from driftscope.tapset import TapSet
+from driftscope.taps.tapset import TapSet
 from safetensors.numpy import save_file
 
 DOC = (ROOT / "docs" / "tapfile.md").read_text()
@@ -32,7 +32,7 @@ def engine(tmp_path, tensors: dict, stages: dict | None = None, name: str = "eng
 
 
 def test_the_published_schema_is_the_one_driftscope_validates_with():
-    from driftscope.sidecar import schema
+    from driftscope.taps.sidecar import schema
 
     assert schema() == SCHEMA
     from jsonschema import Draft202012Validator
@@ -49,7 +49,7 @@ def test_every_sidecar_driftscope_writes_follows_the_schema(captures):
 
 
 def test_the_docs_example_sidecar_follows_the_schema():
-    from driftscope.sidecar import validate_sidecar
+    from driftscope.taps.sidecar import validate_sidecar
 
     section = DOC[DOC.index("## 4. Sidecar") :]
     example = json.loads(section[section.index("```json\n") + 8 : section.index("```\n", section.index("```json"))])
@@ -111,8 +111,8 @@ def test_bf16_and_f16_stages_are_read_widened_to_float32(tmp_path):
 
 
 def test_a_bf16_candidate_is_compared_against_a_float32_reference(tmp_path):
-    from driftscope.compare import compare_stage
-    from driftscope.contract import Tolerance
+    from driftscope.judge.compare import compare_stage
+    from driftscope.judge.contract import Tolerance
 
     rng = np.random.default_rng(4)
     values = rng.standard_normal((300, 7)).astype(np.float32)
@@ -132,7 +132,7 @@ def test_other_stored_dtypes_are_refused_when_the_tapset_opens(tmp_path, dtype):
 
 
 def test_the_doc_lists_the_stored_dtypes_driftscope_accepts():
-    from driftscope.sidecar import STORED
+    from driftscope.taps.sidecar import STORED
 
     tensors = DOC[DOC.index("## 3. Tensors") : DOC.index("### Token order")]
     for dtype in STORED:

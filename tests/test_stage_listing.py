@@ -54,7 +54,7 @@ def test_the_table_in_docs_tapfile_md_is_the_commands_output(capsys):
 
 
 def test_write_inputs_gives_the_engine_the_runs_processor_output_and_digest(capsys, tmp_path, shapes_inputs):
-    from driftscope.engine_inputs import inputs_digest
+    from driftscope.inputs.engine_inputs import inputs_digest
 
     _stages(capsys, "--images", str(SHAPES), "--write-inputs", str(tmp_path / "inputs.safetensors"))
     with safe_open(str(tmp_path / "inputs.safetensors"), framework="numpy") as handle:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from conftest import ROOT
-from driftscope.params import parse_parameters
-from driftscope.storage import OutputRoot, StorageError, is_url, localize
+from driftscope.core.storage import OutputRoot, StorageError, is_url, localize
+from driftscope.run.params import parse_parameters
 
 
 def test_a_file_url_root_reads_writes_lists_and_uploads(tmp_path):

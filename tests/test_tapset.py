@@ -3,8 +3,8 @@ import json
 import numpy as np
 import pytest
 from driftscope.errors import TapFileError
-from driftscope.stages import Stage
-from driftscope.tapset import TapSet, TapWriter
+from driftscope.taps.stages import Stage
+from driftscope.taps.tapset import TapSet, TapWriter
 from safetensors.numpy import load_file, save_file
 
 

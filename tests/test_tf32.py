@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from driftscope.errors import DriftscopeError
-from driftscope.tf32 import emulate_tf32, round_to_tf32, round_to_tf32_torch, tf32_matmul
+from driftscope.model.tf32 import emulate_tf32, round_to_tf32, round_to_tf32_torch, tf32_matmul
 
 
 def reference_round(x: np.ndarray) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Checkpoint tensors read by driftscope.weightfile equal what the safetensors library itself reads."""
+"""Checkpoint tensors read by driftscope.model.weightfile equal what the safetensors library itself reads."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 from driftscope.errors import CheckpointError
-from driftscope.weightfile import ALIGNMENT, TensorFiles
+from driftscope.model.weightfile import ALIGNMENT, TensorFiles
 from safetensors.torch import save_file
 
 

@@ -54,7 +54,7 @@ def test_scaled_spec_keeps_depths_heads_and_vocabulary_and_fits_rope():
 
 def test_sharded_checkpoint_loads_in_transformers_without_missing_keys_and_the_bf16_copy_matches(whole):
     import torch
-    from driftscope.weightfile import TensorFiles
+    from driftscope.model.weightfile import TensorFiles
     from safetensors import safe_open
     from transformers import Qwen2_5_VLForConditionalGeneration
 
@@ -81,9 +81,9 @@ def test_sharded_checkpoint_loads_in_transformers_without_missing_keys_and_the_b
 def test_whole_model_investigation_agrees_in_f32_and_keeps_one_runtime_resident(whole, tmp_path, monkeypatch):
     """`driftscope run` on the whole model: five runtimes, every block, every text layer, logits, 8 tokens."""
     import yaml
+    from driftscope.capture.runtimes.base import Runtime
     from driftscope.cli import main
-    from driftscope.report import Report
-    from driftscope.runtimes.base import Runtime
+    from driftscope.run.report import Report
     from whole_model import TOKENS, WHOLE_RUNTIMES, whole_params
 
     resident, overlaps = weakref.WeakSet(), []
@@ -134,8 +134,8 @@ def _longest_numeric_list(value) -> int:
 def test_a_capture_with_text_runs_the_tower_once(name, tmp_path, tiny_checkpoint_dir):
     """The text prefill reads the tower output of the same capture instead of running the tower again."""
     from conftest import TINY
-    from driftscope.checkpoint import open_checkpoint
-    from driftscope.runtimes import get_runtime
+    from driftscope.capture.runtimes import get_runtime
+    from driftscope.families.checkpoints import open_checkpoint
     from whole_model import whole_plan, with_text
 
     checkpoint = open_checkpoint(TINY)

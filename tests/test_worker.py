@@ -87,7 +87,7 @@ def remote_cluster(tmp_path):
 
 def test_a_worker_on_another_host_runs_from_its_own_checkout_and_writes_through_fsspec(tmp_path, remote_cluster):
     start_worker, scheduler_file, worker_home = remote_cluster
-    from driftscope.batch import run_batch
+    from driftscope.batch.runner import run_batch
 
     store = tmp_path / "object-store"  # stands for s3://bucket: reached only through its URL
     shutil.copytree(TINY, store / "checkpoints" / "tiny", ignore=shutil.ignore_patterns("*.md"))

@@ -24,11 +24,11 @@ def _exit_code(report) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .investigation import default_out_dir, log
-    from .params import load_parameters
-    from .preflight import check_parameters
-    from .render import investigate_and_render, rendered_current
-    from .report import Report
+    from driftscope.run.investigation import default_out_dir, log
+    from driftscope.run.params import load_parameters
+    from driftscope.run.preflight import check_parameters
+    from driftscope.run.report import Report
+    from driftscope.views.render import investigate_and_render, rendered_current
 
     params = load_parameters(args.params)
     check_parameters(params)  # every parameter error before a kernel starts or a model loads
@@ -66,8 +66,9 @@ def _output_directory(out: Path) -> None:
 
 
 def _rejudge(args: argparse.Namespace) -> int:
-    from .contract import load_contract
-    from .report import rejudge
+    from driftscope.judge.contract import load_contract
+    from driftscope.run.rejudge import rejudge
+
     from .views.tables import summary_markdown
 
     report = rejudge(args.report, load_contract(args.contract), args.out)
@@ -77,7 +78,8 @@ def _rejudge(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from .report import Report
+    from driftscope.run.report import Report
+
     from .views.tables import summary_markdown
 
     report = Report.load(args.report)
@@ -94,15 +96,15 @@ def _geometry(args: argparse.Namespace) -> int:
 
 
 def _stages(args: argparse.Namespace) -> int:
-    from .stage_listing import list_stages
+    from driftscope.capture.stage_listing import list_stages
 
     print(list_stages(args.checkpoint, args.images, args.json, args.write_inputs))
     return 0
 
 
 def _batch(args: argparse.Namespace) -> int:
-    from .batch import run_batch
-    from .investigation import log
+    from driftscope.batch.runner import run_batch
+    from driftscope.run.investigation import log
 
     result = run_batch(args.params, args.commit, args.jobs, args.scheduler, args.force, args.out_root, log=log)
     log(f"index: {result.index}; junit: {result.junit}; exit {result.code}")
@@ -112,7 +114,8 @@ def _batch(args: argparse.Namespace) -> int:
 def _diff(args: argparse.Namespace) -> int:
     import json
 
-    from .batch import REPO_ROOT
+    from driftscope.batch.runner import REPO_ROOT
+
     from .views.trend import diff_commits, diff_exit_code, format_diff, resolve_commit_dir
 
     root = Path(args.out_root or REPO_ROOT / "outputs")
@@ -122,9 +125,10 @@ def _diff(args: argparse.Namespace) -> int:
 
 
 def _trend(args: argparse.Namespace) -> int:
-    from .batch import REPO_ROOT
-    from .investigation import log
-    from .render import execute, to_html
+    from driftscope.batch.runner import REPO_ROOT
+    from driftscope.run.investigation import log
+    from driftscope.views.render import execute, to_html
+
     from .views.history import from_parameters
 
     root = Path(args.out_root or REPO_ROOT / "outputs")

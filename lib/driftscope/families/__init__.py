@@ -10,9 +10,10 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from driftscope.core.registry import Registry
+from driftscope.taps.stages import StagePlan
+
 from ..errors import CheckpointError
-from ..registry import Registry
-from ..stages import StagePlan
 from .base import Family, Mutation
 
 FAMILIES: Registry[Family] = Registry("model family")

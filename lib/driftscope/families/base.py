@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 from ..errors import RuntimeUnavailableError
 
 if TYPE_CHECKING:
-    from ..checkpoint import Checkpoint
-    from ..inputs import ModelInputs
-    from ..registry import Registry
-    from ..stages import Stage, StagePlan
-    from ..tapset import TapSet
-    from ..text_inputs import TextInputs
+    from driftscope.core.registry import Registry
+    from driftscope.inputs.processor_output import ModelInputs
+    from driftscope.inputs.text_inputs import TextInputs
+    from driftscope.model.checkpoint import Checkpoint
+    from driftscope.taps.stages import Stage, StagePlan
+    from driftscope.taps.tapset import TapSet
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ class Family:
     #: runtime -> the ready patch correcting that runtime's known defects in this family's port (e.g. mlx-vlm's
     #: Molmo2): the shared agreement tests apply it, a run only when its parameter file names it
     known_defects: Mapping[str, str] = field(default_factory=dict)
-    #: module holding ``PROFILE``, the family's :class:`~driftscope.quant.profiles.QuantProfile` (None: the
+    #: module holding ``PROFILE``, the family's :class:`~driftscope.model.quant.profiles.QuantProfile` (None: the
     #: family runs no quantized policy)
     quantization: str | None = None
 

@@ -10,8 +10,9 @@
 
 from __future__ import annotations
 
-from ..rows import ComparisonRow, first_divergence
-from ..stages import StagePlan
+from driftscope.judge.rows import ComparisonRow, first_divergence
+from driftscope.taps.stages import StagePlan
+
 from .drilldown import DRIFT_FLOOR, Drilldown
 
 SHOWN_AMPLIFIERS = 3  # the sentence names the strongest few; the record keeps the whole chain

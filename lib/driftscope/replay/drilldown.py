@@ -14,14 +14,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..compare import ComparisonRow, compare_tapsets
-from ..contract import Contract
+from driftscope.judge.compare import ComparisonRow, compare_tapsets
+from driftscope.judge.contract import Contract
+from driftscope.judge.verdict import DRIFT_FLOOR  # below it, error is float32 round-off, not drift
+from driftscope.taps.stages import StagePlan
+from driftscope.taps.tapset import TapSet, TapWriter
+
 from ..families import get_family
-from ..stages import StagePlan
-from ..tapset import TapSet, TapWriter
 
 AMPLIFY = 10.0  # an operator that multiplies the incoming relative error by this much is "amplified"
-DRIFT_FLOOR = 1e-4  # relative RMS below which error is float32 round-off, not drift
 
 
 @dataclass

@@ -16,20 +16,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..compare import compare_stage
+from driftscope.core.names import safe_name
+from driftscope.judge.compare import compare_stage
+from driftscope.judge.rows import ComparisonRow, first_divergence
+from driftscope.taps.stages import StagePlan, orders_of
+from driftscope.taps.tapunion import TapUnion
+
 from ..families import get_family
-from ..names import safe_name
-from ..rows import ComparisonRow, first_divergence
-from ..stages import StagePlan, orders_of
-from ..tapunion import TapUnion
 from .conclusion import conclude
 from .drilldown import Drilldown, drill_down
 from .recapture import RecaptureError, recapture
 
 if TYPE_CHECKING:
-    from ..contract import Contract
-    from ..inputs import ModelInputs
-    from ..tapset import TapSet
+    from driftscope.inputs.processor_output import ModelInputs
+    from driftscope.judge.contract import Contract
+    from driftscope.taps.tapset import TapSet
 
 MAX_STEPS = 8  # a family's stage hierarchy is a few levels deep; this only stops a plan that refines forever
 
@@ -173,7 +174,7 @@ def judge_pair(
 ) -> PairResult:
     """Compare one pair, narrow it (``narrow``), replay the candidate on the reference's inputs (``replay``, where
     it can) and conclude. ``plan``: the run's plan; ``full``: every stage the family declares."""
-    from ..compare import compare_tapsets
+    from driftscope.judge.compare import compare_tapsets
 
     narrower = Narrower(reference, candidate, inputs, full, contract, out, cache or ReferenceCache(), log)
     rows = compare_tapsets(reference.run, candidate.run, contract, plan)

@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from driftscope.taps.stages import StagePlan
+from driftscope.taps.tapset import TapSet, TapWriter
+
 from ..errors import DriftscopeError
 from ..families import get_family
-from ..stages import StagePlan
-from ..tapset import TapSet, TapWriter
 
 if TYPE_CHECKING:
-    from ..inputs import ModelInputs
+    from driftscope.inputs.processor_output import ModelInputs
 
 RERUN = "re-run from its stored inputs"
 FORWARD = "targeted forward"

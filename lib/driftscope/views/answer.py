@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from ..markup import code
-from ..report import Report
+from driftscope.core.markup import code
+from driftscope.run.report import Report
+
 from .notebook import describe
 
 

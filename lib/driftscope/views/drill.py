@@ -6,8 +6,9 @@ import numpy as np
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
-from ..markup import code, text
-from ..report import Report
+from driftscope.core.markup import code, text
+from driftscope.run.report import Report
+
 from .errormaps import StageDifference, magnitude_split, patch_error_grid
 from .notebook import describe
 from .plots import block_outputs, landmarks
@@ -58,7 +59,7 @@ def substages(report: Report, pair: str, layers: list[int]):
     or a plain sentence saying the run did not capture them."""
     import pandas as pd
 
-    from ..rows import share_of_tolerance
+    from driftscope.judge.rows import share_of_tolerance
 
     rows = [
         r
@@ -98,8 +99,8 @@ def captured_substages(report: Report, pair: str, block: int):
     output. The run's report is not changed."""
     import pandas as pd
 
-    from ..recapture import recapture_block
-    from ..rows import share_of_tolerance
+    from driftscope.judge.rows import share_of_tolerance
+    from driftscope.run.patch_trial import recapture_block
 
     trial = recapture_block(report, pair, block, log=lambda message: None)
     sentence = (
@@ -149,7 +150,7 @@ def where_markdown(difference: StageDifference, share: float, collapsed: int) ->
 def recapture_hint(pair: str, layers: list[int]) -> str:
     """How to try a fix on the chosen block without running everything again."""
     return (
-        f'Set `patch` in the parameters cell (e.g. `patch = "driftscope.hypotheses:NAME"`, '
+        f'Set `patch` in the parameters cell (e.g. `patch = "driftscope.families.hypotheses:NAME"`, '
         f'`"my_fix.py:function"` or `{{"callable": ..., "kwargs": {{...}}}}`) and run this cell again: it '
         f"captures block {text(layers[0] if layers else 0)} of {code(pair)} with the patch applied (only that "
         "runtime loads; the reference's capture is the run's) and compares it stage by stage with the run."
@@ -288,7 +289,7 @@ def spatial_map(report: Report, stage: str, pair: str, image: int = 0, replay: b
 
 def conclusion_markdown(report: Report, pair: str) -> str:
     """The pair's conclusion in words, and where its first divergence's worst token row sits (Markdown)."""
-    from ..markup import code, text
+    from driftscope.core.markup import code, text
 
     conclusion = (report.data.get("conclusions") or {}).get(pair)
     lineage = (report.data.get("lineage") or {}).get(pair)

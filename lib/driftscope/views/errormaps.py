@@ -6,12 +6,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from driftscope.judge.layout import align, take_rows
+from driftscope.run.report import Report
+from driftscope.taps.stages import TokenOrder, orders_of
+from driftscope.taps.tapset import TapSet
+
 from ..families import get_family
 from ..families.base import ImageTokens
-from ..layout import align, take_rows
-from ..report import Report
-from ..stages import TokenOrder, orders_of
-from ..tapset import TapSet
 
 
 @dataclass

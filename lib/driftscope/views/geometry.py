@@ -7,21 +7,13 @@ this module picks the family (``family``, else the checkpoint's, else the defaul
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
-from ..errors import CheckpointError, InputError
+from driftscope.run.params import find_path
+
+from ..errors import CheckpointError
 from ..families import DEFAULT_FAMILY, Family, detect_family, get_family
 from ..families.base import Section
-from ..params import find_path
-
-
-def parse_size(text: str) -> tuple[int, int]:
-    """``"448x672"`` -> (448, 672) as (height, width): an image size as the geometry CLI takes it."""
-    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
-    if not match:
-        raise InputError(f"image size {text!r} is not HxW", "write sizes like 448x448 or 448x672 (height x width)")
-    return int(match.group(1)), int(match.group(2))
 
 
 def family_for(checkpoint: str | Path | None = None, family: str | None = None) -> Family:

@@ -55,7 +55,7 @@ def run_of(params_path: str | Path | None, out_dir: str | Path | None) -> str | 
             if report.directory.resolve() == Path(out_dir).resolve():
                 return name
     if params_path:
-        from ..params import load_parameters
+        from driftscope.run.params import load_parameters
 
         return load_parameters(params_path).name
     return None
@@ -121,8 +121,8 @@ def from_parameters(
     the output root, the newer commit and the run; else ``out_root`` (relative: to the working directory, else
     the repository root) and the run a parameter file names. ``repo``: whose git history orders the commits
     (default: the repository holding the output root, else the working directory's)."""
-    from ..params import find_path
-    from ..worktree import toplevel
+    from driftscope.core.worktree import toplevel
+    from driftscope.run.params import find_path
 
     if out_dir:
         root = Path(out_dir).resolve().parent.parent
@@ -137,14 +137,14 @@ def from_parameters(
 
 def nothing_to_compare(err: ParameterError) -> str:
     """What notebook 05 says, instead of raising, when its defaults find nothing to compare (a fresh clone)."""
-    from ..markup import text
+    from driftscope.core.markup import text
 
     return f"**Nothing to compare yet**: {text(err.problem)}" + (f" (fix: {text(err.fix)})" if err.fix else "")
 
 
 def headline(choice: TrendChoice) -> str:
     """What is compared, in one line of Markdown."""
-    from ..markup import code
+    from driftscope.core.markup import code
 
     return (
         f"Run {code(choice.run)}: commit {code(choice.before.name)} -> {code(choice.after.name)} (in git-history "

@@ -13,7 +13,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..markup import html_text
+from driftscope.core.markup import html_text
 
 FAILING = ("fail", "shape_mismatch", "layout_mismatch")  # row statuses drawn red
 ALT = "driftscope_alt"  # the attribute a view sets on its figure: the figure's alternative text
@@ -99,7 +99,7 @@ def investigate(params_path: str | Path, out_dir: str | Path | None = None, reus
 
     The progress is shown live while it runs and cleared when it ends, so the page starts with the verdict;
     an investigation that fails leaves its progress and error in place."""
-    from ..investigation import investigate as run
+    from driftscope.run.investigation import investigate as run
 
     setup()
     buffer = io.StringIO()

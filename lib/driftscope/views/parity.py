@@ -7,9 +7,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..markup import code, text
-from ..report import Report
-from ..rows import share_of_tolerance
+from driftscope.core.markup import code, text
+from driftscope.judge.rows import share_of_tolerance
+from driftscope.run.report import Report
+
 from .curves import error_curves
 from .notebook import table
 

@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from ..report import Report
-from ..rows import share_of_tolerance
+from driftscope.judge.rows import share_of_tolerance
+from driftscope.run.report import Report
+
 from .curves import error_curves  # noqa: F401 - the notebooks' import of it
 
 COLORS = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f", "#17becf"]

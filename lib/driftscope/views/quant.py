@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from ..markup import code, text
-from ..report import Report
+from driftscope.core.markup import code, text
+from driftscope.run.report import Report
+
 from .plots import COLORS, block_outputs
 
 LINEAR_COLUMNS = [

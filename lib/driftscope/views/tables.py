@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from ..markup import code, text
-from ..report import Report
-from ..runtime_checks import checks_markdown
+from driftscope.capture.runtime_checks import checks_markdown
+from driftscope.core.markup import code, text
+from driftscope.run.report import Report
+
 from .parity import divergence_frame, not_compared_lines, stage_frame  # noqa: F401 - divergence_frame re-exported
 
 block_frame = stage_frame  # failing and first-divergent stages first, then block outputs and landmarks

@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
+from driftscope.run.report import Report
+
 from ..errors import ParameterError, ReportError
-from ..report import Report
 
 
 def resolve_commit_dir(out_root: Path, revision: str) -> Path:

@@ -268,7 +268,7 @@ def load_mlx_model(path: str | Path, config: dict, dtype: str = "float32") -> An
     The checkpoint's own config.json is kept on the model as ``driftscope_source_config`` (hypothesis
     patches read the declared ViT depth from it; mlx-vlm's config no longer has it).
     """
-    from ...blas import mlx_blas
+    from driftscope.model.blas import mlx_blas
 
     mlx_blas()  # before the first `import mlx.core`
     import mlx.core as mx

@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from ...inputs import ModelInputs
-from ...runtimes.base import StageSink, put_greedy
-from ...runtimes.mlx_runtime import Recording, dtype_name, list_item, module_attr, shadow, to_numpy
+from driftscope.inputs.processor_output import ModelInputs
+from driftscope.taps.mlx_hooks import Recording, dtype_name, list_item, module_attr, shadow, to_numpy
+from driftscope.taps.sink import StageSink, put_greedy
+
 from .config import load_mlx_model
 from .plan import block_stage_id, parse_stage
 

@@ -14,10 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from ...inputs import ModelInputs
-from ...registry import Registry
-from ...runtimes.mlx_runtime import module_attr
-from ...stages import StagePlan
+from driftscope.core.registry import Registry
+from driftscope.inputs.processor_output import ModelInputs
+from driftscope.taps.mlx_hooks import module_attr
+from driftscope.taps.stages import StagePlan
+
 from ..base import Mutation
 from . import hypotheses
 from .config import resolve_layers

@@ -9,8 +9,9 @@ decoder's attention mask are integers (compared exactly).
 
 from __future__ import annotations
 
+from driftscope.taps.stages import Stage, StagePlan
+
 from ...errors import CheckpointError
-from ...stages import Stage, StagePlan
 from .config import read_facts
 
 NAME = "molmo2"

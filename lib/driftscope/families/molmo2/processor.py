@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from driftscope.inputs.processor_output import ModelInputs, as_processor_sees, load_image
+
 from ...errors import InputError
-from ...inputs import ModelInputs, as_processor_sees, load_image
 from .geometry import CropLayout, CropSpec, crop_layout
 
 if TYPE_CHECKING:
-    from ...checkpoint import Checkpoint
+    from driftscope.model.checkpoint import Checkpoint
 
 IMAGE_PLACEHOLDER = "<|image|>"
 #: Tokens transformers' Molmo2Processor gives type 1 (they attend to each other bidirectionally).

@@ -6,9 +6,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from driftscope.taps.stages import StagePlan
+from driftscope.taps.tapset import TapSet
+
 from ...errors import TapFileError
-from ...stages import StagePlan
-from ...tapset import TapSet
 
 
 @dataclass

@@ -217,7 +217,7 @@ def make_checkpoints(
     import torch
     from transformers import Molmo2Config, Molmo2ForConditionalGeneration
 
-    from ...synthetic import reinitialize
+    from driftscope.model.synthetic import reinitialize
 
     hub_dir, native_dir = Path(hub_dir), Path(native_dir)
     for folder in (hub_dir, native_dir):

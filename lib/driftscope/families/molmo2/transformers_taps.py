@@ -12,9 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from ...inputs import ModelInputs
-from ...runtimes.base import StageSink, put_greedy
-from ...runtimes.transformers_runtime import to_numpy as _np
+from driftscope.inputs.processor_output import ModelInputs
+from driftscope.taps.sink import StageSink, put_greedy
+from driftscope.taps.torch_hooks import to_numpy as _np
+
 from .plan import block_stage_id, parse_stage
 
 MODEL_CLASS = "Molmo2ForConditionalGeneration"

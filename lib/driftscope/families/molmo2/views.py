@@ -7,8 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
+from driftscope.taps.tapset import TapSet
+
 from ...errors import InputError
-from ...tapset import TapSet
 from ..base import ImageTokens, Section
 from .config import read_facts
 from .geometry import CropSpec, summary
@@ -96,7 +97,7 @@ def geometry_report(
 ) -> str:
     """``driftscope geometry``: per image size the crops, tokens and partially padded pooling windows; the
     selected ViT layers as resolved against the declared depth, and how many layers run."""
-    from ...views.geometry import parse_size
+    from driftscope.inputs.image_size import parse_size
 
     if bucket is not None or window_size is not None:
         raise InputError(

@@ -13,10 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from ...inputs import ModelInputs
-from ...registry import Registry
-from ...runtimes.mlx_runtime import module_attr, use_manual_rmsnorm
-from ...stages import StagePlan
+from driftscope.core.registry import Registry
+from driftscope.inputs.processor_output import ModelInputs
+from driftscope.taps.mlx_hooks import module_attr, use_manual_rmsnorm
+from driftscope.taps.stages import StagePlan
+
 from ..base import Mutation
 from .geometry import is_involution, window_layout
 from .mlx_taps import rms_norms

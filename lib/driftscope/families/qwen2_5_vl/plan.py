@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ...stages import Stage, StagePlan
+from driftscope.taps.stages import Stage, StagePlan
+
 from ..base import block_substages
 
 NAME = "qwen2_5_vl"

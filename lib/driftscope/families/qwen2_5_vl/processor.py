@@ -7,11 +7,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...inputs import ModelInputs
+from driftscope.inputs.processor_output import ModelInputs
+
 from ..qwen_shared.processor import run_processor
 
 if TYPE_CHECKING:
-    from ...checkpoint import Checkpoint
+    from driftscope.model.checkpoint import Checkpoint
 
 
 def prepare_inputs(checkpoint: Checkpoint, image_paths: list[str | Path]) -> ModelInputs:

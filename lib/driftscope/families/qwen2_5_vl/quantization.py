@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...quant.names import NameMap
-from ...quant.profiles import LinearSite, QuantProfile
-from ...quant.select import TensorGroups
+from driftscope.model.quant.names import NameMap
+from driftscope.model.quant.profiles import LinearSite, QuantProfile
+from driftscope.model.quant.select import TensorGroups
+
 from .mlx_config import adapt_config
 from .plan import parse_stage
 

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...stages import StagePlan
-from ...tapset import TapSet
+from driftscope.taps.stages import StagePlan
+from driftscope.taps.tapset import TapSet
+
 from .plan import BLOCK0_INPUT, TEXT_INPUT
 
 

@@ -11,7 +11,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...synthetic import reinitialize
+from driftscope.model.synthetic import reinitialize
+
 from ..qwen_shared.tokenizer import CHAT_TEMPLATE, build_tokenizer
 
 

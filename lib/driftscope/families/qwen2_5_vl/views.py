@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ...markup import text
+from driftscope.core.markup import text
+
 from ..base import Section
 from ..qwen_shared.layout import token_layout  # noqa: F401 (a view hook of this family)
 from .geometry import ResizeSpec, audit_unreorder, grid_for

@@ -67,7 +67,7 @@ def check_config(config: dict) -> None:
 
 def load_mlx_model(path: str | Path, config: dict) -> Any:
     """mlx-vlm's Qwen3-VL ``Model`` with the checkpoint's safetensors weights (strict load)."""
-    from ...blas import mlx_blas
+    from driftscope.model.blas import mlx_blas
 
     mlx_blas()  # before the first `import mlx.core`
     import mlx.core as mx

@@ -14,10 +14,11 @@ from typing import Any
 
 import numpy as np
 
+from driftscope.inputs.processor_output import ModelInputs
+from driftscope.taps.mlx_hooks import Recording, dtype_name, list_item, module_attr, shadow, to_numpy
+from driftscope.taps.sink import StageSink, put_greedy
+
 from ...errors import ParameterError
-from ...inputs import ModelInputs
-from ...runtimes.base import StageSink, put_greedy
-from ...runtimes.mlx_runtime import Recording, dtype_name, list_item, module_attr, shadow, to_numpy
 from ..qwen_shared.text import put_text_inputs
 from .mlx_config import load_mlx_model
 from .plan import block_stage_id, deepstack_stage_id, parse_stage

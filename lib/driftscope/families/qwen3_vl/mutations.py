@@ -14,9 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from ...inputs import ModelInputs
-from ...registry import Registry
-from ...stages import StagePlan
+from driftscope.core.registry import Registry
+from driftscope.inputs.processor_output import ModelInputs
+from driftscope.taps.stages import StagePlan
+
 from ..base import Mutation
 from ..qwen_shared.text import build_text_inputs
 from .geometry import grid_side, lands_on_table_rows, nearest_indices

@@ -9,7 +9,7 @@ positions right after decoder layer K (``text.layer.K.deepstack``).
 
 from __future__ import annotations
 
-from ...stages import Stage, StagePlan
+from driftscope.taps.stages import Stage, StagePlan
 
 NAME = "qwen3_vl"
 

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...inputs import ModelInputs
+from driftscope.inputs.processor_output import ModelInputs
+
 from ..qwen_shared.processor import (
     contract_differences,
     contract_settings,
@@ -20,7 +21,7 @@ from ..qwen_shared.processor import (
 from .plan import vision_config
 
 if TYPE_CHECKING:
-    from ...checkpoint import Checkpoint
+    from driftscope.model.checkpoint import Checkpoint
 
 
 def prepare_inputs(

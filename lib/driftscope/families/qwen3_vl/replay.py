@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from driftscope.taps.stages import StagePlan
+from driftscope.taps.tapset import TapSet
+
 from ...errors import TapFileError
-from ...stages import StagePlan
-from ...tapset import TapSet
 
 NEEDED = ("vision.rotary.cos", "vision.rotary.sin", "vision.cu_seqlens", "inputs.grid_thw")
 

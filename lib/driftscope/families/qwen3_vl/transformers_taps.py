@@ -14,10 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from ...inputs import ModelInputs
-from ...runtimes.base import StageSink, put_greedy
-from ...runtimes.transformers_runtime import replaced
-from ...runtimes.transformers_runtime import to_numpy as _np
+from driftscope.inputs.processor_output import ModelInputs
+from driftscope.taps.sink import StageSink, put_greedy
+from driftscope.taps.torch_hooks import replaced
+from driftscope.taps.torch_hooks import to_numpy as _np
+
 from ..qwen_shared.text import put_text_inputs
 from ..qwen_shared.tower import tower_inputs as _tower_inputs
 from ..qwen_shared.tower import visual as _visual

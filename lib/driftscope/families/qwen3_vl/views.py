@@ -10,8 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
+from driftscope.core.markup import text
+
 from ...errors import InputError
-from ...markup import text
 from ..base import Section
 from ..qwen_shared.layout import token_layout  # noqa: F401 (a view hook of this family)
 from ..qwen_shared.processor import stated_settings

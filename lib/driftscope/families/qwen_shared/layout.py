@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...tapset import TapSet
+from driftscope.taps.tapset import TapSet
+
 from ..base import ImageTokens
 from .grids import position_ids
 

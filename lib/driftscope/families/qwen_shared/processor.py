@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from driftscope.inputs.processor_output import as_processor_sees, load_image
+
 from ...errors import InputError
-from ...inputs import as_processor_sees, load_image
 
 if TYPE_CHECKING:
-    from ...checkpoint import Checkpoint
+    from driftscope.model.checkpoint import Checkpoint
 
 
 def load_image_processor(checkpoint: Checkpoint, **overrides: Any):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from driftscope.inputs.processor_output import ModelInputs
+from driftscope.inputs.text_inputs import DEFAULT_PROMPT, TextInputs, load_tokenizer
+
 from ...errors import InputError
-from ...inputs import ModelInputs
-from ...text_inputs import DEFAULT_PROMPT, TextInputs, load_tokenizer
 
 
 def build_text_inputs(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...synthetic import train_tokenizer
+from driftscope.model.synthetic import train_tokenizer
 
 SPECIAL_TOKENS = [
     "<|endoftext|>",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...inputs import ModelInputs
+from driftscope.inputs.processor_output import ModelInputs
 
 
 def visual(model: Any) -> Any:

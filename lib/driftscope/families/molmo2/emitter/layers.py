@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ....compiled.layers import Contract, linear, rms_norm
+from driftscope.taps.jax.layers import Contract, linear, rms_norm
 
 __all__ = [
     "Contract",

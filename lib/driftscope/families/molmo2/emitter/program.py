@@ -13,14 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from ....compiled.graph import LoweredGraph, contract_for, lower_graph
-from ....compiled.layers import Contract
+from driftscope.inputs.processor_output import ModelInputs
+from driftscope.model.precision import PrecisionPolicy
+from driftscope.taps.jax.emitted import EmittedModel
+from driftscope.taps.jax.graph import LoweredGraph, contract_for, lower_graph
+from driftscope.taps.jax.layers import Contract
+from driftscope.taps.sink import StageSink
+from driftscope.taps.stages import Stage
+
 from ....errors import ParameterError
-from ....inputs import ModelInputs
-from ....precision import PrecisionPolicy
-from ....runtimes.base import StageSink
-from ....runtimes.compiled import EmittedModel
-from ....stages import Stage
 from .config import Molmo2Spec
 from .model import FINAL, SUBSTAGES, block_graph, head_graph, layer_weights, stem_graph, vision_features
 from .stages import replay_function

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
+from driftscope.model.weightfile import TensorFiles
+
 from ....errors import CheckpointError
-from ....weightfile import TensorFiles
 from .config import Molmo2Spec
 
 VIT = "model.vision_backbone.image_vit."

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 import jax
 import jax.numpy as jnp
 
-from ....compiled.layers import (
+from driftscope.taps.jax.layers import (
     Contract,
     apply_rope,
     attention,
@@ -23,6 +23,7 @@ from ....compiled.layers import (
     rotary_tables,
     segment_mask,
 )
+
 from .config import VisionSpec
 
 FINAL = "vision.merger"

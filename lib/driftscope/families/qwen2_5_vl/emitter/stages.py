@@ -11,7 +11,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from ....compiled.layers import (
+from driftscope.taps.jax.layers import (
     Contract,
     apply_rope,
     attention,
@@ -21,6 +21,7 @@ from ....compiled.layers import (
     rotary_tables,
     segment_mask,
 )
+
 from .config import VisionSpec
 
 

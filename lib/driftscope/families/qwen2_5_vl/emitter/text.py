@@ -13,9 +13,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ....compiled.layers import Contract, linear, rms_norm
+from driftscope.model.weightfile import TensorFiles
+from driftscope.taps.jax.layers import Contract, linear, rms_norm
+
 from ....errors import CheckpointError
-from ....weightfile import TensorFiles
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
+from driftscope.model.weightfile import TensorFiles
+
 from ....errors import CheckpointError
-from ....weightfile import TensorFiles
 from .config import VisionSpec
 
 PREFIXES = ("visual.", "model.visual.")  # transformers 5 saves the legacy "visual." keys

@@ -1,7 +1,7 @@
 """Qwen3-VL's operators in JAX, each honouring the precision contract.
 
 The contract, linear layers, RMSNorm, axial RoPE and masked attention are the shared ones
-(``driftscope.compiled.layers``). What Qwen3-VL adds: LayerNorm with centered variance, the patch
+(``driftscope.taps.jax.layers``). What Qwen3-VL adds: LayerNorm with centered variance, the patch
 embedding's bias, the interpolated position table, GELU in both forms. Normalization, softmax, RoPE
 and the position interpolation always run in float32.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ....compiled.layers import (
+from driftscope.taps.jax.layers import (
     Contract,
     apply_rope,
     attention,

@@ -9,13 +9,14 @@ from typing import Any
 
 import numpy as np
 
-from ....compiled.graph import LoweredGraph, contract_for, lower_graph
-from ....compiled.layers import Contract
-from ....inputs import ModelInputs
-from ....precision import PrecisionPolicy
-from ....runtimes.base import StageSink
-from ....runtimes.compiled import EmittedModel
-from ....stages import Stage
+from driftscope.inputs.processor_output import ModelInputs
+from driftscope.model.precision import PrecisionPolicy
+from driftscope.taps.jax.emitted import EmittedModel
+from driftscope.taps.jax.graph import LoweredGraph, contract_for, lower_graph
+from driftscope.taps.jax.layers import Contract
+from driftscope.taps.sink import StageSink
+from driftscope.taps.stages import Stage
+
 from ...qwen_shared.mrope import mrope_positions
 from ...qwen_shared.text import put_text_inputs
 from ..geometry import VisionBucket, interpolation, pack_bucket

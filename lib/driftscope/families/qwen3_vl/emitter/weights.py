@@ -6,8 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
+from driftscope.model.weightfile import TensorFiles
+
 from ....errors import CheckpointError
-from ....weightfile import TensorFiles
 from .config import TextSpec, VisionSpec
 
 VISION_PREFIXES = ("model.visual.", "visual.")

@@ -1,0 +1,147 @@
+"""Checks of each runtime's capture beyond its numbers: did it run to the end, on this run's inputs, under the
+policy it says, in the dtype the policy declares.
+
+The checks of every runtime go into ``report.json`` (``checks``, by runtime label). A check that fails makes
+that runtime's pairs fail; an unreadable or incomplete capture makes them "could not run", whatever the
+stages it did write say. ``driftscope show`` and notebook 01 list every check that did not pass.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from driftscope.core.markup import code, text
+from driftscope.taps.tapset import TapSet
+
+COULD_NOT_RUN = "could not run"
+#: status -> precedence when one runtime pair collects several
+_RANK = {"pass": 0, "warn": 0, "fail": 1, COULD_NOT_RUN: 2}
+
+
+def check(name: str, status: str, detail: str) -> dict:
+    return {"check": name, "status": status, "detail": detail}
+
+
+def unreadable(problem: str) -> list[dict]:
+    """The checks of a runtime whose TapSet could not be read at all."""
+    return [check("readable", COULD_NOT_RUN, problem)]
+
+
+def declared_policy(meta: dict) -> dict | None:
+    """The policy a sidecar declares, as an object (a bare name becomes ``{"name": ...}``); None if it declares none."""
+    policy = meta.get("policy")
+    if policy is None:
+        return None
+    return {"name": policy} if isinstance(policy, str) else dict(policy)
+
+
+def observed_dtypes(tapset: TapSet) -> dict[str, int]:
+    """How many floating stages of the vision tower (side stages left out) were computed in each dtype, as the
+    capture says (``native_dtype``, else the stored dtype)."""
+    counts: Counter[str] = Counter()
+    for stage_id in tapset.stage_ids():
+        declaration = tapset.declaration(stage_id)
+        if not stage_id.startswith("vision.") or declaration.get("side") or declaration.get("integer"):
+            continue
+        native = str(declaration.get("native_dtype") or tapset.stored_dtype(stage_id)).lower()
+        native = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat16"}.get(native, native)
+        if native.startswith(("float", "bfloat")):
+            counts[native] += 1
+    return dict(sorted(counts.items()))
+
+
+def capture_checks(tapset: TapSet, inputs_digest: str, policy_label: str | None = None) -> list[dict]:
+    """The checks of one captured TapSet. ``policy_label``: the parameter file's policy for an external engine,
+    which its sidecar must agree with (None for runtimes that apply their policy themselves)."""
+    meta = tapset.meta
+    checks = []
+    if meta.get("complete") is False or meta.get("error"):
+        error = meta.get("error") or "the sidecar says complete: false and gives no error"
+        checks.append(check("complete", COULD_NOT_RUN, f"the engine stopped before the end: {error}"))
+    else:
+        checks.append(check("complete", "pass", "the capture ran to the end"))
+    digest = meta.get("inputs_digest")
+    if digest is None:
+        checks.append(
+            check(
+                "inputs_digest",
+                "fail",
+                f"no inputs_digest: nothing shows it ran on this run's inputs ({inputs_digest}); "
+                "write the digest docs/tapfile.md defines",
+            )
+        )
+    elif digest != inputs_digest:
+        checks.append(
+            check("inputs_digest", "fail", f"inputs_digest {digest} is not this run's {inputs_digest}: other inputs")
+        )
+    else:
+        checks.append(check("inputs_digest", "pass", f"ran on this run's inputs ({digest})"))
+    policy = declared_policy(meta)
+    if policy_label is not None:
+        if policy is None:
+            checks.append(
+                check("policy", "warn", f"the sidecar declares no policy; {policy_label!r} is only a label here")
+            )
+        elif policy.get("name") != policy_label:
+            checks.append(
+                check(
+                    "policy",
+                    "fail",
+                    f"the parameter file says policy {policy_label!r}, the sidecar {policy.get('name')!r}: set the "
+                    "runtime's policy to the one the engine ran, or fix the sidecar",
+                )
+            )
+        else:
+            checks.append(check("policy", "pass", f"the sidecar declares {policy_label!r} as the parameter file does"))
+    checks.append(_dtype_check(policy, observed_dtypes(tapset)))
+    return checks
+
+
+def _dtype_check(policy: dict | None, observed: dict[str, int]) -> dict:
+    declared = (policy or {}).get("activations")
+    seen = ", ".join(f"{dtype} ({count} stages)" for dtype, count in observed.items()) or "no floating stages"
+    if not declared or not observed:
+        return check("compute_dtype", "pass", f"computed in {seen}")
+    if set(observed) != {declared}:
+        return check("compute_dtype", "warn", f"the policy declares {declared} activations; computed in {seen}")
+    return check("compute_dtype", "pass", f"computed in {seen}, as the policy declares")
+
+
+def apply_checks(data: dict, checks: dict[str, list[dict]]) -> None:
+    """Fold the checks into a judged report's verdict (``data``: the report's fields after ``judge``)."""
+    verdict = data["verdict"]
+    per_pair = verdict.setdefault("per_candidate", {})
+    reasons = verdict.setdefault("reasons", [])
+    for label, entries in checks.items():
+        bad = [entry for entry in entries if _RANK.get(entry["status"], 1) > 0]
+        if not bad:
+            continue
+        status = max((entry["status"] for entry in bad), key=_RANK.__getitem__)
+        keys = [pair["key"] for pair in data.get("pairs", []) if label in (pair["reference"], pair["candidate"])]
+        for key in keys or [label]:
+            if _RANK[status] > _RANK.get(per_pair.get(key, "pass"), 1):
+                per_pair[key] = status
+        reasons.extend(f"{label}: {entry['check']} {entry['status']}: {entry['detail']}" for entry in bad)
+    worst = max(per_pair.values(), key=lambda status: _RANK.get(status, 1), default="pass")
+    if _RANK.get(worst, 1) > 0:  # a runtime that could not run leaves the run unjudged: exit 2, not 1
+        verdict["status"] = COULD_NOT_RUN if worst == COULD_NOT_RUN else "fail"
+
+
+def checks_markdown(data: dict, statuses: tuple[str, ...] = ("warn", "fail", COULD_NOT_RUN)) -> str:
+    """The checks whose status is one of ``statuses``, one line each (empty when there are none)."""
+    lines = [
+        f"- {code(label)} {text(entry['check'])}: **{text(entry['status'])}**: {text(entry['detail'])}"
+        for label, entries in (data.get("checks") or {}).items()
+        for entry in entries
+        if entry["status"] in statuses
+    ]
+    return "\n".join([f"**Runtime checks ({', '.join(statuses)})**", "", *lines]) if lines else ""
+
+
+def checks_frame(data: dict):
+    """Every runtime's checks as a table (runtime, check, status, detail)."""
+    import pandas as pd
+
+    checks = (data.get("checks") or {}).items()
+    records = [{"runtime": label, **entry} for label, entries in checks for entry in entries]
+    return pd.DataFrame(records, columns=["runtime", "check", "status", "detail"])

@@ -1,0 +1,213 @@
+"""The Runtime interface: load a checkpoint under a precision policy, capture a TapSet.
+
+An engine knows no model family: it asks the checkpoint's family (``self.taps``) what to load, where to
+tap and how to replay, and keeps the engine's own concerns (policy, dtype, plumbing, orchestration).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from driftscope.capture.patches import HypothesisPatch
+from driftscope.capture.quantized import QuantizedWeights, check_policy_fits, quantized_weights
+from driftscope.errors import RuntimeUnavailableError
+from driftscope.families.hypotheses import hypotheses_of
+from driftscope.inputs.processor_output import ModelInputs
+from driftscope.model.checkpoint import Checkpoint
+from driftscope.model.policies import get_policy
+from driftscope.model.precision import PrecisionPolicy
+from driftscope.model.quant.policy import QuantizedPolicy
+from driftscope.taps.sink import Progress, StageSink
+from driftscope.taps.stages import StagePlan
+from driftscope.taps.tapset import TapSet, TapWriter
+
+if TYPE_CHECKING:
+    from driftscope.families.base import Family
+
+
+def require(module: str, package: str, runtime: str) -> Any:
+    """Import ``module`` or raise a clear error naming the package to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise RuntimeUnavailableError(
+            f"runtime {runtime!r} needs the package {package!r}, which is not importable ({err})",
+            f"install it (`make setup` installs every runtime's packages) or drop {runtime!r} from 'runtimes'",
+        ) from err
+
+
+def package_versions(*names: str) -> dict[str, str]:
+    versions = {}
+    for name in names:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "missing"
+    return versions
+
+
+class Runtime(ABC):
+    """Loads one checkpoint under one precision policy and captures stages of its vision tower."""
+
+    name: str = ""
+    policies: tuple[str, ...] = ("f32",)
+
+    def __init__(
+        self,
+        checkpoint: Checkpoint,
+        policy: str = "f32",
+        patch: HypothesisPatch | None = None,
+        options: dict | None = None,
+    ):
+        self.check_policy(policy)
+        self.checkpoint = checkpoint
+        self.policy: PrecisionPolicy = get_policy(policy)
+        self.patch = patch
+        self.options = dict(options or {})
+        self.model: Any = None
+        self.timings: dict[str, float] = {}
+        #: the checkpoint the run names; ``checkpoint`` is what loads (under a -dequant policy, its dense
+        #: dequantized copy: see ``quant.loading``)
+        self.source = checkpoint
+        self.quantized: QuantizedWeights | None = None
+        if not self.external:
+            check_policy_fits(checkpoint, self.policy, self.options)
+
+    @classmethod
+    def check_policy(cls, policy: str) -> None:
+        """Raise a clear error unless this runtime offers ``policy`` (before anything is loaded)."""
+        if policy not in cls.policies:
+            get_policy(policy)  # unknown names list every registered policy
+            raise RuntimeUnavailableError(
+                f"runtime {cls.name!r} does not offer policy {policy!r}", f"use one of: {', '.join(cls.policies)}"
+            )
+
+    @property
+    def family(self) -> Family:
+        from driftscope.families import get_family
+
+        return get_family(self.checkpoint.family)
+
+    @property
+    def taps(self) -> Any:
+        """The checkpoint family's module for this engine: what to load, where to tap, how to replay."""
+        return self.family.engine(self.name)
+
+    def load(self) -> None:
+        """Load the model (once) and apply the hypothesis patch."""
+        if self.model is not None:
+            return
+        start = time.perf_counter()
+        if isinstance(self.policy, QuantizedPolicy) and self.quantized is None:
+            self.quantized = quantized_weights(self.source, self.policy, self.options, self.family)
+            self.checkpoint = self.quantized.checkpoint
+        self.model = self._load()
+        if self.patch is not None:
+            with hypotheses_of(self.checkpoint.family):
+                self.model = self.patch.apply(self.model)
+        self.timings["load_s"] = time.perf_counter() - start
+
+    def release(self) -> None:
+        """Drop the loaded model (its memory); a later capture or replay loads it again."""
+        self.model = None
+        import gc
+
+        gc.collect()
+
+    @abstractmethod
+    def _load(self) -> Any: ...
+
+    @abstractmethod
+    def _capture(self, inputs: ModelInputs, sink: StageSink) -> None: ...
+
+    @abstractmethod
+    def versions(self) -> dict[str, str]: ...
+
+    def metadata(self, inputs: ModelInputs) -> dict:
+        return {
+            "runtime": self.name,
+            "label": self.label,
+            "policy": self.policy.to_dict(),
+            "patch": self._describe_patch(),
+            "versions": self.versions(),
+            "inputs_digest": inputs.digest,
+            "checkpoint": str(self.source.path),
+            "family": self.checkpoint.family,
+            "options": self.options,
+            **({"quantization": self.quantized.report} if self.quantized else {}),
+        }
+
+    def _describe_patch(self) -> dict | None:
+        if self.patch is None:
+            return None
+        with hypotheses_of(self.checkpoint.family):
+            return self.patch.describe()
+
+    @property
+    def label(self) -> str:
+        return str(self.options.get("label") or f"{self.name}:{self.policy.name}")
+
+    #: whether the taps come from outside driftscope (an unreadable file makes this runtime "could not run")
+    external: bool = False
+
+    def weight_dtypes(self) -> dict[str, int]:
+        """How many weight tensors the loaded model holds in each dtype (as observed, not as the policy says)."""
+        return {}
+
+    def report_policy(self, tapset: TapSet) -> dict:
+        """The policy as the report records it for this capture."""
+        return self.policy.to_dict()
+
+    def capture(self, inputs: ModelInputs, plan: StagePlan, out_base: Path, progress: Progress | None = None) -> TapSet:
+        """Run the vision tower once on ``inputs``, streaming the planned stages to ``out_base``."""
+        self.load()
+        writer = TapWriter(out_base, self.metadata(inputs))
+        sink = StageSink(writer, plan, progress)
+        start = time.perf_counter()
+        try:
+            self._capture(inputs, sink)
+            if inputs.text is not None and any(stage.id.startswith("text.") for stage in plan):
+                self._capture_text(inputs, sink)
+        except BaseException as err:
+            writer.close(complete=False, error=f"{type(err).__name__}: {err}")
+            raise
+        self.timings["capture_s"] = time.perf_counter() - start
+        writer.meta["timings"] = dict(self.timings)
+        return writer.close()
+
+    def _capture_text(self, inputs: ModelInputs, sink: StageSink) -> None:
+        """Prefill and greedy decode on the prompt (runtimes without a text side capture nothing here)."""
+        if sink.progress:
+            sink.progress(f"runtime {self.name!r} has no text side: text stages are left out")
+
+    #: whether ``replay`` is implemented (same-input replay of single stages)
+    can_replay: bool = False
+    #: whether the text capture decodes greedily past the prefill (``text.generate.*``)
+    decodes: bool = False
+
+    @classmethod
+    def decodes_with(cls, family: str) -> bool:
+        """Whether this engine decodes greedily for ``family`` (engines whose decoding is the family's code,
+        the compiled ones, ask the family)."""
+        return cls.decodes
+
+    def replay(self, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
+        """Run only ``stage_id``'s operator on ``inputs`` (another runtime's stage values); float32 result."""
+        raise RuntimeUnavailableError(
+            f"runtime {self.name!r} cannot replay single stages", "replay with transformers, mlx, jax or iree"
+        )
+
+    def same_input_controls(self, reference: TapSet, plan: StagePlan) -> dict | None:
+        """Controls beyond the stage replay, on the reference's own stage inputs (None: this runtime has none)."""
+        return None
+
+    def put_inputs(self, inputs: ModelInputs, sink: StageSink) -> None:
+        for stage_id, value in inputs.stages().items():
+            sink.put(stage_id, value)

@@ -1,0 +1,340 @@
+"""Runtimes that run our own lowered JAX graph: ``jax`` (XLA CPU) and ``iree`` (iree-compile + iree.runtime).
+
+Both lower the same function, the checkpoint family's JAX emitter (its ``emitter.program`` module,
+:class:`CompiledTaps`), for a packed bucket, so a ``jax`` vs ``transformers`` divergence is an emitter
+effect and an ``iree`` vs ``jax`` one a compiler/runtime effect. The whole tower is one graph whose
+outputs are the selected taps: the production-like graph is the same function lowered with only the
+tower's output as output (``taps: final``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from driftscope.capture.runtimes.base import Runtime, package_versions, require
+from driftscope.errors import ParameterError
+from driftscope.inputs.processor_output import ModelInputs
+from driftscope.model.precision import PrecisionPolicy
+from driftscope.model.quant.policy import RUNTIME_POLICIES
+from driftscope.taps.jax.emitted import EmittedModel
+from driftscope.taps.jax.graph import LoweredGraph, contract_for
+from driftscope.taps.jax.layers import Contract
+from driftscope.taps.sink import StageSink
+from driftscope.taps.stages import Stage
+
+COMPILED_POLICIES = ("f32", "f16-contract", "f16-state")
+#: "whole": the tower as one graph whose outputs are the selected taps; "blocks": the family's pieces (e.g. a
+#: stem, one function per block, the same compiled artifact for every block, a head), with the taps streamed
+#: out between calls; "auto" (default): whole while its tapped outputs fit ``options.whole_taps_mib``, else
+#: blocks (memory stays bounded by the model plus one block's taps however many substages are tapped)
+GRAPH_MODES = ("auto", "whole", "blocks")
+#: Runtime options: ``graph`` (above), ``whole_taps_mib``, ``target`` and ``flags`` (iree), ``cache_dir``, and
+#: ``decode`` (default true: the text side decodes greedily where the family's emitter can; false: prefill only).
+#: Default budget for the tapped outputs a whole graph holds at once before ``auto`` goes block by block.
+WHOLE_TAPS_MIB = 512
+
+
+class Bucket(Protocol):
+    """A family's host-side plan of one packed call: ``rows`` in the bucket, which of them are real."""
+
+    rows: int
+    active_rows: list[list[int]]
+
+
+@runtime_checkable
+class CompiledTaps(Protocol):
+    """What a family tells this engine (module-level names of ``families/<family>/emitter/program.py``)."""
+
+    HOST_STAGES: tuple[str, ...]  # stages computed on the host (inputs, index math), not by the graph
+    FINAL: str  # the tower's output: what the production graph returns
+    TOWER_OUTPUTS: tuple[str, ...]  # graph outputs the text side reads (every lowering returns them), unless
+    # the family's plan names them in ``meta["tower_outputs"]`` (when they depend on the config)
+
+    def load(self, checkpoint: Any) -> EmittedModel: ...
+
+    def bucket(self, model: EmittedModel, inputs: ModelInputs, rows: int | None) -> Bucket: ...
+
+    def put_host_stages(self, bucket: Bucket, sink: StageSink) -> None: ...
+
+    def lower(self, model: EmittedModel, policy: PrecisionPolicy, bucket: Bucket, taps: tuple) -> LoweredGraph: ...
+
+    def arguments(self, graph: LoweredGraph, model: EmittedModel, bucket: Bucket, inputs: ModelInputs) -> list: ...
+
+    def output_rows(self, bucket: Bucket, stage: Stage) -> int: ...
+
+    def capture_pieces(self, runtime: CompiledRuntime, bucket: Bucket, inputs: ModelInputs, sink: StageSink): ...
+
+    def capture_text(self, runtime: CompiledRuntime, inputs: ModelInputs, sink: StageSink, tower: dict): ...
+
+    def replay_call(self, model: EmittedModel, stage_id: str, inputs: list, ctx: Any, contract: Contract): ...
+
+
+class CompiledRuntime(Runtime):
+    policies = (*COMPILED_POLICIES, *RUNTIME_POLICIES["jax"])  # q4-dequant: the dense dequantized checkpoint
+
+    def _load(self) -> Any:
+        require("jax", "jax", self.name)
+        return self.taps.load(self.checkpoint)
+
+    def weight_dtypes(self) -> dict[str, int]:
+        from collections import Counter
+
+        return dict(Counter(str(array.dtype) for array in self.model.weights.values()))
+
+    @property
+    def contract(self) -> Contract:
+        return contract_for(self.policy)
+
+    def bucket(self, inputs: ModelInputs) -> Bucket:
+        rows = self.options.get("bucket")
+        if rows is not None and not isinstance(rows, int):
+            raise ParameterError(f"options.bucket must be an integer row count, got {rows!r}", "write e.g. bucket: 256")
+        return self.taps.bucket(self.model, inputs, rows)
+
+    def graph_taps(self, wanted: list[str]) -> tuple[str, ...]:
+        if self.options.get("taps") == "final":
+            return (self.taps.FINAL,)
+        return tuple(s for s in wanted if s not in self.taps.HOST_STAGES)
+
+    def lower(self, bucket: Bucket, taps: tuple[str, ...]) -> LoweredGraph:
+        start = time.perf_counter()
+        graph = self.taps.lower(self.model, self.policy, bucket, taps)
+        self.timings["lower_s"] = time.perf_counter() - start
+        return graph
+
+    def arguments(self, graph: LoweredGraph, bucket: Bucket, inputs: ModelInputs) -> list[np.ndarray]:
+        return self.taps.arguments(graph, self.model, bucket, inputs)
+
+    def execute(self, graph: LoweredGraph, arguments: list[np.ndarray]) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def release(self) -> None:
+        for name in ("_pieces", "_device_weights", "_block_weights", "_text_weights", "_tower"):
+            self.__dict__.pop(name, None)
+        super().release()
+
+    @property
+    def graph_mode(self) -> str:
+        mode = str(self.options.get("graph", "auto"))
+        if mode not in GRAPH_MODES:
+            raise ParameterError(f"options.graph={mode!r} is not known", f"use one of: {', '.join(GRAPH_MODES)}")
+        return mode
+
+    def call(self, name: str, function, args: tuple) -> dict[str, np.ndarray]:
+        """Run one piece (e.g. stem, block, head) of the block-by-block path; ``args[0]`` holds its weights."""
+        raise NotImplementedError
+
+    def _capture_blocks(self, inputs: ModelInputs, sink: StageSink, bucket: Bucket) -> None:
+        """One call per piece of the family's tower (e.g. stem, each block, the head); taps stream out."""
+        start = time.perf_counter()
+        self._tower = self.taps.capture_pieces(self, bucket, inputs, sink)
+        self.timings["run_s"] = time.perf_counter() - start - self.timings.get("compile_s", 0.0)
+        sink.writer.meta["bucket"] = {"rows": bucket.rows, "active_rows": bucket.active_rows}
+        sink.writer.meta["graph"] = {"mode": "blocks", "requested": self.graph_mode}
+
+    def _capture(self, inputs: ModelInputs, sink: StageSink) -> None:
+        bucket = self.bucket(inputs)
+        self.put_inputs(inputs, sink)
+        self.taps.put_host_stages(bucket, sink)
+        self._say = sink.progress or (lambda message: None)
+        mode = self.graph_mode
+        if mode != "blocks":
+            wanted = [stage.id for stage in sink.plan if sink.wants(stage.id)]
+            graph = self.lower(bucket, self.graph_taps(wanted))
+            self._say(
+                f"lowered to StableHLO ({len(graph.output_names)} outputs, {graph.output_bytes / 2**20:.0f} MiB, "
+                f"bucket {bucket.rows} rows, {bucket.active} active) in {self.timings['lower_s']:.1f}s"
+            )
+            budget = float(self.options.get("whole_taps_mib", WHOLE_TAPS_MIB))
+            if mode == "auto" and graph.output_bytes > budget * 2**20:
+                self._say(f"tapped outputs exceed whole_taps_mib={budget:g}: running block by block")
+                mode = "blocks"
+        if mode == "blocks":
+            self.timings["compile_s"] = 0.0
+            self._capture_blocks(inputs, sink, bucket)
+            return
+        outputs = self.execute(graph, self.arguments(graph, bucket, inputs))
+        plan = self.family.vision_plan(self.checkpoint.config)  # the whole plan: the selection may leave them out
+        self._tower = {
+            stage: outputs[stage][: self.taps.output_rows(bucket, plan[stage])]
+            for stage in plan.meta.get("tower_outputs") or self.taps.TOWER_OUTPUTS
+            if stage in outputs
+        }
+        start = time.perf_counter()
+        for stage in sink.plan:
+            if stage.id in outputs:
+                sink.put(stage.id, outputs[stage.id][: self.taps.output_rows(bucket, stage)], bucket_rows=bucket.rows)
+        self.timings["write_s"] = time.perf_counter() - start
+        sink.writer.meta["bucket"] = {"rows": bucket.rows, "active_rows": bucket.active_rows}
+        sink.writer.meta["graph"] = {
+            "mode": "whole",
+            "requested": self.graph_mode,
+            "stablehlo_digest": graph.digest,
+            "taps": len(graph.taps),
+            "outputs": len(graph.output_names),
+        }
+
+    can_replay = True
+
+    @classmethod
+    def decodes_with(cls, family: str) -> bool:
+        """The family's emitter decodes when its program module says so (``DECODES = True``)."""
+        from driftscope.families import get_family
+
+        return bool(getattr(get_family(family).engine(cls.name), "DECODES", False))
+
+    def _capture_text(self, inputs: ModelInputs, sink: StageSink) -> None:
+        """The family's JAX text decoder on embeddings merged from this runtime's own tower output."""
+        self.taps.capture_text(self, inputs, sink, self._tower)
+
+    def run_text(self, function, args, name: str = "text_prefill") -> dict[str, np.ndarray]:
+        """One text graph (``name``: the prefill, a decode step) on ``args`` (weights first)."""
+        return {k: np.asarray(v) for k, v in function(*args).items()}
+
+    def replay_call(self, stage_id: str, inputs: list[np.ndarray], ctx: Any):
+        """(jitted function, arguments) of one stage, for the jax and iree runtimes: one function per stage
+        kind, so the blocks of a kind share one jit and one compiled artifact."""
+        self.load()
+        kind, function, args = self.taps.replay_call(self.model, stage_id, inputs, ctx, self.contract)
+        cache = self.__dict__.setdefault("_replay_functions", {})
+        if kind not in cache:
+            import jax
+
+            def call(*args, function=function):
+                return function(*args)
+
+            call.__name__ = f"replay_{kind.replace('.', '_')}_{self.policy.name.replace('-', '_')}"
+            cache[kind] = jax.jit(call, keep_unused=True)
+        return cache[kind], args
+
+
+class JaxRuntime(CompiledRuntime):
+    """The lowered graph on JAX's own XLA CPU backend."""
+
+    name = "jax"
+
+    def call(self, name: str, function, args: tuple) -> dict[str, np.ndarray]:
+        import jax
+
+        jitted = self.__dict__.setdefault("_pieces", {})
+        if name not in jitted:
+            jitted[name] = jax.jit(function, keep_unused=True)
+        return {k: np.asarray(v) for k, v in jax.block_until_ready(jitted[name](*args)).items()}
+
+    def versions(self) -> dict[str, str]:
+        return package_versions("jax", "jaxlib")
+
+    def execute(self, graph: LoweredGraph, arguments: list[np.ndarray]) -> dict[str, np.ndarray]:
+        import jax
+
+        start = time.perf_counter()
+        compiled = graph.lowered.compile()
+        self.timings["compile_s"] = time.perf_counter() - start
+        weights = dict(zip(sorted(self.model.weights), arguments[: len(self.model.weights)], strict=True))
+        start = time.perf_counter()
+        out = compiled(weights, *arguments[len(self.model.weights) :])
+        out = jax.block_until_ready(out)
+        self.timings["run_s"] = time.perf_counter() - start
+        return {name: np.asarray(value) for name, value in out.items()}
+
+    def replay(self, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
+        import jax
+
+        jitted, args = self.replay_call(stage_id, inputs, ctx)
+        return np.asarray(jax.block_until_ready(jitted(*args)), dtype=np.float32)
+
+
+class IreeRuntime(CompiledRuntime):
+    """The lowered graph compiled by iree-compile (target ``options.target``, default llvm-cpu), run by iree.runtime."""
+
+    name = "iree"
+
+    def versions(self) -> dict[str, str]:
+        return package_versions("jax", "iree-base-compiler", "iree-base-runtime")
+
+    @property
+    def target(self) -> str:
+        return str(self.options.get("target", "llvm-cpu"))
+
+    def compile(self, graph: LoweredGraph):
+        """The cached artifact of ``graph`` for this runtime's target, flags and cache directory."""
+        from driftscope.capture.iree import compile_graph
+
+        cache = self.options.get("cache_dir")
+        artifact = compile_graph(
+            graph, self.target, Path(cache) if cache else None, tuple(self.options.get("flags", ()))
+        )
+        self.artifact = artifact
+        return artifact
+
+    def device_weights(self):
+        """This runtime's weights on its device, put there once (released with the model)."""
+        from driftscope.capture.iree import DeviceWeights, target_flags
+
+        if "_device_weights" not in self.__dict__:
+            self._device_weights = DeviceWeights(target_flags(self.target)[1])
+        return self._device_weights
+
+    def execute(self, graph: LoweredGraph, arguments: list[np.ndarray]) -> dict[str, np.ndarray]:
+        require("iree.runtime", "iree-base-runtime", self.name)
+        from driftscope.capture.iree import IreeModule
+
+        self._say(f"iree-compile ({self.target}) unless the artifact is cached")
+        artifact = self.compile(graph)
+        self.timings["compile_s"] = artifact.compile_s
+        self._say(
+            f"artifact {artifact.key}: "
+            + (
+                "loaded from the cache"
+                if artifact.cache_hit
+                else f"compiled by iree-compile in {artifact.compile_s:.1f}s"
+            )
+        )
+        start = time.perf_counter()
+        module = IreeModule(artifact, graph.output_names)
+        self.timings["module_load_s"] = time.perf_counter() - start
+        device = self.device_weights()
+        count = len(self.model.weights)  # weights first (sorted by name): on the device once, passed by reference
+        arguments = [device(a) for a in arguments[:count]] + list(arguments[count:])
+        start = time.perf_counter()
+        out = module(arguments)
+        self.timings["run_s"] = time.perf_counter() - start
+        return out
+
+    def _capture(self, inputs: ModelInputs, sink: StageSink) -> None:
+        super()._capture(inputs, sink)
+        sink.writer.meta["artifact"] = self.artifact.to_dict()
+
+    def call(self, name: str, function, args: tuple) -> dict[str, np.ndarray]:
+        """Lower and compile each piece once per shape (cached artifacts); weights stay on the device."""
+        import jax
+
+        from driftscope.capture.iree import IreeModule
+        from driftscope.taps.jax.graph import lower_function
+
+        shapes = tuple((tuple(np.shape(a)), str(np.asarray(a).dtype)) for a in jax.tree_util.tree_leaves(args[1:]))
+        modules = self.__dict__.setdefault("_pieces", {})
+        key = (name, shapes)
+        if key not in modules:
+            jitted = function if hasattr(function, "lower") else jax.jit(function, keep_unused=True)
+            graph = lower_function(jitted, args, self.policy)
+            artifact = self.compile(graph)
+            self.timings["compile_s"] = self.timings.get("compile_s", 0.0) + artifact.compile_s
+            modules[key] = IreeModule(artifact, graph.output_names)
+        device = self.device_weights()
+        leaves = [device(w) for w in jax.tree_util.tree_leaves(args[0])] + jax.tree_util.tree_leaves(args[1:])
+        return modules[key](leaves)
+
+    def run_text(self, function, args, name: str = "text_prefill") -> dict[str, np.ndarray]:
+        """A text graph (the prefill, a decode step) lowered on its own and compiled by iree-compile (cached like
+        the tower; a decode step's graph once for every step, its shapes do not change)."""
+        return self.call(name, function, args)
+
+    def replay(self, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
+        """The stage lowered on its own and compiled by iree-compile (one cached artifact per stage kind)."""
+        jitted, args = self.replay_call(stage_id, inputs, ctx)
+        return np.asarray(self.call(jitted.__name__, jitted, args)["output"], dtype=np.float32)

@@ -1,0 +1,124 @@
+"""Eager MLX through mlx-vlm's model code, captured by wrappers that do not change results.
+
+The checkpoint's family loads mlx-vlm's model (adapting the config where mlx-vlm needs it) and says
+where to record (its ``mlx_taps`` module, :class:`MLXTaps`). Wrappers call the original module or
+function and record what it returned, so every tap is the value the model actually computed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from driftscope.capture.runtimes.base import Runtime, package_versions, require
+from driftscope.inputs.processor_output import ModelInputs
+from driftscope.model.quant.policy import RUNTIME_POLICIES
+from driftscope.taps.mlx_hooks import RMSNORM_FORMS, dtype_name, use_manual_rmsnorm
+from driftscope.taps.sink import StageSink
+from driftscope.taps.stages import StagePlan
+from driftscope.taps.tapset import TapSet
+
+
+@runtime_checkable
+class MLXTaps(Protocol):
+    """What a family tells this engine (module-level names of ``families/<family>/mlx_taps.py``)."""
+
+    def load(self, path: Path, config: dict) -> Any: ...
+
+    def rms_norms(self, model: Any) -> list[tuple[Any, str]]: ...
+
+    def run_vision(self, model: Any, inputs: ModelInputs) -> Any: ...
+
+    # may return the tower's output, which is then handed to capture_text as ``tower=`` (no second tower run)
+    def capture(self, model: Any, inputs: ModelInputs, sink: StageSink) -> Any: ...
+
+    def capture_text(self, model: Any, inputs: ModelInputs, sink: StageSink, **tower: Any) -> None: ...
+
+    def replay(self, model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray: ...
+
+
+class MLXRuntime(Runtime):
+    """mlx-vlm's eager model on MLX (CPU here; Metal on a Mac)."""
+
+    name = "mlx"
+    policies = ("f32", "f16", "bf16", *RUNTIME_POLICIES["mlx"])
+
+    def _load(self) -> Any:
+        from driftscope.model.blas import mlx_blas
+
+        mlx_blas()  # before the first `import mlx.core`
+        mx = require("mlx.core", "mlx", self.name)
+        require("mlx_vlm", "mlx-vlm", self.name)
+        model = self.taps.load(self.checkpoint.path, self.checkpoint.config)
+        if self.quantized is not None and self.quantized.quantize_on_load:  # a fused policy on a dense checkpoint
+            from driftscope.model.quant.mlx_checkpoint import quantize_loaded
+
+            model.set_dtype(mx.float32)  # quantized from float32, as the host quantizes the checkpoint's tensors
+            quantize_loaded(model, self.family.quant_profile().mlx, self.quantized.spec)
+        # every policy casts, f32 too: a bf16 checkpoint would otherwise run in bf16 under "f32" (quantized
+        # layers: their scales and biases, which the fused kernel then computes in)
+        model.set_dtype(getattr(mx, self.policy.activations))
+        mx.eval(model.parameters())
+        form = self.options.get("rmsnorm", "fused")
+        if form not in RMSNORM_FORMS:
+            from driftscope.errors import ParameterError
+
+            raise ParameterError(f"mlx option rmsnorm={form!r} is not known", f"use one of: {', '.join(RMSNORM_FORMS)}")
+        if form == "manual":
+            use_manual_rmsnorm(self.taps.rms_norms(model))
+        return model
+
+    def release(self) -> None:
+        super().release()
+        import mlx.core as mx
+
+        mx.clear_cache()  # MLX keeps freed buffers for reuse; give them back
+
+    def versions(self) -> dict[str, str]:
+        from driftscope.model.blas import mlx_blas
+
+        return {**package_versions("mlx", "mlx-vlm"), "blas": mlx_blas()}
+
+    def weight_dtypes(self) -> dict[str, int]:
+        from collections import Counter
+
+        from mlx.utils import tree_flatten
+
+        return dict(Counter(dtype_name(value) for _, value in tree_flatten(self.model.parameters())))
+
+    def run_vision(self, inputs: ModelInputs):
+        """The plain vision forward (no taps): the tower's output."""
+        import mlx.core as mx
+
+        self.load()
+        out = self.taps.run_vision(self.model, inputs)
+        mx.eval(out)
+        return out
+
+    def _capture(self, inputs: ModelInputs, sink: StageSink) -> None:
+        self.put_inputs(inputs, sink)
+        self._tower = self.taps.capture(self.model, inputs, sink)
+
+    can_replay = True
+    decodes = True
+
+    def _capture_text(self, inputs: ModelInputs, sink: StageSink) -> None:
+        """mlx-vlm's full model: merged embeddings and positions from its own code, prefill, greedy decode."""
+        tower, self._tower = self.__dict__.pop("_tower", None), None  # the tower's output, when the family gave it
+        self.taps.capture_text(self.model, inputs, sink, **({"tower": tower} if tower is not None else {}))
+
+    def replay(self, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
+        """mlx-vlm's own modules (in the policy's dtype) applied to ``inputs``."""
+        self.load()
+        return self.taps.replay(self.model, stage_id, inputs, ctx)
+
+    def same_input_controls(self, reference: TapSet, plan: StagePlan) -> dict | None:
+        """Under a fused quantized policy: each quantized linear run fused and dequantized on the reference's input."""
+        if self.quantized is None or self.quantized.spec.execution != "fused":
+            return None
+        from driftscope.capture.linear_controls import replay_linears
+
+        self.load()
+        return replay_linears(self.model, self.family, reference, plan, self.policy.activations)

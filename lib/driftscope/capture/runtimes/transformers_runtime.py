@@ -1,0 +1,97 @@
+"""The ``transformers`` oracle: float32 on CPU (float64 on request), captured through hooks.
+
+The checkpoint's family says which model class to load, which modules to hook for which stage and
+which modules replay a stage (its ``transformers_taps`` module, :class:`TransformersTaps`).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from driftscope.capture.runtimes.base import Runtime, package_versions, require
+from driftscope.inputs.processor_output import ModelInputs
+from driftscope.model.quant.policy import RUNTIME_POLICIES
+from driftscope.taps.sink import StageSink
+
+
+@runtime_checkable
+class TransformersTaps(Protocol):
+    """What a family tells this engine (module-level names of ``families/<family>/transformers_taps.py``)."""
+
+    MODEL_CLASS: str  # the transformers class loaded with from_pretrained
+
+    def run_vision(self, model: Any, inputs: ModelInputs) -> Any: ...
+
+    # may return the tower's output, which is then handed to capture_text as ``tower=`` (no second tower run)
+    def capture(self, model: Any, inputs: ModelInputs, sink: StageSink) -> Any: ...
+
+    def capture_text(self, model: Any, inputs: ModelInputs, sink: StageSink, **tower: Any) -> None: ...
+
+    def replay(self, model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray: ...
+
+
+class TransformersRuntime(Runtime):
+    """Hugging Face transformers' own model code, eager attention, on the CPU (``tf32``: float32 with TF32
+    operand rounding around every forward and replay, what a GPU reference with ``allow_tf32`` computes)."""
+
+    name = "transformers"
+    policies = ("f32", "f64", "tf32", *RUNTIME_POLICIES["transformers"])  # q4-dequant: the dense dequantized checkpoint
+
+    def arithmetic(self) -> AbstractContextManager:
+        """The policy's arithmetic around a forward: TF32 operand rounding under ``tf32``, else nothing."""
+        if self.policy.name == "tf32":
+            from driftscope.model.tf32 import emulate_tf32
+
+            return emulate_tf32()
+        return nullcontext()
+
+    def _load(self) -> Any:
+        torch = require("torch", "torch", self.name)
+        transformers = require("transformers", "transformers", self.name)
+        dtype = torch.float64 if self.policy.name == "f64" else torch.float32
+        torch.set_num_threads(int(self.options.get("threads", torch.get_num_threads())))
+        model = getattr(transformers, self.taps.MODEL_CLASS).from_pretrained(
+            str(self.checkpoint.path),
+            dtype=dtype,
+            attn_implementation=self.options.get("attn_implementation", "eager"),
+            use_safetensors=True,
+        )
+        return model.eval()
+
+    def versions(self) -> dict[str, str]:
+        return package_versions("torch", "transformers")
+
+    def weight_dtypes(self) -> dict[str, int]:
+        from collections import Counter
+
+        return dict(Counter(str(p.dtype).removeprefix("torch.") for p in self.model.parameters()))
+
+    def run_vision(self, inputs: ModelInputs):
+        """The plain vision forward (no taps): the tower's output."""
+        self.load()
+        with self.arithmetic():
+            return self.taps.run_vision(self.model, inputs)
+
+    def _capture(self, inputs: ModelInputs, sink: StageSink) -> None:
+        self.put_inputs(inputs, sink)
+        with self.arithmetic():
+            self._tower = self.taps.capture(self.model, inputs, sink)
+
+    can_replay = True
+    decodes = True
+
+    def _capture_text(self, inputs: ModelInputs, sink: StageSink) -> None:
+        """Prefill the whole model on the prompt (hooks on the text layers), then greedy decode with the cache;
+        the tower's output from this capture is reused when the family returned one."""
+        tower, self._tower = self.__dict__.pop("_tower", None), None
+        with self.arithmetic():
+            self.taps.capture_text(self.model, inputs, sink, **({"tower": tower} if tower is not None else {}))
+
+    def replay(self, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
+        """The stage's own torch modules (the ones the forward ran) applied to ``inputs``; float32 result."""
+        self.load()
+        with self.arithmetic():
+            return np.asarray(self.taps.replay(self.model, stage_id, inputs, ctx), dtype=np.float32)

@@ -1,0 +1,57 @@
+"""The prompt side of an investigation: token ids around the images (the family builds them), the tokenizer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from driftscope.errors import CheckpointError
+
+DEFAULT_PROMPT = "Name every shape in the image and its colour."
+
+
+@dataclass
+class TextInputs:
+    """Token ids of a chat prompt whose user turn holds the images, and what to generate."""
+
+    input_ids: np.ndarray  # [seq] int64
+    image_token_id: int
+    prompt: str
+    max_new_tokens: int = 16
+    expect: list[str] = field(default_factory=list)
+    token_types: np.ndarray | None = None  # [seq] 1 for every token of an image (when it is not just the placeholder)
+
+    @property
+    def mm_token_type_ids(self) -> np.ndarray:
+        """1 where a token belongs to an image: ``token_types`` when the family gives them (e.g. an image's
+        start, end and row-separator tokens too), else the image placeholder tokens."""
+        if self.token_types is not None:
+            return np.asarray(self.token_types, dtype=np.int64)
+        return (self.input_ids == self.image_token_id).astype(np.int64)
+
+    def summary(self) -> dict:
+        return {
+            "prompt": self.prompt,
+            "tokens": int(self.input_ids.size),
+            "image_tokens": int((self.input_ids == self.image_token_id).sum()),
+            "max_new_tokens": self.max_new_tokens,
+            "expect": self.expect,
+        }
+
+
+def load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except Exception as err:  # noqa: BLE001 - any failure means the checkpoint has no usable tokenizer
+        raise CheckpointError(
+            f"checkpoint {path} has no tokenizer transformers can load ({err})",
+            "save the tokenizer next to the weights (tokenizer.json, tokenizer_config.json)",
+        ) from err
+
+
+def decode(checkpoint, tokens: list[int]) -> str:
+    return load_tokenizer(checkpoint.path).decode([int(t) for t in tokens], skip_special_tokens=False)

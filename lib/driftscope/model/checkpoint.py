@@ -1,0 +1,79 @@
+"""Checkpoint directories: validation (safetensors only). Opening one, which also detects its family, is
+``driftscope.families.checkpoints.open_checkpoint``."""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from driftscope.errors import CheckpointError
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A validated local checkpoint directory."""
+
+    path: Path
+    config: dict
+    family: str
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def _check_weights(file: Path) -> None:
+    """Refuse a safetensors file whose header is unreadable or describes more bytes than the file holds."""
+    from driftscope.model.weightfile import read_header
+
+    fix = f"re-save or copy the checkpoint again: {file.name} is incomplete or damaged"
+    try:
+        entries = read_header(file)
+    except (OSError, ValueError, UnicodeDecodeError, struct.error, KeyError, TypeError, IndexError) as err:
+        raise CheckpointError(f"{file} is not a readable safetensors file ({type(err).__name__}: {err})", fix) from None
+    size = file.stat().st_size
+    end = max((entry.start + entry.nbytes for entry in entries.values()), default=0)
+    if end > size:
+        raise CheckpointError(f"{file} is truncated: its header describes {end} bytes, the file has {size}", fix)
+
+
+def validate_checkpoint(path: str | Path) -> tuple[Path, dict]:
+    """Validate ``path`` as a safetensors checkpoint: its resolved path and its config."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise CheckpointError(
+            f"checkpoint path {path} does not exist",
+            "point 'checkpoint' at a local directory with config.json and *.safetensors "
+            "(for the tiny fixture run `make fixtures`; relative paths in a parameter file resolve against the "
+            "repository holding it, or its own folder outside a repository)",
+        )
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint path {path} is a file, not a directory", "pass the directory that holds it")
+    config_path = path / "config.json"
+    safetensors = sorted(path.glob("*.safetensors"))
+    pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if not safetensors:
+        if pickles:
+            raise CheckpointError(
+                f"checkpoint {path} has only pickle weights ({', '.join(pickles[:3])}); "
+                "driftscope loads safetensors only",
+                "convert once with transformers: model = AutoModel...from_pretrained(dir); "
+                "model.save_pretrained(new_dir, safe_serialization=True)",
+            )
+        raise CheckpointError(
+            f"checkpoint {path} has no *.safetensors weights",
+            "save the model with save_pretrained(..., safe_serialization=True) into this directory",
+        )
+    for file in safetensors:
+        _check_weights(file)
+    if not config_path.exists():
+        raise CheckpointError(f"checkpoint {path} has no config.json", "save the model's config with save_pretrained")
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{config_path} is not valid JSON: {err}", "re-save the config") from err
+    return path.resolve(), config

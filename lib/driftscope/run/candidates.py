@@ -1,0 +1,68 @@
+"""Judging one candidate against the reference right after its capture, while its model is still loaded:
+compare, narrow the pair down to the finest declared stage, replay the candidate on the reference's stage
+inputs, and record the narrowing, the labels and the conclusion in the report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from driftscope.replay.narrowing import Side, judge_pair
+from driftscope.taps.stages import StagePlan
+
+
+@dataclass
+class Pairs:
+    """What judging each candidate against the reference shares: the full plan narrowing refines into, every
+    runtime by label, the reference's recaptured stages, and each narrowed pair's sides."""
+
+    full: StagePlan
+    runtimes: dict
+    cache: object
+    reference: str  # the reference runtime's label
+    narrow: bool  # narrow a pair's first divergence down to the finest declared stage
+    sides: dict = field(default_factory=dict)  # candidate label -> (reference, candidate) TapUnions
+    added: set = field(default_factory=set)
+
+
+def judge_candidate(
+    report, out: Path, runtime, inputs, plan: StagePlan, contract, tapsets: dict, pairs: Pairs, replay: bool, log
+) -> list:
+    """Compare one candidate with the reference, narrow the pair and replay it on the reference's stage inputs
+    (introduced/inherited/amplified labels, the conclusion). Returns the pair's rows, which ``judge`` reuses."""
+    label, reference = runtime.label, tapsets[pairs.reference]
+    report.step(f"replay:{label}")
+    reference_runtime = pairs.runtimes[pairs.reference]
+    result = judge_pair(
+        Side(reference_runtime, reference),
+        Side(runtime, tapsets[label]),
+        inputs,
+        plan,
+        pairs.full,
+        contract,
+        out,
+        label,
+        narrow=pairs.narrow,
+        replay=replay,
+        cache=pairs.cache,
+        log=log,
+    )
+    reference_runtime.release()  # narrowing may have loaded it again
+    if result.narrowing["steps"]:
+        report.data["narrowing"][label] = result.narrowing
+        pairs.sides[label] = (result.reference, result.candidate)
+        pairs.added.update(result.narrowing["added"])
+    if result.drill is not None:
+        entry = result.drill.to_dict()
+        entry["tapset"] = str(Path(entry["tapset"]).relative_to(out))
+        report.data["replay"][label] = entry
+        controls = runtime.same_input_controls(reference, plan)  # e.g. quantized linears, fused and dequantized
+        if controls is not None:
+            from driftscope.capture.linear_controls import linear_verdict
+
+            report.data.setdefault("linear_replay", {})[label] = linear_verdict(controls, result.drill.labels, label)
+            log(f"  {report.data['linear_replay'][label]['verdict']}")
+    report.data["conclusions"][label] = result.conclusion
+    log(f"  {label}: {result.conclusion['text']}")
+    report.save()
+    return result.rows

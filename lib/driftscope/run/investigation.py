@@ -1,0 +1,384 @@
+"""Orchestration: parameters -> inputs -> each runtime's capture -> compare -> report.json.
+
+The report is written after every step, so a crash leaves a report that says where it stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+from driftscope.capture.runtime_checks import apply_checks, capture_checks, observed_dtypes, unreadable
+from driftscope.capture.runtimes import get_runtime
+from driftscope.core.names import remove_partial_files, safe_name
+from driftscope.errors import DriftscopeError, ReportError, TapFileError
+from driftscope.families import get_family
+from driftscope.families.checkpoints import open_checkpoint
+from driftscope.judge.compare import compare_tapsets
+from driftscope.judge.verdict import judge
+from driftscope.model.checkpoint_storage import checkpoint_storage
+from driftscope.replay.narrowing import ReferenceCache
+from driftscope.replay.recapture import how
+from driftscope.run.candidates import Pairs, judge_candidate
+from driftscope.run.environment import current_commit, fingerprint
+from driftscope.run.outdirs import interactive_out_dir
+from driftscope.run.params import Parameters, load_parameters
+from driftscope.run.preflight import check_parameters
+from driftscope.run.report import Report
+from driftscope.run.runlock import RunLock, held_by_parent, run_lock, wait_for_result
+from driftscope.taps.stages import StagePlan
+
+if TYPE_CHECKING:
+    from driftscope.capture.runtimes.base import Runtime
+    from driftscope.inputs.processor_output import ModelInputs
+    from driftscope.judge.contract import Contract
+    from driftscope.run.params import RuntimeSpec
+    from driftscope.taps.tapset import TapSet
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+LOG_NAME = "investigation.log"
+_log_files: list[TextIO] = []  # the running investigation's log file, which a waiting notebook prints
+
+
+class InvestigationFailed(DriftscopeError):
+    """The run this process waited for (another process, same parameters) stopped with an error."""
+
+
+def log(message: str) -> None:
+    line = f"[driftscope {time.strftime('%H:%M:%S')}] {message}"
+    print(line, file=sys.stdout, flush=True)
+    for handle in _log_files:
+        handle.write(line + "\n")
+        handle.flush()
+
+
+def default_out_dir(params: Parameters, root: Path | None = None) -> Path:
+    """``outputs/<commit>/<name>/`` under the repository root (the name made safe as a directory name)."""
+    root = REPO_ROOT if root is None else root
+    return root / "outputs" / current_commit(root) / safe_name(params.name)
+
+
+def investigate(
+    params: Parameters | str | Path, out_dir: str | Path | None = None, reuse: bool = False, lock: RunLock | None = None
+) -> Report:
+    """Run the investigation; with ``reuse``, return a finished report of the same parameters instead.
+
+    One investigation writes into a directory at a time. With ``reuse``, a run of the same directory in
+    progress in another process is waited for and its report returned; if it failed, its error is raised
+    rather than running it again (so too in a notebook started by ``driftscope run``, which runs the
+    investigation itself and holds the directory until its notebooks are rendered). A run that was killed
+    (its report says ``running`` but its process is gone) is run again. Without ``reuse``, a run in
+    progress is an error. ``lock``: the directory's lock, already held by the caller. Without ``out_dir``, see
+    :func:`interactive_out_dir`.
+    """
+    if not isinstance(params, Parameters):
+        params = load_parameters(params)
+    out = Path(out_dir) if out_dir else interactive_out_dir(params, default_out_dir(params), log)
+    if lock is None and reuse and held_by_parent(out):
+        wait_for_result(out)  # this is a notebook of the `driftscope run` that holds the directory
+        return _finished(params, out, waited=True, parent=True)
+    with nullcontext(lock) if lock else run_lock(out, wait=reuse, log=log) as held:
+        report_path = out / "report.json"
+        if reuse:
+            previous = _finished(params, out, held.waited)
+            if previous is not None:
+                return previous
+        with open(out / LOG_NAME, "w", encoding="utf-8") as log_file:
+            _log_files.append(log_file)
+            try:
+                return _investigate(params, out, report_path)
+            finally:
+                _log_files.remove(log_file)
+
+
+def _finished(params: Parameters, out: Path, waited: bool, parent: bool = False) -> Report | None:
+    """The finished report of these parameters in ``out``, or None to run them (again).
+
+    A failed report of the run this process ``waited`` for (or its ``parent`` ran) raises its error instead."""
+    report_path = out / "report.json"
+    try:
+        previous = Report.load(report_path) if report_path.exists() or parent else None
+    except ReportError as err:
+        if parent:
+            raise InvestigationFailed(
+                f"the run that started this notebook left no usable report: {err.problem}",
+                f"see {out / LOG_NAME} and the run's own output",
+            ) from None
+        log(f"ignoring the unreadable report in {out}: {err.problem}")
+        return None
+    if previous is None or previous.data.get("parameters_digest") != params.digest:
+        if parent:
+            raise InvestigationFailed(
+                f"the run that started this notebook (pid {os.getppid()}) wrote no report of these parameters",
+                f"see {out / LOG_NAME} and the run's own output",
+            )
+        return None
+    status = previous.status
+    if status == "complete":
+        if waited and (out / LOG_NAME).exists():  # show the progress of the run waited for
+            print((out / LOG_NAME).read_text(), end="", flush=True)
+        log(f"reusing the finished run in {out}")
+        return previous
+    if waited:
+        error = previous.data.get("error") or {}
+        cause = f"{error['type']}: {error['message']}" if error else f"no error recorded ({previous.stopped()})"
+        raise InvestigationFailed(
+            f"the investigation this run waited for stopped at {previous.data.get('stopped_at')}: {cause}",
+            f"see {report_path} and {out / LOG_NAME}; fix the cause and run again",
+        )
+    if status == "dead":
+        log(f"the run in {out} died: {previous.stopped()}; running it again")
+    return None
+
+
+def _investigate(params: Parameters, out: Path, report_path: Path) -> Report:
+    report = Report.start(
+        report_path,
+        name=params.name,
+        description=params.description,
+        commit=current_commit(REPO_ROOT),
+        parameters=params.to_dict(),
+        parameters_file=params.source,
+        parameters_digest=params.digest,
+        pid=os.getpid(),
+        host=socket.gethostname(),
+        environment=fingerprint(),
+    )
+    removed = remove_partial_files(out)
+    if removed:
+        log(f"removed {len(removed)} partial file(s) an earlier run left (e.g. {removed[0].name})")
+    try:
+        _run(params, report, out)
+    except BaseException as err:
+        report.fail(err)
+        log(f"stopped at {report.data['stopped_at']}: {type(err).__name__}: {err}")
+        _log_detail("".join(traceback.format_exception(err)))
+        raise
+    return report
+
+
+def _log_detail(text: str) -> None:
+    """Write ``text`` (e.g. a traceback) to the run's log file only."""
+    for handle in _log_files:
+        handle.write(text)
+        handle.flush()
+
+
+def _power(params: Parameters, report: Report, out: Path, checkpoint, inputs, reference, contract, plan) -> None:
+    """Run the mutation audit and gate the verdict on the mutations the parameters require."""
+    from driftscope.replay.power import fixture_power, power_gate
+
+    report.step("power")
+    names = params.power["mutations"]
+    if names == "all":
+        names = get_family(checkpoint.family).mutation_registry().names()
+        names += [name for name in params.power["require"] if name not in names]
+    log(f"fixture power: {len(names)} mutations against {reference.label}")
+    power = fixture_power(
+        reference,
+        checkpoint,
+        inputs,
+        plan,
+        contract,
+        out / "taps" / "mutations",
+        names,
+        params.power["policy"],
+        log,
+    )
+    for entry in power["mutations"]:
+        entry["tapset"] = str(Path(entry["tapset"]).relative_to(out))
+    power["require"] = params.power["require"]
+    reasons = power_gate(power, params.power["require"])
+    power["gate"] = "fail" if reasons else "pass"
+    report.data["power"] = power
+    if reasons:
+        verdict = report.data["verdict"]
+        verdict["status"] = "fail"
+        verdict["reasons"] = list(verdict.get("reasons", [])) + reasons
+        verdict["per_candidate"]["fixture power"] = "fail"
+    report.save()
+
+
+def _capture_one(
+    params: Parameters,
+    report: Report,
+    out: Path,
+    spec: RuntimeSpec,
+    runtime: Runtime,
+    inputs: ModelInputs,
+    plan: StagePlan,
+    contract: Contract,
+    tapsets: dict[str, TapSet],
+    compared: dict[tuple[str, str], list],
+    pairs: Pairs,
+) -> None:
+    """One runtime's capture (and narrowing and replay) into ``tapsets`` and the report; its model is released
+    after."""
+    report.step(f"capture:{spec.display}")
+    log(f"capture {spec.display}: {len(plan)} stages")
+    safe = safe_name(spec.display)
+    try:
+        tapset = runtime.capture(
+            inputs, plan, out / "taps" / safe, progress=lambda message, label=spec.display: log(f"  {label}: {message}")
+        )
+    except TapFileError as err:  # an engine's unreadable TapSet: that runtime could not run, the others still do
+        if not runtime.external or spec.display == params.reference_label:
+            raise
+        report.data["checks"][spec.display] = unreadable(str(err))
+        report.save()
+        log(f"  {spec.display}: could not run: {err.problem}")
+        runtime.release()
+        return
+    tapsets[spec.display] = tapset
+    external = runtime.external
+    report.data["checks"][spec.display] = capture_checks(tapset, inputs.digest, spec.policy if external else None)
+    report.data["runtimes"].append(
+        {
+            "label": spec.display,
+            "runtime": spec.runtime,
+            "policy": runtime.report_policy(tapset),
+            **({"policy_label": spec.policy} if external else {}),
+            "observed_dtypes": {"weights": runtime.weight_dtypes(), "activations": observed_dtypes(tapset)},
+            "patch": tapset.meta.get("patch"),
+            "versions": tapset.meta.get("versions"),
+            "options": spec.options,
+            "tapset": str(tapset.tensor_path.relative_to(out)),
+            "timings": tapset.meta.get("timings", {}),
+            "artifact": tapset.meta.get("artifact"),
+            "quantization": tapset.meta.get("quantization"),
+            "bucket": tapset.meta.get("bucket"),
+            "stages": len(tapset.stage_ids()),
+        }
+    )
+    report.save()
+    log(f"  {spec.display}: done in {runtime.timings.get('capture_s', 0.0):.1f}s")
+    narrows = params.narrow and how(runtime) is not None
+    if spec.display != params.reference_label and (narrows or (params.replays(spec.display) and runtime.can_replay)):
+        reference = tapsets[params.reference_label]
+        compared[(reference.label, tapset.label)] = judge_candidate(
+            report, out, runtime, inputs, plan, contract, tapsets, pairs, params.replays(spec.display), log
+        )
+    runtime.release()
+
+
+def _run(params: Parameters, report: Report, out: Path) -> None:
+    report.step("parameters")
+    contract = check_parameters(params)  # every parameter error before any model loads
+    report.step("checkpoint")
+    checkpoint = open_checkpoint(params.checkpoint, params.family)
+    family = get_family(checkpoint.family)
+    full = family.vision_plan(checkpoint.config)
+    plan = full.select(params.stages)
+    if params.text:
+        text = family.text_stages(checkpoint.config, params.text["max_new_tokens"])
+        full = StagePlan(full.family, full.stages + text, full.depth, dict(full.meta))
+        plan = StagePlan(plan.family, plan.stages + text, plan.depth, dict(plan.meta))
+    report.data.update(
+        family=checkpoint.family,
+        checkpoint=str(checkpoint.path),
+        checkpoint_storage=checkpoint_storage(checkpoint.path),
+        contract=contract.to_dict(),
+        reference=params.reference_label,
+        stage_plan=[stage.to_dict() for stage in plan],
+        plan_meta={"depth": plan.depth, **plan.meta},
+        runtimes=[],
+        checks={},
+    )
+    runtimes = []
+    for spec in params.runtimes:  # resolve every runtime before the slow work starts
+        runtimes.append(
+            (
+                spec,
+                get_runtime(spec.runtime)(checkpoint, spec.policy, spec.patch, {**spec.options, "label": spec.display}),
+            )
+        )
+    report.step("inputs")
+    inputs = family.prepare_inputs(checkpoint, params.images)
+    if params.text:
+        inputs.text = family.text_inputs(checkpoint, inputs, **params.text)
+    report.data["inputs"] = inputs.summary()
+    log(f"inputs: {len(params.images)} image(s), {inputs.headline}")
+
+    tapsets = {}
+    compared = {}  # (reference, candidate) label -> comparison rows, from a replay or the background comparer
+    report.data["replay"] = {}
+    report.data["narrowing"] = {}
+    report.data["conclusions"] = {}
+    pairing = Pairs(
+        full,
+        {spec.display: runtime for spec, runtime in runtimes},
+        ReferenceCache(),
+        params.reference_label,
+        params.narrow,
+    )
+    # the reference first, so each candidate can be replayed on its stage inputs right after its own capture;
+    # every model is released after its capture (and replay): peak memory holds one runtime's model at a time
+    runtimes.sort(key=lambda item: item[0].display != params.reference_label)
+    pairs = [(params.reference_label, spec.display) for spec, _ in runtimes if spec.display != params.reference_label]
+    pairs += [(a, b) for a, b in params.pairs if a != params.reference_label]
+    # a pair is compared as soon as both sides are captured, next to the next runtime's load and forward
+    comparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="driftscope-compare")
+    pending = {}
+    try:
+        for spec, runtime in runtimes:
+            _capture_one(params, report, out, spec, runtime, inputs, plan, contract, tapsets, compared, pairing)
+            for pair in pairs:
+                if pair not in pending and pair not in compared and all(label in tapsets for label in pair):
+                    pending[pair] = comparer.submit(compare_tapsets, tapsets[pair[0]], tapsets[pair[1]], contract, plan)
+        report.step("compare")
+        compared.update({pair: future.result() for pair, future in pending.items()})
+    finally:
+        comparer.shutdown(wait=True, cancel_futures=True)
+    reference = tapsets[params.reference_label]
+    candidates = [tapset for label, tapset in tapsets.items() if label != params.reference_label]
+    extra = [
+        (tapsets[a], tapsets[b]) for a, b in params.pairs if a != params.reference_label and {a, b} <= set(tapsets)
+    ]
+    if pairing.added:  # the run's plan with every stage narrowing added, in execution order
+        plan = plan.with_stages(pairing.added, full)
+        report.data["stage_plan"] = [stage.to_dict() for stage in plan]
+    report.data.update(judge(reference, candidates, contract, plan, extra, compared, pairing.sides))
+    report.data["warnings"] = report.data["warnings"] + inputs.warnings  # e.g. a processor unlike its config
+    apply_checks(report.data, report.data["checks"])
+    if params.relative:
+        from driftscope.judge.relative import peer_verdict, relative_verdict
+
+        rel = params.relative
+        if "high" in rel:
+            others = [t for label, t in tapsets.items() if label not in (rel["high"], rel["oracle"])]
+            report.data["relative"] = relative_verdict(
+                tapsets[rel["high"]], tapsets[rel["oracle"]], others, plan, rel["factor"], rel["floor"]
+            )
+        if "peer" in rel:
+            report.data["peer_relative"] = peer_verdict(report.rows, reference.label, rel["peer"], contract, plan)
+    if params.attribution:
+        from driftscope.judge.attribution import attribution_report
+
+        report.data["attribution"] = attribution_report(tapsets, params.attribution, contract, plan, compared)
+        log(f"attribution: {report.data['attribution']['verdict']}")
+    if params.text:
+        from driftscope.judge.answer import answer_parity
+
+        report.data["answer"] = answer_parity(
+            checkpoint,
+            tapsets,
+            params.reference_label,
+            params.text["expect"],
+            [(p["reference"], p["candidate"]) for p in report.data["pairs"]],
+        )
+    report.save()
+    if params.power:
+        _power(params, report, out, checkpoint, inputs, reference, contract, plan)
+    report.data["status"] = "complete"
+    report.step("done")
+    verdict = report.data["verdict"]
+    log(f"verdict: {verdict['status']}" + "".join(f"\n  {reason}" for reason in verdict["reasons"]))
+    for warning in report.data.get("warnings") or []:
+        log(f"warning: {warning}")

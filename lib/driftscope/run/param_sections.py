@@ -1,0 +1,171 @@
+"""The sections of a parameter file, each checked on its own: the shapes of values, ``stages``, ``text``,
+``power``, ``relative``, ``attribution`` and ``family`` (``params`` assembles them into :class:`Parameters`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from driftscope.errors import ParameterError
+from driftscope.taps.stages import StageSelection
+
+STAGE_KEYS = {"blocks", "substages", "include", "exclude"}
+
+
+def checked(value: Any, kind: type | tuple[type, ...], where: str, example: str) -> Any:
+    kinds = _as_tuple(kind)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        names = " or ".join(k.__name__ for k in kinds)
+        raise ParameterError(f"{where} must be {names}, got {type(value).__name__} {value!r}", f"write e.g. {example}")
+    return value
+
+
+def _as_tuple(kind):
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def refuse_unknown(data: dict, valid: set[str] | dict, where: str) -> None:
+    unknown = sorted(set(data) - set(valid))
+    if unknown:
+        raise ParameterError(f"{where} has unknown keys {unknown}", f"valid keys: {', '.join(sorted(valid))}")
+
+
+def stage_selection(data: Any) -> StageSelection:
+    if data is None:
+        return StageSelection()
+    if data == "all":
+        return StageSelection.everything()
+    if data == "blocks":
+        return StageSelection()
+    checked(data, dict, "stages", "{substages: [3, 7]} or 'all' or 'blocks'")
+    refuse_unknown(data, STAGE_KEYS, "stages")
+    substages = data.get("substages", [])
+    if substages != "all":
+        checked(substages, list, "stages.substages", "[3, 7] or all")
+        for index in substages:
+            checked(index, int, "stages.substages entries", "block indices like 3 or -1")
+        substages = tuple(substages)
+    include = tuple(checked(data.get("include", []), list, "stages.include", "['vision.block.7.*']"))
+    exclude = tuple(checked(data.get("exclude", []), list, "stages.exclude", "['vision.block.0.*']"))
+    return StageSelection(
+        bool(checked(data.get("blocks", True), bool, "stages.blocks", "true")), substages, include, exclude
+    )
+
+
+def section(data: Any, where: str, keys: set[str], example: str) -> dict | None:
+    """An optional mapping section: absent or false -> None, true -> {} (its defaults), else checked keys."""
+    if data is None or data is False:
+        return None
+    if data is True:
+        return {}
+    checked(data, dict, where, example)
+    refuse_unknown(data, keys, where)
+    return data
+
+
+def text_section(data: Any) -> dict | None:
+    from driftscope.inputs.text_inputs import DEFAULT_PROMPT
+
+    data = section(
+        data,
+        "text",
+        {"prompt", "max_new_tokens", "expect"},
+        "{prompt: 'Name the shapes.', max_new_tokens: 16, expect: [square]}",
+    )
+    if data is None:
+        return None
+    tokens = checked(data.get("max_new_tokens", 16), int, "text.max_new_tokens", "16")
+    if tokens < 1:
+        raise ParameterError(f"text.max_new_tokens must be at least 1, got {tokens}", "write e.g. 16")
+    expect = checked(data.get("expect", []), list, "text.expect", "[square, circle, triangle]")
+    return {
+        "prompt": checked(data.get("prompt", DEFAULT_PROMPT), str, "text.prompt", "'Name the shapes.'"),
+        "max_new_tokens": tokens,
+        "expect": [str(word) for word in expect],
+    }
+
+
+def power_section(data: Any) -> dict | None:
+    from driftscope.families import known_mutations
+
+    data = section(data, "power", {"mutations", "policy", "require"}, "{require: [identity_window_permutation]}")
+    if data is None:
+        return None
+    names = data.get("mutations", "all")
+    names = "all" if names == "all" else list(checked(names, list, "power.mutations", "[tanh_gelu]"))
+    required = list(checked(data.get("require", []), list, "power.require", "[identity_window_permutation]"))
+    known = known_mutations()
+    for name in (names if names != "all" else []) + required:
+        known.get(name)  # an unknown name lists the valid ones (the checkpoint's family is checked at run time)
+    missing = [name for name in required if names != "all" and name not in names]
+    return {
+        "mutations": names if names == "all" else names + missing,
+        "policy": checked(data.get("policy", "f32"), str, "power.policy", "f32"),
+        "require": required,
+    }
+
+
+def relative_section(relative: Any, labels: list[str], reference: str) -> dict | None:
+    """The relative verdicts asked for: against a float64 run (high, oracle), against a trusted peer, or both."""
+    if relative is None:
+        return None
+    example = "{high: transformers:f64, oracle: transformers:f32} or {peer: mlx:f32}"
+    checked(relative, dict, "relative", example)
+    refuse_unknown(relative, {"high", "oracle", "factor", "floor", "peer"}, "relative")
+    if "peer" not in relative and not {"high", "oracle"} & set(relative):
+        raise ParameterError("relative names neither a float64 run (high, oracle) nor a peer", f"write {example}")
+    out: dict = {}
+    if {"high", "oracle"} & set(relative):
+        for key in ("high", "oracle"):
+            if relative.get(key) not in labels:
+                raise ParameterError(
+                    f"relative.{key} must name one of the runtimes {labels}",
+                    "e.g. relative: {high: transformers:f64, oracle: transformers:f32}",
+                )
+        out.update(
+            high=relative["high"],
+            oracle=relative["oracle"],
+            factor=float(checked(relative.get("factor", 4.0), (int, float), "relative.factor", "4")),
+            floor=float(checked(relative.get("floor", 1e-6), (int, float), "relative.floor", "1e-6")),
+        )
+    if "peer" in relative:
+        if relative["peer"] not in labels or relative["peer"] == reference:
+            raise ParameterError(
+                f"relative.peer must name a runtime other than the reference {reference!r}: one of {labels}",
+                "e.g. relative: {peer: mlx:f32} (its error against the reference is the yardstick)",
+            )
+        out["peer"] = relative["peer"]
+    return out
+
+
+def attribution_section(data: Any, labels: list[str]) -> dict | None:
+    example = "{candidate: iree:q4-dequant, references: [mlx:q4, mlx:q4-dequant]}"
+    data = section(data, "attribution", {"candidate", "references"}, example)
+    if data is None:
+        return None
+    candidate = data.get("candidate")
+    references = checked(data.get("references", []), list, "attribution.references", "[mlx:q4, mlx:q4-dequant]")
+    named = [candidate, *references]
+    if candidate not in labels or any(label not in labels for label in references):
+        unknown = [label for label in named if label not in labels]
+        raise ParameterError(
+            f"attribution names runtimes {unknown} this run does not have", f"use labels from {labels}"
+        )
+    if len(set(references)) < 2 or candidate in references or len(set(references)) != len(references):
+        raise ParameterError(
+            f"attribution needs a candidate and at least two other, distinct references (got {candidate!r}, "
+            f"{references})",
+            f"write e.g. {example}",
+        )
+    return {"candidate": candidate, "references": list(references)}
+
+
+def family_name(name: Any) -> str:
+    from driftscope.families import get_family
+
+    checked(name, str, "family", "a family name such as the checkpoint's model_type")
+    return get_family(name).name  # an unknown name lists the registered ones
+
+
+#: When set, relative paths of every parameter file resolve against this directory instead of the file's
+#: repository: a batch runs a copy of a commit's parameter file (saved in the run's directory) in that
+#: commit's worktree, and the notebooks' kernels inherit the variable.

@@ -1,0 +1,233 @@
+"""Change one thing and re-run one cell: capture one block's stages of a runtime pair's candidate again with a
+hypothesis patch applied, and compare them with the reference's capture, reusing every capture the run made.
+
+Only the candidate runs again (its model is loaded with the run's own patch, then ``patch``); the reference's
+TapSet is the run's own when it holds the block's stages, else they are captured once and kept under
+``<run>/recapture/`` for the next call. The run's report is never written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from driftscope.capture.patches import HypothesisPatch, parse_patch
+from driftscope.core.names import safe_name
+from driftscope.errors import ParameterError
+from driftscope.judge.compare import compare_tapsets
+from driftscope.judge.contract import Contract
+from driftscope.judge.rows import ComparisonRow
+from driftscope.run.report import Report
+from driftscope.taps.stages import StagePlan, orders_of
+from driftscope.taps.tapset import TapSet
+
+FOLDER = "recapture"
+
+
+@dataclass
+class Recapture:
+    """One block of a pair captured again: its rows with the patch, and the run's rows at the same stages."""
+
+    pair: str
+    block: int
+    patch: str | None
+    stages: list[str]
+    rows: list[ComparisonRow]
+    before: dict[str, ComparisonRow] = field(default_factory=dict)
+    tapset: TapSet | None = None
+    seconds: float = 0.0
+
+    def markdown(self) -> str:
+        """One paragraph: what ran, and the block output's status and tolerance used before and after."""
+        from driftscope.core.markup import code, text
+        from driftscope.judge.rows import share_of_tolerance
+
+        what = f"with {code(self.patch)}" if self.patch else "with no patch (as the run did)"
+        lines = [f"Re-captured block {self.block} of {code(self.pair)} {what} in {self.seconds:.1f} s."]
+        failing = [row.stage for row in self.rows if row.failed]
+        lines.append(
+            f"Failing stages now: {', '.join(code(stage) for stage in failing)}." if failing else "No stage fails now."
+        )
+        output = self.rows[-1] if self.rows else None
+        old = self.before.get(output.stage) if output else None
+        if output and old:
+            lines.append(
+                f"{code(output.stage)}: {text(old.status)} -> **{text(output.status)}**, tolerance used "
+                f"{share_of_tolerance(old):.3g} -> {share_of_tolerance(output):.3g}."
+            )
+        return " ".join(lines)
+
+    def frame(self):
+        """Per stage: status, max_abs and share of tolerance used in the run, then with the patch."""
+        import pandas as pd
+
+        from driftscope.judge.rows import share_of_tolerance
+
+        records = []
+        for row in self.rows:
+            old = self.before.get(row.stage)
+            records.append(
+                {
+                    "stage": row.stage,
+                    "run: status": old.status if old else "not captured",
+                    "run: max_abs": old.max_abs if old else None,
+                    "run: tolerance used": share_of_tolerance(old) if old and old.status in ("pass", "fail") else None,
+                    "patched: status": row.status,
+                    "patched: max_abs": row.max_abs,
+                    "patched: tolerance used": share_of_tolerance(row) if row.status in ("pass", "fail") else None,
+                }
+            )
+        return pd.DataFrame(records)
+
+
+def _spec(report: Report, label: str) -> dict:
+    for spec in (report.data.get("parameters") or {}).get("runtimes", []):
+        if spec.get("label") == label:
+            return spec
+    raise ParameterError(f"the run has no runtime labelled {label!r}", f"use one of {report.pair_keys()}")
+
+
+def _pair(report: Report, pair: str) -> tuple[str, str]:
+    for entry in report.data.get("pairs", []):
+        if entry["key"] == pair:
+            return entry["reference"], entry["candidate"]
+    raise ParameterError(f"the run judged no runtime pair {pair!r}", f"use one of {report.pair_keys()}")
+
+
+def block_plan(plan: StagePlan, block: int) -> StagePlan:
+    """The block's stages (its substages and output) and the token-order stages comparing them needs."""
+    orders = orders_of(plan).values()
+    helpers = {name for order in orders for name in (order.index, order.segments) if name}
+    kept = [stage for stage in plan if stage.block == block or stage.id in helpers]
+    if not any(stage.block == block for stage in kept):
+        raise ParameterError(f"the stage plan has no block {block}", f"use a block from 0 to {plan.depth - 1}")
+    return StagePlan(plan.family, kept, plan.depth, dict(plan.meta))
+
+
+def _block(plan: StagePlan) -> int:
+    return next(stage.block for stage in plan if stage.block is not None)
+
+
+@contextlib.contextmanager
+def _no_progress_bars():
+    """transformers' "Loading weights" bar off (a notebook cell would show it on stderr), then as it was."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        yield
+        return
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _capture(report: Report, label: str, patch: HypothesisPatch | None, plan: StagePlan, inputs, out: Path, log):
+    """Capture ``plan`` on ``label``'s runtime (its own patch, then ``patch``) into ``out``."""
+    from driftscope.capture.runtimes import get_runtime
+    from driftscope.families.checkpoints import open_checkpoint
+    from driftscope.families.hypotheses import hypotheses_of
+
+    spec = _spec(report, label)
+    checkpoint = open_checkpoint(report.data["checkpoint"], report.data.get("family"))
+    own = spec.get("patch")
+    runtime = get_runtime(spec["runtime"])(
+        checkpoint,
+        spec["policy"],
+        None if own is None else HypothesisPatch(own["callable"], dict(own.get("kwargs") or {})),
+        {**(spec.get("options") or {}), "label": label},
+    )
+    with _no_progress_bars():
+        runtime.load()
+    if patch is not None:
+        with hypotheses_of(checkpoint.family):
+            runtime.model = patch.apply(runtime.model)
+    try:
+        return runtime.capture(inputs, plan, out, progress=log)
+    finally:
+        runtime.release()
+
+
+def _full_plan(report: Report) -> StagePlan:
+    """Every vision stage the checkpoint's family can tap (the run's plan holds only the stages it selected)."""
+    from driftscope.families import get_family
+    from driftscope.families.checkpoints import open_checkpoint
+
+    checkpoint = open_checkpoint(report.data["checkpoint"], report.data.get("family"))
+    return get_family(checkpoint.family).vision_plan(checkpoint.config)
+
+
+def _inputs(report: Report):
+    """The run's processor output again, checked against the digest every capture of the run recorded."""
+    from driftscope.families import get_family
+    from driftscope.families.checkpoints import open_checkpoint
+
+    checkpoint = open_checkpoint(report.data["checkpoint"], report.data.get("family"))
+    images = [Path(p) for p in (report.data.get("inputs") or {}).get("images", [])]
+    family = get_family(checkpoint.family)
+    inputs = family.prepare_inputs(checkpoint, images)
+    prompt = (report.data.get("parameters") or {}).get("text")
+    if prompt:  # the prompt's ids are part of the digest the captures recorded
+        inputs.text = family.text_inputs(checkpoint, inputs, **prompt)
+    recorded = (report.data.get("inputs") or {}).get("digest")
+    if recorded and inputs.digest != recorded:
+        raise ParameterError(
+            f"the run's images now give inputs {inputs.digest}, not the {recorded} its captures recorded",
+            "the images or the checkpoint's processor changed since the run: run it again",
+        )
+    return inputs
+
+
+def _reference(report: Report, label: str, plan: StagePlan, inputs, log) -> TapSet:
+    """The run's reference TapSet when it holds every stage of ``plan``, else a capture of them (kept)."""
+    tapset = report.tapset(label)
+    if all(stage.id in tapset for stage in plan):
+        return tapset
+    out = report.directory / FOLDER / f"{safe_name(label)}-block{_block(plan)}"
+    if (out.with_suffix(".json")).exists():
+        kept = TapSet(out)
+        if kept.meta.get("complete") and kept.meta.get("inputs_digest") == inputs.digest:
+            return kept
+    log(f"the run did not capture {label}'s block {_block(plan)} stages: capturing them once (kept in {out.parent})")
+    return _capture(report, label, None, plan, inputs, out, log)
+
+
+def recapture_block(
+    report: Report | str | Path,
+    pair: str,
+    block: int,
+    patch: str | dict | None = None,
+    log: Callable[[str], None] = print,
+) -> Recapture:
+    """Capture block ``block`` of ``pair``'s candidate again with ``patch`` applied (``"module:function"``,
+    ``"file.py:function"`` or ``{callable: ..., kwargs: {...}}``; None: as the run did) and compare it with the
+    reference. Nothing else runs again: the reference's capture is the run's (or, when the run did not capture
+    this block's substages, one made once and kept)."""
+    start = time.perf_counter()
+    report = report if isinstance(report, Report) else Report.load(report)
+    reference_label, candidate_label = _pair(report, pair)
+    plan = block_plan(_full_plan(report), int(block))
+    hypothesis = parse_patch(patch)
+    if hypothesis is not None:
+        hypothesis.resolve()  # an unimportable patch fails here, before a model loads
+    inputs = _inputs(report)
+    reference = _reference(report, reference_label, plan, inputs, log)
+    digest = hashlib.sha256(json.dumps(patch, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    out = report.directory / FOLDER / f"{safe_name(candidate_label)}-block{block}-{digest}"
+    candidate = _capture(report, candidate_label, hypothesis, plan, inputs, out, log)
+    written = report.data["contract"]
+    contract = Contract.from_dict({k: v for k, v in written.items() if k != "source"}, written.get("source"))
+    rows = [r for r in compare_tapsets(reference, candidate, contract, plan) if plan[r.stage].block == int(block)]
+    before = {r.stage: r for r in report.rows if (r.pair or r.candidate) == pair and r.stage in plan}
+    described = None if hypothesis is None else hypothesis.target
+    return Recapture(
+        pair, int(block), described, [r.stage for r in rows], rows, before, candidate, time.perf_counter() - start
+    )

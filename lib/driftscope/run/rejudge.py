@@ -1,0 +1,95 @@
+"""Re-judging a finished run under another contract from its saved TapSets, without running anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from driftscope.capture.runtime_checks import apply_checks
+from driftscope.errors import ReportError
+from driftscope.judge.compare import ComparisonRow
+from driftscope.judge.contract import Contract
+from driftscope.judge.verdict import judge
+from driftscope.run.report import Report
+from driftscope.taps.tapset import TapSet
+
+
+def _rejudge_replay(report: Report, rows: list[dict], contract: Contract) -> tuple[dict, dict]:
+    """Every replay's labels and every pair's conclusion again, under ``contract``."""
+    from driftscope.replay.conclusion import conclude
+    from driftscope.replay.drilldown import judge_replay
+
+    out, conclusions = {}, {}
+    for label in report.pair_keys():
+        accumulated = [ComparisonRow.from_dict(row) for row in rows if row.get("pair") == label]
+        entry = (report.data.get("replay") or {}).get(label)
+        drill = None
+        if entry:
+            drill = judge_replay(
+                report.pair_tapsets(label)[0],
+                TapSet(report.directory / entry["tapset"]),
+                accumulated,
+                contract,
+                report.plan,
+                label,
+                entry["candidate"],
+            )
+            out[label] = dict(drill.to_dict(), tapset=entry["tapset"])
+        if label in (report.data.get("conclusions") or {}):
+            conclusions[label] = conclude(drill, accumulated, report.plan)
+    return out, conclusions
+
+
+def rejudge(report_path: str | Path, contract: Contract, out_path: str | Path | None = None) -> Report:
+    """Re-apply another contract to a saved run's TapSets; no runtime is run again.
+
+    Only a complete run is re-judged: a failed, killed or running one has not captured every runtime."""
+    report = Report.load(report_path)
+    if report.status != "complete":
+        raise ReportError(
+            f"{report.path} is of a run that did not complete ({report.status}: {report.stopped()})",
+            "rejudge re-applies a contract to a finished run; run it to the end first (driftscope run)",
+        )
+    labels = [runtime["label"] for runtime in report.data["runtimes"]]
+    reference_label = report.data["reference"]
+    reference = report.tapset(reference_label)
+    candidates = [report.tapset(label) for label in labels if label != reference_label]
+    extra = [
+        (report.tapset(pair["reference"]), report.tapset(pair["candidate"]))
+        for pair in report.data.get("pairs", [])
+        if pair["reference"] != reference_label
+    ]
+    data = dict(report.data)
+    data.update(judge(reference, candidates, contract, report.plan, extra, narrowed=report.narrowed_sides()))
+    data["warnings"] = data["warnings"] + list((data.get("inputs") or {}).get("warnings", []))
+    apply_checks(data, data.get("checks") or {})
+    data["replay"], data["conclusions"] = _rejudge_replay(report, data["rows"], contract)
+    if data.get("peer_relative"):
+        from driftscope.judge.relative import peer_verdict
+
+        rows = [ComparisonRow.from_dict(row) for row in data["rows"]]
+        data["peer_relative"] = peer_verdict(
+            rows, reference_label, data["peer_relative"]["peer"], contract, report.plan
+        )
+    if data.get("linear_replay"):  # the linear controls' rows stand; their stage labels follow the new contract
+        from driftscope.capture.linear_controls import linear_verdict
+
+        data["linear_replay"] = {
+            label: linear_verdict(entry, data["replay"].get(label, {}).get("labels", []), label)
+            for label, entry in data["linear_replay"].items()
+        }
+    data["contract"] = contract.to_dict()
+    data["rejudged_from"] = str(report.path)
+    target = Path(out_path) if out_path else report.path
+    if target.resolve().parent != report.directory.resolve():
+        data["runtimes"] = [dict(r, tapset=str((report.directory / r["tapset"]).resolve())) for r in data["runtimes"]]
+        data["replay"] = {
+            k: dict(v, tapset=str((report.directory / v["tapset"]).resolve())) for k, v in data["replay"].items()
+        }
+        data["narrowing"] = {
+            key: dict(entry, tapsets={s: [str((report.directory / p).resolve()) for p in ps] for s, ps in parts})
+            for key, entry in (data.get("narrowing") or {}).items()
+            for parts in [entry["tapsets"].items()]
+        }
+    new = Report(target, data)
+    new.save()
+    return new

@@ -1,0 +1,117 @@
+"""One run per output directory at a time: an exclusive ``flock`` on ``<out>/.investigation.lock``.
+
+A second process asking for the same directory either fails with a clear error or, when it only wants
+the result (``reuse``), waits for the running one and then reads its report. ``driftscope run`` holds
+the directory until its last notebook is rendered, and ``<out>/.result.lock`` while its investigation
+runs: the notebooks it starts (their kernels are its children) wait on that one for the report, so a
+second run cannot re-investigate under notebooks that are still rendering the first one's report.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from driftscope.errors import DriftscopeError
+
+LOCK_NAME = ".investigation.lock"
+RESULT_NAME = ".result.lock"
+
+
+class BusyError(DriftscopeError):
+    """Another process is running an investigation into the same output directory."""
+
+
+@dataclass
+class RunLock:
+    """A held lock; ``waited`` says whether another process held it first (its run has just ended)."""
+
+    path: Path
+    waited: bool = False
+
+
+def holder(out: Path) -> str:
+    """The pid written by the process that holds (or last held) the lock, or ``"?"``."""
+    try:
+        return (Path(out) / LOCK_NAME).read_text().strip() or "?"
+    except OSError:
+        return "?"
+
+
+@contextmanager
+def run_lock(out: Path, wait: bool = False, log: Callable[[str], None] | None = None) -> Iterator[RunLock]:
+    """Hold the directory's lock for the block; without ``wait``, raise :class:`BusyError` if it is taken."""
+    try:
+        import fcntl
+    except ImportError:  # no flock on this platform: no protection, as before locks existed
+        yield RunLock(Path(out) / LOCK_NAME)
+        return
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK_NAME
+    with open(path, "a+") as handle:
+        lock = RunLock(path)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = holder(out)
+            if not wait:
+                raise BusyError(
+                    f"another investigation (pid {pid}) is writing to {out}",
+                    "wait for it to finish, or give this run another output directory (--out / out_dir)",
+                ) from None
+            if log:
+                log(f"waiting for the investigation running in {out} (pid {pid})")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            lock.waited = True
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        try:
+            yield lock
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
+def result_lock(out: Path) -> Iterator[None]:
+    """Held by ``driftscope run`` while its investigation writes the report its notebooks will read."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(Path(out) / RESULT_NAME, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def held_by_parent(out: Path) -> bool:
+    """Whether the directory's lock is held by this process's parent (a ``driftscope run`` whose notebook this is)."""
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    path = Path(out) / LOCK_NAME
+    if holder(out) != str(os.getppid()) or not path.exists():
+        return False
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return False
+
+
+def wait_for_result(out: Path) -> None:
+    """Wait until no investigation holds ``out``'s result lock (its report is then final)."""
+    with result_lock(out):
+        pass

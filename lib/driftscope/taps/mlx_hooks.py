@@ -1,0 +1,104 @@
+"""What a family's MLX taps are written with: wrappers that record what mlx-vlm's code computed without
+changing it, context managers that put back what they replaced, and the manual RMSNorm experiment."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+
+def to_numpy(array: Any) -> np.ndarray:
+    """An MLX array as numpy (bfloat16 and float16 widened to float32, which is exact)."""
+    import mlx.core as mx
+
+    if array.dtype in (mx.bfloat16, mx.float16):
+        array = array.astype(mx.float32)
+    return np.array(array)
+
+
+def dtype_name(array: Any) -> str:
+    """An MLX array's dtype as numpy names it (``mlx.core.bfloat16`` -> ``bfloat16``)."""
+    return str(array.dtype).rsplit(".", 1)[-1]
+
+
+class Recording:
+    """Calls ``inner`` and hands its inputs and output to ``record``."""
+
+    def __init__(self, inner: Any, record):
+        self.inner = inner
+        self.record = record
+
+    def __call__(self, *args, **kwargs):
+        out = self.inner(*args, **kwargs)
+        self.record(args, kwargs, out)
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@contextmanager
+def shadow(owner: Any, name: str, value: Any):
+    """Make ``owner.name`` resolve to ``value`` (an instance attribute), then put back what was there.
+
+    A precision experiment or hypothesis patch may itself have shadowed ``name`` (e.g. a manual
+    RMSNorm): that instance attribute is restored, not dropped, so a later replay runs the same operator.
+    """
+    missing = object()
+    previous = owner.__dict__.get(name, missing)
+    object.__setattr__(owner, name, value)
+    try:
+        yield
+    finally:
+        if previous is missing:
+            object.__delattr__(owner, name)
+        else:
+            object.__setattr__(owner, name, previous)
+
+
+@contextmanager
+def list_item(items: list, index: int, value: Any):
+    original = items[index]
+    items[index] = value
+    try:
+        yield
+    finally:
+        items[index] = original
+
+
+@contextmanager
+def module_attr(module: Any, name: str, value: Any):
+    original = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+class ManualRMSNorm:
+    """RMSNorm written out in the activation dtype: squares in F16 overflow above |x| = 256.
+
+    The fused ``mx.fast.rms_norm`` (mlx.nn.RMSNorm) accumulates in float32 and does not.
+    """
+
+    def __init__(self, norm: Any):
+        self.weight = norm.weight
+        self.eps = norm.eps
+
+    def __call__(self, x):
+        import mlx.core as mx
+
+        variance = mx.mean(x * x, axis=-1, keepdims=True)  # in x's dtype, as a hand-written port does it
+        return self.weight * (x * mx.rsqrt(variance + mx.array(self.eps, dtype=x.dtype)))
+
+
+RMSNORM_FORMS = ("fused", "manual")
+
+
+def use_manual_rmsnorm(sites: list[tuple[Any, str]]) -> None:
+    """Swap the RMSNorm at each ``(owner, attribute)`` for :class:`ManualRMSNorm` (the precision experiment)."""
+    for owner, name in sites:
+        object.__setattr__(owner, name, ManualRMSNorm(getattr(owner, name)))

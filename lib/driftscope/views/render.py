@@ -1,0 +1,266 @@
+"""Execute notebooks with papermill and render them to HTML with nbconvert (with and without code)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from driftscope.core.atomic import write_text_atomic
+from driftscope.errors import DriftscopeError
+
+NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
+KERNEL_NAME = "driftscope"
+TEMPLATES = Path(__file__).resolve().parent / "templates"  # "offline": the lab template without CDN scripts
+
+
+def kernel_name() -> str:
+    """The project's registered kernel, or the current interpreter's own kernel when it is missing."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    specs = KernelSpecManager().find_kernel_specs()
+    if KERNEL_NAME in specs:
+        return KERNEL_NAME
+    if "python3" in specs:
+        return "python3"
+    raise DriftscopeError(
+        "no Jupyter kernel to run notebooks with", "run `make setup` (it registers the 'driftscope' kernel)"
+    )
+
+
+def notebook_path(name: str, notebook_dir: Path | None = None) -> Path:
+    directory = notebook_dir or NOTEBOOK_DIR
+    path = directory / (name if name.endswith(".ipynb") else f"{name}.ipynb")
+    if not path.exists() and notebook_dir is not None:
+        return notebook_path(name)  # a tree without this notebook: use the installed one
+    if not path.exists():
+        known = sorted(p.stem for p in NOTEBOOK_DIR.glob("*.ipynb"))
+        raise DriftscopeError(f"notebook {name!r} does not exist", f"use one of: {', '.join(known)}")
+    return path
+
+
+def execute(
+    name: str, out_dir: Path, parameters: dict, cwd: Path, log_output: bool = True, notebook_dir: Path | None = None
+) -> Path:
+    """Run one notebook into ``out_dir/<name>.ipynb``; the executed copy is written even if it fails."""
+    import papermill
+    from traitlets.config import Config
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    source = notebook_path(name, notebook_dir)
+    target = out_dir / source.name
+    config = Config()
+    config.KernelManager.transport_encryption = "auto"  # CurveZMQ keys where the kernel supports them
+    papermill.execute_notebook(
+        str(source),
+        str(target),
+        parameters=parameters,
+        kernel_name=kernel_name(),
+        cwd=str(cwd),
+        log_output=log_output,
+        progress_bar=False,
+        report_mode=False,
+        shutdown_kernel="immediate",  # every output is in by then; a graceful shutdown waited ~2 s for the kernel
+        config=config,
+    )
+    return target
+
+
+def run_notebooks(
+    names,
+    out_dir: Path,
+    params_path: Path,
+    reuse: bool,
+    cwd: Path,
+    log=None,
+    notebook_dir: Path | None = None,
+    echo: bool | None = None,
+) -> dict[str, str]:
+    """Execute each notebook on one parameter file and render its HTML (also when it failed).
+
+    Returns ``{notebook: error}`` for the notebooks that raised; the others still run, unless the
+    investigation itself stopped with an error: then the rest are not run (each would run it again).
+    ``echo``: stream the notebooks' output to this process's log (default: when ``log`` is given).
+    """
+    errors = {}
+    started = time.time()
+    report_path = out_dir / "report.json"
+    for name in names:
+        stopped = _stopped_at(report_path) if errors else None
+        if stopped:
+            errors[name] = f"not run: the investigation stopped at {stopped}"
+            if log:
+                log(f"notebook {name} {errors[name]}")
+            continue
+        fresh = _since(report_path, started)  # a run an earlier notebook of this call made is reused, forced or not
+        try:
+            execute(
+                name,
+                out_dir,
+                {"params_path": str(params_path), "out_dir": str(out_dir), "reuse": reuse or fresh},
+                cwd=cwd,
+                log_output=log is not None if echo is None else echo,
+                notebook_dir=notebook_dir,
+            )
+        except Exception as err:  # noqa: BLE001 - papermill raises PapermillExecutionError with the cell's error
+            errors[name] = f"{getattr(err, 'ename', type(err).__name__)}: {getattr(err, 'evalue', err)}".strip()
+            if log:
+                log(f"notebook {name} failed: {errors[name]}")
+        executed = out_dir / f"{Path(name).stem}.ipynb"
+        if executed.exists():
+            html, nocode = to_html(executed)
+            if log:
+                log(f"rendered {html.name} and {nocode.name}")
+    return errors
+
+
+def rendered_current(out_dir: Path, params) -> bool:
+    """Whether ``out_dir`` holds a finished run of these parameters whose notebooks all executed without an
+    error and were rendered (``.ipynb``, ``.html``, ``.nocode.html``) after its report was last written."""
+    import json
+
+    from driftscope.run.report import Report
+
+    try:
+        report = Report.load(Path(out_dir) / "report.json")
+        written = report.path.stat().st_mtime
+    except (DriftscopeError, OSError):
+        return False
+    if report.status != "complete" or report.data.get("parameters_digest") != params.digest:
+        return False
+    for name in params.notebooks:
+        stem = Path(out_dir) / Path(name).stem
+        pages = [stem.with_suffix(".ipynb"), stem.with_suffix(".html"), stem.with_name(stem.name + ".nocode.html")]
+        try:
+            if any(page.stat().st_mtime < written for page in pages):
+                return False
+            cells = json.loads(pages[0].read_text(encoding="utf-8")).get("cells", [])
+        except (OSError, ValueError):
+            return False
+        if any(o.get("output_type") == "error" for c in cells for o in c.get("outputs", [])):
+            return False
+    return True
+
+
+def _since(path: Path, started: float) -> bool:
+    """Whether ``path`` exists and was written at or after ``started`` (a ``time.time()``)."""
+    try:
+        return path.stat().st_mtime >= started
+    except OSError:
+        return False
+
+
+def _stopped_at(report_path: Path) -> str | None:
+    """Where a report's investigation stopped with an error or was killed, or None (no report, or it did not)."""
+    from driftscope.run.report import Report
+
+    try:
+        report = Report.load(report_path)
+    except DriftscopeError:
+        return None
+    return str(report.data.get("stopped_at")) if report.status in ("error", "dead") else None
+
+
+def investigate_and_render(params, params_path: Path, out_dir: Path, reuse: bool, cwd: Path, log) -> dict[str, str]:
+    """Run the investigation in this process while papermill starts the notebooks' kernel, then render.
+
+    The kernel's start-up and the notebook's imports overlap the investigation's own; each notebook's
+    ``investigate(..., reuse=True)`` waits for this run (the output directory's lock) and reads its report.
+    Returns ``{notebook: error}`` like :func:`run_notebooks` (``"investigation"``: the investigation's own
+    error); a failed investigation shows in the notebooks. The output directory stays locked until the last
+    notebook is rendered, so no other run can replace the report under them.
+    """
+    from driftscope.run.investigation import investigate
+    from driftscope.run.runlock import result_lock, run_lock
+
+    errors: dict[str, str] = {}
+
+    def notebooks() -> None:
+        errors.update(run_notebooks(params.notebooks, out_dir, params_path, True, cwd, log, echo=False))
+
+    with run_lock(out_dir) as lock:  # held before the kernel can ask for it, until the last notebook is rendered
+        thread = threading.Thread(target=notebooks, name="driftscope-notebooks", daemon=True)
+        with result_lock(out_dir):  # this run's kernels wait on this one for the report
+            thread.start()
+            try:
+                investigate(params, out_dir, reuse=reuse, lock=lock)
+            except Exception as err:  # noqa: BLE001 - the report records where it stopped; the notebooks show it
+                errors["investigation"] = f"{type(err).__name__}: {err}"
+                if not _stopped_at(out_dir / "report.json"):  # it failed before its report could say so
+                    log(f"the investigation could not start: {type(err).__name__}: {err}")
+        thread.join()
+    return errors
+
+
+def to_html(executed: Path) -> tuple[Path, Path]:
+    """``<name>.html`` (with code) and ``<name>.nocode.html`` next to the executed notebook."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    notebook = nbformat.read(str(executed), as_version=4)
+    written = []
+    for suffix, exclude in ((".html", False), (".nocode.html", True)):
+        shown = without_code(notebook) if exclude else shorten_parameters(notebook, executed.parent)
+        exporter = HTMLExporter(
+            exclude_input=exclude,
+            exclude_input_prompt=exclude,
+            exclude_output_prompt=exclude,
+            template_name="offline",
+            extra_template_basedirs=[str(TEMPLATES)],
+        )
+        body, _ = exporter.from_notebook_node(shown)
+        target = executed.with_name(executed.stem + suffix)
+        write_text_atomic(target, body)
+        written.append(target)
+    return written[0], written[1]
+
+
+def _injected(cell) -> bool:
+    return "injected-parameters" in cell.get("metadata", {}).get("tags", [])
+
+
+def without_code(notebook):
+    """The notebook a reader without code sees: code cells that show nothing (the parameters, papermill's
+    injected copy of them, imports) are dropped, so the page starts with what the first cell shows."""
+    import copy
+
+    shown = copy.deepcopy(notebook)
+    shown.cells = [c for c in shown.cells if c.cell_type != "code" or (c.get("outputs") and not _injected(c))]
+    return shown
+
+
+def shorten_parameters(notebook, out_dir: Path):
+    """The notebook with papermill's injected parameters cell shortened to one line, paths under the
+    repository or the run's directory written relative to them."""
+    import ast
+    import copy
+
+    shown = copy.deepcopy(notebook)
+    roots = [(Path(out_dir).resolve(), "<this run>"), (NOTEBOOK_DIR.parent, "")]
+    for cell in shown.cells:
+        if cell.cell_type != "code" or not _injected(cell):
+            continue
+        given = []
+        for line in cell.source.splitlines():
+            name, _, value = line.partition(" = ")
+            if not value or not name.isidentifier():
+                continue
+            try:
+                literal = ast.literal_eval(value)
+            except (ValueError, SyntaxError):
+                literal = value
+            given.append(f"{name}={_short(literal, roots)!r}" if isinstance(literal, str) else f"{name}={value}")
+        cell.source = "# given to this run (paths relative to the repository): " + ", ".join(given)
+    return shown
+
+
+def _short(value: str, roots: list[tuple[Path, str]]) -> str:
+    if not Path(value).is_absolute():
+        return value
+    for root, label in roots:
+        try:
+            relative = Path(value).resolve().relative_to(root)
+        except (ValueError, OSError):
+            continue
+        return str(Path(label) / relative) if label else str(relative)
+    return value
