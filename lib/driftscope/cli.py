@@ -114,7 +114,7 @@ def _batch(args: argparse.Namespace) -> int:
 def _diff(args: argparse.Namespace) -> int:
     import json
 
-    from driftscope.batch.runner import REPO_ROOT
+    from driftscope.core.paths import REPO_ROOT
 
     from .views.trend import diff_commits, diff_exit_code, format_diff, resolve_commit_dir
 
@@ -125,7 +125,7 @@ def _diff(args: argparse.Namespace) -> int:
 
 
 def _trend(args: argparse.Namespace) -> int:
-    from driftscope.batch.runner import REPO_ROOT
+    from driftscope.core.paths import REPO_ROOT
     from driftscope.run.investigation import log
     from driftscope.views.render import execute, to_html
 

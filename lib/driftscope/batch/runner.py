@@ -20,12 +20,11 @@ import yaml
 
 from driftscope.batch.executor import BatchInterrupted, execute, interruptible, not_run
 from driftscope.batch.worker import RunTask, run_dir_name, write_record
+from driftscope.core.paths import REPO_ROOT
 from driftscope.core.storage import OutputRoot
 from driftscope.core.worktree import checkout, short_sha, toplevel
 from driftscope.errors import ParameterError
 from driftscope.run.runrecord import commit_entries, counts, exit_code, mark_dead
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from driftscope.core.atomic import write_json_atomic
+from driftscope.core.paths import REPO_ROOT
 from driftscope.errors import CompileError, RegistryError, RuntimeUnavailableError
 from driftscope.model.weightfile import aligned_empty, is_aligned
 from driftscope.taps.jax.graph import LoweredGraph, policy_digest
@@ -38,7 +39,7 @@ BASE_FLAGS = ("--iree-input-type=stablehlo",)
 def default_cache_dir() -> Path:
     """``$DRIFTSCOPE_CACHE/iree`` or ``outputs/cache/iree`` under the repository."""
     root = os.environ.get("DRIFTSCOPE_CACHE")
-    return Path(root) / "iree" if root else Path(__file__).resolve().parents[3] / "outputs" / "cache" / "iree"
+    return Path(root) / "iree" if root else REPO_ROOT / "outputs" / "cache" / "iree"
 
 
 def target_flags(target: str) -> tuple[tuple[str, ...], str]:

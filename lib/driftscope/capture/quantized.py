@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from driftscope.core.names import safe_name
+from driftscope.core.paths import REPO_ROOT
 from driftscope.errors import CheckpointError, ParameterError
 from driftscope.model.precision import PrecisionPolicy
 from driftscope.model.quant.policy import OPTION_KEYS, QuantizedPolicy, QuantSpec, quant_spec
@@ -161,7 +162,7 @@ def _host_report(source: Checkpoint, profile: QuantProfile, spec: QuantSpec) -> 
 def cache_dir() -> Path:
     """``$DRIFTSCOPE_CACHE/quant``, or ``outputs/cache/quant`` under the repository."""
     root = os.environ.get("DRIFTSCOPE_CACHE")
-    return Path(root) / "quant" if root else Path(__file__).resolve().parents[3] / "outputs" / "cache" / "quant"
+    return Path(root) / "quant" if root else REPO_ROOT / "outputs" / "cache" / "quant"
 
 
 def cache_key(source: Checkpoint, spec: QuantSpec) -> str:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, TextIO
 from driftscope.capture.runtime_checks import apply_checks, capture_checks, observed_dtypes, unreadable
 from driftscope.capture.runtimes import get_runtime
 from driftscope.core.names import remove_partial_files, safe_name
+from driftscope.core.paths import REPO_ROOT
 from driftscope.errors import DriftscopeError, ReportError, TapFileError
 from driftscope.families import get_family
 from driftscope.families.checkpoints import open_checkpoint
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
     from driftscope.run.params import RuntimeSpec
     from driftscope.taps.tapset import TapSet
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 LOG_NAME = "investigation.log"
 _log_files: list[TextIO] = []  # the running investigation's log file, which a waiting notebook prints
 

@@ -7,9 +7,10 @@ import time
 from pathlib import Path
 
 from driftscope.core.atomic import write_text_atomic
+from driftscope.core.paths import REPO_ROOT
 from driftscope.errors import DriftscopeError
 
-NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
+NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 KERNEL_NAME = "driftscope"
 TEMPLATES = Path(__file__).resolve().parent / "templates"  # "offline": the lab template without CDN scripts
 

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from driftscope.core.paths import REPO_ROOT as _ROOT
+
 from ..base import Family, TinyFixture
 from .plan import NAME, replay_inputs, text_stages, vision_plan
 from .processor import prepare_inputs
 from .replay import ReplayContext
 from .text import build_text_inputs
 
-_ROOT = Path(__file__).resolve().parents[4]
 CHECKPOINTS = _ROOT / "fixtures" / "checkpoints"
 
 

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from driftscope.core.paths import REPO_ROOT as _ROOT
+
 from ..base import Family, TinyFixture
 from ..qwen_shared.text import build_text_inputs
 from .plan import NAME, replay_inputs, text_stages, vision_plan
 from .processor import prepare_inputs
 from .replay import ReplayContext
-
-_ROOT = Path(__file__).resolve().parents[4]
 
 
 def _build_tiny(directory: Path) -> Path:
