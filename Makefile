@@ -8,6 +8,7 @@ demo: setup
 	.venv/bin/driftscope run parameters/demo_shapes.yaml --no-gate
 
 test: setup
+	.venv/bin/lint-imports --no-cache
 	.venv/bin/python -m pytest
 
 lab: setup
@@ -17,7 +18,9 @@ test-slow: setup
 	.venv/bin/python -m pytest -m slow
 
 lint: setup
-	.venv/bin/ruff check lib tests fixtures benchmarks examples
-	.venv/bin/ruff format --check lib tests fixtures benchmarks examples
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check lib tests fixtures benchmarks examples scripts notebooks
+	.venv/bin/lint-imports --no-cache
+	.venv/bin/python scripts/architecture.py --check
 
 fixtures: setup

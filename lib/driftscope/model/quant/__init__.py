@@ -1,4 +1,4 @@
-"""Quantized weights: policies, host quantization and dequantization, MLX-community checkpoints, attribution.
+"""Quantized weights: policies, host quantization and dequantization, MLX-community checkpoints.
 
 One concern per module; none of them knows a model family (the family's names come in a
 :class:`~driftscope.model.quant.profiles.QuantProfile`). MLX is imported only where MLX runs.
@@ -10,8 +10,10 @@ One concern per module; none of them knows a model family (the family's names co
 - ``mlx_checkpoint``: read and write MLX-community quantized checkpoint directories (``directory``: staged writes).
 - ``dense_checkpoint``: write dequantized weights as a dense checkpoint every runtime already loads.
 - ``names`` / ``profiles``: MLX module names <-> checkpoint names; what a family tells quantization (its profile).
-- ``linear_replay``: one quantized linear run fused and dequantized on the same input.
-- ``attribution``: which of several references a candidate is closer to, stage by stage.
+
+Running them is capture's (``capture.quantized``: what loads under a quantized policy; ``capture.linear_replay``
+and ``capture.linear_controls``: one quantized linear fused and dequantized on the same input); which of several
+references a candidate is closer to is judge's (``judge.attribution``).
 """
 
 from __future__ import annotations
