@@ -193,3 +193,13 @@ def test_the_architecture_page_is_drawn_from_the_code():
         [sys.executable, "scripts/architecture.py", "--check"], cwd=ROOT, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_tests_mirror_the_layers():
+    """``tests/<layer>/test_<module>.py``: one folder per layer; only this cross-cutting file stays at the top."""
+    tests = ROOT / "tests"
+    layers = {name.removeprefix("driftscope.") for name in LAYERS}
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == layers
+    assert sorted(p.name for p in tests.glob("test_*.py")) == ["test_architecture.py"]
+    assert all(any((tests / layer).glob("test_*.py")) for layer in layers)

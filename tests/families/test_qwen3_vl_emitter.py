@@ -1,4 +1,4 @@
-"""The JAX Qwen3-VL emitter beyond f32 parity (tests/test_qwen3_vl_agreement.py): its half-precision
+"""The JAX Qwen3-VL emitter beyond f32 parity (tests/families/test_qwen3_vl_agreement.py): its half-precision
 contracts are honoured, the GELU form follows the config, and a checkpoint that disagrees with its config
 is refused with the tensor named."""
 

@@ -4,7 +4,7 @@ import numpy as np
 from make_shapes import make_all
 from PIL import Image
 
-COMMITTED = Path(__file__).resolve().parents[1] / "fixtures" / "images"
+COMMITTED = Path(__file__).resolve().parents[2] / "fixtures" / "images"
 
 
 def test_regenerating_gives_byte_identical_pngs(tmp_path):

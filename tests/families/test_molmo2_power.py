@@ -1,7 +1,7 @@
 """Molmo2's mutations on the tiny fixture (planted in mlx-vlm with its three defects patched): under the
 float32 contract every one is first seen at the stage it declares, except the SiLU by division, which equals
 x * sigmoid(x) to float32 round-off and says so (the default contract's power over the same fixture is
-tests/test_families.py's); each declares itself blind, with the reason, where an input cannot reveal it."""
+tests/families/test_families.py's); each declares itself blind, with the reason, where an input cannot reveal it."""
 
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ def test_missing_contract_file():
 def test_contracts_shipped_in_parameters_load():
     from pathlib import Path
 
-    for path in (Path(__file__).resolve().parents[1] / "parameters" / "contracts").glob("*.yaml"):
+    for path in (Path(__file__).resolve().parents[2] / "parameters" / "contracts").glob("*.yaml"):
         assert isinstance(load_contract(path), Contract)
 
 

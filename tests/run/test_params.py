@@ -64,7 +64,7 @@ def test_patch_entries():
 def test_parameter_files_in_the_repository_are_valid():
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     for path in (root / "parameters").glob("*.yaml"):
         load_parameters(path, base=root)
 

@@ -65,7 +65,7 @@ def test_bad_parameter_file_exits_2_with_the_fix(tmp_path, capsys):
 
 def test_a_crashed_investigation_shows_in_the_notebook_and_the_rest_are_not_run(tmp_path, tiny_checkpoint_dir):
     """The CLI runs the investigation next to the notebook's kernel: its error is what the notebook shows."""
-    patch = f"{ROOT / 'tests' / 'test_investigation.py'}:boom"  # raises "planted crash" while MLX loads
+    patch = f"{ROOT / 'tests' / 'run' / 'test_investigation.py'}:boom"  # raises "planted crash" while MLX loads
     params = write_params(
         tmp_path / "crash.yaml",
         "crash",

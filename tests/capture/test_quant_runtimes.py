@@ -24,7 +24,7 @@ from driftscope.model.quant.affine import mlx_core
 from driftscope.model.weightfile import TensorFiles
 from driftscope.taps.stages import StageSelection
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 IMAGE = ROOT / "fixtures" / "images" / "checkerboard_140.png"  # 100 patches: cheap
 FAMILY = "qwen2_5_vl"
 

@@ -1,5 +1,5 @@
 """Qwen3-VL's mutations on the tiny fixture: under the float32 contract every one is first seen at the stage
-it declares (the default F16 contract's power over the same fixture is tests/test_families.py's); each
+it declares (the default F16 contract's power over the same fixture is tests/families/test_families.py's); each
 declares itself blind, with the reason, on inputs that cannot reveal it."""
 
 from __future__ import annotations

@@ -11,10 +11,9 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import ROOT, SHAPES
+from conftest import ROOT, SHAPES, write_params
 from driftscope.cli import main
 from driftscope.taps.tapset import TapSet, TapWriter
-from test_cli_render import write_params
 
 
 def engine_copy(source: TapSet, base, stop_before: str | None = None, **meta) -> str:
