@@ -80,7 +80,7 @@ def fixes_patch(skip: tuple[str, ...] = ()):
     """The ready patch applying mlx-vlm's fixes, all but ``skip``."""
     from driftscope.capture.patches import HypothesisPatch
 
-    return HypothesisPatch("driftscope.families.hypotheses:mlx_vlm_fixes", {"skip": list(skip)} if skip else {})
+    return HypothesisPatch("driftscope.hypotheses:mlx_vlm_fixes", {"skip": list(skip)} if skip else {})
 
 
 @cache

@@ -120,7 +120,7 @@ def test_hypothesis_patch_on_one_block_is_the_first_divergence(
     from driftscope.capture.patches import HypothesisPatch
     from driftscope.capture.runtimes import get_runtime
 
-    patch = HypothesisPatch("driftscope.families.hypotheses:scale_block_output", {"block": 5, "factor": 1.2})
+    patch = HypothesisPatch("driftscope.hypotheses:scale_block_output", {"block": 5, "factor": 1.2})
     runtime = get_runtime("mlx")(tiny_checkpoint, "f32", patch)
     patched = runtime.capture(shapes_inputs, full_plan, tmp_path / "patched")
     rows = compare_tapsets(captures["transformers:f32"], patched, Contract(), full_plan)
@@ -128,4 +128,4 @@ def test_hypothesis_patch_on_one_block_is_the_first_divergence(
     assert divergence is not None
     assert divergence.stage == "vision.block.5"  # its substages still pass: the patch scales the output
     assert all(row.status == "pass" for row in rows if row.stage.startswith("vision.block.4"))
-    assert patched.meta["patch"]["target"] == "driftscope.families.hypotheses:scale_block_output"
+    assert patched.meta["patch"]["target"] == "driftscope.hypotheses:scale_block_output"

@@ -63,7 +63,7 @@ def test_text_layer_deepstack_is_the_hidden_state_after_the_add():
     from driftscope.capture.runtimes import get_runtime
     from qwen3_vl_support import checkpoint, scratch
 
-    patch = HypothesisPatch("driftscope.families.hypotheses:drop_deepstack_branch", {"branch": 1})
+    patch = HypothesisPatch("driftscope.hypotheses:drop_deepstack_branch", {"branch": 1})
     engine = get_runtime("transformers")(checkpoint(), "f32", patch)
     dropped = engine.capture(inputs("224"), plan(), scratch() / "224" / "transformers-dropped-1")
     taps = capture("transformers", "224")

@@ -81,7 +81,7 @@ def test_oracle_positions_equal_the_geometry_library(answered):
 
 
 def test_perturbed_image_embeddings_fail_after_the_tower_and_change_the_answer(tmp_path, tiny_checkpoint_dir):
-    patch = {"callable": "driftscope.families.hypotheses:perturb_image_embeddings", "kwargs": {"scale": -2.0}}
+    patch = {"callable": "driftscope.hypotheses:perturb_image_embeddings", "kwargs": {"scale": -2.0}}
     report = investigate(_params(["transformers:f32", {"runtime": "mlx", "patch": patch}]), tmp_path)
     rows = {r.stage: r for r in report.rows}
     assert all(row.status == "pass" for stage, row in rows.items() if stage.startswith(("vision.", "inputs.")))

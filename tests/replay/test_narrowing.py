@@ -42,7 +42,7 @@ MORE = {
 
 
 def planted(stage: str, runtime: str, factor: float = 1.5) -> dict:
-    patch = {"callable": "driftscope.families.hypotheses:plant_defect", "kwargs": {"stage": stage, "factor": factor}}
+    patch = {"callable": "driftscope.hypotheses:plant_defect", "kwargs": {"stage": stage, "factor": factor}}
     return {"runtime": runtime, "policy": "f32", "label": stage, "patch": patch}
 
 
@@ -265,7 +265,7 @@ def test_narrowing_is_generic_over_families(tmp_path):
     from driftscope.families import get_family as family_of
 
     tiny = family_of("qwen3_vl").tiny
-    patch = {"callable": "driftscope.families.hypotheses:scale_block_output", "kwargs": {"block": 1, "factor": 1.5}}
+    patch = {"callable": "driftscope.hypotheses:scale_block_output", "kwargs": {"block": 1, "factor": 1.5}}
     data = {
         "name": "narrowing-qwen3",
         "checkpoint": str(tiny.ensure()),

@@ -67,7 +67,7 @@ def test_a_perturbed_block_is_introduced_and_later_blocks_inherit(
     tiny_checkpoint, shapes_inputs, oracle, full_plan, tmp_path
 ):
     patch = parse_patch(
-        {"callable": "driftscope.families.hypotheses:scale_block_output", "kwargs": {"block": 5, "factor": 1.5}}
+        {"callable": "driftscope.hypotheses:scale_block_output", "kwargs": {"block": 5, "factor": 1.5}}
     )
     runtime = get_runtime("mlx")(tiny_checkpoint, "f32", patch)
     candidate = runtime.capture(shapes_inputs, full_plan, tmp_path / "run")

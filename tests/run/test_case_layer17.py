@@ -33,7 +33,7 @@ def test_a_capture_keeps_the_operators_a_precision_experiment_or_patch_put_in_pl
     assert all(isinstance(block.norm2, ManualRMSNorm) for block in manual.model.vision_tower.blocks)
 
     patched = get_runtime("mlx")(
-        tiny_checkpoint, "f16", parse_patch("driftscope.families.hypotheses:norm2_in_float32"), {"rmsnorm": "manual"}
+        tiny_checkpoint, "f16", parse_patch("driftscope.hypotheses:norm2_in_float32"), {"rmsnorm": "manual"}
     )
     patched.capture(shapes_inputs, plan, tmp_path / "patched")
     norm2 = patched.model.vision_tower.blocks[0].norm2
@@ -89,7 +89,7 @@ def test_the_layer17_story(tmp_path):
             "policy": "f16",
             "label": "mlx:f16-manual+norm2-f32",
             "options": {"rmsnorm": "manual"},
-            "patch": "driftscope.families.hypotheses:norm2_in_float32",
+            "patch": "driftscope.hypotheses:norm2_in_float32",
         }
     )
     data["notebooks"] = []

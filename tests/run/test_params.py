@@ -51,7 +51,7 @@ def test_patch_entries():
                 "transformers",
                 {
                     "runtime": "mlx",
-                    "patch": {"callable": "driftscope.families.hypotheses:scale_block_output", "kwargs": {"block": 2}},
+                    "patch": {"callable": "driftscope.hypotheses:scale_block_output", "kwargs": {"block": 2}},
                 },
             ],
         }

@@ -23,7 +23,7 @@ def test_a_block_recaptured_with_a_patch_against_the_runs_own_capture(rendered):
     # without a patch the candidate reproduces the run exactly (same inputs, same operators)
     assert plain.rows[-1].max_abs == run["vision.block.2"].max_abs and plain.rows[-1].status == "pass"
     assert plain.frame()["run: status"].tolist()[-1] == "pass"
-    patch = {"callable": "driftscope.families.hypotheses:scale_block_output", "kwargs": {"block": 2, "factor": 1.5}}
+    patch = {"callable": "driftscope.hypotheses:scale_block_output", "kwargs": {"block": 2, "factor": 1.5}}
     scaled = recapture_block(report, "mlx:f32", 2, patch, log=lambda message: None)
     assert kept.stat().st_mtime_ns == written  # the reference's capture was reused, not made again
     ours = np.asarray(scaled.tapset["vision.block.2"])

@@ -1,4 +1,4 @@
-"""Ready-made hypothesis patches by name: ``patch: driftscope.families.hypotheses:NAME`` in a parameter file.
+"""Ready-made hypothesis patches by name: ``patch: driftscope.hypotheses:NAME`` in a parameter file.
 
 Each family keeps its own (``families/<family>/hypotheses.py``); a name here stands for the patch of
 that name of the family being patched, which the runtime sets while it applies a patch

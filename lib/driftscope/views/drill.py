@@ -150,7 +150,7 @@ def where_markdown(difference: StageDifference, share: float, collapsed: int) ->
 def recapture_hint(pair: str, layers: list[int]) -> str:
     """How to try a fix on the chosen block without running everything again."""
     return (
-        f'Set `patch` in the parameters cell (e.g. `patch = "driftscope.families.hypotheses:NAME"`, '
+        f'Set `patch` in the parameters cell (e.g. `patch = "driftscope.hypotheses:NAME"`, '
         f'`"my_fix.py:function"` or `{{"callable": ..., "kwargs": {{...}}}}`) and run this cell again: it '
         f"captures block {text(layers[0] if layers else 0)} of {code(pair)} with the patch applied (only that "
         "runtime loads; the reference's capture is the run's) and compares it stage by stage with the run."

@@ -62,5 +62,5 @@ FAMILY = Family(
         build=_build_tiny,
         images=(_ROOT / "fixtures" / "images" / "shapes_224.png",),  # 2 crops, 392 tokens, 27 padded
     ),
-    known_defects={"mlx": "driftscope.families.hypotheses:mlx_vlm_fixes"},  # mlx-vlm 0.7.10's three (hypotheses.py)
+    known_defects={"mlx": "driftscope.hypotheses:mlx_vlm_fixes"},  # mlx-vlm 0.7.10's three (hypotheses.py)
 )

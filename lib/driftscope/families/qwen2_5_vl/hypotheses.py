@@ -1,4 +1,4 @@
-"""Qwen2.5-VL's ready-made hypothesis patches (``patch: driftscope.families.hypotheses:NAME`` in a parameter file).
+"""Qwen2.5-VL's ready-made hypothesis patches (``patch: driftscope.hypotheses:NAME`` in a parameter file).
 
 Each takes the loaded model of the runtime it is given (mlx-vlm's ``Model`` or transformers'
 ``Qwen2_5_VLForConditionalGeneration``) and changes it in place to test a "what if".

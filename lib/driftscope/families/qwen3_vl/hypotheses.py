@@ -1,4 +1,4 @@
-"""Qwen3-VL's ready-made hypothesis patches (``patch: driftscope.families.hypotheses:NAME`` in a parameter file).
+"""Qwen3-VL's ready-made hypothesis patches (``patch: driftscope.hypotheses:NAME`` in a parameter file).
 
 Each takes the loaded model of the runtime it is given (mlx-vlm's ``Model`` or transformers'
 ``Qwen3VLForConditionalGeneration``) and changes it in place to test a "what if".
