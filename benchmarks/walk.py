@@ -26,9 +26,8 @@ RUNTIMES = ["transformers:f32", "mlx:f32", "mlx:bf16"]
 
 
 def trace(out: Path) -> None:
-    import yaml
-
     import driftscope
+    import yaml
 
     work = Path(tempfile.mkdtemp(prefix="driftscope-walk-"))
     params = work / "walk.yaml"
