@@ -178,6 +178,9 @@ def test_diff_lists_the_contract_first_and_stages_in_execution_order(two_commits
     assert contract_line < first_stage
     assert main(["diff", a, b, "--out-root", str(out_root), "--fail-on", "worse"]) == 1
     assert main(["diff", a, a, "--out-root", str(out_root), "--fail-on", "worse"]) == 0
+    for factor in ("nan", "inf", "-1", "0"):  # issue 30 item 3: each made a 1000x worse stage exit 0
+        assert main(["diff", a, b, "--out-root", str(out_root), "--fail-on", "worse", "--factor", factor]) == 2
+        assert "must be" in capsys.readouterr().err
 
 
 def test_runs_that_cannot_execute_never_show_green(tmp_path, tiny_checkpoint_dir):

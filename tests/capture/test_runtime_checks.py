@@ -149,3 +149,35 @@ def test_the_doc_states_exactly_what_the_digest_hashes(shapes_inputs):
     with_text = type(shapes_inputs)(**{**shapes_inputs.__dict__, "text": SimpleNamespace(input_ids=ids)})
     arrays = (shapes_inputs["pixel_values"], shapes_inputs["grid_thw"])
     assert digest(*arrays, ids) == with_text.digest != shapes_inputs.digest
+
+
+@pytest.mark.parametrize("declared", ["f32", {"name": "f32"}, {"name": "f32", "activations": "float32"}])
+def test_an_engine_that_computed_narrower_than_its_policy_fails_the_dtype_check(tmp_path, captures, declared):
+    """Issue 30 item 4: an engine written from docs/tapfile.md (the example writer) stores BF16, declares
+    ``native_dtype: bfloat16`` and ``policy: f32``: the f32 gate passed it. The policy's activation dtype comes
+    from the registry when the sidecar only names it; computing narrower than it fails."""
+    import importlib.util
+
+    from driftscope.capture.runtime_checks import capture_checks
+
+    spec = importlib.util.spec_from_file_location("tapfile_writer", ROOT / "examples" / "tapfile_writer.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    oracle = captures["transformers:f32"]
+    digest = oracle.meta["inputs_digest"]
+    vision = [stage_id for stage_id in oracle.stage_ids() if stage_id.startswith("vision.block.")]
+
+    def engine(name: str, store: str) -> TapSet:
+        writer = example.TapSetWriter(str(tmp_path / name), "engine", policy=declared, inputs_digest=digest)
+        native = {"BF16": "bfloat16", "F32": "float32"}[store]
+        for stage_id in vision:
+            writer.add(stage_id, np.asarray(oracle[stage_id]), store=store, native_dtype=native)
+        writer.close()
+        return TapSet(tmp_path / f"{name}.safetensors")
+
+    def dtype_check(tapset: TapSet) -> dict:
+        return next(c for c in capture_checks(tapset, digest, "f32") if c["check"] == "compute_dtype")
+
+    narrow = dtype_check(engine("bf16-under-f32", "BF16"))
+    assert narrow["status"] == "fail" and "bfloat16 is narrower" in narrow["detail"], narrow
+    assert dtype_check(engine("f32", "F32"))["status"] == "pass"

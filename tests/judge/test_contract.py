@@ -1,6 +1,6 @@
 import pytest
 from driftscope.errors import ContractError
-from driftscope.judge.contract import Contract, load_contract
+from driftscope.judge.contract import Contract, Tolerance, load_contract
 
 
 def test_default_contract_is_atol_rtol_0_08():
@@ -70,3 +70,33 @@ def test_peer_factors_per_stage_pattern():
     assert contract.to_dict()["stages"][0]["peer_factor"] == 8
     with pytest.raises(ContractError, match="peer_factor must be a finite, non-negative number"):
         Contract.from_dict({"default": {"peer_factor": -1}})
+
+
+def test_numbers_are_read_the_way_a_user_writes_them(tmp_path):
+    """Issue 30 item 15: PyYAML read ``atol: 1e-4`` (the README's notation) as the string "1e-4", refused."""
+    path = tmp_path / "strict.yaml"
+    path.write_text(
+        "name: strict\ndefault: {atol: 1e-4, rtol: 1E-4}\nstages:\n  - {pattern: vision.merger, atol: 5e-5, rtol: 0}\n"
+    )
+    contract = load_contract(path)
+    assert contract.default == Tolerance(atol=1e-4, rtol=1e-4)
+    assert contract.tolerance("vision.merger") == Tolerance(atol=5e-5, rtol=0.0)
+    path.write_text('name: quoted\ndefault: {atol: "1e-4"}\n')  # a string the user quoted stays a string: refused
+    with pytest.raises(ContractError, match="atol"):
+        load_contract(path)
+
+
+def test_a_parameter_file_reads_exponents_as_numbers(tmp_path):
+    from driftscope.run.params import load_parameters
+
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "checkpoint: ck\nimages: [a.png]\nruntimes: [transformers:f32, transformers:f64]\n"
+        "relative: {high: 'transformers:f64', oracle: 'transformers:f32', factor: 4e0, floor: 1e-6}\n"
+    )
+    assert load_parameters(path).relative == {
+        "high": "transformers:f64",
+        "oracle": "transformers:f32",
+        "factor": 4.0,
+        "floor": 1e-6,
+    }

@@ -1,5 +1,5 @@
 import pytest
-from driftscope.errors import HypothesisPatchError, ParameterError
+from driftscope.errors import DriftscopeError, HypothesisPatchError, ParameterError
 from driftscope.run.params import load_parameters, parse_parameters
 
 BASE = {"checkpoint": "ck", "images": ["a.png"], "runtimes": ["transformers", {"runtime": "mlx", "policy": "f16"}]}
@@ -99,6 +99,17 @@ def test_relative_to_a_peer():
         parse_parameters({**BASE, "relative": {"factor": 3}})
 
 
+@pytest.mark.parametrize("factor", [float("nan"), float("inf"), -1, 0, "4"])
+def test_a_relative_factor_that_is_not_a_finite_ratio_above_zero_is_refused(factor):
+    """Issue 30 item 3: a NaN factor makes every `error > factor * reference` false, so nothing would fail."""
+    relative = {"high": "mlx:f16", "oracle": "transformers:f32", "factor": factor}
+    with pytest.raises(ParameterError, match="relative.factor must be"):
+        parse_parameters({**BASE, "relative": relative})
+    with pytest.raises(ParameterError, match="relative.floor must be"):
+        parse_parameters({**BASE, "relative": {**relative, "factor": 4, "floor": -1e-6}})
+    assert parse_parameters({**BASE, "relative": {**relative, "factor": 2}}).relative["factor"] == 2.0
+
+
 Q4 = {
     **BASE,
     "runtimes": [
@@ -130,3 +141,36 @@ def test_attribution_section():
 def test_bad_attribution_sections_are_named(section, message):
     with pytest.raises(ParameterError, match=message):
         parse_parameters({**Q4, "attribution": section})
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"notebooks": [1]}, "notebooks entries must be str"),
+        ({"stages": {"include": [7]}}, "stages.include entries must be str"),
+        ({"stages": {"exclude": [None]}}, "stages.exclude entries must be str"),
+        ({"power": {"policy": "f99"}}, "f99"),
+    ],
+)
+def test_type_and_name_errors_are_found_at_the_parameters_step(extra, message):
+    """Issue 30 items 8 and 16: each was found only at the checkpoint step, after capture, or not at all."""
+    with pytest.raises(DriftscopeError, match=message):
+        parse_parameters({**BASE, **extra})
+
+
+def test_substages_outside_the_tower_are_refused_before_anything_loads(tiny_checkpoint_dir):
+    """``substages: [99]`` on the tiny fixture's tower was taken modulo its depth (block 99 % depth)."""
+    from driftscope.families import stage_plan
+    from driftscope.families.checkpoints import open_checkpoint
+    from driftscope.run.preflight import check_parameters
+
+    checkpoint = open_checkpoint(tiny_checkpoint_dir)
+    depth = stage_plan(checkpoint.family, checkpoint.config).depth
+    data = {**BASE, "checkpoint": str(tiny_checkpoint_dir)}
+    for index in (depth, 99, -depth - 1):
+        with pytest.raises(ParameterError, match=rf"stages.substages \[{index}\] are not blocks of .* {depth}-block"):
+            check_parameters(parse_parameters({**data, "stages": {"substages": [index]}}))
+    check_parameters(parse_parameters({**data, "stages": {"substages": [0, depth - 1, -depth]}}))
+    plan = stage_plan(checkpoint.family, checkpoint.config)
+    with pytest.raises(ParameterError, match="not blocks"):  # the same rule wherever a plan is selected
+        plan.select(parse_parameters({**data, "stages": {"substages": [99]}}).stages)

@@ -23,6 +23,7 @@ from driftscope.batch.worker import RunTask, run_dir_name, write_record
 from driftscope.core.paths import REPO_ROOT
 from driftscope.core.storage import OutputRoot
 from driftscope.core.worktree import checkout, short_sha, toplevel
+from driftscope.core.yamlfile import load_yaml
 from driftscope.errors import ParameterError
 from driftscope.run.runrecord import commit_entries, counts, exit_code, mark_dead
 
@@ -47,7 +48,7 @@ class BatchResult:
 def run_name(path: Path, text: str) -> str:
     """The run's name as :func:`driftscope.run.params.parse_parameters` gives it: ``name``, else the file's stem."""
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError:
         data = None
     name = data.get("name") if isinstance(data, dict) else None

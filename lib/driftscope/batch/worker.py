@@ -30,6 +30,7 @@ from driftscope.core.atomic import write_text_atomic
 from driftscope.core.names import safe_name
 from driftscope.core.storage import OutputRoot, is_url
 from driftscope.core.worktree import head_matches, temporary_worktree, toplevel
+from driftscope.core.yamlfile import load_yaml
 from driftscope.errors import DriftscopeError, ParameterError
 from driftscope.run.runrecord import RECORD, duration, from_report, mark_dead, now
 
@@ -140,7 +141,7 @@ def _parameters(task: RunTask, tree: Path):
     from driftscope.run.params import parse_parameters
 
     try:
-        data = yaml.safe_load(task.text)
+        data = load_yaml(task.text)
     except yaml.YAMLError as err:
         raise ParameterError(f"parameter file {task.source} is not valid YAML: {err}", "fix the YAML syntax") from err
     if isinstance(data, dict):
@@ -200,7 +201,7 @@ def _execute(task: RunTask, params, tree: Path, out: Path, stop) -> dict:
     """``driftscope run`` of the parameters into ``out`` in a child process; what its report says."""
     for stale in [p for p in out.iterdir() if p.suffix in RENDERED or p.name == RECORD]:
         stale.unlink()  # pages of an earlier run: never shown as this run's
-    data = yaml.safe_load(task.text)
+    data = load_yaml(task.text)
     write_text_atomic(out / "parameters.yaml", yaml.safe_dump(dict(data, name=params.name), sort_keys=False))
     command = [sys.executable, "-m", "driftscope", "run", str(out / "parameters.yaml"), "--out", str(out)]
     with open(out / LOG_NAME, "w", encoding="utf-8") as log:

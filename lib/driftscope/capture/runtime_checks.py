@@ -97,11 +97,42 @@ def capture_checks(tapset: TapSet, inputs_digest: str, policy_label: str | None 
     return checks
 
 
+#: how many bits of mantissa each floating dtype keeps: computing in a dtype with fewer than the policy's is narrower
+_MANTISSA = {"float64": 52, "float32": 23, "float16": 10, "bfloat16": 7}
+
+
+def _declared_activations(policy: dict | None) -> str | None:
+    """The activation dtype a sidecar's policy declares: its own field, else that of the registered policy it
+    names (a sidecar may give only ``policy: f32``)."""
+    if not policy:
+        return None
+    if policy.get("activations"):
+        return str(policy["activations"])
+    from driftscope.errors import DriftscopeError
+    from driftscope.model.policies import get_policy
+
+    try:
+        return get_policy(str(policy.get("name"))).activations
+    except DriftscopeError:
+        return None
+
+
 def _dtype_check(policy: dict | None, observed: dict[str, int]) -> dict:
-    declared = (policy or {}).get("activations")
+    """Pass when every floating stage was computed in the policy's activation dtype; fail when any was computed in
+    a narrower one (fewer mantissa bits: the policy's label would hide it); warn when some were wider."""
+    declared = _declared_activations(policy)
     seen = ", ".join(f"{dtype} ({count} stages)" for dtype, count in observed.items()) or "no floating stages"
     if not declared or not observed:
         return check("compute_dtype", "pass", f"computed in {seen}")
+    bits = _MANTISSA.get(declared)
+    narrower = [dtype for dtype in observed if bits is not None and _MANTISSA.get(dtype, bits) < bits]
+    if narrower:
+        return check(
+            "compute_dtype",
+            "fail",
+            f"the policy declares {declared} activations; computed in {seen}: {', '.join(narrower)} is narrower, so "
+            "the policy's label does not hold (run the engine under its policy, or declare the policy it ran)",
+        )
     if set(observed) != {declared}:
         return check("compute_dtype", "warn", f"the policy declares {declared} activations; computed in {seen}")
     return check("compute_dtype", "pass", f"computed in {seen}, as the policy declares")

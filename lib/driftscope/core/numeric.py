@@ -1,8 +1,12 @@
-"""Two numbers several layers ask of arrays: a logit margin and a relative RMS error."""
+"""Numbers several layers share: a logit margin, a relative RMS error, and the check of a user's ratio or floor."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+
+from driftscope.errors import ParameterError
 
 
 def top2_margin(logits: np.ndarray) -> float:
@@ -20,3 +24,28 @@ def relative_rms(actual: np.ndarray, expected: np.ndarray) -> float:
     error = float(np.sqrt(np.mean((a - e) ** 2))) if a.size else 0.0
     scale = float(np.sqrt(np.mean(e**2))) if e.size else 0.0
     return error / scale if scale > 0 else (0.0 if error == 0 else float("inf"))
+
+
+def checked_ratio(value: object, where: str, example: str = "1.5") -> float:
+    """``value`` as a finite ratio above zero (a factor a change or an error is measured against), else a clear
+    error: a NaN factor makes every comparison false, so nothing would ever count as worse."""
+    number = _number(value, where, example)
+    if not number > 0:
+        raise ParameterError(f"{where} must be a finite number above 0, got {value!r}", f"write e.g. {example}")
+    return number
+
+
+def checked_floor(value: object, where: str, example: str = "1e-6") -> float:
+    """``value`` as a finite number at least zero (a noise floor), else a clear error."""
+    number = _number(value, where, example)
+    if not number >= 0:
+        raise ParameterError(f"{where} must be a finite number of at least 0, got {value!r}", f"write e.g. {example}")
+    return number
+
+
+def _number(value: object, where: str, example: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ParameterError(f"{where} must be a number, got {type(value).__name__} {value!r}", f"write e.g. {example}")
+    if not math.isfinite(value):
+        raise ParameterError(f"{where} must be finite, got {value!r}", f"write e.g. {example}")
+    return float(value)

@@ -226,12 +226,11 @@ def _finish(row: ComparisonRow, acc: Accumulator, shape: tuple[int, ...], tol: T
             f"{acc.mismatch} non-finite value(s) the other side lacks (a failure whatever max_failure_fraction "
             f"allows); first at {coords}: reference {reference:.6g}, candidate {candidate:.6g}"
         )
-    if acc.both:
-        row.warning = (
-            f"{acc.both} element(s) non-finite on both sides"
-            + (" (every element: nothing could be judged)" if not finite else "")
-            + ": not judged"
-        )
+    if acc.both and not finite and not acc.mismatch:
+        row.status = "not_judged"  # no element finite on either side: nothing here is a pass (``judge.coverage``)
+        row.note = f"every element ({acc.both}) is non-finite on both sides: nothing could be judged"
+    elif acc.both:
+        row.warning = f"{acc.both} element(s) non-finite on both sides: not judged"
     return row
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from driftscope.core.yamlfile import load_yaml
 from driftscope.errors import ContractError
 
 DEFAULT_ATOL = 0.08
@@ -176,7 +177,7 @@ def load_contract(path: str | Path | None) -> Contract:
     if not path.exists():
         raise ContractError(f"contract file {path} does not exist", "point 'contract' at a YAML file or remove it")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_yaml(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise ContractError(f"contract {path} is not valid YAML: {err}", "fix the YAML syntax") from err
     return Contract.from_dict(data, str(path))

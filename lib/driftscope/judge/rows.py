@@ -15,7 +15,7 @@ class ComparisonRow:
     reference: str
     candidate: str
     position: int
-    status: str  # pass | fail | shape_mismatch | layout_mismatch | missing | skipped
+    status: str  # pass | fail | shape_mismatch | layout_mismatch | missing | skipped | not_judged
     failures: int = 0
     elements: int = 0
     failure_fraction: float = 0.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from driftscope.judge.compare import ComparisonRow, compare_tapsets, first_divergence, growth_stages
 from driftscope.judge.contract import Contract
+from driftscope.judge.coverage import COMPARED, pair_coverage
 from driftscope.judge.lineage import row_lineage
 from driftscope.taps.stages import StagePlan
 from driftscope.taps.tapset import TapSet
@@ -38,6 +39,7 @@ def judge(
     growth: dict[str, list[dict]] = {}
     onset: dict[str, str | None] = {}
     absent: dict[str, list[dict]] = {}
+    coverage: dict[str, dict] = {}
     per_candidate: dict[str, str] = {}
     reasons: list[str] = []
     pairs_out: list[dict] = []
@@ -62,13 +64,15 @@ def judge(
         growth[key] = growth_stages(pair_rows, contract.growth_factor, side=side)
         onset[key] = next((row.stage for row in pair_rows if not row.integer and row.relative_rms > DRIFT_FLOOR), None)
         absent[key] = not_compared(pair_rows, ref, candidate)
-        compared_rows = [row for row in pair_rows if row.status not in ("missing", "skipped")]
-        failed = divergence is not None or not compared_rows
+        coverage[key] = pair_coverage(pair_rows, plan, absent[key])
+        compared_rows = [row for row in pair_rows if row.status in COMPARED]
+        failed = divergence is not None or not compared_rows or not coverage[key]["complete"]
         per_candidate[key] = "fail" if failed else "pass"
         if divergence is not None:
             reasons.append(f"{key}: first divergence at {divergence.stage} ({_divergence_reason(divergence)})")
         if not compared_rows:
             reasons.append(f"{key}: no stage was compared (every stage skipped by the contract or missing)")
+        reasons += [f"{key}: {problem}" for problem in coverage[key]["problems"]]
         for row in pair_rows:
             if row.warning:
                 reasons.append(f"{key}: {row.stage}: {row.warning}")
@@ -82,6 +86,7 @@ def judge(
         "growth": growth,
         "drift_onset": onset,
         "not_compared": {key: groups for key, groups in absent.items() if groups},
+        "coverage": coverage,
         "warnings": warnings,
         "verdict": {"status": status, "per_candidate": per_candidate, "reasons": reasons},
     }
@@ -90,8 +95,8 @@ def judge(
 def not_compared(rows: list[ComparisonRow], reference: TapSet, candidate: TapSet) -> list[dict]:
     """Stages one side of a pair did not capture, grouped by stage family (``text.generate.*``), with why.
 
-    They are not compared and never count toward the verdict; the runtime checks say whether a capture is
-    incomplete. ``why`` names the capability the runtime lacks when it declares one (e.g. it does not decode)."""
+    ``why`` names the capability the runtime lacks when it declares one (e.g. it does not decode), and
+    ``declared`` says so: only those are excused from the coverage rule (``judge.coverage``)."""
     groups: dict[tuple[str, str], list[str]] = {}
     for row in rows:
         if row.status == "missing":
@@ -100,20 +105,23 @@ def not_compared(rows: list[ComparisonRow], reference: TapSet, candidate: TapSet
     out = []
     for (side, prefix), stages in groups.items():
         tapset = reference if side == "reference" else candidate
+        why, declared = _why_absent(tapset, prefix)
         out.append(
             {
                 "side": side,
                 "runtime": tapset.label,
                 "stages": stages,
                 "pattern": stages[0] if len(stages) == 1 else f"{prefix}.*",
-                "why": _why_absent(tapset, prefix),
+                "why": why,
+                "declared": declared,
             }
         )
     return out
 
 
-def _why_absent(tapset: TapSet, prefix: str) -> str:
-    """Why a runtime has no stages under ``prefix``: a capability its runtime declares it lacks, else plainly."""
+def _why_absent(tapset: TapSet, prefix: str) -> tuple[str, bool]:
+    """Why a runtime has no stages under ``prefix``, and whether that is a capability its runtime declares it
+    lacks (else it is said plainly, and is a gap in the capture)."""
     from driftscope.capture.runtimes import get_runtime
     from driftscope.errors import DriftscopeError
 
@@ -124,10 +132,10 @@ def _why_absent(tapset: TapSet, prefix: str) -> str:
         runtime = None
     if prefix.startswith("text.generate"):
         if (tapset.meta.get("options") or {}).get("decode") is False:
-            return f"{name} does not decode (options.decode: false)"
+            return f"{name} does not decode (options.decode: false)", True
         if runtime is not None and not _decodes(runtime, str(tapset.meta.get("family") or "")):
-            return f"{name} does not decode"
-    return f"{tapset.label} did not capture them"
+            return f"{name} does not decode", True
+    return f"{tapset.label} did not capture them", False
 
 
 def _decodes(runtime, family: str) -> bool:

@@ -26,8 +26,9 @@ class Checkpoint:
         return self.path.name
 
 
-def _check_weights(file: Path) -> None:
-    """Refuse a safetensors file whose header is unreadable or describes more bytes than the file holds."""
+def _check_weights(file: Path) -> set[str]:
+    """Refuse a safetensors file whose header is unreadable or describes more bytes than the file holds; its
+    tensors' names."""
     from driftscope.model.weightfile import read_header
 
     fix = f"re-save or copy the checkpoint again: {file.name} is incomplete or damaged"
@@ -39,6 +40,35 @@ def _check_weights(file: Path) -> None:
     end = max((entry.start + entry.nbytes for entry in entries.values()), default=0)
     if end > size:
         raise CheckpointError(f"{file} is truncated: its header describes {end} bytes, the file has {size}", fix)
+    return set(entries)
+
+
+def _check_index(path: Path, tensors: dict[str, set[str]]) -> None:
+    """Refuse a sharded checkpoint whose index does not list every tensor its shards hold, or lists one that its
+    shard lacks: a loader that follows the index would leave the unlisted ones at their random initialisation."""
+    index_path = path / "model.safetensors.index.json"
+    if not index_path.exists():
+        return
+    try:
+        weight_map = dict(json.loads(index_path.read_text())["weight_map"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(
+            f"{index_path} is not a safetensors index ({type(err).__name__}: {err})",
+            "re-save the checkpoint with save_pretrained (or remove the index of an unsharded checkpoint)",
+        ) from None
+    held = {name: file for file, names in tensors.items() for name in names}
+    unlisted = sorted(set(held) - set(weight_map))
+    dangling = sorted(name for name, file in weight_map.items() if name not in tensors.get(str(file), ()))
+    for names, what in (
+        (unlisted, "are in the shards but not in its index"),
+        (dangling, "are in its index but not in the shard it names"),
+    ):
+        if names:
+            shown = ", ".join(names[:5]) + (f", ... ({len(names)} in all)" if len(names) > 5 else "")
+            raise CheckpointError(
+                f"checkpoint {path}: tensors {shown} {what}",
+                "re-save the checkpoint with save_pretrained, or rewrite model.safetensors.index.json from its shards",
+            )
 
 
 def validate_checkpoint(path: str | Path) -> tuple[Path, dict]:
@@ -68,8 +98,8 @@ def validate_checkpoint(path: str | Path) -> tuple[Path, dict]:
             f"checkpoint {path} has no *.safetensors weights",
             "save the model with save_pretrained(..., safe_serialization=True) into this directory",
         )
-    for file in safetensors:
-        _check_weights(file)
+    tensors = {file.name: _check_weights(file) for file in safetensors}
+    _check_index(path, tensors)
     if not config_path.exists():
         raise CheckpointError(f"checkpoint {path} has no config.json", "save the model's config with save_pretrained")
     try:

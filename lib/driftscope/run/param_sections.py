@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from driftscope.core.numeric import checked_floor, checked_ratio
 from driftscope.errors import ParameterError
 from driftscope.taps.stages import StageSelection
 
@@ -46,6 +47,9 @@ def stage_selection(data: Any) -> StageSelection:
         substages = tuple(substages)
     include = tuple(checked(data.get("include", []), list, "stages.include", "['vision.block.7.*']"))
     exclude = tuple(checked(data.get("exclude", []), list, "stages.exclude", "['vision.block.0.*']"))
+    for where, patterns in (("include", include), ("exclude", exclude)):
+        for pattern in patterns:
+            checked(pattern, str, f"stages.{where} entries", "stage id patterns like 'vision.block.7.*'")
     return StageSelection(
         bool(checked(data.get("blocks", True), bool, "stages.blocks", "true")), substages, include, exclude
     )
@@ -86,6 +90,7 @@ def text_section(data: Any) -> dict | None:
 
 def power_section(data: Any) -> dict | None:
     from driftscope.families import known_mutations
+    from driftscope.model.policies import get_policy  # an unknown name lists the registered ones
 
     data = section(data, "power", {"mutations", "policy", "require"}, "{require: [identity_window_permutation]}")
     if data is None:
@@ -99,7 +104,7 @@ def power_section(data: Any) -> dict | None:
     missing = [name for name in required if names != "all" and name not in names]
     return {
         "mutations": names if names == "all" else names + missing,
-        "policy": checked(data.get("policy", "f32"), str, "power.policy", "f32"),
+        "policy": get_policy(checked(data.get("policy", "f32"), str, "power.policy", "f32")).name,
         "require": required,
     }
 
@@ -124,8 +129,8 @@ def relative_section(relative: Any, labels: list[str], reference: str) -> dict |
         out.update(
             high=relative["high"],
             oracle=relative["oracle"],
-            factor=float(checked(relative.get("factor", 4.0), (int, float), "relative.factor", "4")),
-            floor=float(checked(relative.get("floor", 1e-6), (int, float), "relative.floor", "1e-6")),
+            factor=checked_ratio(relative.get("factor", 4.0), "relative.factor", "4"),
+            floor=checked_floor(relative.get("floor", 1e-6), "relative.floor", "1e-6"),
         )
     if "peer" in relative:
         if relative["peer"] not in labels or relative["peer"] == reference:

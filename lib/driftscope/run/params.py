@@ -20,6 +20,7 @@ import yaml
 from driftscope.capture.patches import HypothesisPatch, parse_patch
 from driftscope.core.names import safe_name
 from driftscope.core.storage import is_url, localize
+from driftscope.core.yamlfile import load_yaml
 from driftscope.errors import ParameterError
 from driftscope.run.param_sections import (
     attribution_section,
@@ -254,6 +255,8 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
     attribution = attribution_section(data.get("attribution"), labels)
     notebooks = data.get("notebooks", ["01_stage_parity"])
     checked(notebooks, list, "notebooks", "[01_stage_parity]")
+    for name in notebooks:
+        checked(name, str, "notebooks entries", "01_stage_parity (a notebook's name in notebooks/)")
     name = data.get("name") or (Path(source).stem if source else "run")
     return Parameters(
         name=checked(name, str, "name", "shapes-mlx-f16"),
@@ -310,7 +313,7 @@ def load_parameters(path: str | Path, base: Path | None = None) -> Parameters:
             + " (paths inside the file resolve against the repository holding it)",
         )
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text())
     except yaml.YAMLError as err:
         raise ParameterError(f"parameter file {path} is not valid YAML: {err}", "fix the YAML syntax") from err
     if base is None:

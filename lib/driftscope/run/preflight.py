@@ -1,4 +1,5 @@
-"""Every parameter error found before any model loads: runtimes, policies, hypothesis patches, the contract.
+"""Every parameter error found before any model loads: runtimes, their policies and options, hypothesis patches,
+the contract.
 
 ``driftscope run`` checks this before it starts anything, and the investigation's first step
 (``parameters``) checks it again, so a bad third runtime never costs the first two their captures.
@@ -12,11 +13,29 @@ from driftscope.run.params import Parameters
 
 
 def check_parameters(params: Parameters) -> Contract:
-    """Raise the first parameter error (unknown runtime or policy, unimportable patch, bad contract);
+    """Raise the first parameter error (unknown runtime, policy or runtime option, unimportable patch, bad contract);
     return the contract."""
     contract = load_contract(params.contract)
-    for spec in params.runtimes:
-        get_runtime(spec.runtime).check_policy(spec.policy)
+    for position, spec in enumerate(params.runtimes):
+        runtime = get_runtime(spec.runtime)
+        runtime.check_policy(spec.policy)
+        runtime.check_options(spec.options, f"runtimes[{position}].options")
         if spec.patch is not None:
             spec.patch.resolve()
+    _check_stage_selection(params)
     return contract
+
+
+def _check_stage_selection(params: Parameters) -> None:
+    """The stage selection against the checkpoint's tower, when its config can be read now (else the checkpoint
+    step says what is wrong with it): a block index it does not have is a parameter error."""
+    import json
+
+    from driftscope.families import detect_family, get_family
+
+    try:
+        config = json.loads((params.checkpoint / "config.json").read_text())
+        plan = get_family(detect_family(config, params.family)).vision_plan(config)
+    except Exception:  # noqa: BLE001 - an unreadable or unknown checkpoint is the checkpoint step's to report
+        return
+    params.stages.check_depth(plan.depth)

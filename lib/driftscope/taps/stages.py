@@ -60,6 +60,20 @@ class StageSelection:
     def everything(cls) -> StageSelection:
         return cls(blocks=True, substages="all")
 
+    def check_depth(self, depth: int) -> None:
+        """Refuse block indices a tower of ``depth`` blocks does not have (``-depth`` up to ``depth - 1``): taken
+        modulo the depth, ``substages: [99]`` on 8 blocks would have captured block 3's."""
+        from driftscope.errors import ParameterError
+
+        if self.substages == "all" or not depth:
+            return
+        outside = [index for index in self.substages if not -depth <= index < depth]
+        if outside:
+            raise ParameterError(
+                f"stages.substages {outside} are not blocks of this checkpoint's {depth}-block tower",
+                f"use block indices 0..{depth - 1} (or -1 for the last)",
+            )
+
     def wants(self, stage: Stage, depth: int) -> bool:
         if any(fnmatch.fnmatchcase(stage.id, pattern) for pattern in self.exclude):
             return False
@@ -114,6 +128,7 @@ class StagePlan:
         return [stage.id for stage in self.stages]
 
     def select(self, selection: StageSelection) -> StagePlan:
+        selection.check_depth(self.depth)
         kept = [stage for stage in self.stages if selection.wants(stage, self.depth)]
         return StagePlan(self.family, kept, self.depth, dict(self.meta))
 

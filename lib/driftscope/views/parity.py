@@ -50,6 +50,27 @@ def not_compared_lines(report: Report) -> list[str]:
     ]
 
 
+def coverage_line(report: Report) -> str | None:
+    """One Markdown line on what the pairs compared: every stage either side captured, or where each fell short
+    (``judge.coverage``: a pair that falls short fails). None for a report from before coverage was recorded."""
+    coverage = report.data.get("coverage")
+    if not coverage:
+        return None
+    short = {key: entry for key, entry in coverage.items() if not entry.get("complete", True)}
+    if not short:
+        counts = sorted({(entry["compared"], entry["model_stages"]) for entry in coverage.values()})
+        each = ", ".join(f"{compared} ({model} model stages)" for compared, model in counts)
+        return f"Coverage: every pair compared every stage either side captured: {text(each)} per pair"
+    parts = []
+    for key, entry in short.items():
+        gaps = [f"{len(stages)} missing on the {side}" for side, stages in entry.get("missing", {}).items()]
+        gaps += [f"{len(entry['not_judged'])} not judged"] if entry.get("not_judged") else []
+        gaps += ["no model stage"] if entry["compared"] and not entry["model_stages"] else []
+        counted = f"compared {entry['compared']} of {entry['stages']}"
+        parts.append(f"{code(report.pair_title(key))} {counted} ({text(', '.join(gaps))})")
+    return "**Coverage falls short** (a gate needs coverage): " + "; ".join(parts)
+
+
 def verdict_markdown(report: Report) -> str:
     """The verdict in one paragraph, with the run, commit, reference and contract; then the reasons that are not
     a first divergence (failed checks, warnings, a runtime that could not run) and what was not compared."""
@@ -72,6 +93,8 @@ def verdict_markdown(report: Report) -> str:
     lines += [f"- {text(reason)}" for reason in others]
     lines += [f"- **warning**: {text(warning)}" for warning in data.get("warnings") or []]
     lines += [f"- {line}" for line in not_compared_lines(report)]
+    coverage = coverage_line(report)
+    lines += [f"- {coverage}"] if coverage else []
     power = data.get("power")
     if power:
         blind = [code(m["mutation"]) for m in power["mutations"] if not m["detected"]]

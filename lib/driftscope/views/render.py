@@ -162,6 +162,48 @@ def _stopped_at(report_path: Path) -> str | None:
     return str(report.data.get("stopped_at")) if report.status in ("error", "dead") else None
 
 
+#: What the notebook thread imports and compiles on its way (papermill, nbclient, the kernel client, nbformat's
+#: validator, nbconvert and its Jinja templates), done here first: CPython 3.11's AST state is not safe when two
+#: threads compile at once ("SystemError: AST constructor recursion depth mismatch"), and the investigation
+#: imports transformers, MLX and JAX in this thread meanwhile.
+NOTEBOOK_STACK = (
+    "papermill",
+    "papermill.execute",
+    "papermill.engines",
+    "papermill.translators",
+    "papermill.parameterize",
+    "papermill.iorw",
+    "nbclient",
+    "nbclient.client",
+    "jupyter_client.manager",
+    "jupyter_client.kernelspec",
+    "jupyter_client.provisioning",
+    "nbformat",
+    "nbconvert",
+    "nbconvert.exporters.html",
+    "jinja2",
+    "traitlets.config",
+    "zmq.asyncio",
+)
+
+
+def prepare_notebook_thread(names) -> None:
+    """Import the notebook thread's stack and read each notebook once (nbformat builds its schema validator), in
+    this thread, before the investigation starts beside it."""
+    import importlib
+
+    import nbformat
+
+    for module in NOTEBOOK_STACK:
+        importlib.import_module(module)
+    for name in names:
+        try:
+            nbformat.validate(nbformat.read(str(notebook_path(name)), as_version=4))
+        except Exception:  # noqa: BLE001 - a missing or broken notebook is the thread's to report, with its name
+            continue
+    kernel_name()  # jupyter_client's kernel spec lookup (entry points, paths)
+
+
 def investigate_and_render(params, params_path: Path, out_dir: Path, reuse: bool, cwd: Path, log) -> dict[str, str]:
     """Run the investigation in this process while papermill starts the notebooks' kernel, then render.
 
@@ -177,8 +219,13 @@ def investigate_and_render(params, params_path: Path, out_dir: Path, reuse: bool
     errors: dict[str, str] = {}
 
     def notebooks() -> None:
-        errors.update(run_notebooks(params.notebooks, out_dir, params_path, True, cwd, log, echo=False))
+        try:
+            errors.update(run_notebooks(params.notebooks, out_dir, params_path, True, cwd, log, echo=False))
+        except Exception as err:  # noqa: BLE001 - a thread that dies would leave no error: the run must not pass
+            errors["notebooks"] = f"{type(err).__name__}: {err}"
+            log(f"the notebooks could not render: {errors['notebooks']}")
 
+    prepare_notebook_thread(params.notebooks)
     with run_lock(out_dir) as lock:  # held before the kernel can ask for it, until the last notebook is rendered
         thread = threading.Thread(target=notebooks, name="driftscope-notebooks", daemon=True)
         with result_lock(out_dir):  # this run's kernels wait on this one for the report

@@ -6,7 +6,7 @@ from driftscope.capture.runtime_checks import checks_markdown
 from driftscope.core.markup import code, text
 from driftscope.run.report import Report
 
-from .parity import divergence_frame, not_compared_lines, stage_frame  # noqa: F401 - divergence_frame re-exported
+from .parity import coverage_line, divergence_frame, not_compared_lines, stage_frame  # noqa: F401 - divergence_frame re-exported
 
 block_frame = stage_frame  # failing and first-divergent stages first, then block outputs and landmarks
 
@@ -73,6 +73,8 @@ def summary_markdown(report: Report) -> str:
     for warning in data.get("warnings") or []:
         lines.append(f"\n- **warning**: {text(warning)}")
     lines += [f"\n- {line}" for line in not_compared_lines(report)]
+    coverage = coverage_line(report)
+    lines += [f"\n- {coverage}"] if coverage else []
     checks = checks_markdown(data, ("warn",))  # failed checks are among the verdict's reasons above
     if checks:
         lines.append("\n" + checks)

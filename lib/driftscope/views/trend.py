@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
+from driftscope.core.numeric import checked_floor, checked_ratio
 from driftscope.run.report import Report
 
 from ..errors import ParameterError, ReportError
@@ -103,6 +104,7 @@ def _execution_order(a: Report, b: Report) -> dict[str, int]:
 def diff_reports(a: Report, b: Report, factor: float = 1.5, floor: float = 1e-6) -> dict:
     """Changed contract and parameters, then per pair and stage (execution order): better / worse / unchanged
     (beyond ``factor`` and ``floor``), new and vanished."""
+    factor, floor = checked_ratio(factor, "factor (--factor)"), checked_floor(floor, "floor")
     ma, mb = _metrics(a), _metrics(b)
     order = _execution_order(a, b)
     pairs = {p: i for i, p in enumerate(dict.fromkeys(b.pair_keys() + a.pair_keys() + [k[0] for k in (*ma, *mb)]))}
@@ -150,6 +152,7 @@ def worse_stages(diff: dict) -> list[tuple[str, str, str]]:
 
 
 def diff_commits(dir_a: Path, dir_b: Path, factor: float = 1.5, floor: float = 1e-6) -> dict:
+    factor, floor = checked_ratio(factor, "factor (--factor)"), checked_floor(floor, "floor")
     bad_a: dict[str, str] = {}
     bad_b: dict[str, str] = {}
     ra, rb = reports(dir_a, bad_a), reports(dir_b, bad_b)

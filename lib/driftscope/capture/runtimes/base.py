@@ -17,13 +17,13 @@ import numpy as np
 
 from driftscope.capture.patches import HypothesisPatch
 from driftscope.capture.quantized import QuantizedWeights, check_policy_fits, quantized_weights
-from driftscope.errors import RuntimeUnavailableError
+from driftscope.errors import ParameterError, RuntimeUnavailableError
 from driftscope.families.hypotheses import hypotheses_of
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.model.checkpoint import Checkpoint
 from driftscope.model.policies import get_policy
 from driftscope.model.precision import PrecisionPolicy
-from driftscope.model.quant.policy import QuantizedPolicy
+from driftscope.model.quant.policy import OPTION_KEYS, QuantizedPolicy
 from driftscope.taps.sink import Progress, StageSink
 from driftscope.taps.stages import StagePlan
 from driftscope.taps.tapset import TapSet, TapWriter
@@ -58,6 +58,11 @@ class Runtime(ABC):
 
     name: str = ""
     policies: tuple[str, ...] = ("f32",)
+    #: the runtime options this engine reads (name -> what it does); ``label`` and, where the engine offers a
+    #: quantized policy, the quantization options (``model.quant.policy.OPTION_KEYS``) are known to every one
+    OPTIONS: dict[str, str] = {}
+    #: option -> the values it accepts, where they are a fixed set
+    OPTION_VALUES: dict[str, tuple] = {}
 
     def __init__(
         self,
@@ -67,6 +72,7 @@ class Runtime(ABC):
         options: dict | None = None,
     ):
         self.check_policy(policy)
+        self.check_options(options or {})
         self.checkpoint = checkpoint
         self.policy: PrecisionPolicy = get_policy(policy)
         self.patch = patch
@@ -88,6 +94,32 @@ class Runtime(ABC):
             raise RuntimeUnavailableError(
                 f"runtime {cls.name!r} does not offer policy {policy!r}", f"use one of: {', '.join(cls.policies)}"
             )
+
+    @classmethod
+    def known_options(cls) -> dict[str, str]:
+        """Every option this runtime accepts, with what it does."""
+        known = {"label": "the runtime's label in the report (default runtime:policy)", **cls.OPTIONS}
+        if not getattr(cls, "external", False) and any(name.startswith("q") for name in cls.policies):
+            known.update(dict.fromkeys(OPTION_KEYS, "quantization setting of a quantized policy"))
+        return known
+
+    @classmethod
+    def check_options(cls, options: dict, where: str = "options") -> None:
+        """Raise a clear error for an option this runtime does not read (it would be silently ignored) or a value
+        it does not accept, naming the options it knows."""
+        known = cls.known_options()
+        unknown = sorted(str(key) for key in options if key not in known)
+        if unknown:
+            raise ParameterError(
+                f"runtime {cls.name!r} has no option {', '.join(map(repr, unknown))} ({where})",
+                f"the options {cls.name!r} knows: {', '.join(sorted(known))}",
+            )
+        for key, allowed in cls.OPTION_VALUES.items():
+            if key in options and options[key] not in allowed:
+                raise ParameterError(
+                    f"{where}.{key}={options[key]!r} is not a value runtime {cls.name!r} accepts",
+                    f"use one of: {', '.join(map(str, allowed))}",
+                )
 
     @property
     def family(self) -> Family:

@@ -74,6 +74,14 @@ class CompiledTaps(Protocol):
 
 
 class CompiledRuntime(Runtime):
+    OPTIONS = {
+        "graph": "auto (default), whole or blocks: how the tower is lowered",
+        "whole_taps_mib": f"MiB of tapped outputs a whole graph may hold before auto goes by blocks ({WHOLE_TAPS_MIB})",
+        "bucket": "the rows of a packed call (default: the inputs' own)",
+        "taps": "final: return only the tower's output (a plain forward)",
+        "decode": "false: run the text side's prefill only (default true: decode greedily where the family can)",
+    }
+    OPTION_VALUES = {"graph": GRAPH_MODES, "decode": (True, False)}
     policies = (*COMPILED_POLICIES, *RUNTIME_POLICIES["jax"])  # q4-dequant: the dense dequantized checkpoint
 
     def _load(self) -> Any:
@@ -119,10 +127,7 @@ class CompiledRuntime(Runtime):
 
     @property
     def graph_mode(self) -> str:
-        mode = str(self.options.get("graph", "auto"))
-        if mode not in GRAPH_MODES:
-            raise ParameterError(f"options.graph={mode!r} is not known", f"use one of: {', '.join(GRAPH_MODES)}")
-        return mode
+        return str(self.options.get("graph", "auto"))  # one of GRAPH_MODES: ``check_options`` saw to it
 
     def call(self, name: str, function, args: tuple) -> dict[str, np.ndarray]:
         """Run one piece (e.g. stem, block, head) of the block-by-block path; ``args[0]`` holds its weights."""
@@ -252,6 +257,12 @@ class IreeRuntime(CompiledRuntime):
     """The lowered graph compiled by iree-compile (target ``options.target``, default llvm-cpu), run by iree.runtime."""
 
     name = "iree"
+    OPTIONS = {
+        **CompiledRuntime.OPTIONS,
+        "target": "iree-compile's target backend (default llvm-cpu)",
+        "flags": "more iree-compile flags (a list)",
+        "cache_dir": "where compiled artifacts are cached (default: DRIFTSCOPE_CACHE or outputs/cache)",
+    }
 
     def versions(self) -> dict[str, str]:
         return package_versions("jax", "iree-base-compiler", "iree-base-runtime")

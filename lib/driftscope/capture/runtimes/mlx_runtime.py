@@ -44,6 +44,8 @@ class MLXRuntime(Runtime):
 
     name = "mlx"
     policies = ("f32", "f16", "bf16", *RUNTIME_POLICIES["mlx"])
+    OPTIONS = {"rmsnorm": "fused (mlx.nn.RMSNorm, default) or manual (written out in the activation dtype)"}
+    OPTION_VALUES = {"rmsnorm": RMSNORM_FORMS}
 
     def _load(self) -> Any:
         from driftscope.model.blas import mlx_blas
@@ -61,12 +63,7 @@ class MLXRuntime(Runtime):
         # layers: their scales and biases, which the fused kernel then computes in)
         model.set_dtype(getattr(mx, self.policy.activations))
         mx.eval(model.parameters())
-        form = self.options.get("rmsnorm", "fused")
-        if form not in RMSNORM_FORMS:
-            from driftscope.errors import ParameterError
-
-            raise ParameterError(f"mlx option rmsnorm={form!r} is not known", f"use one of: {', '.join(RMSNORM_FORMS)}")
-        if form == "manual":
+        if self.options.get("rmsnorm", "fused") == "manual":  # a known form: ``check_options`` saw to it
             use_manual_rmsnorm(self.taps.rms_norms(model))
         return model
 

@@ -28,6 +28,7 @@ class TapfileRuntime(Runtime):
     name = "tapfile"
     policies = tuple(POLICIES.names())  # a label here: the engine applied its policy itself
     external = True
+    OPTIONS = {"path": "the engine's TapSet (NAME.safetensors with its NAME.json sidecar)"}
 
     def _load(self) -> Any:
         path = self.options.get("path")

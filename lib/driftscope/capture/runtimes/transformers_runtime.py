@@ -12,6 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from driftscope.capture.runtimes.base import Runtime, package_versions, require
+from driftscope.errors import CheckpointError
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.model.quant.policy import RUNTIME_POLICIES
 from driftscope.taps.sink import StageSink
@@ -33,11 +34,32 @@ class TransformersTaps(Protocol):
     def replay(self, model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray: ...
 
 
+def refuse_partial_load(path, info: dict) -> None:
+    """transformers fills weights the checkpoint lacks with random values and only logs it: a checkpoint error,
+    naming the tensors, for any weight missing, unexpected or of another shape."""
+    for key, what in (
+        ("missing_keys", "the model needs but the checkpoint lacks"),
+        ("unexpected_keys", "the checkpoint holds but the model does not use"),
+        ("mismatched_keys", "whose shape differs from the model's"),
+    ):
+        names = sorted(str(name) for name in info.get(key) or ())
+        if names:
+            shown = ", ".join(names[:5]) + (f", ... ({len(names)} in all)" if len(names) > 5 else "")
+            raise CheckpointError(
+                f"checkpoint {path}: tensors {what}: {shown}",
+                "check that config.json and the weights belong together (re-save both with save_pretrained)",
+            )
+
+
 class TransformersRuntime(Runtime):
     """Hugging Face transformers' own model code, eager attention, on the CPU (``tf32``: float32 with TF32
     operand rounding around every forward and replay, what a GPU reference with ``allow_tf32`` computes)."""
 
     name = "transformers"
+    OPTIONS = {
+        "threads": "torch threads (default: torch's own)",
+        "attn_implementation": "the attention kernel transformers loads (default eager)",
+    }
     policies = ("f32", "f64", "tf32", *RUNTIME_POLICIES["transformers"])  # q4-dequant: the dense dequantized checkpoint
 
     def arithmetic(self) -> AbstractContextManager:
@@ -53,12 +75,14 @@ class TransformersRuntime(Runtime):
         transformers = require("transformers", "transformers", self.name)
         dtype = torch.float64 if self.policy.name == "f64" else torch.float32
         torch.set_num_threads(int(self.options.get("threads", torch.get_num_threads())))
-        model = getattr(transformers, self.taps.MODEL_CLASS).from_pretrained(
+        model, info = getattr(transformers, self.taps.MODEL_CLASS).from_pretrained(
             str(self.checkpoint.path),
             dtype=dtype,
             attn_implementation=self.options.get("attn_implementation", "eager"),
             use_safetensors=True,
+            output_loading_info=True,
         )
+        refuse_partial_load(self.checkpoint.path, info)
         return model.eval()
 
     def versions(self) -> dict[str, str]:

@@ -1,0 +1,64 @@
+"""What a runtime pair's comparison covered, and the coverage rule a gate needs.
+
+The rule: every stage either side of a pair captured is compared on both sides. A stage is excused only when
+the contract skips it by name (``skip: true``) or when the side that lacks it declares it cannot produce it
+(e.g. a runtime that does not decode has no ``text.generate.*``). Beyond that, a pair fails its coverage when
+- a stage is missing on one side (a capture that stopped short, a tap file that holds only its inputs),
+- a stage could not be judged: every element non-finite on both sides (e.g. a checkpoint of NaN weights),
+- no model stage was compared at all: only data (processor inputs, index math), which no engine computes.
+"""
+
+from __future__ import annotations
+
+from driftscope.judge.rows import ComparisonRow
+from driftscope.taps.stages import StagePlan
+
+#: Row statuses that compared both sides' values (the others: ``missing``, ``skipped``, ``not_judged``).
+COMPARED = ("pass", "fail", "shape_mismatch", "layout_mismatch")
+
+
+def _sample(stages: list[str]) -> str:
+    return stages[0] if len(stages) == 1 else f"{stages[0]}, ... ({len(stages)} stages)"
+
+
+def pair_coverage(rows: list[ComparisonRow], plan: StagePlan, absent: list[dict]) -> dict:
+    """The coverage record of one pair's ``rows``: counts, the stages behind each gap, and the reasons it fails
+    the rule (empty when it holds). ``absent`` is the pair's ``not_compared`` groups (each says whether the
+    lacking side declared the capability missing)."""
+    declared = {stage for group in absent if group.get("declared") for stage in group["stages"]}
+    compared = [row.stage for row in rows if row.status in COMPARED]
+    model = [stage for stage in compared if not (stage in plan and plan[stage].data)]
+    missing = {"reference": [], "candidate": []}
+    for row in rows:
+        if row.status == "missing" and row.stage not in declared:
+            missing["reference" if row.note.endswith("reference") else "candidate"].append(row.stage)
+    not_judged = [row.stage for row in rows if row.status == "not_judged"]
+    problems = []
+    for side, stages in missing.items():
+        if stages:
+            problems.append(
+                f"the {side} did not capture {len(stages)} stage(s) the other side did ({_sample(stages)}): a gate "
+                "needs coverage (capture them, select fewer with `stages` in the parameter file, or skip them by "
+                "name in the contract)"
+            )
+    if not_judged:
+        problems.append(
+            f"{len(not_judged)} stage(s) could not be judged, non-finite on both sides ({_sample(not_judged)}): "
+            "what could not be judged is not a pass"
+        )
+    if compared and not model:
+        problems.append(
+            "no model stage was compared, only data (processor inputs and index math): a candidate that captured "
+            "no model stage cannot pass"
+        )
+    return {
+        "stages": len(rows),
+        "compared": len(compared),
+        "model_stages": len(model),
+        "skipped": sum(row.status == "skipped" for row in rows),
+        "declared_absent": len(declared),
+        "missing": {side: stages for side, stages in missing.items() if stages},
+        "not_judged": not_judged,
+        "complete": not problems,
+        "problems": problems,
+    }

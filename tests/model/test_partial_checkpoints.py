@@ -1,0 +1,61 @@
+"""Missing or unexpected weights are a checkpoint error naming the tensors, never drift (issue 30 item 9: a sharded
+checkpoint whose index omits half the tensors loaded, transformers re-initialised them at random, and the run was
+judged as drift at ``vision.patch_embed``, exit 1)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from driftscope.errors import CheckpointError
+from driftscope.families.checkpoints import open_checkpoint
+from safetensors.numpy import load_file, save_file
+
+
+def copy_checkpoint(source, target, change=None):
+    """``source`` copied to ``target`` with its weights through ``change(tensors) -> tensors``."""
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("*.safetensors", "*.index.json"))
+    tensors = load_file(str(source / "model.safetensors"))
+    save_file(change(tensors) if change else tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
+    return tensors
+
+
+def test_an_index_that_omits_tensors_is_refused_naming_them(tmp_path, tiny_checkpoint_dir):
+    tensors = copy_checkpoint(tiny_checkpoint_dir, tmp_path / "ck")
+    names = sorted(tensors)
+    listed = {name: "model.safetensors" for name in names[: len(names) // 2]}
+    (tmp_path / "ck" / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": listed}))
+    with pytest.raises(CheckpointError, match="are in the shards but not in its index") as err:
+        open_checkpoint(tmp_path / "ck")
+    assert names[len(names) // 2] in err.value.problem and f"({len(names) - len(listed)} in all)" in err.value.problem
+
+
+def test_an_index_that_names_a_tensor_its_shard_lacks_is_refused(tmp_path, tiny_checkpoint_dir):
+    tensors = copy_checkpoint(tiny_checkpoint_dir, tmp_path / "ck")
+    listed = {**dict.fromkeys(tensors, "model.safetensors"), "visual.extra.weight": "model.safetensors"}
+    (tmp_path / "ck" / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": listed}))
+    with pytest.raises(CheckpointError, match="visual.extra.weight are in its index but not in the shard"):
+        open_checkpoint(tmp_path / "ck")
+    (tmp_path / "ck" / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": dict.fromkeys(tensors, "model.safetensors")})
+    )
+    assert open_checkpoint(tmp_path / "ck").family == "qwen2_5_vl"  # an honest index opens
+
+
+@pytest.mark.parametrize("kind", ["missing", "unexpected"])
+def test_transformers_refuses_weights_it_would_fill_at_random_or_drop(tmp_path, tiny_checkpoint_dir, kind):
+    from driftscope.capture.runtimes import get_runtime
+
+    def change(tensors):
+        dropped = next(name for name in sorted(tensors) if name.endswith("patch_embed.proj.weight"))
+        if kind == "missing":
+            return {name: value for name, value in tensors.items() if name != dropped}
+        return {**tensors, "model.visual.blocks.99.norm1.weight": tensors[dropped].ravel()[:4].copy()}
+
+    copy_checkpoint(tiny_checkpoint_dir, tmp_path / "ck", change)
+    runtime = get_runtime("transformers")(open_checkpoint(tmp_path / "ck"), "f32")
+    expected = "the model needs but the checkpoint lacks" if kind == "missing" else "the model does not use"
+    with pytest.raises(CheckpointError, match=expected) as err:
+        runtime.load()
+    assert ("patch_embed.proj.weight" if kind == "missing" else "blocks.99.norm1.weight") in err.value.problem
