@@ -10,8 +10,20 @@ from driftscope.run.patch_trial import FOLDER, recapture_block
 from driftscope.run.report import Report
 
 
-def test_a_block_recaptured_with_a_patch_against_the_runs_own_capture(rendered):
+@pytest.fixture(scope="module")
+def run_copy(rendered, tmp_path_factory):
+    """The session's rendered run, copied: the trial writes ``recapture/`` into the run it is given, and other
+    tests read the original as ``driftscope run`` left it."""
+    import shutil
+
     _, out = rendered
+    target = tmp_path_factory.mktemp("trial") / "run"
+    shutil.copytree(out, target, ignore=shutil.ignore_patterns("*.html", "*.ipynb"))
+    return target
+
+
+def test_a_block_recaptured_with_a_patch_against_the_runs_own_capture(run_copy):
+    out = run_copy
     report = Report.load(out)
     run = {r.stage: r for r in report.rows if r.pair == "mlx:f32"}
     plain = recapture_block(report, "mlx:f32", 2, log=lambda message: None)
@@ -37,8 +49,8 @@ def test_a_block_recaptured_with_a_patch_against_the_runs_own_capture(rendered):
     assert "scale_block_output" in scaled.markdown() and "fail" in scaled.markdown()
 
 
-def test_a_pair_or_block_the_run_does_not_have_is_refused(rendered):
-    _, out = rendered
+def test_a_pair_or_block_the_run_does_not_have_is_refused(run_copy):
+    out = run_copy
     with pytest.raises(ParameterError, match="no runtime pair 'mlx:f64'"):
         recapture_block(out, "mlx:f64", 1)
     with pytest.raises(ParameterError, match="no block 99"):
