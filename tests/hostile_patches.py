@@ -19,3 +19,11 @@ def hang_once(model, marker: str, **_):
     path.write_text("loading\n")
     time.sleep(600)
     return model
+
+
+def segfault(model, **_):
+    """Kills the run's own process with SIGSEGV while the runtime loads (a native crash in a patch or engine)."""
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGSEGV)

@@ -50,3 +50,22 @@ class ReportError(DriftscopeError):
 
 class CompileError(DriftscopeError):
     """A compiler (iree-compile) rejected a lowered graph; the message carries its own diagnostic."""
+
+
+class OutputError(DriftscopeError):
+    """An output file could not be written (a full disk, a read-only folder): ``path`` and ``errno`` say which
+    and why; nothing is left under the file's final name."""
+
+    def __init__(self, problem: str, fix: str | None = None, path: str | None = None, errno: int | None = None):
+        super().__init__(problem, fix)
+        self.path, self.errno = path, errno
+
+
+def output_error(err: OSError, path) -> OutputError:
+    """``err`` (raised writing ``path``) as the error a user reads: the file, the errno and what to do."""
+    return OutputError(
+        f"cannot write {path}: [Errno {err.errno}] {err.strerror or err}",
+        "free space on that disk (or pass another --out) and run again",
+        path=str(path),
+        errno=err.errno,
+    )

@@ -235,6 +235,24 @@ def test_runs_that_cannot_execute_never_show_green(tmp_path, tiny_checkpoint_dir
     assert exit_code(entries) == 2
 
 
+def test_a_run_whose_process_died_is_dead_and_could_not_run(tmp_path, tiny_checkpoint_dir):
+    """Issue 30 item 6: a run killed by SIGSEGV was "0 could not run", "1 still running elsewhere", exit 1."""
+    from driftscope.run.runrecord import exit_code
+
+    crash = f"{ROOT / 'tests' / 'hostile_patches.py'}:segfault"
+    good = _write(tmp_path / "good.yaml", _params("good"))
+    crashed = _write(tmp_path / "crash.yaml", _params("crash", patch=crash))
+    result = run_batch([good, crashed], jobs=2, out_root=tmp_path / "out", log=lambda message: None)
+    by_name = {s["name"]: s for s in result.summaries}
+    assert by_name["crash"]["status"] == "error" and "killed by signal 11" in by_name["crash"]["error"]
+    assert result.code == exit_code(result.summaries) == 2
+    report = json.loads((tmp_path / "out" / result.commit / "crash" / "report.json").read_text())
+    assert report["status"] == "error" and report["error"]["type"] == "RunLost"
+    index = (tmp_path / "out" / result.commit / "index.html").read_text()
+    assert "2 run(s): 1 pass, 0 fail, 1 could not run; exit code 2" in index
+    assert "still running" not in index and index.count('<tr class="error">') == 1
+
+
 def test_two_parameter_files_with_one_run_name_are_refused(tmp_path, capsys):
     one = _write(tmp_path / "one.yaml", _params("same"))
     two = _write(tmp_path / "two.yaml", _params("same", image=SHAPES_336))
@@ -365,3 +383,14 @@ def test_trend_renders_notebook_05_for_a_parameter_file_in_git_history_order(two
         from driftscope.views.history import from_parameters
 
         from_parameters("shapes.yaml", None, tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("out_root", ["memory://driftscope", "relative/outputs"])
+def test_an_output_root_the_workers_would_not_share_is_refused(tmp_path, out_root):
+    """Issue 30 item 7: ``--scheduler tcp://... --out-root memory://driftscope`` exited 0 with "1 pass" and kept
+    nothing (each worker's memory filesystem vanished)."""
+    good = _write(tmp_path / "good.yaml", _params("good"))
+    with pytest.raises(ParameterError, match="--out-root") as err:
+        run_batch([good], scheduler="tcp://127.0.0.1:1", out_root=out_root, log=lambda m: None, timeout=1)
+    assert "worker" in err.value.problem and ("s3://" in err.value.fix or "absolute" in err.value.fix)
+    assert main(["batch", str(good), "--scheduler", "tcp://127.0.0.1:1", "--out-root", out_root]) == 2

@@ -77,3 +77,30 @@ def test_headline_and_junit_agree_with_the_exit_code(tmp_path):
     assert 'tests="3" failures="1" errors="1"' in text
     assert 'message="mlx:f16: first divergence"' in text and 'time="3.50"' in text
     assert exit_code(entries[:2]) == 1 and exit_code(entries[:1]) == 0
+
+
+def test_a_run_whose_pages_are_missing_is_not_a_pass_and_the_index_links_only_what_exists(tmp_path, rendered):
+    """Issue 30 item 11: under load a batch reported a run as passing while its 01_stage_parity.html did not exist."""
+    import json
+    import shutil
+
+    from driftscope.batch.evidence import index_rows
+    from driftscope.run.runrecord import commit_entries
+
+    _, out = rendered
+    root = OutputRoot(tmp_path / "outputs")
+    for name in ("whole", "half"):
+        run = tmp_path / "outputs" / "abc123" / name
+        shutil.copytree(out, run, ignore=shutil.ignore_patterns("taps", "*.ipynb"))
+        report = json.loads((run / "report.json").read_text())
+        (run / "report.json").write_text(json.dumps({**report, "name": name}))  # two runs of one commit
+    (tmp_path / "outputs" / "abc123" / "half" / "01_stage_parity.html").unlink()
+    entries = {entry["dir"]: entry for entry in commit_entries(root, "abc123")}
+    assert "01_stage_parity.html" in entries["half"]["error"] and outcome(entries["half"]) == "error"
+    assert not entries["whole"].get("error") and outcome(entries["whole"]) == entries["whole"]["verdict"]
+    assert exit_code(list(entries.values())) == 2
+    rows = {row["name"]: row for row in index_rows(root, "abc123", list(entries.values()))}
+    linked = {text for row in rows.values() for _, text in row["links"]}
+    assert "02_layer_drilldown.html" in linked
+    half = {text for _, text in rows["half"]["links"]}
+    assert "01_stage_parity.html" not in half and "01_stage_parity.nocode.html" in half

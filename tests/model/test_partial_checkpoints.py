@@ -43,7 +43,7 @@ def test_an_index_that_names_a_tensor_its_shard_lacks_is_refused(tmp_path, tiny_
     assert open_checkpoint(tmp_path / "ck").family == "qwen2_5_vl"  # an honest index opens
 
 
-@pytest.mark.parametrize("kind", ["missing", "unexpected"])
+@pytest.mark.parametrize("kind", ["missing", "unexpected", "mis-shaped"])
 def test_transformers_refuses_weights_it_would_fill_at_random_or_drop(tmp_path, tiny_checkpoint_dir, kind):
     from driftscope.capture.runtimes import get_runtime
 
@@ -51,11 +51,17 @@ def test_transformers_refuses_weights_it_would_fill_at_random_or_drop(tmp_path, 
         dropped = next(name for name in sorted(tensors) if name.endswith("patch_embed.proj.weight"))
         if kind == "missing":
             return {name: value for name, value in tensors.items() if name != dropped}
+        if kind == "mis-shaped":  # issue 30 item 14: transformers said only "look at the above report!"
+            return {**tensors, dropped: tensors[dropped][:1].copy()}
         return {**tensors, "model.visual.blocks.99.norm1.weight": tensors[dropped].ravel()[:4].copy()}
 
     copy_checkpoint(tiny_checkpoint_dir, tmp_path / "ck", change)
     runtime = get_runtime("transformers")(open_checkpoint(tmp_path / "ck"), "f32")
-    expected = "the model needs but the checkpoint lacks" if kind == "missing" else "the model does not use"
+    expected = {
+        "missing": "the model needs but the checkpoint lacks",
+        "unexpected": "the model does not use",
+        "mis-shaped": "whose shape differs from the model's",
+    }[kind]
     with pytest.raises(CheckpointError, match=expected) as err:
         runtime.load()
-    assert ("patch_embed.proj.weight" if kind == "missing" else "blocks.99.norm1.weight") in err.value.problem
+    assert ("blocks.99.norm1.weight" if kind == "unexpected" else "patch_embed.proj.weight") in err.value.problem

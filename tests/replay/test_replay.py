@@ -66,9 +66,7 @@ def test_op_local_errors_of_each_candidate(tiny_checkpoint, shapes_inputs, oracl
 def test_a_perturbed_block_is_introduced_and_later_blocks_inherit(
     tiny_checkpoint, shapes_inputs, oracle, full_plan, tmp_path
 ):
-    patch = parse_patch(
-        {"callable": "driftscope.hypotheses:scale_block_output", "kwargs": {"block": 5, "factor": 1.5}}
-    )
+    patch = parse_patch({"callable": "driftscope.hypotheses:scale_block_output", "kwargs": {"block": 5, "factor": 1.5}})
     runtime = get_runtime("mlx")(tiny_checkpoint, "f32", patch)
     candidate = runtime.capture(shapes_inputs, full_plan, tmp_path / "run")
     contract = load_contract(None)

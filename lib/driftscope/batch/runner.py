@@ -21,7 +21,7 @@ import yaml
 from driftscope.batch.executor import BatchInterrupted, execute, interruptible, not_run
 from driftscope.batch.worker import RunTask, run_dir_name, write_record
 from driftscope.core.paths import REPO_ROOT
-from driftscope.core.storage import OutputRoot
+from driftscope.core.storage import OutputRoot, is_url
 from driftscope.core.worktree import checkout, short_sha, toplevel
 from driftscope.core.yamlfile import load_yaml
 from driftscope.errors import ParameterError
@@ -82,6 +82,29 @@ def _refuse_duplicates(files: list[Path], names: list[str]) -> None:
         )
 
 
+#: fsspec protocols whose files live in one process's memory: each Dask worker would keep its own
+VOLATILE = ("memory",)
+
+
+def _refuse_volatile_root(out_root: str | Path | None, scheduler: str | None) -> None:
+    """With a Dask scheduler the runs write from workers that may be other processes and hosts: refuse an output
+    root they would not share (memory://) or would each resolve on their own (a relative path)."""
+    if scheduler is None or out_root is None:
+        return
+    location = str(out_root)
+    if is_url(location) and location.split("://", 1)[0] in VOLATILE:
+        raise ParameterError(
+            f"--out-root {location} keeps each Dask worker's outputs in that worker's own memory: they vanish with it",
+            "pass a root every worker shares and keeps (an absolute path they all mount, s3://..., gs://...), "
+            "or run without --scheduler",
+        )
+    if not is_url(location) and not Path(location).expanduser().is_absolute():
+        raise ParameterError(
+            f"--out-root {location} is a relative path: each Dask worker would resolve it against its own folder",
+            "pass an absolute path every worker mounts, or a URL such as s3://bucket/runs",
+        )
+
+
 def run_batch(
     params_files: list[str | Path],
     commit: str | None = None,
@@ -97,6 +120,7 @@ def run_batch(
     ``out_root``: a local directory or a URL fsspec understands (default: this repository's ``outputs/``).
     ``timeout``: seconds to reach the Dask ``scheduler`` (default: Dask's connect timeout).
     """
+    _refuse_volatile_root(out_root, scheduler)
     root = OutputRoot(out_root or REPO_ROOT / "outputs")
     files = [Path(p).resolve() for p in params_files]
     missing = [str(p) for p in files if not p.is_file()]

@@ -224,6 +224,10 @@ def _execute(task: RunTask, params, tree: Path, out: Path, stop) -> dict:
         result.update(from_report(json.loads(report.read_text())))
     if code not in (0, 1) or not report.exists():
         result["error"] = _failure(out / LOG_NAME, code) if result["error"] is None else result["error"]
+    if result.get("status") == "running":  # the child is gone and its report still says running: it died
+        mark_dead(out, f"dead: {result['error'] or _failure(out / LOG_NAME, code)}")
+        result.update(status="error", verdict="error")
+        result["error"] = result["error"] or _failure(out / LOG_NAME, code)
     return result
 
 

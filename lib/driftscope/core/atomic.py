@@ -13,6 +13,8 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from driftscope.errors import output_error
+
 
 def _create_temporary(path: Path) -> tuple[int, Path]:
     """A new file next to ``path``, opened for writing, with the umask's permissions."""
@@ -28,13 +30,19 @@ def write_text_atomic(path: Path, text: str) -> Path:
     """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = _create_temporary(path)
+    try:
+        fd, tmp = _create_temporary(path)
+    except OSError as err:
+        raise output_error(err, path) from err
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+    except OSError as err:
+        Path(tmp).unlink(missing_ok=True)
+        raise output_error(err, path) from err
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

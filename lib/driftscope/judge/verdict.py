@@ -178,4 +178,6 @@ def _divergence_reason(row: ComparisonRow) -> str:
             f"{row.nonfinite_mismatch} non-finite value(s) the other side lacks; first at {where['coords']}: "
             f"reference {where['reference']}, candidate {where['candidate']}"
         )
+    if row.status in ("shape_mismatch", "layout_mismatch"):
+        return f"{row.status.replace('_', ' ')}: {row.note}"  # no element was compared: say why, not a count
     return f"{row.failures}/{row.elements} elements over tolerance"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,10 +63,26 @@ class TensorEntry:
     nbytes: int
 
 
+def unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object whose keys are each given once (``object_pairs_hook``): a name listed twice would be read as
+    its last entry, silently, whichever entry the writer meant."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"{key!r} is listed twice")
+        out[key] = value
+    return out
+
+
 def read_header(file: Path) -> dict[str, TensorEntry]:
+    """The tensors a safetensors file's header describes (a header longer than the file, or naming a tensor
+    twice, is a ``ValueError`` saying so)."""
     with open(file, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
         (length,) = struct.unpack("<Q", handle.read(8))
-        header = json.loads(handle.read(length))
+        if length > size - 8:
+            raise ValueError(f"its header length says {length} bytes, and the whole file has {size}")
+        header = json.loads(handle.read(length), object_pairs_hook=unique_keys)
     base = 8 + length
     return {
         name: TensorEntry(

@@ -80,6 +80,8 @@ def rejudge(report_path: str | Path, contract: Contract, out_path: str | Path | 
     data["contract"] = contract.to_dict()
     data["rejudged_from"] = str(report.path)
     target = Path(out_path) if out_path else report.path
+    if target.is_dir():  # a directory to write the re-judged report into
+        target = target / "report.json"
     if target.resolve().parent != report.directory.resolve():
         data["runtimes"] = [dict(r, tapset=str((report.directory / r["tapset"]).resolve())) for r in data["runtimes"]]
         data["replay"] = {

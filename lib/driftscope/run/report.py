@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from driftscope.core.atomic import write_json_atomic
-from driftscope.errors import ReportError, TapFileError
+from driftscope.errors import OutputError, ReportError, TapFileError
 from driftscope.judge.compare import ComparisonRow
+from driftscope.run.report_schema import schema_problem
 from driftscope.taps.stages import Stage, StagePlan
 from driftscope.taps.tapset import TapSet
 
@@ -70,6 +71,12 @@ class Report:
                 f"{path} is not a driftscope report of this version: it {what}",
                 f"this driftscope reads schema_version {SCHEMA_VERSION}; re-run the investigation",
             )
+        problem = schema_problem(data)
+        if problem:
+            raise ReportError(
+                f"{path} is not a valid driftscope report: {problem}",
+                "re-run the investigation (or `driftscope rejudge` a complete run) to write it again",
+            )
         return cls(path, data)
 
     def save(self) -> None:
@@ -85,6 +92,10 @@ class Report:
     def fail(self, err: BaseException) -> None:
         self.data["status"] = "error"
         self.data["error"] = {"type": type(err).__name__, "message": str(err)}
+        cause = err if isinstance(err, OSError | OutputError) else err.__cause__
+        if isinstance(cause, OSError | OutputError):  # e.g. a full disk: which file, and the errno
+            path = getattr(cause, "path", None) or getattr(cause, "filename", None)
+            self.data["error"].update(errno=cause.errno, path=None if path is None else str(path))
         self.data.setdefault("verdict", {})
         self.data["verdict"] = {"status": "error", "reasons": [f"stopped at {self.data.get('stopped_at')}: {err}"]}
         self.save()

@@ -54,7 +54,7 @@ def duration(data: dict) -> float:
 
 def outcome(entry: dict) -> str:
     """``pass``, ``fail`` or ``error`` (could not run, or a verdict nobody could judge: ``unknown``)."""
-    if entry.get("status") == "running":
+    if entry.get("status") == "running" and not entry.get("error"):  # a run with an error is not running any more
         return "running"
     if entry.get("error") or entry.get("status") != "complete":
         return "error"
@@ -136,6 +136,17 @@ def _entry(root, commit: str, directory: str) -> dict | None:
     return entry
 
 
+def missing_evidence(root, commit: str, directory: str, report: dict | None) -> list[str]:
+    """The rendered pages a complete run's parameters ask for (each notebook's ``.html`` and ``.nocode.html``)
+    that its directory lacks: a run whose evidence is missing is not a pass."""
+    if not report or not directory or report.get("status") != "complete":
+        return []
+    notebooks = (report.get("parameters") or {}).get("notebooks") or []
+    present = set(root.files(commit, directory))
+    wanted = [f"{Path(str(name)).stem}{suffix}" for name in notebooks for suffix in (".html", ".nocode.html")]
+    return [page for page in wanted if page not in present]
+
+
 def commit_entries(root, commit: str, latest: list[dict] = ()) -> list[dict]:
     """Every run of ``commit`` under ``root`` (an :class:`~driftscope.core.storage.OutputRoot`), newest result per name.
 
@@ -157,4 +168,8 @@ def commit_entries(root, commit: str, latest: list[dict] = ()) -> list[dict]:
         found[summary["name"]] = dict(
             summary, report=report if current else None, dir=summary.get("dir") or on_disk.get("dir")
         )
+    for entry in found.values():
+        missing = missing_evidence(root, commit, entry.get("dir"), entry.get("report"))
+        if missing and not entry.get("error") and entry.get("status") != "running":
+            entry["error"] = f"evidence missing: {', '.join(missing)} (the run's notebooks did not all render)"
     return [found[name] for name in sorted(found)]

@@ -7,6 +7,7 @@ engines outside Python can write it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
@@ -19,8 +20,8 @@ import numpy as np
 from safetensors import safe_open
 
 from driftscope.core.atomic import write_json_atomic
-from driftscope.errors import TapFileError
-from driftscope.model.weightfile import read_header
+from driftscope.errors import OutputError, TapFileError, output_error
+from driftscope.model.weightfile import read_header, unique_keys
 from driftscope.taps.sidecar import FORMAT, FORMAT_VERSION, HALF, STORED, check_tensors, validate_sidecar
 from driftscope.taps.stages import Stage
 
@@ -90,7 +91,11 @@ class TapWriter:
         if stage_id in self._entries:
             raise TapFileError(f"stage {stage_id!r} captured twice", "capture each stage once per run")
         array, native = storage_array(value)
-        self._handle.write(memoryview(array.reshape(-1)).cast("B"))  # no copy of the array's bytes
+        try:
+            self._handle.write(memoryview(array.reshape(-1)).cast("B"))  # no copy of the array's bytes
+        except OSError as err:
+            self.abandon()
+            raise output_error(err, self.tensor_path) from err
         self._entries[stage_id] = {
             "dtype": _DTYPES[array.dtype],
             "shape": list(array.shape),
@@ -107,16 +112,20 @@ class TapWriter:
         """Finish the tensor file, write the sidecar atomically, return the TapSet."""
         if self.closed:
             return TapSet(self.tensor_path)
-        self._handle.flush()
-        header = self._header()
-        if len(header) <= self._reserve:
-            self._handle.seek(0)
-            self._handle.write(struct.pack("<Q", self._reserve))
-            self._handle.write(header + b" " * (self._reserve - len(header)))
-            self._handle.close()
-        else:
-            self._handle.close()
-            self._rewrite_with_header(header)
+        try:
+            self._handle.flush()
+            header = self._header()
+            if len(header) <= self._reserve:
+                self._handle.seek(0)
+                self._handle.write(struct.pack("<Q", self._reserve))
+                self._handle.write(header + b" " * (self._reserve - len(header)))
+                self._handle.close()
+            else:
+                self._handle.close()
+                self._rewrite_with_header(header)
+        except OSError as err:
+            self.abandon()
+            raise output_error(err, self.tensor_path) from err
         os.replace(self._partial, self.tensor_path)
         self.meta.update(
             format=FORMAT,
@@ -150,12 +159,22 @@ class TapWriter:
                 target.write(chunk)
         moved.unlink()
 
+    def abandon(self) -> None:
+        """Remove what was written (the ``.partial`` file): a write failed, so no file takes the final name."""
+        with contextlib.suppress(OSError):
+            self._handle.close()
+        for leftover in (self._partial, self._partial.with_name(self._partial.name + ".old")):
+            leftover.unlink(missing_ok=True)
+        self.closed = True
+
     def __enter__(self) -> TapWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc is None:
             self.close()
+        elif isinstance(exc, OSError | OutputError):
+            self.abandon()  # the disk refused a write: nothing of this capture is kept under its name
         else:
             self.close(complete=False, error=f"{exc_type.__name__}: {exc}")
 
@@ -173,9 +192,11 @@ class TapSet:
         if not self.tensor_path.exists():
             raise TapFileError(f"TapSet tensors {self.tensor_path} do not exist", "write the .safetensors file")
         try:
-            self.meta = json.loads(self.sidecar_path.read_text())
+            self.meta = json.loads(self.sidecar_path.read_text(), object_pairs_hook=unique_keys)
         except json.JSONDecodeError as err:
             raise TapFileError(f"sidecar {self.sidecar_path} is not JSON: {err}", "rewrite the sidecar") from err
+        except ValueError as err:
+            raise TapFileError(f"sidecar {self.sidecar_path}: {err}", "write each stage once") from err
         try:
             self._file = safe_open(str(self.tensor_path), framework="numpy")
             self._layout = read_header(self.tensor_path)

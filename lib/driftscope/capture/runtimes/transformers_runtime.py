@@ -81,6 +81,7 @@ class TransformersRuntime(Runtime):
             attn_implementation=self.options.get("attn_implementation", "eager"),
             use_safetensors=True,
             output_loading_info=True,
+            ignore_mismatched_sizes=True,  # reported in the loading info, then refused naming the tensors
         )
         refuse_partial_load(self.checkpoint.path, info)
         return model.eval()

@@ -1,0 +1,63 @@
+"""What a report.json must hold for ``show``, ``rejudge``, ``diff`` and the notebooks to read it: checked with
+jsonschema when a report is loaded, so a report that was edited, truncated or written by something else says
+what is wrong with it (a field and why) instead of failing deep inside a view."""
+
+from __future__ import annotations
+
+from typing import Any
+
+VERDICTS = ["pass", "fail", "could not run", "error"]
+
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["schema_version", "status"],
+    "properties": {
+        "schema_version": {"type": "integer"},
+        "status": {"enum": ["running", "complete", "error"]},
+        "stopped_at": {"type": ["string", "null"]},
+        "name": {"type": ["string", "null"]},
+        "reference": {"type": ["string", "null"]},
+        "progress": {"type": "array"},
+        "verdict": {
+            "type": "object",
+            "required": ["status"],
+            "properties": {
+                "status": {"enum": VERDICTS},
+                "per_candidate": {"type": "object", "additionalProperties": {"type": "string"}},
+                "reasons": {"type": "array", "items": {"type": "string"}},
+            },
+        },
+        "rows": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["stage", "status"],
+                "properties": {"stage": {"type": "string"}, "status": {"type": "string"}},
+            },
+        },
+        "pairs": {
+            "type": "array",
+            "items": {"type": "object", "required": ["key", "reference", "candidate"]},
+        },
+        "runtimes": {"type": "array", "items": {"type": "object", "required": ["label"]}},
+        "stage_plan": {"type": "array", "items": {"type": "object", "required": ["id"]}},
+        "first_divergence": {"type": "object"},
+        "coverage": {"type": "object"},
+        "checks": {"type": "object"},
+    },
+    # a finished run has been judged: it has a verdict and rows
+    "if": {"properties": {"status": {"const": "complete"}}},
+    "then": {"required": ["verdict", "rows"]},
+}
+
+
+def schema_problem(data: object) -> str | None:
+    """The first way ``data`` breaks the report schema, as ``where: what`` (None when it holds)."""
+    from jsonschema import Draft202012Validator
+
+    errors = sorted(Draft202012Validator(SCHEMA).iter_errors(data), key=lambda error: list(error.path))
+    if not errors:
+        return None
+    error = errors[0]
+    where = "".join(f"[{part!r}]" if isinstance(part, str) else f"[{part}]" for part in error.path) or "the report"
+    return f"{where}: {error.message}"
