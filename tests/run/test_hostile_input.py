@@ -161,10 +161,14 @@ def test_2_nonfinite_values_fail_whatever_max_failure_fraction_allows(tmp_path):
     assert rows["a"]["status"] == "fail" and rows["a"]["nonfinite_mismatch"] == 32
     assert result["verdict"]["status"] == "fail"
     assert "a (32 non-finite value(s) the other side lacks" in result["verdict"]["reasons"][0]
-    # NaN on both sides at the same places: not a failure, never a silent pass with cosine 1.0
-    assert rows["b"]["nonfinite_both"] == 32 and rows["b"]["warning"]
+    # NaN on both sides everywhere: nothing there could be judged, which is not a pass (issue 30 item 2), and
+    # never a silent pass with cosine 1.0
+    assert rows["b"]["nonfinite_both"] == 32 and rows["b"]["status"] == "not_judged"
+    assert "every element (32) is non-finite on both sides" in rows["b"]["note"]
     assert rows["b"]["cosine"] != 1.0 and not np.isfinite(rows["b"]["cosine"])
-    assert any("b: 32 element(s) non-finite on both sides" in reason for reason in result["verdict"]["reasons"])
+    assert any(
+        "1 stage(s) could not be judged, non-finite on both sides (b)" in r for r in result["verdict"]["reasons"]
+    )
 
 
 def test_3_a_sidecar_cannot_make_a_float_stage_integer(tmp_path):
@@ -223,7 +227,7 @@ def test_5_summaries_name_the_first_nonfinite_element_not_a_finite_worst_one(tmp
     code, out, _ = cli(capsys, "show", path.parent)
     assert code == 1
     assert f"first non-finite element at `[2, 3]`: reference {expected[2, 3]:.6g}, candidate nan" in out
-    assert "vision.block.1: 24 element(s) non-finite on both sides" in out  # named, not passed silently
+    assert "could not be judged, non-finite on both sides (vision.block.1)" in out  # named, not passed silently
 
 
 def test_7_contract_rules_that_match_nothing_and_skipping_everything(finished, tmp_path, capsys):

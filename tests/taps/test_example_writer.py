@@ -49,7 +49,7 @@ def engine_tapset(writer_module, oracle, base, raster=False, store=None):
     writer = writer_module.TapSetWriter(
         str(base),
         runtime="numpy-engine",
-        policy="f32",
+        policy="bf16" if store == "BF16" else "f32",  # an engine that computed in bfloat16 says so (issue 30 item 4)
         inputs_digest=writer_module.inputs_digest(oracle["inputs.pixel_values"], oracle["inputs.grid_thw"]),
     )
     for stage_id in oracle.stage_ids():
@@ -88,7 +88,13 @@ def test_a_tapset_from_the_example_writer_passes_against_the_oracle(writer_modul
         "bf16": engine_tapset(writer_module, oracle, tmp_path / "bf16", store="BF16"),
     }
     runtimes = ["transformers:f32"] + [
-        {"runtime": "tapfile", "label": label, "options": {"path": path}} for label, path in paths.items()
+        {
+            "runtime": "tapfile",
+            "label": label,
+            "policy": "bf16" if label == "bf16" else "f32",
+            "options": {"path": path},
+        }
+        for label, path in paths.items()
     ]
     params = parse_parameters(
         {"name": "example", "checkpoint": str(TINY), "images": [str(SHAPES)], "runtimes": runtimes, "stages": "all"}

@@ -1,8 +1,10 @@
 """What a runtime pair's comparison covered, and the coverage rule a gate needs.
 
 The rule: every stage either side of a pair captured is compared on both sides. A stage is excused only when
-the contract skips it by name (``skip: true``) or when the side that lacks it declares it cannot produce it
-(e.g. a runtime that does not decode has no ``text.generate.*``). Beyond that, a pair fails its coverage when
+the contract skips it by name (``skip: true``), when the side that lacks it declares it cannot produce it
+(e.g. a runtime that does not decode has no ``text.generate.*``), or when it is the index of a token order
+the lacking side holds no stage in (a raster-ordered engine needs no window index: the other side's is used).
+Beyond that, a pair fails its coverage when
 - a stage is missing on one side (a capture that stopped short, a tap file that holds only its inputs),
 - a stage could not be judged: every element non-finite on both sides (e.g. a checkpoint of NaN weights),
 - no model stage was compared at all: only data (processor inputs, index math), which no engine computes.
@@ -11,7 +13,8 @@ the contract skips it by name (``skip: true``) or when the side that lacks it de
 from __future__ import annotations
 
 from driftscope.judge.rows import ComparisonRow
-from driftscope.taps.stages import StagePlan
+from driftscope.taps.stages import StagePlan, orders_of
+from driftscope.taps.tapset import TapSet
 
 #: Row statuses that compared both sides' values (the others: ``missing``, ``skipped``, ``not_judged``).
 COMPARED = ("pass", "fail", "shape_mismatch", "layout_mismatch")
@@ -21,17 +24,31 @@ def _sample(stages: list[str]) -> str:
     return stages[0] if len(stages) == 1 else f"{stages[0]}, ... ({len(stages)} stages)"
 
 
-def pair_coverage(rows: list[ComparisonRow], plan: StagePlan, absent: list[dict]) -> dict:
+def unused_order_indexes(tapset: TapSet, plan: StagePlan) -> set[str]:
+    """The index stages of the plan's token orders in which ``tapset`` holds no stage: it needs none of them."""
+    used = {str(tapset.declaration(stage_id).get("token_order") or "") for stage_id in tapset.stage_ids()}
+    out = set()
+    for name, order in orders_of(plan).items():
+        if name not in used:
+            out |= {order.index, *([order.segments] if order.segments else [])}
+    return out
+
+
+def pair_coverage(
+    rows: list[ComparisonRow], plan: StagePlan, absent: list[dict], reference: TapSet, candidate: TapSet
+) -> dict:
     """The coverage record of one pair's ``rows``: counts, the stages behind each gap, and the reasons it fails
     the rule (empty when it holds). ``absent`` is the pair's ``not_compared`` groups (each says whether the
     lacking side declared the capability missing)."""
     declared = {stage for group in absent if group.get("declared") for stage in group["stages"]}
+    needless = {"reference": unused_order_indexes(reference, plan), "candidate": unused_order_indexes(candidate, plan)}
     compared = [row.stage for row in rows if row.status in COMPARED]
     model = [stage for stage in compared if not (stage in plan and plan[stage].data)]
     missing = {"reference": [], "candidate": []}
     for row in rows:
-        if row.status == "missing" and row.stage not in declared:
-            missing["reference" if row.note.endswith("reference") else "candidate"].append(row.stage)
+        side = "reference" if row.note.endswith("reference") else "candidate"
+        if row.status == "missing" and row.stage not in declared and row.stage not in needless[side]:
+            missing[side].append(row.stage)
     not_judged = [row.stage for row in rows if row.status == "not_judged"]
     problems = []
     for side, stages in missing.items():

@@ -64,7 +64,7 @@ def judge(
         growth[key] = growth_stages(pair_rows, contract.growth_factor, side=side)
         onset[key] = next((row.stage for row in pair_rows if not row.integer and row.relative_rms > DRIFT_FLOOR), None)
         absent[key] = not_compared(pair_rows, ref, candidate)
-        coverage[key] = pair_coverage(pair_rows, plan, absent[key])
+        coverage[key] = pair_coverage(pair_rows, plan, absent[key], ref, candidate)
         compared_rows = [row for row in pair_rows if row.status in COMPARED]
         failed = divergence is not None or not compared_rows or not coverage[key]["complete"]
         per_candidate[key] = "fail" if failed else "pass"
