@@ -8,7 +8,10 @@ import json
 import shutil
 
 import pytest
+from conftest import ROOT
 from driftscope.cli import main
+
+CONTRACT = ROOT / "parameters" / "contracts" / "default.yaml"
 
 
 @pytest.fixture
@@ -38,7 +41,8 @@ def edit(run, change) -> None:
 )
 def test_show_and_rejudge_name_what_is_wrong_with_a_report(run_copy, capsys, change, where):
     edit(run_copy, change)
-    for command in (["show", str(run_copy)], ["rejudge", str(run_copy), "--out", str(run_copy / "again.json")]):
+    rejudge = ["rejudge", str(run_copy), "--contract", str(CONTRACT), "--out", str(run_copy / "again.json")]
+    for command in (["show", str(run_copy)], rejudge):
         assert main(command) == 2
         err = capsys.readouterr().err
         assert "is not a valid driftscope report" in err and where in err, err
@@ -49,7 +53,7 @@ def test_rejudge_into_an_existing_directory_writes_its_report_json(run_copy, tmp
     """``rejudge --out DIR`` gave "internal error: IsADirectoryError"."""
     target = tmp_path / "rejudged"
     target.mkdir()
-    code = main(["rejudge", str(run_copy), "--out", str(target)])
+    code = main(["rejudge", str(run_copy), "--contract", str(CONTRACT), "--out", str(target)])
     assert code in (0, 1), capsys.readouterr().err
     report = json.loads((target / "report.json").read_text())
     assert report["status"] == "complete" and report["rows"]

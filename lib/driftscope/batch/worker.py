@@ -225,9 +225,9 @@ def _execute(task: RunTask, params, tree: Path, out: Path, stop) -> dict:
     if code not in (0, 1) or not report.exists():
         result["error"] = _failure(out / LOG_NAME, code) if result["error"] is None else result["error"]
     if result.get("status") == "running":  # the child is gone and its report still says running: it died
-        mark_dead(out, f"dead: {result['error'] or _failure(out / LOG_NAME, code)}")
-        result.update(status="error", verdict="error")
-        result["error"] = result["error"] or _failure(out / LOG_NAME, code)
+        reason = _failure(out / LOG_NAME, code)  # e.g. "driftscope run killed by signal 11"
+        mark_dead(out, f"dead: {reason}")
+        result.update(status="error", verdict="error", error=reason)
     return result
 
 

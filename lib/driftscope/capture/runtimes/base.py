@@ -17,7 +17,7 @@ import numpy as np
 
 from driftscope.capture.patches import HypothesisPatch
 from driftscope.capture.quantized import QuantizedWeights, check_policy_fits, quantized_weights
-from driftscope.errors import ParameterError, RuntimeUnavailableError
+from driftscope.errors import OutputError, ParameterError, RuntimeUnavailableError
 from driftscope.families.hypotheses import hypotheses_of
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.model.checkpoint import Checkpoint
@@ -208,7 +208,10 @@ class Runtime(ABC):
             if inputs.text is not None and any(stage.id.startswith("text.") for stage in plan):
                 self._capture_text(inputs, sink)
         except BaseException as err:
-            writer.close(complete=False, error=f"{type(err).__name__}: {err}")
+            if isinstance(err, OSError | OutputError):
+                writer.abandon()  # the disk refused a write: nothing is kept under the TapSet's name
+            else:
+                writer.close(complete=False, error=f"{type(err).__name__}: {err}")
             raise
         self.timings["capture_s"] = time.perf_counter() - start
         writer.meta["timings"] = dict(self.timings)
