@@ -65,3 +65,33 @@ def test_transformers_refuses_weights_it_would_fill_at_random_or_drop(tmp_path, 
     with pytest.raises(CheckpointError, match=expected) as err:
         runtime.load()
     assert ("blocks.99.norm1.weight" if kind == "unexpected" else "patch_embed.proj.weight") in err.value.problem
+
+
+def test_an_int8_checkpoint_is_refused_when_opened(tmp_path, tiny_checkpoint_dir):
+    """Issue 30 item 14: an int8 checkpoint opened fine and MLX failed at capture."""
+    import numpy as np
+
+    def int8(tensors):
+        name = next(name for name in sorted(tensors) if name.endswith("mlp.down_proj.weight"))
+        return {**tensors, name: np.clip(tensors[name] * 127, -127, 127).astype(np.int8)}
+
+    copy_checkpoint(tiny_checkpoint_dir, tmp_path / "ck", int8)
+    with pytest.raises(CheckpointError, match="stores weights as 8-bit integers") as err:
+        open_checkpoint(tmp_path / "ck")
+    assert "mlp.down_proj.weight" in err.value.problem and "q8" in err.value.fix
+
+
+def test_a_checkpoint_without_tokenizer_files_says_so_when_text_is_asked(tmp_path, tiny_checkpoint_dir):
+    """Issue 30 item 14: it said "4 image placeholders into 0 image tokens"."""
+    from conftest import SHAPES
+    from driftscope.families import get_family
+    from driftscope.families.checkpoints import prepare_inputs
+
+    copy_checkpoint(tiny_checkpoint_dir, tmp_path / "ck")
+    for name in ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer.model"):
+        (tmp_path / "ck" / name).unlink(missing_ok=True)
+    checkpoint = open_checkpoint(tmp_path / "ck")  # the vision tower alone needs no tokenizer
+    inputs = prepare_inputs(checkpoint, [SHAPES])
+    with pytest.raises(CheckpointError, match="has no tokenizer files") as err:
+        get_family(checkpoint.family).text_inputs(checkpoint, inputs, max_new_tokens=4)
+    assert "tokenizer.json" in err.value.problem and "drop `text`" in err.value.fix

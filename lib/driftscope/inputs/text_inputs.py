@@ -41,9 +41,19 @@ class TextInputs:
         }
 
 
+#: files one of which a checkpoint's tokenizer is saved as (transformers' fast and slow tokenizers)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model", "vocab.txt")
+
+
 def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
 
+    if not any((Path(path) / name).exists() for name in TOKENIZER_FILES):
+        raise CheckpointError(
+            f"checkpoint {path} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)})",
+            "save the tokenizer next to the weights (tokenizer.save_pretrained(dir)), or drop `text` from the "
+            "parameter file to compare the vision tower only",
+        )
     try:
         return AutoTokenizer.from_pretrained(str(path))
     except Exception as err:  # noqa: BLE001 - any failure means the checkpoint has no usable tokenizer

@@ -26,9 +26,9 @@ class Checkpoint:
         return self.path.name
 
 
-def _check_weights(file: Path) -> set[str]:
+def _check_weights(file: Path) -> dict:
     """Refuse a safetensors file whose header is unreadable or describes more bytes than the file holds; its
-    tensors' names."""
+    tensors (name -> header entry)."""
     from driftscope.model.weightfile import read_header
 
     fix = f"re-save or copy the checkpoint again: {file.name} is incomplete or damaged"
@@ -40,7 +40,26 @@ def _check_weights(file: Path) -> set[str]:
     end = max((entry.start + entry.nbytes for entry in entries.values()), default=0)
     if end > size:
         raise CheckpointError(f"{file} is truncated: its header describes {end} bytes, the file has {size}", fix)
-    return set(entries)
+    return entries
+
+
+#: safetensors dtypes of weights stored as 8-bit integers: a quantized format (e.g. int8) no runtime here reads as
+#: it is (MLX-community 4/8-bit checkpoints pack their codes into U32 next to float scales, and load)
+INTEGER_WEIGHTS = ("I8", "U8")
+
+
+def _refuse_integer_weights(path: Path, tensors: dict[str, dict]) -> None:
+    """Refuse a checkpoint whose weights are 8-bit integers: every runtime would fail at capture, or worse, cast."""
+    found = sorted(
+        name for entries in tensors.values() for name, entry in entries.items() if entry.dtype in INTEGER_WEIGHTS
+    )
+    if found:
+        shown = ", ".join(found[:5]) + (f", ... ({len(found)} in all)" if len(found) > 5 else "")
+        raise CheckpointError(
+            f"checkpoint {path} stores weights as 8-bit integers ({shown}): driftscope loads float weights (or "
+            "MLX-community quantized directories)",
+            "point at the float checkpoint, and run a quantized policy (q8, q8-dequant, ...) on it",
+        )
 
 
 def _check_index(path: Path, tensors: dict[str, set[str]]) -> None:
@@ -100,6 +119,7 @@ def validate_checkpoint(path: str | Path) -> tuple[Path, dict]:
         )
     tensors = {file.name: _check_weights(file) for file in safetensors}
     _check_index(path, tensors)
+    _refuse_integer_weights(path, tensors)
     if not config_path.exists():
         raise CheckpointError(f"checkpoint {path} has no config.json", "save the model's config with save_pretrained")
     try:
