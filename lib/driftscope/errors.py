@@ -69,3 +69,8 @@ def output_error(err: OSError, path) -> OutputError:
         path=str(path),
         errno=err.errno,
     )
+
+
+def some(names: list[str], limit: int = 5) -> str:
+    """The first ``limit`` of ``names`` for an error message, and how many there are when that is not all."""
+    return ", ".join(names[:limit]) + (f", ... ({len(names)} in all)" if len(names) > limit else "")

@@ -222,12 +222,13 @@ def _execute(task: RunTask, params, tree: Path, out: Path, stop) -> dict:
     report = out / "report.json"
     if report.exists():
         result.update(from_report(json.loads(report.read_text())))
-    if code not in (0, 1) or not report.exists():
-        result["error"] = _failure(out / LOG_NAME, code) if result["error"] is None else result["error"]
-    if result.get("status") == "running":  # the child is gone and its report still says running: it died
+    died = result.get("status") == "running"  # the child is gone and its report still says running
+    if died or code not in (0, 1) or not report.exists():
         reason = _failure(out / LOG_NAME, code)  # e.g. "driftscope run killed by signal 11"
+        result["error"] = reason if died or result["error"] is None else result["error"]
+    if died:
         mark_dead(out, f"dead: {reason}")
-        result.update(status="error", verdict="error", error=reason)
+        result.update(status="error", verdict="error")
     return result
 
 

@@ -8,7 +8,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from driftscope.errors import CheckpointError
+from driftscope.errors import CheckpointError, some
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
@@ -54,7 +54,7 @@ def _refuse_integer_weights(path: Path, tensors: dict[str, dict]) -> None:
         name for entries in tensors.values() for name, entry in entries.items() if entry.dtype in INTEGER_WEIGHTS
     )
     if found:
-        shown = ", ".join(found[:5]) + (f", ... ({len(found)} in all)" if len(found) > 5 else "")
+        shown = some(found)
         raise CheckpointError(
             f"checkpoint {path} stores weights as 8-bit integers ({shown}): driftscope loads float weights (or "
             "MLX-community quantized directories)",
@@ -83,7 +83,7 @@ def _check_index(path: Path, tensors: dict[str, set[str]]) -> None:
         (dangling, "are in its index but not in the shard it names"),
     ):
         if names:
-            shown = ", ".join(names[:5]) + (f", ... ({len(names)} in all)" if len(names) > 5 else "")
+            shown = some(names)
             raise CheckpointError(
                 f"checkpoint {path}: tensors {shown} {what}",
                 "re-save the checkpoint with save_pretrained, or rewrite model.safetensors.index.json from its shards",

@@ -12,7 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from driftscope.capture.runtimes.base import Runtime, package_versions, require
-from driftscope.errors import CheckpointError
+from driftscope.errors import CheckpointError, some
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.model.quant.policy import RUNTIME_POLICIES
 from driftscope.taps.sink import StageSink
@@ -44,7 +44,7 @@ def refuse_partial_load(path, info: dict) -> None:
     ):
         names = sorted(str(name) for name in info.get(key) or ())
         if names:
-            shown = ", ".join(names[:5]) + (f", ... ({len(names)} in all)" if len(names) > 5 else "")
+            shown = some(names)
             raise CheckpointError(
                 f"checkpoint {path}: tensors {what}: {shown}",
                 "check that config.json and the weights belong together (re-save both with save_pretrained)",
