@@ -158,6 +158,13 @@ def test_type_and_name_errors_are_found_at_the_parameters_step(extra, message):
         parse_parameters({**BASE, **extra})
 
 
+def test_a_contract_written_inline_is_refused_with_a_contract_example():
+    """The error for ``contract: {default: ...}`` suggested an image path as the fix."""
+    with pytest.raises(ParameterError, match="contract must be str") as caught:
+        parse_parameters({**BASE, "contract": {"default": {"atol": 1e-4, "rtol": 1e-4}}})
+    assert "contracts/strict.yaml" in caught.value.fix and ".png" not in caught.value.fix
+
+
 def test_substages_outside_the_tower_are_refused_before_anything_loads(tiny_checkpoint_dir):
     """``substages: [99]`` on the tiny fixture's tower was taken modulo its depth (block 99 % depth)."""
     from driftscope.families import stage_plan

@@ -194,6 +194,14 @@ def _runtime(entry: Any, position: int, base: Path) -> RuntimeSpec:
     )
 
 
+#: What a path-valued key looks like, for the error that names a wrong type.
+PATH_EXAMPLES = {
+    "checkpoint": "path/to/a/local/checkpoint/directory",
+    "images entries": "fixtures/images/shapes_448.png",
+    "contract": "parameters/contracts/strict.yaml (a contract file; its rules are written there)",
+}
+
+
 def parse_parameters(data: Any, source: str | None = None, base: Path | None = None) -> Parameters:
     """Validate a parameter mapping; relative paths resolve against ``base`` (default: the root of the
     parameter file ``source`` when it is one, see :func:`parameter_root`; else the cwd)."""
@@ -208,7 +216,7 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
             raise ParameterError(f"{where} has no {key!r} ({TOP_KEYS[key]})", f"add {key}: ...")
 
     def path(value: Any, key: str) -> Path:
-        checked(value, str, key, "fixtures/images/shapes_448.png")
+        checked(value, str, key, PATH_EXAMPLES[key])
         if is_url(value):  # s3://, gs://, file://...: a local copy, fetched once
             return localize(value)
         return _resolve(value, base)

@@ -225,7 +225,8 @@ def recapture_block(
     candidate = _capture(report, candidate_label, hypothesis, plan, inputs, out, log)
     written = report.data["contract"]
     contract = Contract.from_dict({k: v for k, v in written.items() if k != "source"}, written.get("source"))
-    rows = [r for r in compare_tapsets(reference, candidate, contract, plan) if plan[r.stage].block == int(block)]
+    compared = compare_tapsets(reference, candidate, contract, plan)
+    rows = [r for r in compared if r.stage in plan and plan[r.stage].block == int(block)]  # a capture may add inputs
     before = {r.stage: r for r in report.rows if (r.pair or r.candidate) == pair and r.stage in plan}
     described = None if hypothesis is None else hypothesis.target
     return Recapture(
