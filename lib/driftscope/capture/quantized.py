@@ -184,7 +184,8 @@ def dense_checkpoint(source: Checkpoint, spec: QuantSpec, profile: QuantProfile)
     if not (out / "config.json").exists():
         weights = _dequantized(source, spec, profile)
         provenance = {"source": str(source.path), "spec": spec.to_dict(), "format": CACHE_FORMAT}
-        write_dense_checkpoint(out, weights, source.config, copy_from=source.path, provenance=provenance, replace=False)
+        config = profile.dense_config(source.config)
+        write_dense_checkpoint(out, weights, config, copy_from=source.path, provenance=provenance, replace=False)
     return open_checkpoint(out, source.family)
 
 

@@ -81,6 +81,7 @@ class TinyFixture:
     directory: Path  # where the checkpoint is written (fixtures/checkpoints/...)
     build: Callable[[Path], Path]  # writes the checkpoint into a directory
     images: tuple[Path, ...]  # images the shared tests feed it
+    q4_group_size: int = 64  # the group size of its 4-bit twin (``fixtures/make_tiny_q4.py``)
 
     def ensure(self) -> Path:
         """The checkpoint directory, built first if it is not there."""

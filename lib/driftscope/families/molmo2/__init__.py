@@ -10,6 +10,7 @@ to each other both ways. Everything driftscope knows about the family is in this
 - ``transformers_taps``, ``mlx_taps``, ``emitter/``: where each runtime taps and how it replays;
 - ``replay``: the side inputs every replay needs (pooling indices, selected layers);
 - ``mutations``, ``hypotheses``: planted defects for fixture power; the patches closing mlx-vlm's defects;
+- ``quantization``: what quantized policies need (tensor groups, MLX names, the linear layers behind stages);
 - ``views`` (+ ``geometry_plots``): what the generic views and the geometry CLI ask of a family;
 - ``synthetic``: the tiny random-weight checkpoints (hub and native layouts).
 """
@@ -61,6 +62,8 @@ FAMILY = Family(
         directory=CHECKPOINTS / "tiny-molmo2-hub",
         build=_build_tiny,
         images=(_ROOT / "fixtures" / "images" / "shapes_224.png",),  # 2 crops, 392 tokens, 27 padded
+        q4_group_size=32,  # the tiny ViT is 32 wide; group size 64 would leave its attention dense
     ),
+    quantization=f"{__name__}.quantization",
     known_defects={"mlx": "driftscope.hypotheses:mlx_vlm_fixes"},  # mlx-vlm 0.7.10's three (hypotheses.py)
 )

@@ -263,7 +263,8 @@ def _resplit_embedding(weights: dict, vocab_size: int) -> dict:
 
 
 def load_mlx_model(path: str | Path, config: dict, dtype: str = "float32") -> Any:
-    """mlx-vlm's Molmo2 ``Model`` with the checkpoint's weights (strict), its code unchanged.
+    """mlx-vlm's Molmo2 ``Model`` with the checkpoint's weights (strict; an MLX-community directory's quantized
+    layers as quantized modules), its code unchanged.
 
     The checkpoint's own config.json is kept on the model as ``driftscope_source_config`` (hypothesis
     patches read the declared ViT depth from it; mlx-vlm's config no longer has it).
@@ -285,8 +286,8 @@ def load_mlx_model(path: str | Path, config: dict, dtype: str = "float32") -> An
     weights = _resplit_embedding(weights, read_facts(config).text.vocab_size)
     weights = utils.sanitize_weights(model, weights)
     weights = utils.sanitize_weights(model_module.LanguageModel, weights, model_config.text_config)
-    try:
-        model.load_weights(list(weights.items()), strict=True)
+    try:  # mlx-vlm's own install: an MLX-community checkpoint's quantized layers become quantized modules
+        utils.load_model_weights(model, adapted, weights, Path(path), strict=True)
     except ValueError as err:
         raise CheckpointError(
             f"checkpoint {path} does not match mlx-vlm's Molmo2 model: {err}",

@@ -3,8 +3,9 @@
 A family folder's ``quantization`` module defines ``PROFILE`` and its ``FAMILY`` names that module
 (``Family.quantization``); a family without one runs no quantized policy. The profile says which tensors
 belong to the vision and the text side in both namings (the family's dense checkpoints and mlx-vlm's
-modules), how MLX names map back to checkpoint names, the config an MLX-community directory carries,
-and which stages are the output of a single linear layer (for the same-input linear replay).
+modules), how MLX names map back to checkpoint names, the config an MLX-community directory carries
+(and the one a dense checkpoint dequantized from it carries), and which stages are the output of a single
+linear layer (for the same-input linear replay).
 """
 
 from __future__ import annotations
@@ -52,3 +53,6 @@ class QuantProfile:
     mlx_config: Callable[[dict], dict] = _same
     #: stage id -> the linear layer whose output it is (None: not a single linear's output)
     linears: Callable[[str], LinearSite | None] = _no_linear
+    #: the config.json of a dense checkpoint dequantized from one of this family's checkpoints (either kind),
+    #: as transformers and the JAX emitter read it
+    dense_config: Callable[[dict], dict] = _same
