@@ -18,7 +18,7 @@ from driftscope.capture.runtimes import get_runtime
 from driftscope.families import FAMILIES, detect_family, get_family
 from driftscope.judge.compare import compare_tapsets
 from driftscope.judge.contract import Contract
-from driftscope.taps.stages import StagePlan, StageSelection
+from driftscope.taps.stages import StagePlan
 
 FAMILY_NAMES = FAMILIES.names()
 ORACLE = "transformers"
@@ -61,45 +61,6 @@ def test_the_family_is_detected_from_its_model_types_and_an_override_must_agree(
             detect_family({"model_type": family.model_types[0]}, other)
     with pytest.raises(RegistryError, match="unknown model family"):
         detect_family({"model_type": "a-model-nobody-registered"}, "no-such-family")
-
-
-@pytest.fixture(scope="session")
-def tiny(request):
-    """name -> (checkpoint, inputs with the prompt, full plan with the text stages)."""
-    from driftscope.families.checkpoints import open_checkpoint
-
-    built = {}
-
-    def get(name: str):
-        if name not in built:
-            family = get_family(name)
-            checkpoint = open_checkpoint(family.tiny.ensure())
-            inputs = family.prepare_inputs(checkpoint, list(family.tiny.images))
-            inputs.text = family.text_inputs(checkpoint, inputs, max_new_tokens=4)
-            plan = family.vision_plan(checkpoint.config).select(StageSelection.everything())
-            plan = StagePlan(plan.family, plan.stages + family.text_stages(checkpoint.config, 4), plan.depth, plan.meta)
-            built[name] = (checkpoint, inputs, plan)
-        return built[name]
-
-    return get
-
-
-@pytest.fixture(scope="session")
-def runs(tiny, tmp_path_factory):
-    """(family, runtime) -> (runtime object, TapSet of the whole plan in f32), captured once per session."""
-    out = tmp_path_factory.mktemp("family-runs")
-    captured = {}
-
-    def get(name: str, runtime_name: str):
-        if (name, runtime_name) not in captured:
-            checkpoint, inputs, plan = tiny(name)
-            runtime = get_runtime(runtime_name)(checkpoint, "f32")
-            tapset = runtime.capture(inputs, plan, out / name / runtime_name)
-            runtime.release()
-            captured[(name, runtime_name)] = (runtime, tapset)
-        return captured[(name, runtime_name)]
-
-    return get
 
 
 def _vision(plan: StagePlan) -> list[str]:

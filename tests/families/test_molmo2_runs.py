@@ -54,14 +54,18 @@ def test_the_demo_renders_its_notebooks_and_shows_each_defect_and_its_patch(tmp_
     expected = {
         "mlx:f32": DEFECT_STAGE["tanh_gelu"],  # mlx-vlm as shipped: the first of its three defects
         "mlx-fixed": None,
-        "mlx-gelu-only": DEFECT_STAGE["tanh_gelu"],
-        "mlx-layers-only": DEFECT_STAGE["layers_from_declared_depth"],
-        "mlx-mask-only": DEFECT_STAGE["bidirectional_image_mask"],
+        "mlx-without-tanh_gelu": DEFECT_STAGE["tanh_gelu"],
+        "mlx-without-layers_from_declared_depth": DEFECT_STAGE["layers_from_declared_depth"],
+        "mlx-without-bidirectional_image_mask": DEFECT_STAGE["bidirectional_image_mask"],
         "iree:f32": None,
         "transformers:tf32": "vision.patch_embed",  # TF32 operands move the oracle from its first matmul
     }
     assert first == expected
-    for label in ("mlx-gelu-only", "mlx-layers-only", "mlx-mask-only"):
+    for label in (
+        "mlx-without-tanh_gelu",
+        "mlx-without-layers_from_declared_depth",
+        "mlx-without-bidirectional_image_mask",
+    ):
         assert data["replay"][label]["first_introduced"] == expected[label], label
     power = {entry["mutation"]: entry for entry in data["power"]["mutations"]}
     for name in ("layers_after_truncation", "exact_gelu_vit", "causal_image_mask"):

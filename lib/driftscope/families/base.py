@@ -90,6 +90,10 @@ class TinyFixture:
         return self.directory
 
 
+#: What the generic pages ask each family to say in its own words (``Family.text``).
+PROSE_KEYS = ("inputs", "mutations", "answer")
+
+
 def _module(path: str) -> ModuleType:
     return importlib.import_module(path)
 
@@ -132,6 +136,9 @@ class Family:
     #: module holding ``PROFILE``, the family's :class:`~driftscope.model.quant.profiles.QuantProfile` (None: the
     #: family runs no quantized policy)
     quantization: str | None = None
+    #: module holding ``PROSE``: the family's sentences on the generic pages, by ``PROSE_KEYS`` (what its inputs
+    #: overlay shows, examples of its mutations, what its text side carries besides the layers)
+    prose: str | None = None
 
     def supports(self, runtime: str) -> bool:
         return runtime in self.engines
@@ -150,6 +157,12 @@ class Family:
 
     def hypothesis_module(self) -> ModuleType:
         return _module(self.hypotheses)
+
+    def text(self, key: str) -> str:
+        """The family's sentence for ``key`` (one of ``PROSE_KEYS``) on a generic page; "" when it has none."""
+        if key not in PROSE_KEYS:
+            raise KeyError(f"no page asks a family for {key!r}; the keys are {PROSE_KEYS}")
+        return _module(self.prose).PROSE.get(key, "") if self.prose else ""
 
     def view_hooks(self) -> ModuleType:
         return _module(self.views)

@@ -131,7 +131,13 @@ def fixture_power(
         )
         if log:
             log(f"  mutation {name}: " + (f"detected at {first.stage}" if detected else f"NOT detected ({reason})"))
-    return {"runtime": f"{family.mutation_runtime}:{policy}", "mutations": results}
+    return {
+        "runtime": f"{family.mutation_runtime}:{policy}",
+        # a port with known defects is corrected by their ready patch first: each mutation plants its defect
+        # on a port that agrees with the oracle (some by leaving one of those fixes out)
+        "patched_with": family.known_defects.get(family.mutation_runtime),
+        "mutations": results,
+    }
 
 
 def power_gate(power: dict, required: list[str]) -> list[str]:

@@ -10,7 +10,13 @@ from matplotlib.figure import Figure
 from driftscope.core.markup import code
 from driftscope.run.report import Report
 
-from .notebook import describe
+from .notebook import describe, family_text
+
+
+def text_side_note(report: Report) -> str:
+    """What the run's family's text side carries besides its layers, in the family's words (``""``: nothing)."""
+    said = family_text(report, "answer")
+    return f"Besides the text layers, this family's text side carries {said}." if said else ""
 
 
 def random_weights_note(report: Report) -> str:

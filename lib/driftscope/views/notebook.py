@@ -163,3 +163,11 @@ def details(summary: str, html_body: str, open_: bool = False):
     from IPython.display import HTML
 
     return HTML(f"<details{' open' if open_ else ''}><summary>{html_text(summary)}</summary>{html_body}</details>")
+
+
+def family_text(report, key: str) -> str:
+    """The run's model family's own sentence for ``key`` on this page (``Family.text``): "" when it has none."""
+    from driftscope.families import get_family
+
+    family = report.data.get("family")
+    return get_family(family).text(key) if family else ""

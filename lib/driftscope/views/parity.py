@@ -12,7 +12,7 @@ from driftscope.judge.rows import share_of_tolerance
 from driftscope.run.report import Report
 
 from .curves import error_curves
-from .notebook import table
+from .notebook import family_text, table
 
 
 def _number(value: object, digits: int = 3) -> str:
@@ -239,14 +239,16 @@ def inputs_frame(report: Report):
 
 
 def inputs_markdown(report: Report) -> str:
-    """The processor, the inputs digest every runtime's capture must match, and the prompt (when followed)."""
+    """What the family draws over the images, the processor, the inputs digest every runtime's capture must
+    match, and the prompt (when followed)."""
     inputs = report.data.get("inputs") or {}
     processor = dict(inputs.get("processor") or {})
     name = processor.pop("class", "the checkpoint's processor")
     settings = ", ".join(f"{text(k)} {text(v)}" for k, v in processor.items())
     lines = [
+        family_text(report, "inputs"),
         f"Processor {code(name)}" + (f" ({settings})" if settings else "") + f"; {text(inputs.get('patches'))} "
-        f"patches; inputs digest {code(inputs.get('digest'))} (every capture must report the same)."
+        f"patches; inputs digest {code(inputs.get('digest'))} (every capture must report the same).",
     ]
     prompt = inputs.get("text")
     if prompt:
@@ -254,4 +256,4 @@ def inputs_markdown(report: Report) -> str:
             f"Prompt ({text(prompt.get('tokens'))} tokens, {text(prompt.get('max_new_tokens'))} generated): "
             f"{code(prompt.get('prompt'))}; expected words: {', '.join(code(w) for w in prompt.get('expect') or [])}"
         )
-    return "\n\n".join(lines)
+    return "\n\n".join(line for line in lines if line)

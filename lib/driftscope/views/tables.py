@@ -6,6 +6,7 @@ from driftscope.capture.runtime_checks import checks_markdown
 from driftscope.core.markup import code, text
 from driftscope.run.report import Report
 
+from .notebook import family_text
 from .parity import coverage_line, divergence_frame, not_compared_lines, stage_frame  # noqa: F401 - divergence_frame re-exported
 
 block_frame = stage_frame  # failing and first-divergent stages first, then block outputs and landmarks
@@ -144,6 +145,23 @@ def _margin(mutation: dict) -> str:
         return "an exact stage differs" if mutation.get("detected") else ""
     where = f" (at {stage})" if stage else ""
     return f"{margin:.3g}x its tolerance{where}" if margin >= 1 else f"{margin:.2g} of its tolerance{where}"
+
+
+def power_intro(report: Report) -> str:
+    """Where the mutations ran (and on what patch, for a port with known defects), the family's examples,
+    what is required and the gate."""
+    power = report.data.get("power") or {}
+    where = f"Mutations run on {code(power.get('runtime'))}"
+    if power.get("patched_with"):
+        where += (
+            f" with {code(power['patched_with'])} applied first: the port's known defects are corrected, and "
+            "each mutation plants its defect on a port that agrees with the oracle (some by leaving one fix out)"
+        )
+    examples = family_text(report, "mutations")
+    required = text(", ".join(power.get("require") or []) or "none")
+    lines = [where + ".", f"This family's mutations include, for example, {examples}." if examples else ""]
+    lines.append(f"Required: {required}; gate: **{text(power.get('gate'))}**")
+    return "\n\n".join(line for line in lines if line)
 
 
 def power_frame(report: Report):

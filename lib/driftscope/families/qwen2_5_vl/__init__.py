@@ -49,6 +49,7 @@ FAMILY = Family(
     mutations=f"{__name__}.mutations",
     mutation_runtime="mlx",
     hypotheses=f"{__name__}.hypotheses",
+    prose=f"{__name__}.prose",
     views=f"{__name__}.views",
     tiny=TinyFixture(
         directory=_ROOT / "fixtures" / "checkpoints" / "tiny-qwen2_5-vl",
