@@ -90,7 +90,6 @@ def test_the_plan_is_ordered_and_its_declarations_hold_together(name, tiny):
 #: families whose text side nothing replays yet, and why (the test is expected to fail for them, strictly)
 TEXT_NOT_REPLAYED = {
     "qwen3_vl": "Qwen3-VL taps its text layers at the last position only: nothing replays them yet (issue 21 item 2)",
-    "molmo2": "Molmo2 taps its text layers at the last position only: nothing replays them yet (issue 21 item 2)",
 }
 
 

@@ -135,12 +135,46 @@ def vision_plan(config: dict) -> StagePlan:
         "row_axes": ["crops", "patches"],  # leading axes that together index a stage's token rows
         "token_orders": {},
         "landmarks": ["vision.patch_embed", "vision.concatenated", FINAL],
+        # the prompt's <im_patch> token, which the text replays read to rebuild the input embeddings
+        "image_token_id": facts.image_patch_id,
     }
     return StagePlan(NAME, stages, depth, meta)
 
 
+#: The whole prompt's input embeddings (``<im_patch>`` slots from ``text.embeds.image``, the rest from
+#: ``text.embeds.text``), a view the replay context builds: what text layer 0 reads.
+TEXT_INPUT = "text.embeds@sequence"
+
+
+def text_layer_input(layer: int) -> str:
+    return TEXT_INPUT if layer == 0 else f"text.layer.{layer - 1}"
+
+
+def text_layers(plan: StagePlan) -> int:
+    """How many decoder layers the plan follows (0 without the text stages)."""
+    return sum(1 for stage in plan if stage.id.startswith("text.layer.") and stage.id.endswith(".last"))
+
+
+def text_replay_inputs(stage_id: str, plan: StagePlan) -> tuple[str, ...] | None:
+    """What a text stage's replay reads: a layer its predecessor's whole sequence and the decoder's mask (the
+    positions are the sequence's indices); the final norm and the logits the last position."""
+    parts = stage_id.split(".")
+    if parts[1] == "layer":
+        return (text_layer_input(int(parts[2])), "text.attention_mask")
+    layers = text_layers(plan)
+    return {
+        "text.attention_mask": ("text.input_ids", "text.token_types"),
+        "text.embeds.image": (FINAL,),
+        "text.embeds.text": ("text.input_ids",),
+        "text.norm.last": (f"text.layer.{layers - 1}.last",) if layers else None,
+        "text.logits.last": ("text.norm.last",),
+    }.get(stage_id)
+
+
 def replay_inputs(stage_id: str, plan: StagePlan) -> tuple[str, ...] | None:
-    """The stages a replay of ``stage_id`` reads (None: not replayable, e.g. index data and the decoder)."""
+    """The stages a replay of ``stage_id`` reads (None: not replayable, e.g. index data and decoding)."""
+    if stage_id.startswith("text."):
+        return text_replay_inputs(stage_id, plan)
     block, kind = parse_stage(stage_id)
     if block is not None:
         if kind == "block":
@@ -154,7 +188,6 @@ def replay_inputs(stage_id: str, plan: StagePlan) -> tuple[str, ...] | None:
         "vision.patch_embed": ("inputs.pixel_values",),
         "vision.positioned": ("vision.patch_embed",),
         "vision.concatenated": tuple(f"vision.selected.{layer}" for layer in selected),
-        "text.attention_mask": ("text.input_ids", "text.token_types"),
         **head,
     }.get(stage_id)
 
@@ -180,13 +213,15 @@ def text_stages(config: dict, max_new_tokens: int) -> list[Stage]:
             description="1 where a prefill query row may read a key column (image tokens both ways)",
         ),
     ]
-    stages += [
-        Stage(f"text.layer.{i}.last", ("text_hidden",), description=f"text layer {i} output, last position")
-        for i in range(layers)
-    ]
+    for i in range(layers):
+        stages += [
+            Stage(f"text.layer.{i}", ("tokens", "text_hidden"), description=f"text layer {i} output, every position"),
+            Stage(f"text.layer.{i}.last", ("text_hidden",), description=f"text layer {i} output, last position"),
+        ]
     stages += [
         Stage("text.norm.last", ("text_hidden",), description="final norm, last position"),
         Stage("text.logits.last", ("vocab",), description="prefill logits, last position"),
+        # decoded past the prefill: functions of decode steps nothing captures, so never replayed
         Stage(
             "text.generate.tokens", ("steps",), integer=True, description=f"greedy tokens ({max_new_tokens})", data=True
         ),

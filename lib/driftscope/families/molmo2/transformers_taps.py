@@ -148,14 +148,14 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
             with_kwargs=True,
         )
     ]
+
+    def layer_out(index: int, out: Any) -> None:
+        hidden = _np((out[0] if isinstance(out, tuple) else out)[0])
+        sink.put(f"text.layer.{index}", hidden)
+        sink.put(f"text.layer.{index}.last", hidden[-1])
+
     for index, layer in enumerate(language.layers):
-        hooks.append(
-            layer.register_forward_hook(
-                lambda module, args, out, index=index: sink.put(
-                    f"text.layer.{index}.last", _np((out[0] if isinstance(out, tuple) else out)[0, -1])
-                )
-            )
-        )
+        hooks.append(layer.register_forward_hook(lambda module, args, out, index=index: layer_out(index, out)))
     hooks.append(language.norm.register_forward_hook(lambda m, a, out: sink.put("text.norm.last", _np(out[0, -1]))))
     ids = torch.from_numpy(text.input_ids)[None]
     try:
@@ -251,6 +251,8 @@ def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.
     vision, adapter = model.model.vision_tower, model.model.multi_modal_projector
     if stage_id == "text.attention_mask":
         return _mask(model, *inputs)
+    if stage_id.startswith("text."):
+        return _replay_text(model, stage_id, inputs, ctx)
     dtype = _dtype(model)
     args = [torch.from_numpy(np.ascontiguousarray(x)).to(dtype) for x in inputs]
     block, kind = parse_stage(stage_id)
@@ -304,3 +306,34 @@ def _block_replay(layer: Any, kind: str, args: list, modeling: Any):
         "mlp.act": lambda: layer.mlp.activation_fn(args[0]),
         "mlp.fc2": lambda: layer.mlp.fc2(args[0]),
     }[kind]()
+
+
+def _replay_text(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
+    """The decoder's own modules on given inputs: the embedding (features added at the ``<im_patch>`` slots, as
+    the forward adds them), one layer (the given mask, RoPE at the sequence's indices), the final norm, the head."""
+    import torch
+
+    language = model.model.language_model
+    dtype = language.embed_tokens.weight.dtype
+    with torch.no_grad():
+        if stage_id == "text.embeds.text":
+            return _np(language.embed_tokens(torch.from_numpy(inputs[0]).long()))[~ctx.image_slots]
+        if stage_id == "text.embeds.image":
+            embeds = language.embed_tokens(torch.from_numpy(ctx.input_ids))
+            features = torch.from_numpy(np.ascontiguousarray(inputs[0])).to(dtype)
+            return _np(embeds[torch.from_numpy(ctx.image_slots)] + features)
+        x = torch.from_numpy(np.ascontiguousarray(inputs[0])).to(dtype)
+        if stage_id == "text.norm.last":
+            return _np(language.norm(x))
+        if stage_id == "text.logits.last":
+            return _np(model.lm_head(x))
+        index = int(stage_id.split(".")[2])
+        x, seq = x[None], x.shape[0]
+        allowed = torch.from_numpy(np.asarray(inputs[1]).astype(bool))
+        mask = torch.zeros((1, 1, seq, seq), dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+        positions = torch.arange(seq)[None]
+        rotary = language.rotary_emb if language.rope_types[index] == "scaled" else language.rotary_emb_unscaled
+        layer = language.layers[index]
+        out = layer(x, position_embeddings=rotary(x, positions), attention_mask=mask, position_ids=positions)
+        out = (out[0] if isinstance(out, tuple) else out)[0]
+        return _np(out[-1] if stage_id.endswith(".last") else out)

@@ -1,6 +1,6 @@
 """What the compiled runtimes (``jax``, ``iree``) ask of Molmo2: the emitted model, the call's shape, the
 lowered image path (ViT, selected layers, pooling with the index tensor as an input, projector), its pieces
-for block-by-block runs, the text prefill and the single-stage replay functions.
+for block-by-block runs, the text prefill and greedy decode, and the single-stage replay functions.
 
 The graph runs the images' exact crops and tokens: no bucket padding, so every stage's rows are real.
 """
@@ -18,7 +18,7 @@ from driftscope.model.precision import PrecisionPolicy
 from driftscope.taps.jax.emitted import EmittedModel
 from driftscope.taps.jax.graph import LoweredGraph, contract_for, lower_graph
 from driftscope.taps.jax.layers import Contract
-from driftscope.taps.sink import StageSink
+from driftscope.taps.sink import StageSink, put_greedy
 from driftscope.taps.stages import Stage
 
 from ....errors import ParameterError
@@ -27,6 +27,8 @@ from .model import FINAL, SUBSTAGES, block_graph, head_graph, layer_weights, ste
 from .stages import replay_function
 from .weights import load_weights
 
+#: The text side decodes greedily after the prefill (``text.generate.*``): see :func:`capture_text`.
+DECODES = True
 #: Stages computed on the host (the processor's arrays), not by the graph.
 HOST_STAGES = ("inputs.pixel_values", "inputs.pooling", "inputs.grids", "inputs.num_crops", "inputs.image_tokens")
 #: What the text side reads of the image path (every lowering returns it).
@@ -57,7 +59,7 @@ class Call:
 
 def load(checkpoint) -> EmittedModel:
     spec = Molmo2Spec.from_config(checkpoint.config)
-    return EmittedModel(spec, load_weights(checkpoint.path, spec, parts=("vision",)))
+    return EmittedModel(spec, load_weights(checkpoint.path, spec, parts=("vision",)), checkpoint)
 
 
 def bucket(model: EmittedModel, inputs: ModelInputs, rows: int | None) -> Call:
@@ -150,33 +152,90 @@ def capture_pieces(runtime, call: Call, inputs: ModelInputs, sink: StageSink) ->
     return {FINAL: head[FINAL]}
 
 
+def text_weights(model: EmittedModel) -> dict[str, np.ndarray]:
+    """The decoder's weights, read from the checkpoint once (released with the model)."""
+    if model.text is None:
+        model.text = load_weights(model.checkpoint.path, model.spec, parts=("text",))
+    return model.text
+
+
 def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str, np.ndarray]) -> None:
-    """Prefill logits through the JAX decoder, the runtime's own features added at the ``<im_patch>`` slots."""
+    """The JAX decoder's prefill, the runtime's own features added at the ``<im_patch>`` slots (every layer, the
+    last position's logits), then greedy decode step by step against a fixed-capacity key/value cache (left out
+    under the runtime option ``decode: false``)."""
     import jax
 
     from .text import prefill
 
     text = inputs.text
-    spec = runtime.model.spec
-    if "_text_weights" not in runtime.__dict__:  # released with the model
-        runtime._text_weights = load_weights(runtime.checkpoint.path, spec, parts=("text",))
-    contract = runtime.contract
+    spec, weights, contract = runtime.model.spec, text_weights(runtime.model), runtime.contract
+    decode = runtime.options.get("decode", True) is not False and sink.wants("text.generate.tokens")
+    cache = decode and text.max_new_tokens > 1
 
     def function(weights, ids, features, types):
-        return prefill(weights, ids, features, types, spec=spec, contract=contract)
+        return prefill(weights, ids, features, types, spec=spec, contract=contract, cache=cache)
 
     args = (
-        runtime._text_weights,
+        weights,
         text.input_ids.astype(np.int32),
         np.array(tower[FINAL], dtype=np.float32),  # our own copy: the device reads its arguments in place
         text.mm_token_type_ids.astype(np.int32),
     )
     sink.put("text.input_ids", text.input_ids)
     sink.put("text.token_types", text.mm_token_type_ids)
-    for stage_id, value in runtime.run_text(jax.jit(function, keep_unused=True), args).items():
+    out = runtime.run_text(jax.jit(function, keep_unused=True), args)
+    keys, values = out.pop("cache.keys", None), out.pop("cache.values", None)
+    for stage_id, value in out.items():
         sink.put(stage_id, np.asarray(value))
+    if decode:
+        step = _decoder(runtime, weights, keys, values, text.max_new_tokens) if cache else None
+        put_greedy(sink, np.asarray(out["text.logits.last"]), step, text.max_new_tokens)
+
+
+def _decoder(runtime, weights: dict, keys: np.ndarray, values: np.ndarray, max_new_tokens: int):
+    """``step(token) -> logits``: one compiled decode graph whose cache holds the prompt and every generated token
+    (capacity fixed up front); the token written at sequence index ``at`` sits at RoPE position ``at``."""
+    import jax
+
+    from .text import decode_step
+
+    spec, contract = runtime.model.spec, runtime.contract
+    grow = ((0, 0), (0, max_new_tokens - 1), (0, 0), (0, 0))
+    state = {"keys": np.pad(keys, grow), "values": np.pad(values, grow), "length": keys.shape[1]}
+
+    def decode(w, k, v, token, at):
+        return decode_step(w, k, v, token, at, spec=spec, contract=contract)
+
+    function = jax.jit(decode, keep_unused=True)
+
+    def step(token: int) -> np.ndarray:
+        at = state["length"]
+        scalars = (np.array([token], np.int32), np.array([at], np.int32))
+        out = runtime.run_text(function, (weights, state["keys"], state["values"], *scalars), name="text_decode")
+        state.update(keys=np.array(out["keys"]), values=np.array(out["values"]), length=at + 1)  # own copies
+        return np.asarray(out["logits"], dtype=np.float32)
+
+    return step
 
 
 def replay_call(model: EmittedModel, stage_id: str, inputs: list[np.ndarray], ctx: Any, contract: Contract):
     """(kind, function, arguments) of one stage: blocks of a kind share the function (weights unprefixed)."""
+    if stage_id.startswith("text.") and stage_id != "text.attention_mask":
+        return _text_replay_call(model, stage_id, inputs, ctx, contract)
     return replay_function(stage_id, model.spec, contract, model.weights, inputs, ctx)
+
+
+def _text_replay_call(model: EmittedModel, stage_id: str, inputs: list[np.ndarray], ctx: Any, contract: Contract):
+    """A decoder stage: its weights are read from the checkpoint on the first text replay."""
+    from .text import text_replay
+
+    kind, function, used = text_replay(stage_id, model.spec, contract, text_weights(model))
+    floats: tuple = (np.asarray(inputs[0], dtype=np.float32),)
+    side: tuple = ()
+    if stage_id.startswith("text.layer."):
+        side = (np.asarray(inputs[1]).astype(np.int32),)  # the mask
+    elif stage_id == "text.embeds.text":
+        floats, side = (), (np.asarray(inputs[0])[~ctx.image_slots].astype(np.int32),)
+    elif stage_id == "text.embeds.image":
+        side = (ctx.input_ids[ctx.image_slots].astype(np.int32),)
+    return kind, function, (used, floats, side)
