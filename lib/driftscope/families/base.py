@@ -10,6 +10,7 @@ so reading the registry stays cheap.
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -157,6 +158,16 @@ class Family:
 
     def hypothesis_module(self) -> ModuleType:
         return _module(self.hypotheses)
+
+    def ready_patches(self, stage: str, runtime: str) -> list[str]:
+        """The ready patches (``driftscope.hypotheses:NAME``) the family declares as closing an error that
+        ``runtime``'s operator introduces at ``stage`` (its hypotheses module's ``CLOSES``), in declared order."""
+        closes = getattr(self.hypothesis_module(), "CLOSES", {})
+        return [
+            f"driftscope.hypotheses:{name}"
+            for name, where in closes.items()
+            if runtime in where["runtimes"] and any(fnmatch.fnmatchcase(stage, p) for p in where["stages"])
+        ]
 
     def text(self, key: str) -> str:
         """The family's sentence for ``key`` (one of ``PROSE_KEYS``) on a generic page; "" when it has none."""

@@ -25,6 +25,17 @@ class Pairs:
     added: set = field(default_factory=set)
 
 
+def with_ready_patches(conclusion: dict, family: str, runtime: str, own: str | None = None) -> dict:
+    """``conclusion`` with the ready patches its family declares for the operator it says introduces the error
+    (``ready_patches``: absent where none matches or nothing is introduced), but the candidate's ``own``."""
+    from driftscope.families import get_family
+
+    if conclusion.get("kind") != "introduced":
+        return conclusion
+    patches = [p for p in get_family(family).ready_patches(conclusion["stage"], runtime) if p != own]
+    return {**conclusion, "ready_patches": patches} if patches else conclusion
+
+
 def judge_candidate(
     report, out: Path, runtime, inputs, plan: StagePlan, contract, tapsets: dict, pairs: Pairs, replay: bool, log
 ) -> list:
@@ -62,7 +73,9 @@ def judge_candidate(
 
             report.data.setdefault("linear_replay", {})[label] = linear_verdict(controls, result.drill.labels, label)
             log(f"  {report.data['linear_replay'][label]['verdict']}")
-    report.data["conclusions"][label] = result.conclusion
+    report.data["conclusions"][label] = with_ready_patches(
+        result.conclusion, plan.family, runtime.name, runtime.patch.target if runtime.patch else None
+    )
     log(f"  {label}: {result.conclusion['text']}")
     report.save()
     return result.rows

@@ -55,7 +55,7 @@ TOP_KEYS = {
     "pairs": "extra runtime pairs to judge besides reference-vs-each, e.g. [[mlx:f32, iree:f32]] (reference first)",
     "stages": "{blocks: bool, substages: [block indices] | all, include: [globs], exclude: [globs]}",
     "contract": "tolerance contract YAML path or URL (default: atol 0.08, rtol 0.08)",
-    "notebooks": "notebooks to render for this run (default: [01_stage_parity])",
+    "notebooks": "notebooks to render for this run (default: [01_stage_parity]; a failing run adds 02_layer_drilldown)",
     "attribution": "{candidate: iree:q4-dequant, references: [mlx:q4, mlx:q4-dequant]}: per stage, which reference "
     "the candidate is closer to (relative RMS), and a verdict over the blocks",
 }

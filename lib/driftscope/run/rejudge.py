@@ -13,10 +13,19 @@ from driftscope.run.report import Report
 from driftscope.taps.tapset import TapSet
 
 
+def _runtime_of(report: Report, label: str) -> tuple[str, str | None]:
+    """(the runtime ``mlx``, ``iree``..., its own patch's target) the run ran as ``label``."""
+    for spec in (report.data.get("parameters") or {}).get("runtimes", []):
+        if spec.get("label") == label:
+            return spec["runtime"], (spec.get("patch") or {}).get("callable")
+    return label.split(":")[0], None
+
+
 def _rejudge_replay(report: Report, rows: list[dict], contract: Contract) -> tuple[dict, dict]:
     """Every replay's labels and every pair's conclusion again, under ``contract``."""
     from driftscope.replay.conclusion import conclude
     from driftscope.replay.drilldown import judge_replay
+    from driftscope.run.candidates import with_ready_patches
 
     out, conclusions = {}, {}
     for label in report.pair_keys():
@@ -35,7 +44,9 @@ def _rejudge_replay(report: Report, rows: list[dict], contract: Contract) -> tup
             )
             out[label] = dict(drill.to_dict(), tapset=entry["tapset"])
         if label in (report.data.get("conclusions") or {}):
-            conclusions[label] = conclude(drill, accumulated, report.plan)
+            runtime, own = _runtime_of(report, label)
+            concluded = conclude(drill, accumulated, report.plan)
+            conclusions[label] = with_ready_patches(concluded, report.plan.family, runtime, own)
     return out, conclusions
 
 

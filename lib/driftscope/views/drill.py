@@ -147,13 +147,22 @@ def where_markdown(difference: StageDifference, share: float, collapsed: int) ->
     )
 
 
-def recapture_hint(pair: str, layers: list[int]) -> str:
-    """How to try a fix on the chosen block without running everything again."""
-    return (
+def recapture_hint(pair: str, layers: list[int], report: Report | None = None) -> str:
+    """How to try a fix on the chosen block without running everything again; with ``report``, the family's
+    ready patch for the operator that introduces the pair's error, where one exists."""
+    hint = (
         f'Set `patch` in the parameters cell (e.g. `patch = "driftscope.hypotheses:NAME"`, '
         f'`"my_fix.py:function"` or `{{"callable": ..., "kwargs": {{...}}}}`) and run this cell again: it '
         f"captures block {text(layers[0] if layers else 0)} of {code(pair)} with the patch applied (only that "
         "runtime loads; the reference's capture is the run's) and compares it stage by stage with the run."
+    )
+    conclusion = ((report.data.get("conclusions") or {}) if report else {}).get(pair) or {}
+    patches = conclusion.get("ready_patches") or []
+    if not patches:
+        return hint
+    return (
+        f"**Ready patch**: {code(conclusion['stage'])} introduces this pair's error, and the family's ready patch "
+        f'for it is {code(patches[0])}: set `patch = "{patches[0]}"` and run this cell again.\n\n{hint}'
     )
 
 

@@ -71,6 +71,31 @@ def coverage_line(report: Report) -> str | None:
     return "**Coverage falls short** (a gate needs coverage): " + "; ".join(parts)
 
 
+def introduced_lines(report: Report, key: str) -> list[str]:
+    """The pair's introduced operator (its replay's conclusion) and the ready patches that may close it, with
+    where to try one; [] where no operator introduces the pair's error."""
+    conclusion = (report.data.get("conclusions") or {}).get(key) or {}
+    if conclusion.get("kind") != "introduced":
+        return []
+    stage = conclusion["stage"]
+    line = (
+        f"- {code(report.pair_title(key))}: **{code(stage)} introduces the error** (its operator fed the "
+        "reference's own input already fails)"
+    )
+    patches = conclusion.get("ready_patches") or []
+    if not patches:
+        return [line]
+    plan = report.plan
+    block = plan[stage].block if stage in plan else None
+    where = (
+        f"try it on block {block} in notebook 02 (`pair = {key!r}`, `patch = {patches[0]!r}`)"
+        if block is not None
+        else f"run {code(key)} again with `patch: {patches[0]}`"
+    )
+    named = " or ".join(code(patch) for patch in patches)
+    return [f"{line}; the family's ready patch for it: {named}: {where}"]
+
+
 def verdict_markdown(report: Report) -> str:
     """The verdict in one paragraph, with the run, commit, reference and contract; then the reasons that are not
     a first divergence (failed checks, warnings, a runtime that could not run) and what was not compared."""
@@ -89,6 +114,7 @@ def verdict_markdown(report: Report) -> str:
     if report.status != "complete":
         return head + f"\n\nRun **{text(report.status)}**: {text(report.stopped())}"
     lines = [head, ""]
+    lines += [line for key in failing for line in introduced_lines(report, key)]
     others = [r for r in verdict.get("reasons", []) if ": first divergence at " not in r]
     lines += [f"- {text(reason)}" for reason in others]
     lines += [f"- **warning**: {text(warning)}" for warning in data.get("warnings") or []]

@@ -204,6 +204,24 @@ def prepare_notebook_thread(names) -> None:
     kernel_name()  # jupyter_client's kernel spec lookup (entry points, paths)
 
 
+DRILLDOWN = "02_layer_drilldown"
+
+
+def drilldown_for_failing(names: list[str], out_dir: Path) -> list[str]:
+    """``[DRILLDOWN]`` when the run in ``out_dir`` finished with a failing verdict and its pages ``names`` (not
+    none) leave the drill-down out: a failing run renders where and why it fails by default."""
+    from driftscope.run.report import Report
+
+    if not names or any(Path(name).stem == DRILLDOWN for name in names):
+        return []
+    try:
+        report = Report.load(Path(out_dir) / "report.json")
+    except (DriftscopeError, OSError):
+        return []
+    failed = report.status == "complete" and (report.data.get("verdict") or {}).get("status") == "fail"
+    return [DRILLDOWN] if failed else []
+
+
 def investigate_and_render(params, params_path: Path, out_dir: Path, reuse: bool, cwd: Path, log) -> dict[str, str]:
     """Run the investigation in this process while papermill starts the notebooks' kernel, then render.
 
@@ -221,6 +239,10 @@ def investigate_and_render(params, params_path: Path, out_dir: Path, reuse: bool
     def notebooks() -> None:
         try:
             errors.update(run_notebooks(params.notebooks, out_dir, params_path, True, cwd, log, echo=False))
+            added = drilldown_for_failing(params.notebooks, out_dir)
+            if added:
+                log(f"the run fails: rendering {added[0]} too (the drill-down of its first divergence)")
+                errors.update(run_notebooks(added, out_dir, params_path, True, cwd, log, echo=False))
         except Exception as err:  # noqa: BLE001 - a thread that dies would leave no error: the run must not pass
             errors["notebooks"] = f"{type(err).__name__}: {err}"
             log(f"the notebooks could not render: {errors['notebooks']}")

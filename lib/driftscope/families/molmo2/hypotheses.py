@@ -26,6 +26,16 @@ __all__ = ["bidirectional_image_mask", "layers_from_declared_depth", "mlx_vlm_fi
 #: The patches closing mlx-vlm 0.7.10's defects, in the order the defects show along the plan.
 FIXES = ("tanh_gelu", "layers_from_declared_depth", "bidirectional_image_mask")
 
+#: Which introduced errors each ready patch closes (``Family.ready_patches``): the runtime and the stages where
+#: its defect is introduced, so a failing run's first screen names the patch to try.
+_DEFECT_STAGES = {
+    "tanh_gelu": ("vision.block.*.mlp.act",),
+    "layers_from_declared_depth": ("vision.selected.*",),
+    "bidirectional_image_mask": ("text.attention_mask", "text.layer.*"),
+}
+CLOSES = {name: {"runtimes": ("mlx",), "stages": stages} for name, stages in _DEFECT_STAGES.items()}
+CLOSES["mlx_vlm_fixes"] = {"runtimes": ("mlx",), "stages": tuple(p for s in _DEFECT_STAGES.values() for p in s)}
+
 
 def _mlx_vlm(model: Any, patch: str) -> Any:
     """The model, when it is mlx-vlm's Molmo2 (the patches correct mlx-vlm's code, not another runtime's)."""

@@ -11,6 +11,11 @@ from typing import Any
 __all__ = ["norm2_in_float32", "perturb_image_embeddings", "plant_defect", "scale_block_output"]
 
 
+#: Which introduced errors each ready patch closes (``Family.ready_patches``): the runtime and the stages where
+#: the error it addresses is introduced (a half-precision norm2 on MLX).
+CLOSES = {"norm2_in_float32": {"runtimes": ("mlx",), "stages": ("vision.block.*.norm2",)}}
+
+
 def _vision(model: Any) -> Any:
     if hasattr(model, "vision_tower"):  # mlx-vlm
         return model.vision_tower
