@@ -15,8 +15,8 @@ from .transformers_text import select_rows
 
 def replay_text(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any, merge: Callable) -> np.ndarray:
     """Embeddings and their merge (``merge(features, embeds, ids)``: the family's own, [1, tokens, hidden]), one
-    layer (its causal mask and M-RoPE from the reference's positions, as the text model builds them), an add at
-    the image slots (``.deepstack``), the final norm, the head."""
+    layer (its causal mask and M-RoPE from the reference's positions, as the text model builds them), the
+    DeepStack add (``.deepstack``: the text model's own), the final norm, the head."""
     import mlx.core as mx
     from mlx_vlm.models.base import create_attention_mask
 
@@ -36,8 +36,9 @@ def replay_text(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any, m
         out = inner.norm(x)
     elif stage_id == "text.logits.last":
         out = inner.embed_tokens.as_linear(x) if language.args.tie_word_embeddings else language.lm_head(x)
-    elif stage_id.endswith(".deepstack"):
-        out = x + mx.array(np.ascontiguousarray(inputs[1], dtype=np.float32)).astype(dtype)
+    elif stage_id.endswith(".deepstack"):  # the text model's own add, over the image rows alone
+        features = mx.array(np.ascontiguousarray(inputs[1], dtype=np.float32)).astype(dtype)
+        out = inner._deepstack_process(x[None], np.ones((1, x.shape[0]), dtype=bool), features)[0]
     else:
         layer = inner.layers[layer_index(stage_id)]
         x = x[None]

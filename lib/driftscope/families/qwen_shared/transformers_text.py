@@ -22,8 +22,9 @@ def select_rows(out, stage_id: str, ctx: Any):
 
 
 def replay_text(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
-    """Embeddings and their merge, one layer (causal mask, M-RoPE from the reference's positions), an add at the
-    image slots (``.deepstack``: the layer's image rows + the branch's features), the final norm, the head."""
+    """Embeddings and their merge, one layer (causal mask, M-RoPE from the reference's positions), the DeepStack
+    add (``.deepstack``: the decoder's own, of the branch's features to the layer's image rows), the final norm,
+    the head."""
     import torch
     from transformers.masking_utils import create_causal_mask
 
@@ -43,8 +44,10 @@ def replay_text(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -
             return _np(language.norm(x))
         if stage_id == "text.logits.last":
             return _np(model.lm_head(x))
-        if stage_id.endswith(".deepstack"):
-            return _np(x + torch.from_numpy(np.ascontiguousarray(inputs[1])).to(dtype))
+        if stage_id.endswith(".deepstack"):  # the model's own add, over the image rows alone
+            features = torch.from_numpy(np.ascontiguousarray(inputs[1])).to(dtype)
+            rows = torch.ones((1, x.shape[0]), dtype=torch.bool)
+            return _np(language._deepstack_process(x[None], rows, features)[0])
         layer = language.layers[layer_index(stage_id)]
         x = x[None]
         positions = torch.from_numpy(ctx.text_positions)[:, None, :]
