@@ -58,9 +58,11 @@ def test_greedy_tokens_equal_transformers_and_the_margins_are_not_luck(runtime):
 def test_text_layer_deepstack_is_the_hidden_state_after_the_add():
     """``text.layer.k.deepstack`` holds layer k's output plus branch k at the image rows: with branch 1 dropped
     (the ready hypothesis patch, in transformers) layer 0 is unchanged and layer 1's rows differ by exactly
-    ``vision.deepstack.1``, which is far above the tolerance (a dropped or misplaced branch cannot hide)."""
+    ``vision.deepstack.1``, which is far above the tolerance (a dropped or misplaced branch cannot hide); layer
+    1's image rows before the add are unchanged, and layer 2 replays the dropped run's own input exactly."""
     from driftscope.capture.patches import HypothesisPatch
     from driftscope.capture.runtimes import get_runtime
+    from driftscope.families import get_family
     from qwen3_vl_support import checkpoint, scratch
 
     patch = HypothesisPatch("driftscope.hypotheses:drop_deepstack_branch", {"branch": 1})
@@ -72,6 +74,15 @@ def test_text_layer_deepstack_is_the_hidden_state_after_the_add():
     added = np.asarray(taps["text.layer.1.deepstack"]) - np.asarray(dropped["text.layer.1.deepstack"])
     np.testing.assert_allclose(added, feature, atol=1e-5)
     assert np.abs(feature).max() > 100 * TOLERANCE
+    # localized to layer 1 and branch 1: its image rows before the add are untouched, only the add's output moves
+    np.testing.assert_array_equal(dropped["text.layer.1.image"], taps["text.layer.1.image"])
+    # and layer 2 merely inherits: the unpatched operator on the dropped run's own input gives its output
+    family, full = get_family("qwen3_vl"), plan()
+    ctx = family.replay_context(dropped, full)
+    layer_input = [ctx.stage(dropped, name) for name in family.replay_inputs("text.layer.2", full)]
+    replayed = get_runtime("transformers")(checkpoint(), "f32").replay("text.layer.2", layer_input, ctx)
+    np.testing.assert_allclose(replayed, dropped["text.layer.2"], rtol=0, atol=TOLERANCE)
+    assert np.abs(np.asarray(dropped["text.layer.2"]) - np.asarray(taps["text.layer.2"])).max() > 100 * TOLERANCE
 
 
 def test_packed_images_attend_only_to_themselves():
