@@ -87,22 +87,8 @@ def test_the_plan_is_ordered_and_its_declarations_hold_together(name, tiny):
             assert all(plan.position(source) < plan.position(stage.id) for source in sources), (stage.id, needed)
 
 
-#: families whose text side nothing replays yet, and why (the test is expected to fail for them, strictly)
-TEXT_NOT_REPLAYED = {
-    "qwen3_vl": "Qwen3-VL taps its text layers at the last position only: nothing replays them yet (issue 21 item 2)",
-}
-
-
-def _side_cases() -> list:
-    cases = []
-    for name in FAMILY_NAMES:
-        cases.append(pytest.param(name, "vision", id=f"{name}-vision"))
-        marks = [pytest.mark.xfail(strict=True, reason=TEXT_NOT_REPLAYED[name])] if name in TEXT_NOT_REPLAYED else []
-        cases.append(pytest.param(name, "text", id=f"{name}-text", marks=marks))
-    return cases
-
-
-@pytest.mark.parametrize("name,side", _side_cases())
+@pytest.mark.parametrize("side", ["vision", "text"])
+@pytest.mark.parametrize("name", FAMILY_NAMES)
 def test_every_stage_is_replayable_or_declared_data(name, side, tiny):
     """A stage computed by the model's operators from earlier captured stages has a replay (so narrowing and the
     introduced/inherited labels reach it); data (inputs, index math) is compared exactly instead; only a side
@@ -169,6 +155,26 @@ def test_the_emitter_matches_the_oracle_in_f32(name, tiny, runs):
             row.stage,
             row.max_abs,
         )
+
+
+COMPILED = ("jax", "iree")
+
+
+@pytest.mark.parametrize(
+    "name,runtime_name",
+    [(name, runtime) for name in FAMILY_NAMES for runtime in COMPILED if get_family(name).supports(runtime)],
+)
+def test_the_compiled_path_decodes_the_oracles_greedy_tokens(name, runtime_name, runs):
+    """The compiled runtimes decode greedily past the prefill (one compiled decode-step graph, a fixed-capacity
+    cache) and pick, step by step, the tokens transformers f32 picks on the tiny fixture."""
+    if not get_runtime(runtime_name).decodes_with(name):
+        pytest.skip(f"the {runtime_name} runtime does not decode {name} yet (its emitter's program sets no DECODES)")
+    _, oracle = runs(name, ORACLE)
+    _, compiled = runs(name, runtime_name)
+    expected = np.asarray(oracle["text.generate.tokens"])
+    assert len(expected) == 4  # the tiny fixture's max_new_tokens
+    np.testing.assert_array_equal(np.asarray(compiled["text.generate.tokens"]), expected)
+    np.testing.assert_allclose(compiled["text.logits.last"], oracle["text.logits.last"], rtol=0, atol=1e-4)
 
 
 @pytest.mark.parametrize("name", FAMILY_NAMES)

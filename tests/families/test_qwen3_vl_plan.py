@@ -75,7 +75,26 @@ def test_replays_read_earlier_stages_and_every_vision_operator_replays():
     assert replay_inputs("vision.merger.norm", plan) == ("vision.block.5",)
     not_replayed = {s.id for s in plan} - set(replayable)
     assert not_replayed == INTEGER | {"inputs.pixel_values", "vision.rotary.cos", "vision.rotary.sin"}
-    assert replay_inputs("text.logits.last", plan) is None
+
+
+def test_each_text_layer_reads_its_predecessor_after_the_deepstack_add_and_each_add_is_a_stage():
+    """Layer k+1 reads layer k's whole output with the image rows after branch k's add (a view); the add itself
+    reads layer k's image rows and branch k, so a wrong injection is introduced at ``text.layer.k.deepstack``."""
+    from driftscope.taps.stages import StagePlan
+
+    vision = vision_plan(config())
+    plan = StagePlan(vision.family, vision.stages + text_stages(config(), 4), vision.depth, vision.meta)
+    assert replay_inputs("text.layer.0", plan) == ("text.embeds@sequence",)
+    assert replay_inputs("text.layer.0.image", plan) == ("text.embeds@sequence",)
+    assert replay_inputs("text.layer.0.deepstack", plan) == ("text.layer.0.image", "vision.deepstack.0")
+    assert replay_inputs("text.layer.1.last", plan) == ("text.layer.0.deepstack@sequence",)
+    assert replay_inputs("text.layer.3", plan) == ("text.layer.2.deepstack@sequence",)  # 3 branches, 4 layers
+    assert "text.layer.3.image" not in plan and "text.layer.3.deepstack" not in plan
+    assert replay_inputs("text.norm.last", plan) == ("text.layer.3.last",)
+    assert replay_inputs("text.logits.last", plan) == ("text.norm.last",)
+    assert replay_inputs("text.input_ids", plan) is None and replay_inputs("text.generate.tokens", plan) is None
+    ids = plan.ids()
+    assert ids.index("text.layer.0") < ids.index("text.layer.0.image") < ids.index("text.layer.0.deepstack")
 
 
 def test_driftscope_stages_gives_every_stage_the_shape_the_oracle_writes():

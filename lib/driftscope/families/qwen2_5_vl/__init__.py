@@ -19,8 +19,9 @@ from pathlib import Path
 from driftscope.core.paths import REPO_ROOT as _ROOT
 
 from ..base import Family, TinyFixture
+from ..qwen_shared.plan import text_layers
 from ..qwen_shared.text import build_text_inputs
-from .plan import NAME, replay_inputs, substages_of, text_layers, text_stages, vision_plan
+from .plan import NAME, replay_inputs, substages_of, text_stages, vision_plan
 from .processor import prepare_inputs
 from .replay import ReplayContext
 

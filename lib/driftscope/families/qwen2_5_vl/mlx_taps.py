@@ -6,6 +6,7 @@ the activation call inside its MLP.
 
 from __future__ import annotations
 
+import functools
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from driftscope.inputs.processor_output import ModelInputs
 from driftscope.taps.mlx_hooks import Recording, dtype_name, list_item, module_attr, shadow, to_numpy
 from driftscope.taps.sink import StageSink, put_greedy
 
+from ..qwen_shared.mlx_text import replay_text
 from ..qwen_shared.text import put_text_inputs
 from .mlx_config import load_mlx_model
 from .plan import block_stage_id, parse_stage
@@ -217,7 +219,7 @@ def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.
     from mlx_vlm.models.qwen2_5_vl import vision as vision_module
 
     if stage_id.startswith("text."):
-        return _replay_text(model, stage_id, inputs, ctx)
+        return replay_text(model, stage_id, inputs, ctx, functools.partial(_merge, model))
     tower = model.vision_tower
     dtype = tower.patch_embed.proj.weight.dtype
     args = [mx.array(np.ascontiguousarray(x, dtype=np.float32)).astype(dtype) for x in inputs]
@@ -295,39 +297,8 @@ def _replay_tower_piece(tower: Any, kind: str, args: list, inputs: list[np.ndarr
     raise KeyError(f"vision.{kind}")
 
 
-def _replay_text(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
-    """mlx-vlm's decoder modules on given inputs: embeddings and their merge, one layer (its causal mask and
-    M-RoPE from the reference's positions, as its text model builds them), the final norm, the head."""
-    import mlx.core as mx
-    from mlx_vlm.models.base import create_attention_mask
-
-    language = model.language_model
-    inner = language.model
-    dtype = inner.embed_tokens.weight.dtype
-    if stage_id == "text.embeds.text":
-        out = inner.embed_tokens(mx.array(np.asarray(inputs[0], dtype=np.int64)))
-        return to_numpy(out)[~ctx.image_slots]
-    if stage_id == "text.embeds.image":
-        ids = mx.array(ctx.input_ids[None])
-        embeds = inner.embed_tokens(ids)
-        features = mx.array(np.ascontiguousarray(inputs[0], dtype=np.float32)).astype(embeds.dtype)
-        config = model.config
-        merged = model.merge_input_ids_with_image_features(
-            config.image_token_id, getattr(config, "video_token_id", config.image_token_id), features, embeds, ids
-        )
-        return to_numpy(merged[0])[ctx.image_slots]
-    x = mx.array(np.ascontiguousarray(inputs[0], dtype=np.float32)).astype(dtype)
-    if stage_id == "text.norm.last":
-        out = inner.norm(x)
-    elif stage_id == "text.logits.last":
-        out = inner.embed_tokens.as_linear(x) if language.args.tie_word_embeddings else language.lm_head(x)
-    else:
-        layer = inner.layers[int(stage_id.split(".")[2])]
-        x = x[None]
-        positions = mx.array(ctx.text_positions)[:, None, :]
-        rotary = layer.self_attn.rotary_emb
-        embeddings = None if rotary.fused_apply else inner.layers[0].self_attn.rotary_emb(x, positions)
-        out = layer(x, create_attention_mask(x, [None]), None, positions, embeddings)[0]
-        out = out[-1] if stage_id.endswith(".last") else out
-    mx.eval(out)
-    return to_numpy(out)
+def _merge(model: Any, features, embeds, ids):
+    """mlx-vlm's own merge of the tower's features into the image slots (video slots count as image ones)."""
+    config = model.config
+    video = getattr(config, "video_token_id", config.image_token_id)
+    return model.merge_input_ids_with_image_features(config.image_token_id, video, features, embeds, ids)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from driftscope.taps.stages import Stage, StagePlan
 
 from ..base import block_substages
+from ..qwen_shared.plan import TEXT_INPUT, edge_replay_inputs, head_stages, layer_index, prompt_stages
 
 NAME = "qwen2_5_vl"
 
@@ -170,10 +171,8 @@ def replay_inputs(stage_id: str, depth: int, text_layers: int = 0) -> tuple[str,
         return tuple(
             block_input(block) if name == "in" else block_stage_id(block, name) for name in SUBSTAGE_INPUTS[substage]
         )
-    if stage_id == "text.norm.last":
-        return (f"text.layer.{text_layers - 1}.last",) if text_layers else None
     if stage_id.startswith("text."):
-        return text_replay_inputs(stage_id)
+        return text_replay_inputs(stage_id, text_layers)
     last = block_stage_id(depth - 1)
     return {
         "vision.patch_embed": ("inputs.pixel_values",),
@@ -186,74 +185,29 @@ def replay_inputs(stage_id: str, depth: int, text_layers: int = 0) -> tuple[str,
     }.get(stage_id)
 
 
-#: The whole prompt's input embeddings (image slots from ``text.embeds.image``, the rest from ``text.embeds.text``),
-#: a view the replay context builds: what text layer 0 reads.
-TEXT_INPUT = "text.embeds@sequence"
-
-
 def text_layer_input(layer: int) -> str:
     return TEXT_INPUT if layer == 0 else f"text.layer.{layer - 1}"
 
 
-def text_replay_inputs(stage_id: str) -> tuple[str, ...] | None:
+def text_replay_inputs(stage_id: str, layers: int) -> tuple[str, ...] | None:
     """What a text stage's replay reads: each layer its predecessor's whole sequence (position ids and the causal
     mask come with the replay context); the final norm and the logits the last position (both act per position)."""
-    parts = stage_id.split(".")
-    if parts[1] == "layer":
-        return (text_layer_input(int(parts[2])),)
-    return {
-        "text.embeds.image": ("vision.merger",),
-        "text.embeds.text": ("text.input_ids",),
-        "text.logits.last": ("text.norm.last",),
-    }.get(stage_id)
+    if stage_id.startswith("text.layer."):
+        return (text_layer_input(layer_index(stage_id)),)
+    return edge_replay_inputs(stage_id, layers)
 
 
 def text_stages(config: dict, max_new_tokens: int) -> list[Stage]:
     """Stages after the tower: merged embeddings, M-RoPE positions, each text layer, logits, greedy tokens."""
     text = dict(config.get("text_config") or config)
     layers = int(text.get("num_hidden_layers", 0))
-    stages = [
-        Stage("text.input_ids", ("tokens",), integer=True, description="prompt token ids", data=True),
-        Stage(
-            "text.position_ids", ("3", "tokens"), integer=True, description="M-RoPE position ids (t, h, w)", data=True
-        ),
-        Stage(
-            "text.rope_deltas", ("batch",), integer=True, description="M-RoPE delta for generated positions", data=True
-        ),
-        Stage("text.embeds.image", ("image_tokens", "hidden"), description="merged input embeddings at image slots"),
-        Stage("text.embeds.text", ("text_tokens", "hidden"), description="input embeddings at text slots"),
-        Stage(
-            "text.embeds.text_slots_changed",
-            ("count",),
-            integer=True,
-            description="text slots whose embedding differs from the token's own row (must be 0)",
-            data=True,
-        ),
-    ]
+    stages = prompt_stages()
     for i in range(layers):
         stages += [
             Stage(f"text.layer.{i}", ("tokens", "hidden"), description=f"text layer {i} output, every position"),
             Stage(f"text.layer.{i}.last", ("hidden",), description=f"text layer {i} output, last position"),
         ]
-    stages += [
-        Stage("text.norm.last", ("hidden",), description="final norm, last position"),
-        Stage("text.logits.last", ("vocab",), description="prefill logits, last position"),
-        # decoded past the prefill: functions of decode steps nothing captures, so never replayed
-        Stage(
-            "text.generate.tokens",
-            ("steps",),
-            integer=True,
-            description=f"greedy tokens ({max_new_tokens})",
-            data=True,
-        ),
-        Stage("text.generate.margins", ("steps",), side=True, description="top-1 minus top-2 logit at each step"),
-    ]
-    return stages
-
-
-def text_layers(plan: StagePlan) -> int:
-    """How many decoder layers the plan follows (0 without the text stages)."""
-    return sum(1 for stage in plan if stage.id.startswith("text.layer.") and stage.id.endswith(".last"))
+    return stages + head_stages(max_new_tokens)
 
 
 #: The merger's pieces, in execution order: what narrowing captures when the merger's output diverges first.

@@ -10,11 +10,12 @@ import numpy as np
 from driftscope.taps.stages import StagePlan
 from driftscope.taps.tapset import TapSet
 
+from ..qwen_shared.replay import TextReplay
 from .plan import BLOCK0_INPUT, TEXT_INPUT
 
 
 @dataclass
-class ReplayContext:
+class ReplayContext(TextReplay):
     """Side inputs taken from the reference run, in window order where the blocks need them."""
 
     cos: np.ndarray  # [patches, head_dim], window order
@@ -27,11 +28,6 @@ class ReplayContext:
     input_ids: np.ndarray | None = None  # the prompt (text stages only)
     text_positions: np.ndarray | None = None  # [3, tokens] M-RoPE position ids
     image_token_id: int | None = None
-
-    @property
-    def image_slots(self) -> np.ndarray:
-        """Where the prompt's image placeholders are (a [tokens] mask)."""
-        return self.input_ids == self.image_token_id
 
     def bounds(self, block: int) -> np.ndarray:
         return self.cu_seqlens if block in self.full_blocks else self.cu_window_seqlens
@@ -77,10 +73,7 @@ class ReplayContext:
         ctx = cls.from_tapset(
             reference, plan.meta.get("fullatt_block_indexes", []), int(plan.meta.get("spatial_merge_size", 2)) ** 2
         )
-        if "text.input_ids" in reference and "text.position_ids" in reference:
-            ctx.input_ids = np.asarray(reference["text.input_ids"]).astype(np.int64)
-            ctx.text_positions = np.asarray(reference["text.position_ids"]).astype(np.int64)
-            ctx.image_token_id = int(plan.meta.get("image_token_id", -1))
+        ctx.read_text(reference, plan)
         return ctx
 
     def stage(self, reference: TapSet, stage_id: str) -> np.ndarray | None:
@@ -92,14 +85,3 @@ class ReplayContext:
         if stage_id == TEXT_INPUT:
             return self.text_sequence(reference)
         return np.asarray(reference[stage_id]) if stage_id in reference else None
-
-    def text_sequence(self, reference: TapSet) -> np.ndarray | None:
-        """The whole prompt's input embeddings: image slots from ``text.embeds.image``, the rest from
-        ``text.embeds.text``."""
-        if self.input_ids is None or not {"text.embeds.image", "text.embeds.text"} <= set(reference.stage_ids()):
-            return None
-        image, text = np.asarray(reference["text.embeds.image"]), np.asarray(reference["text.embeds.text"])
-        sequence = np.zeros((len(self.input_ids), image.shape[-1]), dtype=np.float32)
-        sequence[self.image_slots] = image
-        sequence[~self.image_slots] = text
-        return sequence

@@ -15,6 +15,7 @@ from driftscope.taps.torch_hooks import to_numpy as _np
 from ..qwen_shared.text import put_text_inputs
 from ..qwen_shared.tower import tower_inputs as _tower_inputs
 from ..qwen_shared.tower import visual as _visual
+from ..qwen_shared.transformers_text import replay_text
 from .plan import block_stage_id, parse_stage
 
 MODEL_CLASS = "Qwen2_5_VLForConditionalGeneration"
@@ -185,7 +186,7 @@ def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.
     from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as modeling
 
     if stage_id.startswith("text."):
-        return _replay_text(model, stage_id, inputs, ctx)
+        return replay_text(model, stage_id, inputs, ctx)
     visual = _visual(model)
     dtype = next(visual.parameters()).dtype
     args = [torch.from_numpy(np.ascontiguousarray(x)).to(dtype) for x in inputs]
@@ -256,34 +257,3 @@ def _replay_tower_piece(visual: Any, kind: str, args: list, inputs: list[np.ndar
     if kind == "merger":
         return args[0][torch.argsort(torch.from_numpy(ctx.window_index))]
     raise KeyError(f"vision.{kind}")
-
-
-def _replay_text(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
-    """The decoder's own modules on given inputs: embeddings, one layer (causal mask, M-RoPE from the reference's
-    positions), the final norm, the head."""
-    import torch
-    from transformers.masking_utils import create_causal_mask
-
-    language = model.model.language_model
-    dtype = language.embed_tokens.weight.dtype
-    with torch.no_grad():
-        if stage_id == "text.embeds.text":
-            return _np(language.embed_tokens(torch.from_numpy(inputs[0]).long()))[~ctx.image_slots]
-        if stage_id == "text.embeds.image":
-            ids = torch.from_numpy(ctx.input_ids)[None]
-            embeds = language.embed_tokens(ids)
-            features = torch.from_numpy(np.ascontiguousarray(inputs[0])).to(dtype)
-            mask, _ = model.model.get_placeholder_mask(ids, inputs_embeds=embeds, image_features=features)
-            return _np(embeds.masked_scatter(mask, features)[0])[ctx.image_slots]
-        x = torch.from_numpy(np.ascontiguousarray(inputs[0])).to(dtype)
-        if stage_id == "text.norm.last":
-            return _np(language.norm(x))
-        if stage_id == "text.logits.last":
-            return _np(model.lm_head(x))
-        layer = language.layers[int(stage_id.split(".")[2])]
-        x = x[None]
-        positions = torch.from_numpy(ctx.text_positions)[:, None, :]
-        mask = create_causal_mask(config=language.config, inputs_embeds=x, attention_mask=None, cache=None)
-        out = layer(x, attention_mask=mask, position_embeddings=language.rotary_emb(x, positions))
-        out = (out[0] if isinstance(out, tuple) else out)[0]
-        return _np(out[-1] if stage_id.endswith(".last") else out)

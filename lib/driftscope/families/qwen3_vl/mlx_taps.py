@@ -2,8 +2,8 @@
 
 Wrappers call the original module or function and record what it returned; q/k come from mlx-vlm's own
 vision RoPE function (called for q, then k, in every block). The text side records a decoder layer's own
-output (``text.layer.N.last``) and what the next layer receives after the DeepStack add
-(``text.layer.N.deepstack``), as the transformers side does.
+output (``text.layer.N``, its last position and its image slots) and what the next layer receives after the
+DeepStack add (``text.layer.N.deepstack``), as the transformers side does.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from driftscope.taps.mlx_hooks import Recording, dtype_name, list_item, module_a
 from driftscope.taps.sink import StageSink, put_greedy
 
 from ...errors import ParameterError
+from ..qwen_shared.mlx_text import replay_text
 from ..qwen_shared.text import put_text_inputs
 from .mlx_config import load_mlx_model
 from .plan import block_stage_id, deepstack_stage_id, parse_stage
@@ -160,8 +161,15 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
     layers = inner.layers
     branches = len(model.vision_tower.deepstack_visual_indexes)
 
-    def record_last(index: int):
-        return lambda args, kwargs, out: sink.put(f"text.layer.{index}.last", to_numpy(out[0, -1]))
+    def record_layer(index: int):  # the layer's own output, before any add
+        def record(args, kwargs, out) -> None:
+            hidden = to_numpy(out[0])
+            sink.put(f"text.layer.{index}", hidden)
+            sink.put(f"text.layer.{index}.last", hidden[-1])
+            if index < branches:
+                sink.put(f"text.layer.{index}.image", hidden[image])
+
+        return record
 
     def record_after_add(index: int):  # what the next module receives: layer ``index``'s output after its add
         return lambda args, kwargs, out: sink.put(f"text.layer.{index}.deepstack", to_numpy(args[0][0])[image])
@@ -169,7 +177,7 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
     cache = make_prompt_cache(model.language_model)
     with ExitStack() as stack:  # recorders only during the prefill
         for index, layer in enumerate(list(layers)):
-            recorder = Recording(layer, record_last(index))
+            recorder = Recording(layer, record_layer(index))
             if 0 < index <= branches:
                 recorder = Recording(recorder, record_after_add(index - 1))
             stack.enter_context(list_item(layers, index, recorder))
@@ -203,6 +211,8 @@ def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.
     """mlx-vlm's own modules (in the policy's dtype) applied to ``inputs``."""
     import mlx.core as mx
 
+    if stage_id.startswith("text."):
+        return replay_text(model, stage_id, inputs, ctx, lambda *args: _merge(model, *args))
     tower = model.vision_tower
     block, branch, kind = parse_stage(stage_id)
     if kind == "pos_embed":  # mlx-vlm's own interpolation of the table to the reference's grids
@@ -259,3 +269,10 @@ def _block_replay(blk, kind: str, args: list, ctx: Any):
         "mlp.fc2": lambda: mlp.linear_fc2(args[0]),
     }
     return operators[kind]()
+
+
+def _merge(model: Any, features, embeds, ids):
+    """mlx-vlm's own merge of the tower's features into the image slots (video slots count as image ones)."""
+    config = model.config
+    video = getattr(config, "video_token_id", config.image_token_id)
+    return model.merge_input_ids_with_image_features(features, embeds, ids, config.image_token_id, video)[0]

@@ -4,12 +4,15 @@ There are no windows: every vision stage keeps the processor's order (2x2 merge 
 another, each block's 4 patches row-major), the order transformers' blocks run in, declared ``raster``
 as for Qwen2.5-VL's patch embedding. DeepStack merger K runs right after the block it reads
 (``deepstack_visual_indexes[K]``); its output is added to the text hidden states at the image-token
-positions right after decoder layer K (``text.layer.K.deepstack``).
+positions right after decoder layer K: ``text.layer.K.image`` holds those rows before the add,
+``text.layer.K.deepstack`` after it, so a wrong injection is localized to the layer and the branch.
 """
 
 from __future__ import annotations
 
 from driftscope.taps.stages import Stage, StagePlan
+
+from ..qwen_shared.plan import TEXT_INPUT, edge_replay_inputs, head_stages, layer_index, prompt_stages, text_layers
 
 NAME = "qwen3_vl"
 
@@ -127,59 +130,67 @@ def vision_plan(config: dict) -> StagePlan:
         + ["vision.merger"],
         # what the text side reads of the tower, in the order it reads it: the merged features, then each branch
         "tower_outputs": ["vision.merger"] + [deepstack_stage_id(k) for k in range(len(deepstack))],
+        # the prompt's image placeholder, which the text replays read to rebuild the input embeddings
+        "image_token_id": int(config.get("image_token_id", 151655)),
     }
     return StagePlan(NAME, stages, depth, meta)
 
 
 def text_stages(config: dict, max_new_tokens: int) -> list[Stage]:
-    """Stages after the tower: merged embeddings, M-RoPE positions, each text layer (and, after the first
-    ones, the hidden states at the image slots after the DeepStack add), final norm, logits, greedy tokens."""
+    """Stages after the tower: merged embeddings, M-RoPE positions, each text layer (every position and the last;
+    for the first ones also the image slots before and after the DeepStack add), final norm, logits, tokens."""
     text = dict(config.get("text_config") or config)
     layers = int(text.get("num_hidden_layers", 0))
     branches = len(deepstack_indexes(config))
-    stages = [
-        Stage("text.input_ids", ("tokens",), integer=True, description="prompt token ids", data=True),
-        Stage(
-            "text.position_ids", ("3", "tokens"), integer=True, description="M-RoPE position ids (t, h, w)", data=True
-        ),
-        Stage(
-            "text.rope_deltas", ("batch",), integer=True, description="M-RoPE delta for generated positions", data=True
-        ),
-        Stage("text.embeds.image", ("image_tokens", "hidden"), description="merged input embeddings at image slots"),
-        Stage("text.embeds.text", ("text_tokens", "hidden"), description="input embeddings at text slots"),
-        Stage(
-            "text.embeds.text_slots_changed",
-            ("count",),
-            integer=True,
-            description="text slots whose embedding differs from the token's own row (must be 0)",
-            data=True,
-        ),
-    ]
+    stages = prompt_stages()
     for i in range(layers):
-        stages.append(
+        before = ", before the DeepStack add" if i < branches else ""
+        stages += [
+            Stage(
+                f"text.layer.{i}", ("tokens", "hidden"), description=f"text layer {i} output, every position{before}"
+            ),
             Stage(
                 f"text.layer.{i}.last",
                 ("hidden",),
                 description=f"text layer {i} output, last position (a text slot: no DeepStack add there)",
-            )
-        )
+            ),
+        ]
         if i < branches:
-            stages.append(
+            stages += [
+                Stage(
+                    f"text.layer.{i}.image",
+                    ("image_tokens", "hidden"),
+                    description=f"text layer {i} output at the image slots, before adding DeepStack branch {i}",
+                ),
                 Stage(
                     f"text.layer.{i}.deepstack",
                     ("image_tokens", "hidden"),
                     description=f"text layer {i} output at the image slots after adding DeepStack branch {i}",
-                )
-            )
-    stages += [
-        Stage("text.norm.last", ("hidden",), description="final norm, last position"),
-        Stage("text.logits.last", ("vocab",), description="prefill logits, last position"),
-        Stage(
-            "text.generate.tokens", ("steps",), integer=True, description=f"greedy tokens ({max_new_tokens})", data=True
-        ),
-        Stage("text.generate.margins", ("steps",), side=True, description="top-1 minus top-2 logit at each step"),
-    ]
-    return stages
+                ),
+            ]
+    return stages + head_stages(max_new_tokens)
+
+
+def text_layer_input(layer: int, branches: int) -> str:
+    """What text layer ``layer`` reads: the prompt's embeddings, its predecessor's output, or (after a DeepStack
+    add) that output with the image slots after the add (a view the replay context builds)."""
+    if layer == 0:
+        return TEXT_INPUT
+    if layer - 1 < branches:
+        return f"text.layer.{layer - 1}.deepstack@sequence"
+    return f"text.layer.{layer - 1}"
+
+
+def text_replay_inputs(stage_id: str, plan: StagePlan) -> tuple[str, ...] | None:
+    """What a text stage's replay reads: a layer's stages its input sequence (positions and the causal mask come
+    with the replay context), a DeepStack add the layer's image rows and the branch's features."""
+    branches = len(plan.meta.get("deepstack_visual_indexes", []))
+    if stage_id.startswith("text.layer."):
+        layer = layer_index(stage_id)
+        if stage_id.endswith(".deepstack"):
+            return (f"text.layer.{layer}.image", deepstack_stage_id(layer))
+        return (text_layer_input(layer, branches),)
+    return edge_replay_inputs(stage_id, text_layers(plan))
 
 
 def block_input(block: int) -> str:
@@ -203,6 +214,8 @@ def parse_stage(stage_id: str) -> tuple[int | None, int | None, str]:
 def replay_inputs(stage_id: str, plan: StagePlan) -> tuple[str, ...] | None:
     """The stages a same-input replay of ``stage_id`` reads (None: not replayable: inputs, the rotary side
     tables and the attention bounds, which every replay takes from the reference's context instead)."""
+    if stage_id.startswith("text."):
+        return text_replay_inputs(stage_id, plan)
     if not stage_id.startswith("vision."):
         return None
     block, branch, kind = parse_stage(stage_id)

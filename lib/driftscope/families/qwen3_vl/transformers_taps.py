@@ -3,8 +3,9 @@
 Every tap is the value the forward computed: module outputs and inputs through hooks, q/k after RoPE from
 transformers' own RoPE function (wrapped for the call), the interpolated position table from the gathered
 rows of ``pos_embed`` times the weights the forward used. The text side separates the two meanings of a
-decoder layer's output that ``hidden_states`` conflates: the layer's own output (``text.layer.N.last``)
-and the hidden state after the DeepStack add (the next layer's input, ``text.layer.N.deepstack``).
+decoder layer's output that ``hidden_states`` conflates: the layer's own output (``text.layer.N``, its last
+position and its image slots) and the image slots after the DeepStack add (the next layer's input,
+``text.layer.N.deepstack``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from driftscope.taps.torch_hooks import to_numpy as _np
 from ..qwen_shared.text import put_text_inputs
 from ..qwen_shared.tower import tower_inputs as _tower_inputs
 from ..qwen_shared.tower import visual as _visual
+from ..qwen_shared.transformers_text import replay_text
 from .plan import block_stage_id, deepstack_stage_id, parse_stage
 
 MODEL_CLASS = "Qwen3VLForConditionalGeneration"
@@ -156,7 +158,7 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
     layers = list(language.layers)
     branches = len(model.config.vision_config.deepstack_visual_indexes)
     for index, layer in enumerate(layers):
-        hooks.out(layer, f"text.layer.{index}.last", lambda out: (out[0] if isinstance(out, tuple) else out)[0, -1])
+        hooks.handles.append(layer.register_forward_hook(_layer_out(sink, index, image if index < branches else None)))
         if index < branches:  # after the add: what the next layer (or the final norm) receives
             following = layers[index + 1] if index + 1 < len(layers) else language.norm
             hooks.handles.append(
@@ -194,6 +196,20 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
     put_greedy(sink, logits, step, text.max_new_tokens)
 
 
+def _layer_out(sink: StageSink, index: int, image: np.ndarray | None):
+    """A forward hook writing layer ``index``'s own output (before any DeepStack add): every position, the last,
+    and (for a layer followed by an add) the image slots."""
+
+    def record(module, args, out) -> None:
+        hidden = _np((out[0] if isinstance(out, tuple) else out)[0])
+        sink.put(f"text.layer.{index}", hidden)
+        sink.put(f"text.layer.{index}.last", hidden[-1])
+        if image is not None:
+            sink.put(f"text.layer.{index}.image", hidden[image])
+
+    return record
+
+
 def _merger_replay(merger, kind: str, x):
     if kind == "norm":
         return merger.norm(x.reshape(-1, merger.hidden_size) if merger.use_postshuffle_norm else x)
@@ -209,6 +225,8 @@ def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.
     import torch
     from transformers.models.qwen3_vl import modeling_qwen3_vl as modeling
 
+    if stage_id.startswith("text."):
+        return replay_text(model, stage_id, inputs, ctx)
     visual = _visual(model)
     dtype = next(visual.parameters()).dtype
     block, branch, kind = parse_stage(stage_id)

@@ -17,6 +17,7 @@ from driftscope.taps.jax.layers import Contract
 from driftscope.taps.sink import StageSink, put_greedy
 from driftscope.taps.stages import Stage
 
+from ...qwen_shared.decode import greedy_decoder
 from ...qwen_shared.text import put_text_inputs
 from ..geometry import Bucket, mrope_positions, pack_images
 from ..plan import parse_stage
@@ -179,38 +180,15 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
 
 
 def _decoder(runtime, spec, weights: dict, cache: tuple, rope_delta: int, max_new_tokens: int):
-    """``step(token) -> logits`` for greedy decoding after the prefill: one compiled decode graph whose cache
-    holds the prompt and every generated token (capacity fixed up front); the token written at sequence index
-    ``at`` sits at M-RoPE position ``at + rope_delta`` on all three axes, as transformers places generated
-    tokens."""
-    import jax
-
+    """``step(token) -> logits`` after the prefill: Qwen2.5-VL's decode step on the shared greedy decoder."""
     from .text import text_decode_step
 
     contract = runtime.contract
-    keys, values = cache
-    if keys is None:  # a single token: no step is ever taken
-        return None
-    grow = ((0, 0), (0, max_new_tokens - 1), (0, 0), (0, 0))
-    state = {"keys": np.pad(keys, grow), "values": np.pad(values, grow), "length": keys.shape[1]}
 
     def decode(w, k, v, token, position, at):
         return text_decode_step(w, k, v, token, position, at, spec=spec, contract=contract)
 
-    function = jax.jit(decode, keep_unused=True)
-
-    def step(token: int) -> np.ndarray:
-        at = state["length"]
-        scalars = (
-            np.array([token], np.int32),
-            np.array([at + rope_delta], np.int32),
-            np.array([at], np.int32),
-        )
-        out = runtime.run_text(function, (weights, state["keys"], state["values"], *scalars), name="text_decode")
-        state.update(keys=np.array(out["keys"]), values=np.array(out["values"]), length=at + 1)  # own copies
-        return np.asarray(out["logits"], dtype=np.float32)
-
-    return step
+    return greedy_decoder(runtime, decode, weights, cache, rope_delta, max_new_tokens)
 
 
 def replay_call(model: EmittedModel, stage_id: str, inputs: list[np.ndarray], ctx: Any, contract: Contract):

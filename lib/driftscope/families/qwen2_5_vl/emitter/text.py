@@ -17,6 +17,7 @@ from driftscope.model.weightfile import TensorFiles
 from driftscope.taps.jax.layers import Contract, linear, rms_norm
 
 from ....errors import CheckpointError
+from ...qwen_shared.jax_text import attend, decode_step, edge_replay, finish, layer_weights
 
 
 @dataclass(frozen=True)
@@ -124,42 +125,18 @@ def _project(w: dict, h: jax.Array, cos, sin, *, spec: TextSpec, contract: Contr
     return _rotate(q, cos, sin), _rotate(k, cos, sin), v
 
 
-def _attend(q, k, v, visible, *, spec: TextSpec, contract: Contract) -> jax.Array:
-    """Grouped-query attention of ``q`` [seq, heads, d] over ``k``, ``v`` [keys, kv_heads, d] where ``visible``
-    [seq, keys] allows it; the heads' contexts concatenated [seq, heads * d]."""
-    group = spec.num_heads // spec.num_kv_heads
-    k, v = jnp.repeat(k, group, axis=1), jnp.repeat(v, group, axis=1)
-    qh, kh, vh = (jnp.transpose(t, (1, 0, 2)) for t in (q, k, v))
-    scores = contract.dot(qh, kh, ((2,), (2,)), ((0,), (0,))) * (spec.head_dim**-0.5)
-    probs = jax.nn.softmax(jnp.where(visible[None], scores, -jnp.inf), axis=-1)
-    return jnp.transpose(contract.dot(probs, vh, ((2,), (1,)), ((0,), (0,))), (1, 0, 2)).reshape(q.shape[0], -1)
-
-
-def _finish(w: dict, x: jax.Array, context: jax.Array, *, spec: TextSpec, contract: Contract) -> jax.Array:
-    """The attention's output projection and residual, then the SwiGLU MLP and its residual."""
-    x = x + linear(contract, context, w["self_attn.o_proj.weight"])
-    h = rms_norm(x, w["post_attention_layernorm.weight"], spec.eps)
-    gate = jax.nn.silu(linear(contract, h, w["mlp.gate_proj.weight"]))
-    return x + linear(contract, gate * linear(contract, h, w["mlp.up_proj.weight"]), w["mlp.down_proj.weight"])
-
-
 def _decoder_layer_kv(w: dict, x: jax.Array, cos, sin, *, spec: TextSpec, contract: Contract):
     """One causal decoder layer over a whole sequence: (output, its keys, its values)."""
     seq = x.shape[0]
     q, k, v = _project(w, rms_norm(x, w["input_layernorm.weight"], spec.eps), cos, sin, spec=spec, contract=contract)
     causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
-    context = _attend(q, k, v, causal, spec=spec, contract=contract)
-    return _finish(w, x, context, spec=spec, contract=contract), k, v
+    context = attend(q, k, v, causal, spec=spec, contract=contract)
+    return finish(w, x, context, spec=spec, contract=contract), k, v
 
 
 def decoder_layer(w: dict, x: jax.Array, cos, sin, *, spec: TextSpec, contract: Contract) -> jax.Array:
     """One decoder layer over a whole sequence (weights without their ``layers.N.`` prefix), causal."""
     return _decoder_layer_kv(w, x, cos, sin, spec=spec, contract=contract)[0]
-
-
-def layer_weights(weights: dict, layer: int) -> dict:
-    prefix = f"layers.{layer}."
-    return {k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)}
 
 
 def text_prefill(
@@ -197,25 +174,23 @@ def text_decode_step(
     spec: TextSpec,
     contract: Contract,
 ) -> dict[str, jax.Array]:
-    """One greedy step: ``token`` ([1] int32) at M-RoPE position ``position`` ([1], the same on t, h and w, as for
-    every generated token) attends to the ``length`` ([1]) cached positions and itself. ``keys``/``values``
-    [layers, capacity, kv_heads, head_dim] come back with the token's entries written at ``length``; one
-    compiled graph serves every step (its shapes do not change)."""
-    x = jnp.take(weights["embed_tokens.weight"], token, axis=0).astype(jnp.float32)
-    cos, sin = mrope_tables(jnp.broadcast_to(position[None, :], (3, 1)), spec)
-    visible = (jnp.arange(keys.shape[1]) <= length[0])[None, :]
-    at = length[0]
-    for i in range(spec.layers):
-        w = layer_weights(weights, i)
-        q, k, v = _project(
-            w, rms_norm(x, w["input_layernorm.weight"], spec.eps), cos, sin, spec=spec, contract=contract
-        )
-        keys = jax.lax.dynamic_update_slice(keys, k[None].astype(keys.dtype), (i, at, 0, 0))
-        values = jax.lax.dynamic_update_slice(values, v[None].astype(values.dtype), (i, at, 0, 0))
-        context = _attend(q, keys[i], values[i], visible, spec=spec, contract=contract)
-        x = _finish(w, x, context, spec=spec, contract=contract)
-    normed = rms_norm(x, weights["norm.weight"], spec.eps)
-    return {"logits": linear(contract, normed, weights["lm_head.weight"])[0], "keys": keys, "values": values}
+    """One greedy step against the fixed-capacity cache (``qwen_shared.jax_text.decode_step``)."""
+
+    def project(w, h, cos, sin):
+        return _project(w, h, cos, sin, spec=spec, contract=contract)
+
+    return decode_step(
+        weights,
+        keys,
+        values,
+        token,
+        position,
+        length,
+        spec=spec,
+        contract=contract,
+        project=project,
+        tables=lambda positions: mrope_tables(positions, spec),
+    )
 
 
 def text_replay(stage_id: str, weights: dict, spec: TextSpec, contract: Contract):
@@ -230,15 +205,4 @@ def text_replay(stage_id: str, weights: dict, spec: TextSpec, contract: Contract
             return out[-1] if kind.endswith(".last") else out
 
         return kind, layer, layer_weights(weights, int(stage_id.split(".")[2]))
-    if stage_id == "text.norm.last":
-        norm = {"norm.weight": weights["norm.weight"]}
-        return stage_id, lambda w, args, p: rms_norm(args[0][None], w["norm.weight"], spec.eps)[0], norm
-    if stage_id == "text.logits.last":
-        head = {"lm_head.weight": weights["lm_head.weight"]}
-        return stage_id, lambda w, args, p: linear(contract, args[0][None], w["lm_head.weight"])[0], head
-    if stage_id == "text.embeds.text":  # the embedding rows of the prompt's text slots (args: their token ids)
-        table = {"embed_tokens.weight": weights["embed_tokens.weight"]}
-        return stage_id, lambda w, args, p: jnp.take(w["embed_tokens.weight"], args[0], axis=0), table
-    if stage_id == "text.embeds.image":  # the tower's output written into the image slots as it is
-        return stage_id, lambda w, args, p: args[0], {}
-    raise KeyError(stage_id)
+    return edge_replay(stage_id, weights, spec, contract)

@@ -1,6 +1,6 @@
 """What the compiled runtimes (``jax``, ``iree``) ask of Qwen3-VL: the emitted model, the packed bucket and
 its host stages, the lowered tower (every DeepStack branch an output), its pieces for block-by-block runs,
-the text prefill with the DeepStack adds, and the single-stage replay functions."""
+the text prefill with the DeepStack adds and the greedy decode steps, and the single-stage replay functions."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from driftscope.model.precision import PrecisionPolicy
 from driftscope.taps.jax.emitted import EmittedModel
 from driftscope.taps.jax.graph import LoweredGraph, contract_for, lower_graph
 from driftscope.taps.jax.layers import Contract
-from driftscope.taps.sink import StageSink
+from driftscope.taps.sink import StageSink, put_greedy
 from driftscope.taps.stages import Stage
 
+from ...qwen_shared.decode import greedy_decoder
 from ...qwen_shared.mrope import mrope_positions
 from ...qwen_shared.text import put_text_inputs
 from ..geometry import VisionBucket, interpolation, pack_bucket
@@ -26,6 +27,8 @@ from .model import FINAL, SUBSTAGES, block_graph, final_ids, merger_graph, stem_
 from .stages import stage_function, stage_weights
 from .weights import load_vision_weights
 
+#: The text side decodes greedily after the prefill (``text.generate.*``): see :func:`capture_text`.
+DECODES = True
 #: Stages computed on the host (inputs and index math), not by the graph.
 HOST_STAGES = ("inputs.pixel_values", "inputs.grid_thw", "inputs.image_tokens", "vision.cu_seqlens")
 #: What the text side reads of the tower besides the DeepStack branches (the plan's ``meta["tower_outputs"]``
@@ -37,7 +40,7 @@ GRAPH_INPUTS = ("pixel_values", "interp_indices", "interp_weights", "positions",
 
 def load(checkpoint) -> EmittedModel:
     spec = VisionSpec.from_config(checkpoint.config)
-    return EmittedModel(spec, load_vision_weights(checkpoint.path, spec))
+    return EmittedModel(spec, load_vision_weights(checkpoint.path, spec), checkpoint)
 
 
 def bucket(model: EmittedModel, inputs: ModelInputs, rows: int | None) -> VisionBucket:
@@ -143,19 +146,16 @@ def capture_pieces(runtime, bucket: VisionBucket, inputs: ModelInputs, sink: Sta
 
 
 def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str, np.ndarray]) -> None:
-    """Prefill logits through the JAX text decoder on embeddings merged from the runtime's own tower output,
-    with the runtime's own DeepStack features added after the first decoder layers."""
+    """The JAX text decoder on embeddings merged from the runtime's own tower output, with the runtime's own
+    DeepStack features added after the first decoder layers: the prefill (every layer, the last position's
+    logits), then greedy decode step by step against a fixed-size key/value cache (left out under the runtime
+    option ``decode: false``)."""
     import jax
 
-    from .config import TextSpec
     from .text import text_prefill
-    from .weights import load_text_weights
 
     text, vision = inputs.text, runtime.model.spec
-    spec = TextSpec.from_config(runtime.checkpoint.config)
-    if "_text_weights" not in runtime.__dict__:  # released with the model
-        runtime._text_weights = load_text_weights(runtime.checkpoint.path, spec)
-    weights = runtime._text_weights
+    spec, weights = _text(runtime.model)
     image = text.input_ids == text.image_token_id
     rows = weights["embed_tokens.weight"][text.input_ids]
     embeds = rows.copy()
@@ -165,11 +165,12 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
     put_text_inputs(inputs, sink, embeds, rows, positions, np.array([delta]))
     deepstack = np.stack([tower[stage] for stage in final_ids(vision)[1:]]).astype(np.float32)
     contract = runtime.contract
+    decode = runtime.options.get("decode", True) is not False and sink.wants("text.generate.tokens")
+    keep = decode and text.max_new_tokens > 1
 
     def prefill(w, ids, slots, image_embeds, features, pos):
-        return text_prefill(w, ids, slots, image_embeds, features, pos, spec=spec, contract=contract)
+        return text_prefill(w, ids, slots, image_embeds, features, pos, spec=spec, contract=contract, cache=keep)
 
-    function = jax.jit(prefill, keep_unused=True)
     args = (
         weights,
         text.input_ids.astype(np.int32),
@@ -178,14 +179,44 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
         deepstack,
         positions.astype(np.int32),
     )
-    for stage_id, value in runtime.run_text(function, args).items():
+    out = runtime.run_text(jax.jit(prefill, keep_unused=True), args)
+    cache = (out.pop("cache.keys", None), out.pop("cache.values", None))
+    for stage_id, value in out.items():
         sink.put(stage_id, np.asarray(value, dtype=np.float32))
+    if decode:
+        step = _decoder(runtime, spec, weights, cache, int(delta), text.max_new_tokens)
+        put_greedy(sink, np.asarray(out["text.logits.last"]), step, text.max_new_tokens)
+
+
+def _decoder(runtime, spec, weights: dict, cache: tuple, rope_delta: int, max_new_tokens: int):
+    """``step(token) -> logits`` after the prefill: Qwen3-VL's decode step on the shared greedy decoder."""
+    from .text import text_decode_step
+
+    contract = runtime.contract
+
+    def decode(w, k, v, token, position, at):
+        return text_decode_step(w, k, v, token, position, at, spec=spec, contract=contract)
+
+    return greedy_decoder(runtime, decode, weights, cache, rope_delta, max_new_tokens)
+
+
+def _text(model: EmittedModel):
+    """The text decoder's spec and weights, read from the checkpoint once (released with the model)."""
+    from .config import TextSpec
+    from .weights import load_text_weights
+
+    if model.text is None:
+        spec = TextSpec.from_config(model.checkpoint.config)
+        model.text = (spec, load_text_weights(model.checkpoint.path, spec))
+    return model.text
 
 
 def replay_call(model: EmittedModel, stage_id: str, inputs: list[np.ndarray], ctx: Any, contract: Contract):
     """(kind, function, arguments) of one stage: blocks share the function (weights unprefixed), and so do
     the DeepStack mergers; the position table's replay reads the rows and weights the host computes from
     the reference's grids."""
+    if stage_id.startswith("text."):
+        return _text_replay_call(model, stage_id, inputs, ctx, contract)
     spec = model.spec
     _, _, kind = parse_stage(stage_id)
     if kind == "pos_embed":
@@ -195,3 +226,19 @@ def replay_call(model: EmittedModel, stage_id: str, inputs: list[np.ndarray], ct
         arguments = tuple(np.asarray(x, dtype=np.float32) for x in inputs)
     args = (stage_weights(model.weights, stage_id), arguments, ctx.cos, ctx.sin, ctx.segments)
     return kind, stage_function(kind, spec, contract), args
+
+
+def _text_replay_call(model: EmittedModel, stage_id: str, inputs: list[np.ndarray], ctx: Any, contract: Contract):
+    """The decoder's stages (its weights read from the checkpoint on the first text replay); a layer's image rows
+    also take the image slots' indices."""
+    from .text import text_replay
+
+    spec, weights = _text(model)
+    kind, function, used = text_replay(stage_id, weights, spec, contract)
+    if stage_id == "text.embeds.text":
+        arguments: tuple = (np.asarray(inputs[0])[~ctx.image_slots].astype(np.int32),)
+    else:
+        arguments = tuple(np.asarray(x, dtype=np.float32) for x in inputs)
+    if kind == "text.layer.image":
+        arguments += (np.flatnonzero(ctx.image_slots).astype(np.int32),)
+    return kind, function, (used, arguments, ctx.text_positions.astype(np.int32))

@@ -1,15 +1,15 @@
-"""The Qwen3-VL text decoder (prefill) in JAX: Qwen3 layers with DeepStack injection.
+"""The Qwen3-VL text decoder in JAX: Qwen3 layers with DeepStack injection, the prefill and a decode step.
 
 Qwen3 layers: RMSNorm, q/k/v projections without bias, a per-head RMSNorm on q and k (before RoPE),
 interleaved M-RoPE, grouped-query causal attention, SwiGLU. DeepStack: branch k of the vision tower
 is added to the hidden states at the image-token positions right after decoder layer k.
 
-Takes the prompt's token ids, the image-token positions, the tower's merged features and its
-DeepStack features, and the (t, h, w) position ids; weights are arguments. Returns
-``text.layer.N.last`` (layer N's output at the last position, before any DeepStack add: the last
-position is text, which the add never touches), ``text.layer.N.deepstack`` (the image-token rows
-after branch N's add), ``text.layer.N.hidden`` (all rows, after the add, on request), the final
-norm and the logits at the last position.
+The prefill takes the prompt's token ids, the image-token positions, the tower's merged features and
+its DeepStack features, and the (t, h, w) position ids; weights are arguments. It returns
+``text.layer.N`` (layer N's own output, every position, before any DeepStack add), its last position
+(``.last``: a text slot, which the add never touches), its image rows before and after branch N's add
+(``.image``, ``.deepstack``), the final norm and the logits at the last position. A decode step runs
+one token against a fixed-capacity cache.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ...qwen_shared.jax_text import attend, decode_step, edge_replay, finish, layer_weights
+from ...qwen_shared.plan import layer_index
 from .config import TextSpec
 from .layers import Contract, linear, rms_norm, rotate_half
 
@@ -46,25 +48,29 @@ def _rope(x, cos, sin):
     return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
 
 
-def decoder_layer(spec: TextSpec, contract: Contract, w: dict, x, cos, sin, causal):
-    """One Qwen3 decoder layer (weights without their ``layers.N.`` prefix)."""
-    seq = x.shape[0]
-    group = spec.num_heads // spec.num_kv_heads
-    h = rms_norm(x, w["input_layernorm.weight"], spec.eps)
+def _project(w: dict, h: jax.Array, cos, sin, *, spec: TextSpec, contract: Contract):
+    """Queries [seq, heads, head_dim] and keys, values [seq, kv_heads, head_dim] of normed ``h``: q and k each
+    RMS-normed per head, then rotated."""
+    seq = h.shape[0]
     q = linear(contract, h, w["self_attn.q_proj.weight"]).reshape(seq, spec.num_heads, spec.head_dim)
     k = linear(contract, h, w["self_attn.k_proj.weight"]).reshape(seq, spec.num_kv_heads, spec.head_dim)
     v = linear(contract, h, w["self_attn.v_proj.weight"]).reshape(seq, spec.num_kv_heads, spec.head_dim)
     q = _rope(rms_norm(q, w["self_attn.q_norm.weight"], spec.eps), cos, sin)
     k = _rope(rms_norm(k, w["self_attn.k_norm.weight"], spec.eps), cos, sin)
-    k, v = jnp.repeat(k, group, axis=1), jnp.repeat(v, group, axis=1)
-    qh, kh, vh = (jnp.transpose(t, (1, 0, 2)) for t in (q, k, v))
-    scores = contract.dot(qh, kh, ((2,), (2,)), ((0,), (0,))) * (spec.head_dim**-0.5)
-    probs = jax.nn.softmax(jnp.where(causal[None], scores, -jnp.inf), axis=-1)
-    context = jnp.transpose(contract.dot(probs, vh, ((2,), (1,)), ((0,), (0,))), (1, 0, 2)).reshape(seq, -1)
-    x = x + linear(contract, context, w["self_attn.o_proj.weight"])
-    h = rms_norm(x, w["post_attention_layernorm.weight"], spec.eps)
-    gate = jax.nn.silu(linear(contract, h, w["mlp.gate_proj.weight"]))
-    return x + linear(contract, gate * linear(contract, h, w["mlp.up_proj.weight"]), w["mlp.down_proj.weight"])
+    return q, k, v
+
+
+def decoder_layer_kv(spec: TextSpec, contract: Contract, w: dict, x, cos, sin, causal):
+    """One Qwen3 decoder layer (weights without their ``layers.N.`` prefix): (output, its keys, its values)."""
+    h = rms_norm(x, w["input_layernorm.weight"], spec.eps)
+    q, k, v = _project(w, h, cos, sin, spec=spec, contract=contract)
+    context = attend(q, k, v, causal, spec=spec, contract=contract)
+    return finish(w, x, context, spec=spec, contract=contract), k, v
+
+
+def decoder_layer(spec: TextSpec, contract: Contract, w: dict, x, cos, sin, causal):
+    """One Qwen3 decoder layer (weights without their ``layers.N.`` prefix)."""
+    return decoder_layer_kv(spec, contract, w, x, cos, sin, causal)[0]
 
 
 def merge_embeddings(weights: dict, input_ids: jax.Array, image_slots: jax.Array, image_embeds: jax.Array):
@@ -83,28 +89,84 @@ def text_prefill(
     *,
     spec: TextSpec,
     contract: Contract,
-    taps: tuple[str, ...] = (),
+    cache: bool = False,
 ) -> dict[str, jax.Array]:
     """Prefill of one prompt. ``deepstack``: [branches, image tokens, hidden], in image-token order.
 
-    Always returns every layer's ``.last``, every branch's ``.deepstack``, the final norm and logits;
-    ``taps`` may add ``text.layer.N.hidden``."""
+    Returns every layer's output (every position and the last; for a layer followed by an add, the image rows
+    before it, ``.image``, and after it, ``.deepstack``), the final norm and logits; with ``cache``, also every
+    layer's rotated keys and values (``cache.keys``, ``cache.values``: [layers, seq, kv_heads, head_dim])."""
     out: dict[str, jax.Array] = {}
     x = merge_embeddings(weights, input_ids, image_slots, image_embeds)
     seq = x.shape[0]
     cos, sin = mrope_tables(positions, spec)
     causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
+    keys, values = [], []
     for i in range(spec.layers):
-        prefix = f"layers.{i}."
-        w = {k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)}
-        x = decoder_layer(spec, contract, w, x, cos, sin, causal)
+        x, k, v = decoder_layer_kv(spec, contract, layer_weights(weights, i), x, cos, sin, causal)
+        keys.append(k)
+        values.append(v)
+        out[f"text.layer.{i}"] = x
         out[f"text.layer.{i}.last"] = x[-1]
         if i < deepstack.shape[0]:
+            out[f"text.layer.{i}.image"] = jnp.take(x, image_slots, axis=0)
             x = x.at[image_slots].add(deepstack[i].astype(jnp.float32))
             out[f"text.layer.{i}.deepstack"] = jnp.take(x, image_slots, axis=0)
-        if f"text.layer.{i}.hidden" in taps:
-            out[f"text.layer.{i}.hidden"] = x
     normed = rms_norm(x[-1:], weights["norm.weight"], spec.eps)
     out["text.norm.last"] = normed[0]
     out["text.logits.last"] = linear(contract, normed, weights["lm_head.weight"])[0]
+    if cache:
+        out["cache.keys"], out["cache.values"] = jnp.stack(keys), jnp.stack(values)
     return out
+
+
+def text_decode_step(
+    weights: dict,
+    keys: jax.Array,
+    values: jax.Array,
+    token: jax.Array,
+    position: jax.Array,
+    length: jax.Array,
+    *,
+    spec: TextSpec,
+    contract: Contract,
+) -> dict[str, jax.Array]:
+    """One greedy step against the fixed-capacity cache (``qwen_shared.jax_text.decode_step``); a generated token
+    is text, so no DeepStack add."""
+
+    def project(w, h, cos, sin):
+        return _project(w, h, cos, sin, spec=spec, contract=contract)
+
+    return decode_step(
+        weights,
+        keys,
+        values,
+        token,
+        position,
+        length,
+        spec=spec,
+        contract=contract,
+        project=project,
+        tables=lambda p: mrope_tables(p, spec),
+    )
+
+
+def text_replay(stage_id: str, weights: dict, spec: TextSpec, contract: Contract):
+    """(kind, ``function(weights, inputs, positions)``, weights) of one text stage's replay; the layers of a kind
+    share one function (weights without their prefix). A layer's ``.image`` reads its input sequence and the
+    image slots' indices; ``.deepstack`` the layer's image rows and the branch's features."""
+    if stage_id.endswith(".deepstack"):
+        return "text.deepstack", lambda w, args, p: args[0] + args[1], {}
+    if stage_id.startswith("text.layer."):
+        kind = "text.layer" + next((s for s in (".last", ".image") if stage_id.endswith(s)), "")
+
+        def layer(w, args, positions):
+            cos, sin = mrope_tables(positions, spec)
+            seq = args[0].shape[0]
+            out = decoder_layer(spec, contract, w, args[0], cos, sin, jnp.tril(jnp.ones((seq, seq), dtype=bool)))
+            if kind.endswith(".last"):
+                return out[-1]
+            return jnp.take(out, args[1], axis=0) if kind.endswith(".image") else out
+
+        return kind, layer, layer_weights(weights, layer_index(stage_id))
+    return edge_replay(stage_id, weights, spec, contract)

@@ -1,0 +1,37 @@
+"""Greedy decoding on the compiled path after a Qwen prefill: the host side of one compiled decode-step graph
+(weights as arguments, a fixed-capacity key/value cache)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+
+def greedy_decoder(runtime, decode: Callable, weights: dict, cache: tuple, rope_delta: int, max_new_tokens: int):
+    """``step(token) -> logits`` for greedy decoding after the prefill, or None when no step is ever taken (a
+    single token, or no cache). ``decode(w, k, v, token, position, at)`` is the family's step; its one compiled
+    graph serves every step: the cache holds the prompt and every generated token (capacity fixed up front), and
+    the token written at sequence index ``at`` sits at M-RoPE position ``at + rope_delta`` on all three axes, as
+    transformers places generated tokens."""
+    import jax
+
+    keys, values = cache
+    if keys is None:
+        return None
+    grow = ((0, 0), (0, max_new_tokens - 1), (0, 0), (0, 0))
+    state = {"keys": np.pad(keys, grow), "values": np.pad(values, grow), "length": keys.shape[1]}
+    function = jax.jit(decode, keep_unused=True)
+
+    def step(token: int) -> np.ndarray:
+        at = state["length"]
+        scalars = (
+            np.array([token], np.int32),
+            np.array([at + rope_delta], np.int32),
+            np.array([at], np.int32),
+        )
+        out = runtime.run_text(function, (weights, state["keys"], state["values"], *scalars), name="text_decode")
+        state.update(keys=np.array(out["keys"]), values=np.array(out["values"]), length=at + 1)  # own copies
+        return np.asarray(out["logits"], dtype=np.float32)
+
+    return step

@@ -1,0 +1,54 @@
+"""The Qwen decoders' replay operators in mlx-vlm: its decoder modules on given inputs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from driftscope.taps.mlx_hooks import to_numpy
+
+from .plan import layer_index
+from .transformers_text import select_rows
+
+
+def replay_text(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any, merge: Callable) -> np.ndarray:
+    """Embeddings and their merge (``merge(features, embeds, ids)``: the family's own, [1, tokens, hidden]), one
+    layer (its causal mask and M-RoPE from the reference's positions, as the text model builds them), the
+    DeepStack add (``.deepstack``: the text model's own), the final norm, the head."""
+    import mlx.core as mx
+    from mlx_vlm.models.base import create_attention_mask
+
+    language = model.language_model
+    inner = language.model
+    dtype = inner.embed_tokens.weight.dtype
+    if stage_id == "text.embeds.text":
+        out = inner.embed_tokens(mx.array(np.asarray(inputs[0], dtype=np.int64)))
+        return to_numpy(out)[~ctx.image_slots]
+    if stage_id == "text.embeds.image":
+        ids = mx.array(ctx.input_ids[None])
+        embeds = inner.embed_tokens(ids)
+        features = mx.array(np.ascontiguousarray(inputs[0], dtype=np.float32)).astype(embeds.dtype)
+        return to_numpy(merge(features, embeds, ids)[0])[ctx.image_slots]
+    x = mx.array(np.ascontiguousarray(inputs[0], dtype=np.float32)).astype(dtype)
+    if stage_id == "text.norm.last":
+        out = inner.norm(x)
+    elif stage_id == "text.logits.last":
+        out = inner.embed_tokens.as_linear(x) if language.args.tie_word_embeddings else language.lm_head(x)
+    elif stage_id.endswith(".deepstack"):  # the text model's own add, over the image rows alone
+        features = mx.array(np.ascontiguousarray(inputs[1], dtype=np.float32)).astype(dtype)
+        out = inner._deepstack_process(x[None], np.ones((1, x.shape[0]), dtype=bool), features)[0]
+    else:
+        layer = inner.layers[layer_index(stage_id)]
+        x = x[None]
+        positions = mx.array(ctx.text_positions)[:, None, :]
+        rotary = layer.self_attn.rotary_emb
+        embeddings = None if rotary.fused_apply else inner.layers[0].self_attn.rotary_emb(x, positions)
+        out = layer(x, create_attention_mask(x, [None]), None, positions, embeddings)[0]
+        if stage_id.endswith(".image"):
+            out = out[mx.array(np.flatnonzero(ctx.image_slots))]
+        else:
+            out = select_rows(out, stage_id, ctx)
+    mx.eval(out)
+    return to_numpy(out)

@@ -1,0 +1,56 @@
+"""The Qwen decoders' replay operators in transformers: the decoder's own modules on given inputs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from driftscope.taps.torch_hooks import to_numpy as _np
+
+from .plan import layer_index
+
+
+def select_rows(out, stage_id: str, ctx: Any):
+    """A layer's output as the stage holds it: the last position (``.last``), the image slots (``.image``), or
+    every position."""
+    if stage_id.endswith(".last"):
+        return out[-1]
+    if stage_id.endswith(".image"):
+        return out[ctx.image_slots]
+    return out
+
+
+def replay_text(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
+    """Embeddings and their merge, one layer (causal mask, M-RoPE from the reference's positions), the DeepStack
+    add (``.deepstack``: the decoder's own, of the branch's features to the layer's image rows), the final norm,
+    the head."""
+    import torch
+    from transformers.masking_utils import create_causal_mask
+
+    language = model.model.language_model
+    dtype = language.embed_tokens.weight.dtype
+    with torch.no_grad():
+        if stage_id == "text.embeds.text":
+            return _np(language.embed_tokens(torch.from_numpy(inputs[0]).long()))[~ctx.image_slots]
+        if stage_id == "text.embeds.image":
+            ids = torch.from_numpy(ctx.input_ids)[None]
+            embeds = language.embed_tokens(ids)
+            features = torch.from_numpy(np.ascontiguousarray(inputs[0])).to(dtype)
+            mask, _ = model.model.get_placeholder_mask(ids, inputs_embeds=embeds, image_features=features)
+            return _np(embeds.masked_scatter(mask, features)[0])[ctx.image_slots]
+        x = torch.from_numpy(np.ascontiguousarray(inputs[0])).to(dtype)
+        if stage_id == "text.norm.last":
+            return _np(language.norm(x))
+        if stage_id == "text.logits.last":
+            return _np(model.lm_head(x))
+        if stage_id.endswith(".deepstack"):  # the model's own add, over the image rows alone
+            features = torch.from_numpy(np.ascontiguousarray(inputs[1])).to(dtype)
+            rows = torch.ones((1, x.shape[0]), dtype=torch.bool)
+            return _np(language._deepstack_process(x[None], rows, features)[0])
+        layer = language.layers[layer_index(stage_id)]
+        x = x[None]
+        positions = torch.from_numpy(ctx.text_positions)[:, None, :]
+        mask = create_causal_mask(config=language.config, inputs_embeds=x, attention_mask=None, cache=None)
+        out = layer(x, attention_mask=mask, position_embeddings=language.rotary_emb(x, positions))
+        return _np(select_rows((out[0] if isinstance(out, tuple) else out)[0], stage_id, ctx))
