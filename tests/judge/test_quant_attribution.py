@@ -117,3 +117,19 @@ def test_tapsets_on_disk_give_the_same_rows(tmp_path):
     for row in on_disk:
         assert row.closer == in_memory[row.stage].closer
         assert row.errors == pytest.approx(in_memory[row.stage].errors, rel=1e-6, abs=1e-12)
+
+
+def test_references_both_within_round_off_are_a_tie_not_a_verdict():
+    """In float32 a q4-dequant candidate sits 1e-6 from both a fused and a dequantized reference: a ratio of
+    1.01x between two round-off errors named a winner ("shares the fused kernel's error") it could not know."""
+    from driftscope.judge.attribution import ROUND_OFF, attribute, closer_rows
+
+    blocks = [f"vision.block.{i}" for i in range(4)]
+    level = closer_rows({"mlx:q4": {b: 1.01e-6 for b in blocks}, "mlx:q4-dequant": {b: 1.0e-6 for b in blocks}})
+    tied = attribute("transformers:q4-dequant", level)
+    assert tied.winner is None and all(row.closer is None for row in tied.counted)
+    assert "tied 4 of 4 blocks" in tied.verdict and "within round-off" in tied.verdict
+    # one reference past round-off: the nearer one is named, as before
+    apart = closer_rows({"mlx:q4": {b: 10 * ROUND_OFF for b in blocks}, "mlx:q4-dequant": {b: 1e-6 for b in blocks}})
+    named = attribute("transformers:q4-dequant", apart)
+    assert named.winner == "mlx:q4-dequant" and named.wins == 4

@@ -18,6 +18,11 @@ from typing import Any
 import numpy as np
 
 from driftscope.core.numeric import relative_rms
+from driftscope.judge.verdict import DRIFT_FLOOR
+
+#: relative RMS below which two references are equally near: both within round-off of the candidate cannot say
+#: which one it computes like (the drift floor of the verdict)
+ROUND_OFF = DRIFT_FLOOR
 
 #: stage ids counted by the verdict by default: whole blocks (``vision.block.7``)
 BLOCK_STAGE = re.compile(r"(^|\.)block\.\d+$")
@@ -36,9 +41,16 @@ class CloserRow:
 
     @property
     def closer(self) -> str | None:
-        """The nearest reference; None when the nearest two are equally near."""
+        """The nearest reference; None when the nearest two are equally near, or both within round-off."""
         ranked = self.ranked
-        return ranked[0][0] if len(ranked) < 2 or ranked[0][1] < ranked[1][1] else None
+        if len(ranked) >= 2 and (ranked[0][1] >= ranked[1][1] or ranked[1][1] <= ROUND_OFF):
+            return None
+        return ranked[0][0]
+
+    @property
+    def within_round_off(self) -> bool:
+        """Every reference is within round-off of the candidate here."""
+        return all(error <= ROUND_OFF for error in self.errors.values())
 
     @property
     def ratio(self) -> float:
@@ -158,9 +170,15 @@ def attribute(
         return Attribution(candidate, references, rows, chosen, verdict=f"{candidate}: no {noun} to attribute")
     if ranked[0][1] == 0 or (len(ranked) > 1 and ranked[0][1] == ranked[1][1]):
         ties = sum(row.closer is None for row in chosen)
+        level = sum(row.within_round_off for row in chosen)
         verdict = (
             f"{candidate} is no closer to one of {', '.join(references)} than to the others "
-            f"({', '.join(f'{label} {count}' for label, count in ranked)}, tied {ties} of {total} {noun})"
+            f"({', '.join(f'{label} {count}' for label, count in ranked)}, tied {ties} of {total} {noun}"
+            + (
+                f"; at {level} every reference is within round-off of it, relative RMS <= {ROUND_OFF:g})"
+                if level
+                else ")"
+            )
         )
         return Attribution(candidate, references, rows, chosen, verdict=verdict)
     winner, count = ranked[0]
