@@ -87,11 +87,9 @@ def image_rows(sizes: list[str], settings: dict) -> list[dict]:
     return rows
 
 
-def bucket_summary(sizes: list[str], rows: int | None, settings: dict, grow: bool = False) -> dict:
-    """The images packed into one bucket of ``rows`` patch rows (``grow``: at least enough), and its mask audit."""
+def bucket_summary(sizes: list[str], rows: int | None, settings: dict) -> dict:
+    """The images packed into one bucket of ``rows`` patch rows, and its mask audit."""
     grids = [_grid(*parse_size(size), settings) for size in sizes]
-    needed = sum(t * h * w for t, h, w in grids)
-    rows = max(rows or needed, needed) if grow else rows
     bucket = pack_bucket(grids, settings["table"], rows, settings["merge_size"])
     starts = bucket.cu_seqlens.tolist()
     return {
