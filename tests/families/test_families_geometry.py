@@ -18,7 +18,7 @@ from driftscope.views.geometry import geometry_sections
 FAMILY_NAMES = FAMILIES.names()
 #: Sizes (HxW) whose geometry differs across the families: one or several windows or crops, grids on and off the
 #: position table's rows, resized or not, a window permutation that is or is not an involution.
-SIZES = ("224x224", "336x336", "448x448", "448x84", "448x672", "768x768")
+SIZES = ("224x224", "336x336", "448x448", "448x84", "448x672", "768x768", "112x112")
 ANSWER = "Could these images reveal a wrong index?"
 
 
@@ -104,21 +104,19 @@ def test_each_claim_agrees_with_the_mutations_that_plant_its_defect(name, tiny, 
                 assert (blind is None) == claim.visible, (sizes, claim.defect, mutation, blind, claim.reason)
 
 
-def _visible_and_invisible(name: str, images, checkpoint):
-    """The first claim with a mutation that is VISIBLE on one size and INVISIBLE on another: (mutation, visible
-    image, invisible image)."""
-    by_size = {size: _claims(name, [path], checkpoint) for size, path in images.items()}
-    first = next(iter(by_size.values()))
-    for number, claim in enumerate(first):
-        if not claim.mutations:
-            continue
-        seen = {claims[number].visible: size for size, claims in by_size.items()}
-        if len(seen) == 2:
-            return claim.mutations[0], images[seen[True]], images[seen[False]]
-    return None
+def _visible_and_invisible(name: str, images, checkpoint) -> list[tuple[str, list | None, list | None]]:
+    """(mutation, a case where its claim is VISIBLE, a case where it is INVISIBLE; None where no case is) for
+    every mutation a claim names."""
+    by_case = [(paths, _claims(name, paths, checkpoint)) for paths in _cases(images)]
+    found = []
+    for number, claim in enumerate(by_case[0][1]):
+        assert all(claims[number].defect == claim.defect for _, claims in by_case), "claims differ by case"
+        seen = {claims[number].visible: paths for paths, claims in reversed(by_case)}
+        found += [(mutation, seen.get(True), seen.get(False)) for mutation in claim.mutations]
+    return found
 
 
-@pytest.mark.slow  # an oracle capture and a mutated one per image and family
+@pytest.mark.slow  # an oracle capture per image case and a mutated capture per mutation and case
 @pytest.mark.parametrize("name", FAMILY_NAMES)
 def test_a_planted_defect_shows_exactly_where_the_page_says_it_can(name, tiny, images, tmp_path):
     from driftscope.capture.runtimes import get_runtime
@@ -128,19 +126,25 @@ def test_a_planted_defect_shows_exactly_where_the_page_says_it_can(name, tiny, i
     checkpoint, plan = tiny(name)
     family = get_family(name)
     found = _visible_and_invisible(name, images, checkpoint)
-    if found is None:
-        pytest.skip("no claim of this family is visible on one of the sizes and invisible on another")
-    mutation, visible, invisible = found
-    for path, expected in ((visible, True), (invisible, False)):
-        inputs = family.prepare_inputs(checkpoint, [path])
-        oracle = get_runtime("transformers")(checkpoint, "f32")
-        reference = oracle.capture(inputs, plan, tmp_path / path.stem / "oracle")
-        oracle.release()
-        power = fixture_power(reference, checkpoint, inputs, plan, Contract(), tmp_path / path.stem, [mutation])
-        (entry,) = power["mutations"]
-        assert entry["detected"] == expected, (mutation, path.stem, entry["first_divergence"], entry["blind_reason"])
-        if expected:
-            assert entry["at_declared_stage"], entry["first_divergence"]
+    assert any(None not in (visible, invisible) for _, visible, invisible in found), (
+        "no claim of this family is VISIBLE on one case and INVISIBLE on another"
+    )
+    references = {}
+    for mutation, visible, invisible in found:
+        for paths, expected in ((visible, True), (invisible, False)):
+            if paths is None:
+                continue
+            case = "+".join(path.stem for path in paths)
+            inputs = family.prepare_inputs(checkpoint, list(paths))
+            if case not in references:
+                oracle = get_runtime("transformers")(checkpoint, "f32")
+                references[case] = oracle.capture(inputs, plan, tmp_path / case / "oracle")
+                oracle.release()
+            power = fixture_power(references[case], checkpoint, inputs, plan, Contract(), tmp_path / case, [mutation])
+            (entry,) = power["mutations"]
+            assert entry["detected"] == expected, (mutation, case, entry["first_divergence"], entry["blind_reason"])
+            if expected:
+                assert entry["at_declared_stage"], (mutation, case, entry["first_divergence"])
 
 
 def _mask_images(sections) -> list:
