@@ -20,15 +20,19 @@ EXPECTED = {
     "exact_gelu_vit": "vision.block.0.mlp.act",
     "causal_image_mask": "text.attention_mask",
 }
+#: Blind on the 224 px image, which takes one high-resolution crop (the low-resolution crop pixel for pixel).
+BLIND_AT_224 = {"crops_reversed": "one high-resolution crop"}
 
 
-@pytest.mark.slow  # seven mutated captures of the whole plan; the default contract's audit is test_families'
+@pytest.mark.slow  # eight mutated captures of the whole plan; the default contract's audit is test_families'
 def test_every_mutation_is_first_seen_at_its_declared_stage_under_the_f32_contract():
     from driftscope.replay.power import fixture_power
 
     power = fixture_power(capture("transformers", "224"), checkpoint(), inputs("224"), plan(), F32, scratch() / "power")
     found = {entry["mutation"]: entry for entry in power["mutations"]}
-    assert sorted(found) == sorted(EXPECTED) == MUTATIONS.names()
+    assert sorted(found) == sorted([*EXPECTED, *BLIND_AT_224]) == MUTATIONS.names()
+    for name, reason in BLIND_AT_224.items():
+        assert not found[name]["detected"] and reason in found[name]["blind_reason"], found[name]
     for name, stage in EXPECTED.items():
         entry = found[name]
         if stage is None:
@@ -58,3 +62,6 @@ def test_each_mutation_says_why_an_input_cannot_reveal_it():
     for name in ("pool_mean_over_all_slots", "padding_index_clamped"):
         assert "no padding slots" in MUTATIONS.get(name).blind(unpadded, full)
     assert (np.asarray(inputs("224")["pooling"]) < 0).any()  # the 224 px image has padded pooling windows
+    for name, reason in BLIND_AT_224.items():
+        assert reason in MUTATIONS.get(name).blind(inputs("224"), full)
+        assert MUTATIONS.get(name).blind(inputs("448"), full) is None, name

@@ -13,7 +13,7 @@ from driftscope.run.params import find_path
 
 from ..errors import CheckpointError
 from ..families import DEFAULT_FAMILY, Family, detect_family, get_family
-from ..families.base import Section
+from ..families.base import GeometryClaim, Section
 
 
 def family_for(checkpoint: str | Path | None = None, family: str | None = None) -> Family:
@@ -29,14 +29,41 @@ def family_for(checkpoint: str | Path | None = None, family: str | None = None) 
 
 
 def geometry_sections(
-    image_path: str | Path, checkpoint: str | Path | None = None, family: str | None = None, **options
+    image_paths: str | Path | list[str | Path],
+    checkpoint: str | Path | None = None,
+    family: str | None = None,
+    **options,
 ) -> list[Section]:
-    """The family's geometry sections for one image (``options``: what the family's sections take); relative
-    paths are found from the working directory, else the repository root (JupyterLab runs in ``notebooks/``)."""
-    image_path = find_path(image_path)
+    """The family's geometry sections for the images (one path or the run's list; ``options``: what the family's
+    sections take), the answer to "could these images reveal a wrong index?" first. Relative paths are found
+    from the working directory, else the repository root (JupyterLab runs in ``notebooks/``)."""
+    paths = [image_paths] if isinstance(image_paths, str | Path) else list(image_paths)
+    paths = [find_path(path) for path in paths]
     checkpoint = None if checkpoint is None else find_path(checkpoint)
     hooks = family_for(checkpoint, family).view_hooks()
-    return hooks.geometry_sections(image_path, checkpoint, **options)
+    answer = answer_section(hooks.geometry_claims(paths, checkpoint), paths)
+    return [answer, *hooks.geometry_sections(paths, checkpoint, **options)]
+
+
+def answer_section(claims: list[GeometryClaim], paths: list[Path]) -> Section:
+    """The first screen: for each index-math defect the family names, VISIBLE or INVISIBLE on these images, why."""
+    names = ", ".join(f"`{Path(path).name}`" for path in paths)
+    lines = [
+        f"- **{'VISIBLE' if claim.visible else 'INVISIBLE'} here**: {claim.defect} — {claim.reason}."
+        for claim in claims
+    ]
+    hidden = sum(not claim.visible for claim in claims)
+    closing = (
+        f"\n\n{hidden} of {len(claims)} cannot show on these images: to test them, add an image of the size the "
+        "reason names."
+        if hidden
+        else f"\n\nEach of the {len(claims)} can show on these images."
+    )
+    return Section(
+        "Could these images reveal a wrong index?",
+        f"Computed from the geometry of {names} (the sizes the processor makes of them).",
+        ("\n".join(lines) + closing,),
+    )
 
 
 def show(sections: list[Section]) -> None:

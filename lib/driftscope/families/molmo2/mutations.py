@@ -121,6 +121,26 @@ def _no_padding(inputs: ModelInputs, plan: StagePlan) -> str | None:
     return None
 
 
+def _crops_reversed(checkpoint, original: ModelInputs, settings: dict) -> ModelInputs:
+    """The run's inputs with each image's crops in reverse order (its low-resolution crop last), the pooling
+    indices unchanged: a processor whose crop order is not the one its indices assume."""
+    from dataclasses import replace
+
+    pixels = np.asarray(original["pixel_values"])
+    bounds = np.cumsum([0, *np.asarray(original["num_crops"]).reshape(-1).tolist()])
+    order = np.concatenate([np.arange(a, b)[::-1] for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
+    return replace(original, arrays={**original.arrays, "pixel_values": pixels[order]})
+
+
+def _crops_alike(inputs: ModelInputs, plan: StagePlan) -> str | None:
+    if all(list(tiling) == [1, 1] for tiling in inputs.facts.get("tiling", [])):
+        return (
+            "one high-resolution crop per image, which is the low-resolution crop pixel for pixel (both the image "
+            "resized to one crop): reordering the crops changes nothing (use an image that takes several crops)"
+        )
+    return None
+
+
 def _no_prompt(inputs: ModelInputs, plan: StagePlan) -> str | None:
     if inputs.text is None or "text.attention_mask" not in plan:
         return "the run does not follow a prompt: the decoder's mask is never built (add text: to the parameters)"
@@ -157,6 +177,15 @@ for mutation in (
         lambda plan: ["pool.gathered"],
         _clamp_padding,
         _no_padding,
+    ),
+    Mutation(
+        "crops_reversed",
+        "each image's crops passed in reverse order (the low-resolution crop last) while the pooling indices "
+        "assume the processor's order",
+        lambda plan: ["inputs.pixel_values"],
+        lambda model, settings: corrected(model),
+        _crops_alike,
+        inputs=_crops_reversed,
     ),
     Mutation(
         "silu_by_division",

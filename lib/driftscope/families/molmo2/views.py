@@ -7,12 +7,13 @@ from pathlib import Path
 
 import numpy as np
 
+from driftscope.core.markup import text
 from driftscope.taps.tapset import TapSet
 
 from ...errors import InputError
-from ..base import ImageTokens, Section
+from ..base import GeometryClaim, ImageTokens, Section, image_size
 from .config import read_facts
-from .geometry import CropSpec, summary
+from .geometry import CropSpec, crop_layout, summary
 
 #: The hub's defaults when no checkpoint is named: 27 declared layers, vit_layers [-3, -9].
 HUB_DEFAULTS = {"vit_config": {"num_hidden_layers": 27}, "adapter_config": {"vit_layers": [-3, -9]}}
@@ -127,28 +128,61 @@ def geometry_report(
     )
 
 
-def geometry_sections(image_path: str | Path, checkpoint: str | Path | None = None, **options) -> list[Section]:
-    """Notebook 03: the crops over the image, the pooling windows and their padding, the selected layers."""
-    from PIL import Image
+def geometry_claims(image_paths: list[Path], checkpoint: str | Path | None = None) -> list[GeometryClaim]:
+    """Could these images (their crops and pooling windows under the checkpoint's processor) reveal a pooler
+    that mishandles padded slots, or a wrong crop order?"""
+    spec = CropSpec.from_checkpoint(checkpoint)
+    layouts = [crop_layout(*image_size(path), spec) for path in image_paths]
+    slots = spec.pooling[0] * spec.pooling[1]
+    padded = [int((layout.valid_counts < slots).sum()) for layout in layouts]
+    tilings = [list(layout.tiling) for layout in layouts]
+    several = [layout.tiling != (1, 1) for layout in layouts]
+    return [
+        GeometryClaim(
+            "a pooler that mishandles padded slots (averaging all slots, or reading -1 as patch 0)",
+            any(padded),
+            f"{sum(padded)} pooled tokens (per image {padded}) pool fewer than {slots} patches"
+            if any(padded)
+            else "every pooled token has all its patches: there are no padded slots (use a size whose token grid "
+            "has an odd side)",
+            ("pool_mean_over_all_slots", "padding_index_clamped"),
+        ),
+        GeometryClaim(
+            "a wrong crop order (crops not in the order the pooling indices assume)",
+            any(several),
+            f"tilings {tilings}: the crops differ, so a reordered crop feeds other pixels to its tokens"
+            if any(several)
+            else f"tilings {tilings}: one high-resolution crop per image, which is the low-resolution crop pixel "
+            f"for pixel (both the image resized to {spec.crop_size} px), so reordering the crops changes no token "
+            "(add an image that takes several crops, e.g. 448x672)",
+            ("crops_reversed",),
+        ),
+    ]
 
+
+def geometry_sections(image_paths: list[Path], checkpoint: str | Path | None = None, **options) -> list[Section]:
+    """Notebook 03: each image's crops and pooled tokens, the first image's crops and pooling windows drawn,
+    the selected layers."""
     from .geometry_plots import crop_table, crops_over_image, pooling_windows
 
     spec = CropSpec.from_checkpoint(checkpoint)
-    with Image.open(image_path) as image:
-        facts = summary(image.height, image.width, spec)
+    image_path = image_paths[0]
+    headlines = []
+    for path in image_paths:
+        facts = summary(*image_size(path), spec)
+        headlines.append(
+            f"**{text(Path(path).name)}** ({facts['image']}): {facts['crops']} crops (tiling {facts['tiling']} on a "
+            f"{facts['canvas']} canvas, plus the whole image at {spec.crop_size} px), {facts['tokens']} pooled "
+            f"tokens ({facts['low_res_tokens']} low-res, {facts['high_res_tokens']} high-res); partially padded "
+            f"windows: {facts['padded_low_res']} low-res, {facts['padded_high_res']} high-res."
+        )
     layers = layer_facts(checkpoint)
-    headline = (
-        f"**{Path(image_path).name}** ({facts['image']}): {facts['crops']} crops (tiling {facts['tiling']} on a "
-        f"{facts['canvas']} canvas, plus the whole image at {spec.crop_size} px), {facts['tokens']} pooled tokens "
-        f"({facts['low_res_tokens']} low-res, {facts['high_res_tokens']} high-res); partially padded windows: "
-        f"{facts['padded_low_res']} low-res, {facts['padded_high_res']} high-res."
-    )
     return [
         Section(
             "Crops and pooled tokens",
             "Molmo2 reads an image as one low-resolution crop (the whole image) and overlapping high-resolution "
             "crops; every canvas patch is read from exactly one crop, the interior margins are dropped.",
-            (headline, crop_table(image_path, spec)),
+            ("\n\n".join(headlines), crop_table(image_path, spec)),
         ),
         Section("Crops over the image (kept part dashed)", "", (crops_over_image(image_path, spec),)),
         Section(

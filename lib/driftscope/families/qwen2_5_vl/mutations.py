@@ -49,6 +49,12 @@ def _one_window(inputs: ModelInputs, plan: StagePlan) -> str | None:
     return None
 
 
+def _identity(inputs: ModelInputs, plan: StagePlan) -> str | None:
+    if np.array_equal(index := window_layout(_grids(inputs)).window_index, np.arange(len(index))):
+        return "window order is raster order in every image (one window across each): the permutation is the identity"
+    return None
+
+
 def _involution(inputs: ModelInputs, plan: StagePlan) -> str | None:
     index = window_layout(_grids(inputs)).window_index
     if is_involution(index):
@@ -176,7 +182,7 @@ for mutation in (
         "window_index replaced by the identity: windows are formed from consecutive raster tokens instead of 2-D tiles",
         lambda plan: ["vision.window_index"],
         _identity_permutation,
-        _one_window,
+        _identity,
     ),
     Mutation(
         "full_attention_everywhere",

@@ -9,9 +9,9 @@ import numpy as np
 
 from driftscope.core.markup import text
 
-from ..base import Section
+from ..base import GeometryClaim, Section, image_size, same_pixels
 from ..qwen_shared.layout import token_layout  # noqa: F401 (a view hook of this family)
-from .geometry import ResizeSpec, audit_unreorder, grid_for
+from .geometry import ResizeSpec, audit_unreorder, grid_for, window_layout
 from .geometry.summary import WINDOW_SIZE, bucket_summary, format_text, image_rows, parse_size
 
 
@@ -23,16 +23,79 @@ def input_overlay(inputs: dict, image: int) -> tuple[int | None, str]:
     return window, f"{height}x{width}, grid {inputs['grid_thw'][image]}, {windows} window(s)"
 
 
-def geometry_sections(
-    image_path: str | Path,
-    checkpoint: str | Path | None = None,
-    bucket_images: tuple[str, ...] = ("140x140", "140x140"),
-    bucket_rows: int = 256,
-) -> list[Section]:
-    """Notebook 03: the windows over the image, the permutation, what a wrong un-reorder misplaces, and
-    the masks of a packed bucket with their leak audit."""
-    from PIL import Image
+def geometry_claims(image_paths: list[Path], checkpoint: str | Path | None = None) -> list[GeometryClaim]:
+    """Could these images (their grids under the checkpoint's resize) reveal a wrong un-reorder, a wrong window
+    permutation or schedule, or attention leaking across packed images?"""
+    spec = ResizeSpec.from_checkpoint(checkpoint)
+    grids = [grid_for(*image_size(path), spec) for path in image_paths]
+    layout = window_layout(grids, spec.merge_size, WINDOW_SIZE, spec.patch_size)
+    audit = audit_unreorder(grids, spec.merge_size, WINDOW_SIZE, spec.patch_size)
+    windows = list(layout.windows_per_image)
+    shown = ", ".join(f"{h * spec.patch_size}x{w * spec.patch_size}" for _, h, w in grids)
+    involution = (
+        f"the window permutation of {shown} is an involution: applying it twice restores the order, so "
+        "`reverse[orig] = rank` misplaces no token (add e.g. a 336x336 image)"
+    )
+    leaks = len(grids) > 1 and not same_pixels(image_paths)
+    leak = (
+        "one image: there is nothing to leak across (pack two different images)"
+        if len(grids) < 2
+        else "the packed images are identical: attending across copies changes nothing"
+        if same_pixels(image_paths)
+        else f"{len(grids)} different images packed: a leak mixes their tokens"
+    )
+    return [
+        GeometryClaim(
+            "a wrong un-reorder (`reverse[orig] = rank` instead of argsort)",
+            not audit.involution,
+            involution
+            if audit.involution
+            else f"it misplaces {audit.misplaced_by_rank_scatter} of {audit.merged_tokens} merged tokens",
+            ("rank_scatter_unreorder",),
+        ),
+        GeometryClaim(
+            "a wrong window permutation (windows of consecutive raster tokens instead of 2-D tiles)",
+            not audit.identity,
+            f"windows per image {windows}: "
+            + (
+                "window order differs from raster order"
+                if not audit.identity
+                else "window order is raster order (one window across each image), so the permutation is the "
+                "identity (use an image over 112 px wide)"
+            ),
+            ("identity_window_permutation",),
+        ),
+        GeometryClaim(
+            "a wrong window schedule (full attention in the window blocks)",
+            any(n > 1 for n in windows),
+            f"windows per image {windows}: "
+            + (
+                "a window block sees less than the whole image"
+                if any(n > 1 for n in windows)
+                else "one window each, so a window is the whole image (use an image over 112 px on a side)"
+            ),
+            ("full_attention_everywhere",),
+        ),
+        GeometryClaim("attention leaking across packed images", leaks, leak, ("cross_image_leak",)),
+    ]
 
+
+def _bucket_rows(grids: list[tuple[int, int, int]], requested: int | None) -> int:
+    """``requested`` patch rows when they hold the images, else enough for them plus a padded tail."""
+    needed = sum(t * h * w for t, h, w in grids)
+    if requested is not None and requested >= needed:
+        return requested
+    return needed + (-needed % 64 or 64)
+
+
+def geometry_sections(
+    image_paths: list[Path],
+    checkpoint: str | Path | None = None,
+    bucket_images: list[str] | None = None,
+    bucket_rows: int | None = None,
+) -> list[Section]:
+    """Notebook 03: the windows over the first image, the permutation, what a wrong un-reorder misplaces, and
+    the masks of a packed bucket (``bucket_images`` sizes, default the images' own) with their leak audit."""
     from .geometry.plots import (
         mask_audit_frame,
         mask_pictures,
@@ -41,9 +104,9 @@ def geometry_sections(
         windows_over_image,
     )
 
+    image_path = image_paths[0]
     spec = ResizeSpec.from_checkpoint(checkpoint)
-    with Image.open(image_path) as image:
-        grid = grid_for(image.height, image.width, spec)
+    grid = grid_for(*image_size(image_path), spec)
     audit = audit_unreorder([grid], spec.merge_size)
     verdict = "an involution: a twice-applied un-reorder is INVISIBLE here" if audit.involution else "not an involution"
     headline = (
@@ -52,7 +115,13 @@ def geometry_sections(
         f"({audit.partial_windows} padded); the permutation is {verdict}; `reverse[orig] = rank` misplaces "
         f"**{audit.misplaced_by_rank_scatter}** tokens. Resize settings: {text(spec.source)}."
     )
-    grids = [grid_for(*parse_size(size), spec) for size in bucket_images]
+    if bucket_images:
+        grids = [grid_for(*parse_size(size), spec) for size in bucket_images]
+        packed = ", ".join(bucket_images)
+    else:
+        grids = [grid_for(*image_size(path), spec) for path in image_paths]
+        packed = ", ".join(Path(path).name for path in image_paths)
+    rows = _bucket_rows(grids, bucket_rows)
     return [
         Section(
             "Window geometry",
@@ -74,9 +143,10 @@ def geometry_sections(
         ),
         Section(
             "Masks of a packed bucket and their audit",
-            "Every count must be zero: no attention across images, between real rows and padding, padded rows "
-            "that see anything but themselves, window entries across windows, or blocked entries inside one image.",
-            (mask_pictures(grids, bucket_rows, spec), mask_audit_frame(grids, bucket_rows, spec)),
+            f"{text(packed)} packed into {rows} patch rows. Every count must be zero: no attention across images, "
+            "between real rows and padding, padded rows that see anything but themselves, window entries across "
+            "windows, or blocked entries inside one image.",
+            (mask_pictures(grids, rows, spec), mask_audit_frame(grids, rows, spec)),
         ),
     ]
 

@@ -13,7 +13,7 @@ import numpy as np
 from driftscope.core.markup import text
 
 from ...errors import InputError
-from ..base import Section
+from ..base import GeometryClaim, Section, draw_attention_mask, image_size, same_pixels
 from ..qwen_shared.layout import token_layout  # noqa: F401 (a view hook of this family)
 from ..qwen_shared.processor import stated_settings
 from .geometry import audit_bucket, axis_taps, grid_side, lands_on_table_rows, pack_bucket
@@ -87,11 +87,9 @@ def image_rows(sizes: list[str], settings: dict) -> list[dict]:
     return rows
 
 
-def bucket_summary(sizes: list[str], rows: int | None, settings: dict, grow: bool = False) -> dict:
-    """The images packed into one bucket of ``rows`` patch rows (``grow``: at least enough), and its mask audit."""
+def bucket_summary(sizes: list[str], rows: int | None, settings: dict) -> dict:
+    """The images packed into one bucket of ``rows`` patch rows, and its mask audit."""
     grids = [_grid(*parse_size(size), settings) for size in sizes]
-    needed = sum(t * h * w for t, h, w in grids)
-    rows = max(rows or needed, needed) if grow else rows
     bucket = pack_bucket(grids, settings["table"], rows, settings["merge_size"])
     starts = bucket.cu_seqlens.tolist()
     return {
@@ -173,42 +171,107 @@ def _axis_frame(size: int, table: int):
     )
 
 
-def _mask_figure(sizes: list[str], rows: int | None, settings: dict):
+def _mask_figure(grids: list[tuple[int, int, int]], rows: int, settings: dict):
     from matplotlib.figure import Figure
 
-    grids = [_grid(*parse_size(size), settings) for size in sizes]
-    needed = sum(t * h * w for t, h, w in grids)
-    bucket = pack_bucket(grids, settings["table"], max(rows or needed, needed), settings["merge_size"])
-    figure = Figure(figsize=(4.6, 4.6), layout="constrained")
+    bucket = pack_bucket(grids, settings["table"], rows, settings["merge_size"])
+    figure = Figure(figsize=(5.6, 4.6), layout="constrained")
     axis = figure.subplots()
-    axis.imshow(bucket.segments[:, None] == bucket.segments[None, :], cmap="Greys", interpolation="nearest")
-    axis.set_title(f"attention mask of a {bucket.rows}-row bucket (black: may attend)", fontsize=9)
+    draw_attention_mask(
+        axis,
+        bucket.segments[:, None] == bucket.segments[None, :],
+        f"attention mask of a {bucket.rows}-row bucket ({bucket.active} active rows)",
+    )
     return figure
 
 
-def geometry_sections(
-    image_path: str | Path,
-    checkpoint: str | Path | None = None,
-    bucket_images: tuple[str, ...] = ("256x256", "256x256"),
-    bucket_rows: int = 512,
-    **options,
-) -> list[Section]:
-    """Notebook 03: the resize, where the image's patches sample the learned position table (and whether a
-    wrong resampling could show), and a packed bucket's attention mask with its audit."""
-    import pandas as pd
-    from PIL import Image
+def _size(path: str | Path) -> str:
+    height, width = image_size(path)
+    return f"{height}x{width}"
+
+
+def geometry_claims(image_paths: list[Path], checkpoint: str | Path | None = None) -> list[GeometryClaim]:
+    """Could these images (their grids under the checkpoint's resize) reveal a nearest-neighbour position table,
+    the wrong resize bounds, the wrong resampler, or a mask leaking across packed images?"""
+    from .mutations import QWEN2_BOUNDS
 
     settings = _settings(checkpoint)
-    with Image.open(image_path) as image:
-        size = f"{image.height}x{image.width}"
-    row = image_rows([size], settings)[0]
+    sizes = [_size(path) for path in image_paths]
+    rows = image_rows(sizes, settings)
+    grids = [tuple(row["grid_thw"]) for row in rows]
+    table = settings["table"]
+    qwen2 = {**settings, "min_pixels": QWEN2_BOUNDS["shortest_edge"], "max_pixels": QWEN2_BOUNDS["longest_edge"]}
+    moved = [size for size, grid in zip(sizes, grids, strict=True) if _grid(*parse_size(size), qwen2) != grid]
+    resized = [row["image"] for row in rows if row["image"] != row["resized"]]
+    shown = ", ".join(f"{row['image']} -> {row['resized']}" for row in rows)
+    on_rows = lands_on_table_rows(grids, table)
+    leaks = len(grids) > 1 and not same_pixels(image_paths)
+    return [
+        GeometryClaim(
+            "nearest-neighbour resampling of the position table (instead of bilinear, align_corners)",
+            not on_rows,
+            f"every patch of grids {[list(g) for g in grids]} lands on a row of the {table}x{table} table, so "
+            "nearest and bilinear read the same rows (use a size whose grid side - 1 does not divide "
+            f"{table - 1})"
+            if on_rows
+            else f"patches of grids {[list(g) for g in grids]} fall between rows of the {table}x{table} table",
+            ("nearest_position_interpolation",),
+        ),
+        GeometryClaim(
+            "the wrong resize bounds (Qwen2-VL's defaults instead of the checkpoint's)",
+            bool(moved),
+            f"{', '.join(moved)} resize differently under them ({shown})"
+            if moved
+            else f"{shown}: the same under both bounds (use an image below 256x256 pixels)",
+            ("qwen2_resize_bounds",),
+        ),
+        GeometryClaim(
+            "the wrong resampler (bilinear instead of bicubic)",
+            bool(resized),
+            f"{', '.join(resized)} resized ({shown})"
+            if resized
+            else f"no image is resized ({shown}): the resampler is never used (use a size that is not a "
+            f"multiple of {settings['patch_size'] * settings['merge_size']})",
+            ("bilinear_resampling",),
+        ),
+        GeometryClaim(
+            "an attention mask leaking across packed images",
+            leaks,
+            f"{len(grids)} different images packed (the mask audit below packs these grids)"
+            if leaks
+            else "one image: there is nothing to leak across (pack two different images)"
+            if len(grids) < 2
+            else "the packed images are identical: attending across copies changes nothing",
+        ),
+    ]
+
+
+def geometry_sections(
+    image_paths: list[Path],
+    checkpoint: str | Path | None = None,
+    bucket_images: list[str] | None = None,
+    bucket_rows: int | None = None,
+    **options,
+) -> list[Section]:
+    """Notebook 03: the resize, where the first image's patches sample the learned position table, and a packed
+    bucket (``bucket_images`` sizes, default the images' own) with its attention mask and audit."""
+    import pandas as pd
+
+    image_path = image_paths[0]
+    settings = _settings(checkpoint)
+    row = image_rows([_size(image_path)], settings)[0]
     grid = tuple(row["grid_thw"])
-    packed = bucket_summary(list(bucket_images), bucket_rows, settings, grow=True)
+    sizes = list(bucket_images) if bucket_images else [_size(path) for path in image_paths]
+    grids = [_grid(*parse_size(size), settings) for size in sizes]
+    needed = sum(t * h * w for t, h, w in grids)
+    rows = bucket_rows if bucket_rows is not None and bucket_rows >= needed else needed + (-needed % 64 or 64)
+    packed = bucket_summary(sizes, rows, settings)
     grown = (
         ""
-        if packed["rows"] == bucket_rows
-        else f" ({bucket_rows} rows cannot hold them under this processor: grown to {packed['rows']})"
+        if bucket_rows is None or rows == bucket_rows
+        else f" ({bucket_rows} rows cannot hold them under this processor: grown to {rows})"
     )
+    named = ", ".join(bucket_images) if bucket_images else ", ".join(Path(path).name for path in image_paths)
     verdict = (
         "every patch lands on a table row, so a nearest-neighbour resampling would be INVISIBLE here"
         if row["lands_on_table_rows"]
@@ -236,14 +299,10 @@ def geometry_sections(
         ),
         Section(
             "A packed bucket and its mask audit",
-            "Every count must be zero: no attention across images, between real rows and padding, padded rows "
-            f"that see anything but themselves, or blocked entries inside one image. Images {list(bucket_images)}"
-            + grown
-            + ".",
-            (
-                _mask_figure(list(bucket_images), bucket_rows, settings),
-                pd.DataFrame([packed["audit"]]),
-            ),
+            f"{text(named)} ({', '.join(sizes)}) packed into {rows} patch rows{grown}. Every count must be zero: "
+            "no attention across images, between real rows and padding, padded rows that see anything but "
+            "themselves, or blocked entries inside one image.",
+            (_mask_figure(grids, rows, settings), pd.DataFrame([packed["audit"]])),
         ),
     ]
 

@@ -8,6 +8,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patheffects import withStroke
 
+from ...base import draw_attention_mask
 from .masks import audit_masks, bucket_masks
 from .packing import pack_images
 from .resize import ResizeSpec, smart_resize
@@ -124,20 +125,19 @@ def misplaced_over_image(image_path: str | Path, spec: ResizeSpec = ResizeSpec()
 
 
 def mask_pictures(grids: list[tuple[int, int, int]], rows: int, spec: ResizeSpec = ResizeSpec()) -> Figure:
-    """Full and window attention masks of a packed bucket (white: may attend), media bounds marked."""
+    """Full and window attention masks of a packed bucket (the one mask convention), image bounds marked red."""
     bucket = pack_images(grids, rows, spec.merge_size, WINDOW_PX, spec.patch_size)
     full, window = bucket_masks(bucket)
-    figure = Figure(figsize=(10, 5), layout="constrained")
+    figure = Figure(figsize=(11, 5), layout="constrained")
     for axis, (name, mask) in zip(
         figure.subplots(1, 2), (("full attention", full), ("window attention", window)), strict=True
     ):
-        axis.imshow(mask, cmap="gray", interpolation="nearest")
+        draw_attention_mask(
+            axis, mask, f"{name}: {bucket.active} active rows, {bucket.rows - bucket.active} padding (red: images)"
+        )
         for bound in bucket.cu_seqlens[1:]:
             axis.axhline(bound - 0.5, color="red", linewidth=0.6)
             axis.axvline(bound - 0.5, color="red", linewidth=0.6)
-        axis.set_title(f"{name}: {bucket.active} active rows, {bucket.rows - bucket.active} padding", fontsize=9)
-        axis.set_xlabel("key row")
-        axis.set_ylabel("query row")
     return figure
 
 
