@@ -72,10 +72,12 @@ def coverage_line(report: Report) -> str | None:
 
 
 def introduced_lines(report: Report, key: str) -> list[str]:
-    """The pair's introduced operator (its replay's conclusion) and the ready patches that may close it, with
-    where to try one; [] where no operator introduces the pair's error."""
+    """The pair's conclusion: the operator that introduces its error and the ready patches that may close it,
+    with where to try one; else the conclusion's sentence (it accumulates, it is data...); [] without one."""
     conclusion = (report.data.get("conclusions") or {}).get(key) or {}
-    if conclusion.get("kind") != "introduced":
+    if conclusion.get("kind") not in ("introduced", None):  # accumulation, data...: the conclusion says why
+        return [f"- {code(report.pair_title(key))}: {text(conclusion['text'])}"]
+    if not conclusion:
         return []
     stage = conclusion["stage"]
     line = (
