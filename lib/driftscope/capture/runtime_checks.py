@@ -27,6 +27,14 @@ def unreadable(problem: str) -> list[dict]:
     return [check("readable", COULD_NOT_RUN, problem)]
 
 
+def failed(err: BaseException, loaded: bool) -> list[dict]:
+    """The checks of a runtime that could not load its model (``loaded`` False) or could not capture with it: the
+    engine's own error, and its fix when it gives one."""
+    detail = getattr(err, "problem", None) or f"{type(err).__name__}: {err}"
+    fix = getattr(err, "fix", None)
+    return [check("loaded" if not loaded else "complete", COULD_NOT_RUN, detail + (f" (fix: {fix})" if fix else ""))]
+
+
 def declared_policy(meta: dict) -> dict | None:
     """The policy a sidecar declares, as an object (a bare name becomes ``{"name": ...}``); None if it declares none."""
     policy = meta.get("policy")

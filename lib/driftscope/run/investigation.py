@@ -15,11 +15,11 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from driftscope.capture.runtime_checks import apply_checks, capture_checks, observed_dtypes, unreadable
+from driftscope.capture.runtime_checks import apply_checks, capture_checks, failed, observed_dtypes, unreadable
 from driftscope.capture.runtimes import get_runtime
 from driftscope.core.names import remove_partial_files, safe_name
 from driftscope.core.paths import REPO_ROOT
-from driftscope.errors import DriftscopeError, ReportError, TapFileError
+from driftscope.errors import DriftscopeError, OutputError, ReportError, TapFileError
 from driftscope.families import get_family
 from driftscope.families.checkpoints import open_checkpoint
 from driftscope.judge.compare import compare_tapsets
@@ -228,12 +228,15 @@ def _capture_one(
         tapset = runtime.capture(
             inputs, plan, out / "taps" / safe, progress=lambda message, label=spec.display: log(f"  {label}: {message}")
         )
-    except TapFileError as err:  # an engine's unreadable TapSet: that runtime could not run, the others still do
-        if not runtime.external or spec.display == params.reference_label:
-            raise
-        report.data["checks"][spec.display] = unreadable(str(err))
+    except Exception as err:  # a candidate that cannot load or capture: its pairs could not run, the others still do
+        if spec.display == params.reference_label or isinstance(err, OSError | OutputError):
+            raise  # nothing to compare without the reference; a full disk stops every runtime
+        unread = isinstance(err, TapFileError) and runtime.external
+        checks = unreadable(str(err)) if unread else failed(err, loaded=runtime.model is not None)
+        report.data["checks"][spec.display] = checks
         report.save()
-        log(f"  {spec.display}: could not run: {err.problem}")
+        log(f"  {spec.display}: could not run: {checks[0]['detail']}")
+        _log_detail("".join(traceback.format_exception(err)))
         runtime.release()
         return
     tapsets[spec.display] = tapset

@@ -41,6 +41,18 @@ def adapt_config(config: dict) -> dict:
     return adapted
 
 
+#: The spatial merge mlx-vlm 0.7.10's Qwen2.5-VL merger is built with, whatever the config says.
+MLX_SPATIAL_MERGE = 2
+
+
+def unrepresentable(config: dict) -> list[str]:
+    """The settings of ``config`` mlx-vlm's Qwen2.5-VL port cannot represent, each naming its key."""
+    merge = int((config.get("vision_config") or {}).get("spatial_merge_size", MLX_SPATIAL_MERGE))
+    if merge == MLX_SPATIAL_MERGE:
+        return []
+    return [f"vision_config.spatial_merge_size is {merge}; mlx-vlm's merger always merges {MLX_SPATIAL_MERGE}x2"]
+
+
 def load_mlx_model(path: Path, config: dict) -> Any:
     """mlx-vlm's Qwen2.5-VL ``Model`` with the checkpoint's safetensors weights (strict)."""
     import mlx.core as mx
