@@ -354,7 +354,7 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
         from driftscope.judge.relative import peer_verdict, relative_verdict
 
         rel = params.relative
-        if "high" in rel:
+        if "high" in rel and {rel["high"], rel["oracle"]} <= set(tapsets):  # else one could not run: the verdict says
             others = [t for label, t in tapsets.items() if label not in (rel["high"], rel["oracle"])]
             report.data["relative"] = relative_verdict(
                 tapsets[rel["high"]], tapsets[rel["oracle"]], others, plan, rel["factor"], rel["floor"]
