@@ -19,7 +19,14 @@ from driftscope.capture.runtime_checks import apply_checks, capture_checks, fail
 from driftscope.capture.runtimes import get_runtime
 from driftscope.core.names import remove_partial_files, safe_name
 from driftscope.core.paths import REPO_ROOT
-from driftscope.errors import DriftscopeError, OutputError, ReportError, TapFileError
+from driftscope.errors import (
+    DriftscopeError,
+    HypothesisPatchError,
+    OutputError,
+    ParameterError,
+    ReportError,
+    TapFileError,
+)
 from driftscope.families import get_family
 from driftscope.families.checkpoints import open_checkpoint
 from driftscope.judge.compare import compare_tapsets
@@ -44,6 +51,8 @@ if TYPE_CHECKING:
     from driftscope.taps.tapset import TapSet
 
 LOG_NAME = "investigation.log"
+#: errors of a candidate that stop the whole run (any other one makes only that candidate's pairs "could not run")
+STOPS_THE_RUN = (OSError, OutputError, HypothesisPatchError, ParameterError)
 _log_files: list[TextIO] = []  # the running investigation's log file, which a waiting notebook prints
 
 
@@ -229,8 +238,8 @@ def _capture_one(
             inputs, plan, out / "taps" / safe, progress=lambda message, label=spec.display: log(f"  {label}: {message}")
         )
     except Exception as err:  # a candidate that cannot load or capture: its pairs could not run, the others still do
-        if spec.display == params.reference_label or isinstance(err, OSError | OutputError):
-            raise  # nothing to compare without the reference; a full disk stops every runtime
+        if spec.display == params.reference_label or isinstance(err, STOPS_THE_RUN):
+            raise  # nothing to compare without the reference; a full disk or a user's failing patch stops the run
         unread = isinstance(err, TapFileError) and runtime.external
         checks = unreadable(str(err)) if unread else failed(err, loaded=runtime.model is not None)
         report.data["checks"][spec.display] = checks
