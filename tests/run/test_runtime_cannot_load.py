@@ -83,3 +83,19 @@ def test_a_merge_size_the_mlx_port_ignores_is_named(tmp_path, tiny_checkpoint_di
     with pytest.raises(PortLimitError, match=r"vision_config.spatial_merge_size is 1; mlx-vlm's merger always merges"):
         get_runtime("mlx")(open_checkpoint(tmp_path / "ck"), "f32").load()
     assert get_runtime("mlx")(open_checkpoint(tiny_checkpoint_dir), "f32").load() is None  # 2x2 loads
+
+
+def test_a_runtime_that_cannot_capture_leaves_the_other_pairs_compared(tmp_path, tiny_checkpoint_dir):
+    """iree-compile refusing the graph (here: a flag it does not know) stops only the IREE capture."""
+    from conftest import write_params
+    from driftscope.cli import main
+
+    iree = {"runtime": "iree", "policy": "f32", "options": {"flags": ["--iree-no-such-flag"]}}
+    params = write_params(tmp_path / "p.yaml", "iree-cannot-compile", ["transformers:f32", iree, "mlx:f32"])
+    assert main(["run", str(params), "--out", str(tmp_path / "out")]) == 2
+    data = json.loads((tmp_path / "out" / "report.json").read_text())
+    (check,) = data["checks"]["iree:f32"]
+    assert check["check"] == "complete" and check["status"] == "could not run"
+    assert "iree-compile" in check["detail"] and "no-such-flag" in check["detail"]
+    assert data["verdict"]["per_candidate"] == {"iree:f32": "could not run", "mlx:f32": "pass"}
+    assert {row["candidate"] for row in data["rows"]} == {"mlx:f32"}
