@@ -65,7 +65,7 @@ def test_a_runtime_that_cannot_load_leaves_the_other_pairs_compared_and_rendered
     assert {row["candidate"] for row in data["rows"]} == {"jax:f32"}
     assert [r["label"] for r in data["runtimes"]] == ["transformers:f32", "jax:f32"]
     page = (out / "01_stage_parity.html").read_text()
-    assert "could not run" in page and "selects layer 26" in page and "jax:f32" in page
+    assert "0 of 2 runtime pairs fail, 1 could not run" in page and "selects layer 26" in page and "jax:f32" in page
 
 
 def test_a_merge_size_the_mlx_port_ignores_is_named(tmp_path, tiny_checkpoint_dir):
