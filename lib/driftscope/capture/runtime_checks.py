@@ -2,8 +2,9 @@
 policy it says, in the dtype the policy declares.
 
 The checks of every runtime go into ``report.json`` (``checks``, by runtime label). A check that fails makes
-that runtime's pairs fail; an unreadable or incomplete capture makes them "could not run", whatever the
-stages it did write say. ``driftscope show`` and notebook 01 list every check that did not pass.
+that runtime's pairs fail; an unreadable or incomplete capture, or a candidate that could not load or capture at
+all (``failed``: the engine's error), makes them "could not run", whatever the stages it did write say, and the
+other pairs are still judged. ``driftscope show`` and notebook 01 list every check that did not pass.
 """
 
 from __future__ import annotations
