@@ -36,6 +36,10 @@ class RuntimeUnavailableError(DriftscopeError):
     """A runtime's package is not installed."""
 
 
+class PortLimitError(RuntimeUnavailableError):
+    """An engine's port of the model cannot represent a setting the checkpoint's (correct) config.json makes."""
+
+
 class TapFileError(DriftscopeError):
     """A TapSet on disk is missing, truncated or inconsistent with its sidecar."""
 

@@ -2,8 +2,9 @@
 policy it says, in the dtype the policy declares.
 
 The checks of every runtime go into ``report.json`` (``checks``, by runtime label). A check that fails makes
-that runtime's pairs fail; an unreadable or incomplete capture makes them "could not run", whatever the
-stages it did write say. ``driftscope show`` and notebook 01 list every check that did not pass.
+that runtime's pairs fail; an unreadable or incomplete capture, or a candidate that could not load or capture at
+all (``failed``: the engine's error), makes them "could not run", whatever the stages it did write say, and the
+other pairs are still judged. ``driftscope show`` and notebook 01 list every check that did not pass.
 """
 
 from __future__ import annotations
@@ -25,6 +26,14 @@ def check(name: str, status: str, detail: str) -> dict:
 def unreadable(problem: str) -> list[dict]:
     """The checks of a runtime whose TapSet could not be read at all."""
     return [check("readable", COULD_NOT_RUN, problem)]
+
+
+def failed(err: BaseException, loaded: bool) -> list[dict]:
+    """The checks of a runtime that could not load its model (``loaded`` False) or could not capture with it: the
+    engine's own error, and its fix when it gives one."""
+    detail = getattr(err, "problem", None) or f"{type(err).__name__}: {err}"
+    fix = getattr(err, "fix", None)
+    return [check("loaded" if not loaded else "complete", COULD_NOT_RUN, detail + (f" (fix: {fix})" if fix else ""))]
 
 
 def declared_policy(meta: dict) -> dict | None:

@@ -171,6 +171,11 @@ def block_substages(stage_id: str, plan: StagePlan) -> tuple[str, ...]:
     return tuple(s.id for s in plan if s.block == stage.block and s.substage is not None)
 
 
+def no_derived_weights(config: dict) -> tuple[str, ...]:
+    """The default ``Family.derived_weights``: every tensor is loaded, none is derived from another."""
+    return ()
+
+
 @dataclass(frozen=True)
 class Family:
     """Everything model-specific about one family (see docs/adding-a-family.md for each entry)."""
@@ -201,6 +206,13 @@ class Family:
     #: module holding ``PROSE``: the family's sentences on the generic pages, by ``PROSE_KEYS`` (what its inputs
     #: overlay shows, examples of its mutations, what its text side carries besides the layers)
     prose: str | None = None
+    #: the tensors (fnmatch patterns of checkpoint names) a config derives from others, e.g. a tied ``lm_head``:
+    #: no runtime refuses a checkpoint for lacking or holding them; every other missing or unexpected tensor is
+    #: a checkpoint error
+    derived_weights: Callable[[dict], tuple[str, ...]] = no_derived_weights
+    #: the text side's tensors (fnmatch patterns of checkpoint names), which a runtime that reads them only for a
+    #: text capture (the compiled emitters) has not read after loading; () leaves their check to the text capture
+    text_weights: tuple[str, ...] = ()
 
     def supports(self, runtime: str) -> bool:
         return runtime in self.engines

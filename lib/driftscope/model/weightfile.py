@@ -7,10 +7,13 @@ One read per tensor into memory the caller keeps (no memory map held open, no in
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import mmap
 import os
 import struct
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,11 +100,33 @@ def read_header(file: Path) -> dict[str, TensorEntry]:
     }
 
 
+def matching(names: Iterable[str], patterns: Iterable[str]) -> set[str]:
+    """The names that match any of the fnmatch ``patterns``."""
+    patterns = tuple(patterns)
+    return {name for name in names if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)}
+
+
+#: (checkpoint directory, the set that records its tensors' names as they are read): ``recording_reads``
+_LEDGERS: list[tuple[Path, set[str]]] = []
+
+
+@contextmanager
+def recording_reads(path: str | Path, into: set[str]) -> Iterator[set[str]]:
+    """While active, the name of every tensor any ``TensorFiles`` of ``path`` reads is added to ``into``."""
+    entry = (Path(path).resolve(), into)
+    _LEDGERS.append(entry)
+    try:
+        yield into
+    finally:
+        _LEDGERS.remove(entry)
+
+
 class TensorFiles:
     """Every tensor of a checkpoint directory (one file or a sharded index), read on demand."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self._root = self.path.resolve()
         files = sorted(self.path.glob("*.safetensors"))
         if not files:
             raise CheckpointError(f"checkpoint {self.path} has no *.safetensors files", "point at a saved checkpoint")
@@ -121,6 +146,9 @@ class TensorFiles:
     def read(self, name: str) -> np.ndarray:
         """The tensor as an aligned float32 array (bfloat16/float16 widened exactly)."""
         entry = self.entries[name]
+        for root, names in _LEDGERS:
+            if root == self._root:
+                names.add(name)
         if entry.dtype not in DTYPES:
             raise CheckpointError(
                 f"checkpoint tensor {name!r} is stored as {entry.dtype}", f"store it as one of {', '.join(DTYPES)}"

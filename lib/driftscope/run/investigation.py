@@ -15,11 +15,18 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from driftscope.capture.runtime_checks import apply_checks, capture_checks, observed_dtypes, unreadable
+from driftscope.capture.runtime_checks import apply_checks, capture_checks, failed, observed_dtypes, unreadable
 from driftscope.capture.runtimes import get_runtime
 from driftscope.core.names import remove_partial_files, safe_name
 from driftscope.core.paths import REPO_ROOT
-from driftscope.errors import DriftscopeError, ReportError, TapFileError
+from driftscope.errors import (
+    DriftscopeError,
+    HypothesisPatchError,
+    OutputError,
+    ParameterError,
+    ReportError,
+    TapFileError,
+)
 from driftscope.families import get_family
 from driftscope.families.checkpoints import open_checkpoint
 from driftscope.judge.compare import compare_tapsets
@@ -44,6 +51,8 @@ if TYPE_CHECKING:
     from driftscope.taps.tapset import TapSet
 
 LOG_NAME = "investigation.log"
+#: errors of a candidate that stop the whole run (any other one makes only that candidate's pairs "could not run")
+STOPS_THE_RUN = (OSError, OutputError, HypothesisPatchError, ParameterError)
 _log_files: list[TextIO] = []  # the running investigation's log file, which a waiting notebook prints
 
 
@@ -228,12 +237,15 @@ def _capture_one(
         tapset = runtime.capture(
             inputs, plan, out / "taps" / safe, progress=lambda message, label=spec.display: log(f"  {label}: {message}")
         )
-    except TapFileError as err:  # an engine's unreadable TapSet: that runtime could not run, the others still do
-        if not runtime.external or spec.display == params.reference_label:
-            raise
-        report.data["checks"][spec.display] = unreadable(str(err))
+    except Exception as err:  # a candidate that cannot load or capture: its pairs could not run, the others still do
+        if spec.display == params.reference_label or isinstance(err, STOPS_THE_RUN):
+            raise  # nothing to compare without the reference; a full disk or a user's failing patch stops the run
+        unread = isinstance(err, TapFileError) and runtime.external
+        checks = unreadable(str(err)) if unread else failed(err, loaded=runtime.model is not None)
+        report.data["checks"][spec.display] = checks
         report.save()
-        log(f"  {spec.display}: could not run: {err.problem}")
+        log(f"  {spec.display}: could not run: {checks[0]['detail']}")
+        _log_detail("".join(traceback.format_exception(err)))
         runtime.release()
         return
     tapsets[spec.display] = tapset
@@ -351,7 +363,7 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
         from driftscope.judge.relative import peer_verdict, relative_verdict
 
         rel = params.relative
-        if "high" in rel:
+        if "high" in rel and {rel["high"], rel["oracle"]} <= set(tapsets):  # else one could not run: the verdict says
             others = [t for label, t in tapsets.items() if label not in (rel["high"], rel["oracle"])]
             report.data["relative"] = relative_verdict(
                 tapsets[rel["high"]], tapsets[rel["oracle"]], others, plan, rel["factor"], rel["floor"]

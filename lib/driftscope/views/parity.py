@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from driftscope.capture.runtime_checks import COULD_NOT_RUN
 from driftscope.core.markup import code, text
 from driftscope.judge.rows import share_of_tolerance
 from driftscope.run.report import Report
@@ -107,9 +108,11 @@ def verdict_markdown(report: Report) -> str:
     tolerance = contract.get("default") or {}
     per_pair = verdict.get("per_candidate") or {}
     failing = [key for key, status in per_pair.items() if status != "pass"]
+    unrun = sum(status == COULD_NOT_RUN for status in per_pair.values())
     head = (
-        f"**Verdict: {text(str(verdict.get('status', 'unknown')).upper())}**: {len(failing)} of {len(per_pair)} "
-        f"runtime pairs fail. Run {code(data.get('name'))}, commit {code(data.get('commit'))}, reference "
+        f"**Verdict: {text(str(verdict.get('status', 'unknown')).upper())}**: {len(failing) - unrun} of "
+        f"{len(per_pair)} runtime pairs fail{f', {unrun} could not run' if unrun else ''}. "
+        f"Run {code(data.get('name'))}, commit {code(data.get('commit'))}, reference "
         f"{code(data.get('reference'))}, contract {code(contract.get('name'))} (atol {text(tolerance.get('atol'))}, "
         f"rtol {text(tolerance.get('rtol'))}: an element fails where |a - e| > atol + rtol·|e|)."
     )

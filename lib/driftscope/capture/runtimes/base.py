@@ -10,6 +10,7 @@ import importlib
 import importlib.metadata
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,7 @@ import numpy as np
 
 from driftscope.capture.patches import HypothesisPatch
 from driftscope.capture.quantized import QuantizedWeights, check_policy_fits, quantized_weights
-from driftscope.errors import OutputError, ParameterError, RuntimeUnavailableError
+from driftscope.errors import CheckpointError, OutputError, ParameterError, RuntimeUnavailableError, some
 from driftscope.families.hypotheses import hypotheses_of
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.model.checkpoint import Checkpoint
@@ -51,6 +52,31 @@ def package_versions(*names: str) -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             versions[name] = "missing"
     return versions
+
+
+#: what each kind of refused tensor is, in a checkpoint error
+REFUSED = {
+    "missing": "the model needs but the checkpoint lacks",
+    "unexpected": "the checkpoint holds but the model does not use",
+    "mismatched": "whose shape differs from the model's",
+}
+
+
+def refuse_weights(path: Path, engine: str, found: dict[str, Iterable[str]], derived: Iterable[str] = ()) -> None:
+    """A checkpoint error naming the tensors ``engine`` found ``missing``, ``unexpected`` or ``mismatched``
+    (``found``: kind -> names), those matching a pattern of the family's ``derived`` tensors left out: a runtime
+    that went on would compute with random values or without a tensor the checkpoint holds."""
+    from driftscope.model.weightfile import matching
+
+    derived = tuple(derived)
+    for kind, what in REFUSED.items():
+        names = {str(name) for name in found.get(kind) or ()}
+        names = sorted(names - (matching(names, derived) if kind != "mismatched" else set()))
+        if names:
+            raise CheckpointError(
+                f"checkpoint {path}: {engine}: tensors {what}: {some(names)}",
+                "check that config.json and the weights belong together (re-save both with save_pretrained)",
+            )
 
 
 class Runtime(ABC):

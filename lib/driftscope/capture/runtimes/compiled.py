@@ -86,7 +86,28 @@ class CompiledRuntime(Runtime):
 
     def _load(self) -> Any:
         require("jax", "jax", self.name)
-        return self.taps.load(self.checkpoint)
+        from driftscope.model.weightfile import recording_reads
+
+        self._read: set[str] = set()
+        with recording_reads(self.checkpoint.path, self._read):
+            model = self.taps.load(self.checkpoint)
+        self.refuse_unread(text=False)
+        return model
+
+    def refuse_unread(self, text: bool) -> None:
+        """The emitter reads each tensor it uses by name, so a tensor it never read is one the checkpoint holds
+        and the model does not use: a checkpoint error naming it (the family's derived tensors aside, and, before
+        the text capture, ``text=False``, the text side's, unless the family does not say which those are)."""
+        from driftscope.capture.runtimes.base import refuse_weights
+        from driftscope.model.weightfile import TensorFiles, matching
+
+        if not text and not self.family.text_weights:
+            return
+        unread = set(TensorFiles(self.checkpoint.path).names()) - self._read
+        if not text:
+            unread -= matching(unread, self.family.text_weights)
+        derived = self.family.derived_weights(self.checkpoint.config)
+        refuse_weights(self.checkpoint.path, f"{self.name}'s emitter", {"unexpected": unread}, derived)
 
     def weight_dtypes(self) -> dict[str, int]:
         from collections import Counter
@@ -193,8 +214,13 @@ class CompiledRuntime(Runtime):
         return bool(getattr(get_family(family).engine(cls.name), "DECODES", False))
 
     def _capture_text(self, inputs: ModelInputs, sink: StageSink) -> None:
-        """The family's JAX text decoder on embeddings merged from this runtime's own tower output."""
-        self.taps.capture_text(self, inputs, sink, self._tower)
+        """The family's JAX text decoder on embeddings merged from this runtime's own tower output; then every
+        tensor of the checkpoint must have been read."""
+        from driftscope.model.weightfile import recording_reads
+
+        with recording_reads(self.checkpoint.path, self._read):
+            self.taps.capture_text(self, inputs, sink, self._tower)
+        self.refuse_unread(text=True)
 
     def run_text(self, function, args, name: str = "text_prefill") -> dict[str, np.ndarray]:
         """One text graph (``name``: the prefill, a decode step) on ``args`` (weights first)."""

@@ -13,6 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from driftscope.capture.runtimes.base import Runtime, package_versions, require
+from driftscope.errors import PortLimitError
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.model.quant.policy import RUNTIME_POLICIES
 from driftscope.taps.mlx_hooks import RMSNORM_FORMS, dtype_name, use_manual_rmsnorm
@@ -26,6 +27,9 @@ class MLXTaps(Protocol):
     """What a family tells this engine (module-level names of ``families/<family>/mlx_taps.py``)."""
 
     def load(self, path: Path, config: dict) -> Any: ...
+
+    # optional: the settings of a config the family's mlx-vlm port cannot represent, each naming its key
+    # (``unrepresentable(config) -> list[str]``), asked before loading
 
     def rms_norms(self, model: Any) -> list[tuple[Any, str]]: ...
 
@@ -53,6 +57,7 @@ class MLXRuntime(Runtime):
         mlx_blas()  # before the first `import mlx.core`
         mx = require("mlx.core", "mlx", self.name)
         require("mlx_vlm", "mlx-vlm", self.name)
+        self.refuse_unrepresentable()
         model = self.taps.load(self.checkpoint.path, self.checkpoint.config)
         if self.quantized is not None and self.quantized.quantize_on_load:  # a fused policy on a dense checkpoint
             from driftscope.model.quant.mlx_checkpoint import quantize_loaded
@@ -66,6 +71,18 @@ class MLXRuntime(Runtime):
         if self.options.get("rmsnorm", "fused") == "manual":  # a known form: ``check_options`` saw to it
             use_manual_rmsnorm(self.taps.rms_norms(model))
         return model
+
+    def refuse_unrepresentable(self) -> None:
+        """Refuse, before loading, a config whose settings the family's mlx-vlm port cannot represent: the port is
+        the limit there, not config.json."""
+        limits = getattr(self.taps, "unrepresentable", lambda config: [])(self.checkpoint.config)
+        if limits:
+            version = package_versions("mlx-vlm").get("mlx-vlm", "?")
+            raise PortLimitError(
+                f"mlx-vlm {version}'s {self.family.name} port cannot represent this config: {'; '.join(limits)}",
+                "config.json is right and the MLX port is the limit: the run's other runtimes still run and are "
+                "compared; leave mlx out for this checkpoint, or patch mlx-vlm's port",
+            )
 
     def release(self) -> None:
         super().release()

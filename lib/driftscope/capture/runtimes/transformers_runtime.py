@@ -11,8 +11,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from driftscope.capture.runtimes.base import Runtime, package_versions, require
-from driftscope.errors import CheckpointError, some
+from driftscope.capture.runtimes.base import Runtime, package_versions, refuse_weights, require
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.model.quant.policy import RUNTIME_POLICIES
 from driftscope.taps.sink import StageSink
@@ -34,21 +33,12 @@ class TransformersTaps(Protocol):
     def replay(self, model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray: ...
 
 
-def refuse_partial_load(path, info: dict) -> None:
+def refuse_partial_load(path, info: dict, derived: tuple[str, ...] = ()) -> None:
     """transformers fills weights the checkpoint lacks with random values and only logs it: a checkpoint error,
-    naming the tensors, for any weight missing, unexpected or of another shape."""
-    for key, what in (
-        ("missing_keys", "the model needs but the checkpoint lacks"),
-        ("unexpected_keys", "the checkpoint holds but the model does not use"),
-        ("mismatched_keys", "whose shape differs from the model's"),
-    ):
-        names = sorted(str(name) for name in info.get(key) or ())
-        if names:
-            shown = some(names)
-            raise CheckpointError(
-                f"checkpoint {path}: tensors {what}: {shown}",
-                "check that config.json and the weights belong together (re-save both with save_pretrained)",
-            )
+    naming the tensors, for any weight missing, unexpected or of another shape (the family's derived ones aside)."""
+    mismatched = [entry[0] if isinstance(entry, tuple | list) else entry for entry in info.get("mismatched_keys") or ()]
+    found = {"missing": info.get("missing_keys"), "unexpected": info.get("unexpected_keys"), "mismatched": mismatched}
+    refuse_weights(path, "transformers", found, derived)
 
 
 class TransformersRuntime(Runtime):
@@ -83,7 +73,7 @@ class TransformersRuntime(Runtime):
             output_loading_info=True,
             ignore_mismatched_sizes=True,  # reported in the loading info, then refused naming the tensors
         )
-        refuse_partial_load(self.checkpoint.path, info)
+        refuse_partial_load(self.checkpoint.path, info, self.family.derived_weights(self.checkpoint.config))
         return model.eval()
 
     def versions(self) -> dict[str, str]:

@@ -67,4 +67,5 @@ FAMILY = Family(
     ),
     quantization=f"{__name__}.quantization",
     known_defects={"mlx": "driftscope.hypotheses:mlx_vlm_fixes"},  # mlx-vlm 0.7.10's three (hypotheses.py)
+    text_weights=("model.transformer.*", "lm_head.weight"),  # the decoder (both layouts)
 )

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import CheckpointError
+from ..qwen_shared.text import tied_head
 
 
 def adapt_config(config: dict) -> dict:
@@ -41,6 +42,18 @@ def adapt_config(config: dict) -> dict:
     return adapted
 
 
+#: The spatial merge mlx-vlm 0.7.10's Qwen2.5-VL merger is built with, whatever the config says.
+MLX_SPATIAL_MERGE = 2
+
+
+def unrepresentable(config: dict) -> list[str]:
+    """The settings of ``config`` mlx-vlm's Qwen2.5-VL port cannot represent, each naming its key."""
+    merge = int((config.get("vision_config") or {}).get("spatial_merge_size", MLX_SPATIAL_MERGE))
+    if merge == MLX_SPATIAL_MERGE:
+        return []
+    return [f"vision_config.spatial_merge_size is {merge}; mlx-vlm's merger always merges {MLX_SPATIAL_MERGE}x2"]
+
+
 def load_mlx_model(path: Path, config: dict) -> Any:
     """mlx-vlm's Qwen2.5-VL ``Model`` with the checkpoint's safetensors weights (strict)."""
     import mlx.core as mx
@@ -55,6 +68,8 @@ def load_mlx_model(path: Path, config: dict) -> Any:
     weights: dict[str, Any] = {}
     for weight_file in weight_files:
         weights.update(mx.load(weight_file))
+    for name in tied_head(config):  # derived from the embedding: mlx-vlm's tied model has no such parameter
+        weights.pop(name, None)
     weights = utils.sanitize_weights(model, weights)
     weights = utils.sanitize_weights(model_module.VisionModel, weights, model_config.vision_config)
     weights = utils.sanitize_weights(model_module.LanguageModel, weights, model_config.text_config)

@@ -20,6 +20,7 @@ from driftscope.taps.sink import StageSink, put_greedy
 from ..qwen_shared.mlx_text import replay_text
 from ..qwen_shared.text import put_text_inputs
 from .mlx_config import load_mlx_model
+from .mlx_config import unrepresentable as unrepresentable  # the MLX runtime asks it before loading
 from .plan import block_stage_id, parse_stage
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from driftscope.core.paths import REPO_ROOT as _ROOT
 
 from ..base import Family, TinyFixture
-from ..qwen_shared.text import build_text_inputs
+from ..qwen_shared.text import TEXT_WEIGHTS, build_text_inputs, tied_head
 from .plan import NAME, replay_inputs, text_stages, vision_plan
 from .processor import prepare_inputs
 from .replay import ReplayContext
@@ -61,4 +61,6 @@ FAMILY = Family(
         images=(_ROOT / "fixtures" / "images" / "shapes_224.png",),
     ),
     quantization=f"{__name__}.quantization",
+    derived_weights=tied_head,
+    text_weights=TEXT_WEIGHTS,
 )

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import CheckpointError
+from ..qwen_shared.text import tied_head
 
 #: What mlx-vlm 0.7.10's Qwen3-VL vision tower computes whatever the config says.
 MLX_VISION_ACT = "gelu_pytorch_tanh"
@@ -85,6 +86,8 @@ def load_mlx_model(path: str | Path, config: dict) -> Any:
     weights: dict[str, Any] = {}
     for weight_file in weight_files:
         weights.update(mx.load(weight_file))
+    for name in tied_head(config):  # derived from the embedding: mlx-vlm's tied model has no such parameter
+        weights.pop(name, None)
     weights = utils.sanitize_weights(model, weights)
     weights = utils.sanitize_weights(model_module.VisionModel, weights, model_config.vision_config)
     weights = utils.sanitize_weights(model_module.LanguageModel, weights, model_config.text_config)

@@ -52,3 +52,13 @@ def put_text_inputs(
     sink.put("text.embeds.text", embeds[~image])
     changed = (embeds[~image] != token_rows[~image]).any(axis=-1).sum()
     sink.put("text.embeds.text_slots_changed", np.array([changed], dtype=np.int64))
+
+
+def tied_head(config: dict) -> tuple[str, ...]:
+    """The derived tensors of a Qwen config: ``lm_head.weight`` when it is tied to the word embedding."""
+    text = config.get("text_config") or {}
+    return ("lm_head.weight",) if config.get("tie_word_embeddings", text.get("tie_word_embeddings")) else ()
+
+
+#: The text side's tensors, in either layout transformers saves (``model.layers.*`` or ``model.language_model.*``).
+TEXT_WEIGHTS = ("model.layers.*", "model.embed_tokens.*", "model.norm.*", "model.language_model.*", "lm_head.*")
