@@ -140,6 +140,9 @@ class Family:
     #: module holding ``PROSE``: the family's sentences on the generic pages, by ``PROSE_KEYS`` (what its inputs
     #: overlay shows, examples of its mutations, what its text side carries besides the layers)
     prose: str | None = None
+    #: refuses, when the checkpoint is opened, a config the family's runtimes cannot run (a
+    #: :class:`~driftscope.errors.CheckpointError` naming the setting); None: every config is tried
+    check_config: Callable[[dict], None] | None = None
 
     def supports(self, runtime: str) -> bool:
         return runtime in self.engines

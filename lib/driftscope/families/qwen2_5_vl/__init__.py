@@ -21,7 +21,7 @@ from driftscope.core.paths import REPO_ROOT as _ROOT
 from ..base import Family, TinyFixture
 from ..qwen_shared.plan import text_layers
 from ..qwen_shared.text import build_text_inputs
-from .plan import NAME, replay_inputs, substages_of, text_stages, vision_plan
+from .plan import NAME, check_config, replay_inputs, substages_of, text_stages, vision_plan
 from .processor import prepare_inputs
 from .replay import ReplayContext
 
@@ -59,4 +59,5 @@ FAMILY = Family(
     ),
     substages_of=substages_of,
     quantization=f"{__name__}.quantization",
+    check_config=check_config,
 )
