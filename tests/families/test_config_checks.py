@@ -30,7 +30,8 @@ def test_an_mrope_section_that_does_not_fit_the_head_dim_is_refused_when_the_che
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLRotaryEmbedding
 
     path, config = _with_text_rope(tmp_path, [2, 1, 1])
-    with pytest.raises(CheckpointError, match=r"mrope_section \[2, 1, 1\] sums to 4.* has 8 rotary") as err:
+    refusal = r"text_config\.rope_parameters\.mrope_section \[2, 1, 1\] sums to 4.* has 8 rotary"
+    with pytest.raises(CheckpointError, match=refusal) as err:
         open_checkpoint(path)
     assert "summing to 8" in err.value.fix
     # the refusal is transformers' own failure, met before any model runs
@@ -39,6 +40,12 @@ def test_an_mrope_section_that_does_not_fit_the_head_dim_is_refused_when_the_che
     positions = torch.zeros(3, 1, 5, dtype=torch.long)
     with pytest.raises(RuntimeError, match="split_with_sizes expects split_sizes to sum exactly to 8"):
         rotary(torch.zeros(1, 5, 64), positions)
+    # mlx-vlm's test_qwen2_5_vl text settings, in the flat layout it reads: head_dim 1280 / 16 = 80, 40 frequencies
+    from driftscope.families.qwen2_5_vl.plan import check_config
+
+    mlx_vlm_test = {"hidden_size": 1280, "num_attention_heads": 16, "rope_scaling": {"mrope_section": [2, 1, 1]}}
+    with pytest.raises(CheckpointError, match=r"^rope_scaling\.mrope_section \[2, 1, 1\] sums to 4.* has 40 rotary"):
+        check_config(mlx_vlm_test)
     fitting, _ = _with_text_rope(tmp_path / "fits", [4, 2, 2])
     assert open_checkpoint(fitting).config["text_config"]["rope_parameters"]["mrope_section"] == [4, 2, 2]
 

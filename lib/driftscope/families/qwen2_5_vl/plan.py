@@ -56,8 +56,11 @@ def check_config(config: dict) -> None:
     """Refuse a text ``mrope_section`` that does not split the rotary half of a head (transformers and every port
     split the head_dim / 2 frequencies into t, h, w chunks of these sizes, after the whole tower ran)."""
     text = dict(config.get("text_config") or config)
-    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
-    rope = rope or config.get("rope_parameters") or config.get("rope_scaling") or {}
+    prefix = "text_config." if config.get("text_config") else ""
+    places = [(text, prefix + key) for key in ("rope_parameters", "rope_scaling")]
+    places += [(config, key) for key in ("rope_parameters", "rope_scaling")]
+    found = [(owner[key.split(".")[-1]], key) for owner, key in places if owner.get(key.split(".")[-1])]
+    rope, where = found[0] if found else ({}, "")
     if "mrope_section" not in rope or "hidden_size" not in text or "num_attention_heads" not in text:
         return
     sections = [int(s) for s in rope["mrope_section"]]
@@ -66,7 +69,7 @@ def check_config(config: dict) -> None:
         from ...errors import CheckpointError
 
         raise CheckpointError(
-            f"text_config.rope_parameters.mrope_section {sections} sums to {sum(sections)}, but the text head_dim "
+            f"{where}.mrope_section {sections} sums to {sum(sections)}, but the text head_dim "
             f"{2 * half} (hidden_size {text['hidden_size']} / {text['num_attention_heads']} heads) has {half} "
             "rotary frequencies to split into the t, h, w sections",
             f"set mrope_section to three sizes summing to {half} (Qwen2.5-VL-3B's head_dim 128 uses [16, 24, 24])",
