@@ -49,4 +49,5 @@ fi
 "$VENV/bin/python" fixtures/make_tiny_molmo2.py
 "$VENV/bin/python" fixtures/make_tiny_q4.py  # each family's tiny fixture in 4 bits
 "$VENV/bin/python" fixtures/make_tiny_qwen25vl_wide.py  # parameters/demo_q4.yaml
+"$VENV/bin/python" fixtures/make_tester_configs.py  # settings of transformers' and mlx-vlm's model testers
 echo "[setup] ready: $VENV/bin/driftscope"

@@ -72,3 +72,16 @@ def test_image_below_min_pixels(tiny_checkpoint, tmp_path):
     with pytest.raises(InputError, match="below the processor's min_pixels 3136") as err:
         prepare_inputs(tiny_checkpoint, [tmp_path / "small.png"])
     assert "56x56" in err.value.fix
+
+
+def test_a_multi_frame_image_is_refused_not_cut_to_its_first_frame(tiny_checkpoint, tmp_path):
+    frames = [Image.fromarray(np.full((112, 112, 3), value, dtype=np.uint8)) for value in (0, 128, 255)]
+    frames[0].save(tmp_path / "moving.gif", save_all=True, append_images=frames[1:], duration=100, loop=0)
+    with Image.open(tmp_path / "moving.gif") as written:  # the file really holds three frames
+        assert written.n_frames == 3
+    with pytest.raises(InputError, match="has 3 frames") as err:
+        prepare_inputs(tiny_checkpoint, [tmp_path / "moving.gif"])
+    assert "pass one frame" in err.value.fix and "video input is not yet available" in err.value.fix
+    frames[1].save(tmp_path / "still.gif")  # a one-frame GIF still runs, converted as before
+    inputs = prepare_inputs(tiny_checkpoint, [tmp_path / "still.gif"])
+    assert inputs["grid_thw"].tolist() == [[1, 8, 8]]

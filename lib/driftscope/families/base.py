@@ -213,6 +213,9 @@ class Family:
     #: the text side's tensors (fnmatch patterns of checkpoint names), which a runtime that reads them only for a
     #: text capture (the compiled emitters) has not read after loading; () leaves their check to the text capture
     text_weights: tuple[str, ...] = ()
+    #: refuses, when the checkpoint is opened, a config the family's runtimes cannot run (a
+    #: :class:`~driftscope.errors.CheckpointError` naming the setting); None: every config is tried
+    check_config: Callable[[dict], None] | None = None
 
     def supports(self, runtime: str) -> bool:
         return runtime in self.engines

@@ -10,9 +10,14 @@ from driftscope.model.checkpoint import Checkpoint, validate_checkpoint
 
 
 def open_checkpoint(path: str | Path, family: str | None = None) -> Checkpoint:
-    """Validate ``path`` as a safetensors checkpoint and detect (or check) its family."""
+    """Validate ``path`` as a safetensors checkpoint, detect (or check) its family, and let the family refuse a
+    config its runtimes cannot run."""
     resolved, config = validate_checkpoint(path)
-    return Checkpoint(resolved, config, detect_family(config, family))
+    name = detect_family(config, family)
+    check = get_family(name).check_config
+    if check is not None:
+        check(config)
+    return Checkpoint(resolved, config, name)
 
 
 def prepare_inputs(checkpoint: Checkpoint, image_paths: list[str | Path]) -> ModelInputs:

@@ -74,10 +74,18 @@ def load_image(path: str | Path):
         )
     try:
         with Image.open(path) as handle:
+            frames = int(getattr(handle, "n_frames", 1))
             handle.load()
-            return handle.copy()
+            image = handle.copy()
     except (UnidentifiedImageError, OSError) as err:
         raise InputError(f"{path} is not an image PIL can read ({err})", "pass a PNG or JPEG file") from err
+    if frames > 1:  # PIL would hand over the first frame alone: the others would be dropped without a word
+        raise InputError(
+            f"image {path} has {frames} frames (an animated {image.format}); driftscope compares one still "
+            "image per entry of 'images'",
+            "pass one frame (e.g. save the frame you mean as a PNG) or a still image; video input is not yet available",
+        )
+    return image
 
 
 def as_processor_sees(image, processor, path: str | Path) -> tuple[Any, str | None]:

@@ -21,7 +21,7 @@ from driftscope.core.paths import REPO_ROOT as _ROOT
 from ..base import Family, TinyFixture
 from ..qwen_shared.plan import text_layers
 from ..qwen_shared.text import TEXT_WEIGHTS, build_text_inputs, tied_head
-from .plan import NAME, replay_inputs, substages_of, text_stages, vision_plan
+from .plan import NAME, check_config, replay_inputs, substages_of, text_stages, vision_plan
 from .processor import prepare_inputs
 from .replay import ReplayContext
 
@@ -61,4 +61,5 @@ FAMILY = Family(
     quantization=f"{__name__}.quantization",
     derived_weights=tied_head,
     text_weights=TEXT_WEIGHTS,
+    check_config=check_config,
 )

@@ -19,9 +19,11 @@ from driftscope.taps.sink import StageSink, put_greedy
 
 from ..qwen_shared.mlx_text import replay_text
 from ..qwen_shared.text import put_text_inputs
+from .geometry.windows import unique_consecutive
 from .mlx_config import load_mlx_model
 from .mlx_config import unrepresentable as unrepresentable  # the MLX runtime asks it before loading
 from .plan import block_stage_id, parse_stage
+from .transformers_taps import put_unused_bounds
 
 
 class _NNProxy:
@@ -88,6 +90,7 @@ def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
 
     def window(args, kwargs, out):
         put("vision.window_index", out[0])
+        state["cu_window"] = unique_consecutive(to_numpy(out[1]).astype(np.int64))
 
     original_rope = vision_module.apply_rotary_pos_emb_vision
 
@@ -122,6 +125,7 @@ def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
         out = tower(*_pixels(model, inputs))
         put("vision.merger", out)
         state["block"] = None
+    put_unused_bounds(sink, inputs["grid_thw"], state.get("cu_window"))
     return out
 
 

@@ -52,6 +52,30 @@ def vision_config(config: dict) -> dict:
     return dict(config.get("vision_config") or {})
 
 
+def check_config(config: dict) -> None:
+    """Refuse a text ``mrope_section`` that does not split the rotary half of a head (transformers and every port
+    split the head_dim / 2 frequencies into t, h, w chunks of these sizes, after the whole tower ran)."""
+    text = dict(config.get("text_config") or config)
+    prefix = "text_config." if config.get("text_config") else ""
+    places = [(text, prefix + key) for key in ("rope_parameters", "rope_scaling")]
+    places += [(config, key) for key in ("rope_parameters", "rope_scaling")]
+    found = [(owner[key.split(".")[-1]], key) for owner, key in places if owner.get(key.split(".")[-1])]
+    rope, where = found[0] if found else ({}, "")
+    if "mrope_section" not in rope or "hidden_size" not in text or "num_attention_heads" not in text:
+        return
+    sections = [int(s) for s in rope["mrope_section"]]
+    half = int(text["hidden_size"]) // int(text["num_attention_heads"]) // 2
+    if sum(sections) != half or len(sections) != 3 or min(sections) < 0:
+        from ...errors import CheckpointError
+
+        raise CheckpointError(
+            f"{where}.mrope_section {sections} sums to {sum(sections)}, but the text head_dim "
+            f"{2 * half} (hidden_size {text['hidden_size']} / {text['num_attention_heads']} heads) has {half} "
+            "rotary frequencies to split into the t, h, w sections",
+            f"set mrope_section to three sizes summing to {half} (Qwen2.5-VL-3B's head_dim 128 uses [16, 24, 24])",
+        )
+
+
 def vision_plan(config: dict) -> StagePlan:
     """Every stage of the Qwen2.5-VL vision tower for this checkpoint config, in execution order."""
     vision = vision_config(config)

@@ -33,6 +33,7 @@ class SyntheticQwen25VLSpec:
     mrope_section: tuple[int, ...] = (2, 3, 3)
     vocab_size: int = 512
     window_size: int = 112
+    spatial_merge_size: int = 2
     min_pixels: int = 56 * 56
     max_pixels: int = 28 * 28 * 1280
     seed: int = 0
@@ -85,7 +86,7 @@ def build_config(spec: SyntheticQwen25VLSpec, tokenizer):
             fullatt_block_indexes=list(spec.fullatt_block_indexes),
             window_size=spec.window_size,
             patch_size=14,
-            spatial_merge_size=2,
+            spatial_merge_size=spec.spatial_merge_size,
             temporal_patch_size=2,
         ),
         image_token_id=token_id("<|image_pad|>"),
@@ -102,7 +103,9 @@ def save_side_files(out_dir: Path, spec: SyntheticQwen25VLSpec, tokenizer) -> No
     """Image processor, tokenizer with the chat template, and the spec that made the checkpoint."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    image_processor = Qwen2VLImageProcessorPil(min_pixels=spec.min_pixels, max_pixels=spec.max_pixels)
+    image_processor = Qwen2VLImageProcessorPil(
+        min_pixels=spec.min_pixels, max_pixels=spec.max_pixels, merge_size=spec.spatial_merge_size
+    )
     # The combined Qwen2_5_VLProcessor also wants a video processor, which needs torchvision; the
     # image processor and tokenizer are saved side by side instead, as a real checkpoint has them.
     image_processor.save_pretrained(out_dir)

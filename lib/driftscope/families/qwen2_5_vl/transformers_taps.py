@@ -12,10 +12,12 @@ from driftscope.taps.sink import StageSink, put_greedy
 from driftscope.taps.torch_hooks import replaced
 from driftscope.taps.torch_hooks import to_numpy as _np
 
+from ..qwen_shared.grids import cu_seqlens as grid_cu_seqlens
 from ..qwen_shared.text import put_text_inputs
 from ..qwen_shared.tower import tower_inputs as _tower_inputs
 from ..qwen_shared.tower import visual as _visual
 from ..qwen_shared.transformers_text import replay_text
+from .geometry.windows import unique_consecutive
 from .plan import block_stage_id, parse_stage
 
 MODEL_CLASS = "Qwen2_5_VLForConditionalGeneration"
@@ -28,6 +30,14 @@ def run_vision(model: Any, inputs: ModelInputs):
     with torch.no_grad():
         out = _visual(model)(*_tower_inputs(model, inputs))
     return out.pooler_output
+
+
+def put_unused_bounds(sink: StageSink, grid_thw: Any, cu_window: Any) -> None:
+    """Attention bounds no block used (no full-attention block within the depth, or no windowed one): replay
+    needs both whatever the schedule, so they are taken from the grid and from the tower's window index."""
+    sink.put("vision.cu_seqlens", grid_cu_seqlens(grid_thw))
+    if cu_window is not None:
+        sink.put_bounds("vision.cu_window_seqlens", np.asarray(cu_window))
 
 
 def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
@@ -103,6 +113,7 @@ def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
     def window_index(*args, **kwargs):
         index, cu_window = original_window(*args, **kwargs)
         sink.put("vision.window_index", _np(index))
+        state["cu_window"] = unique_consecutive(np.asarray(cu_window, dtype=np.int64))
         return index, cu_window
 
     try:
@@ -111,6 +122,7 @@ def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
             stack.enter_context(replaced(modeling, "get_vision_window_index", window_index))
             out = visual(*_tower_inputs(model, inputs))
         sink.put("vision.merger", _np(out.pooler_output))
+        put_unused_bounds(sink, inputs["grid_thw"], state.get("cu_window"))
     finally:
         for handle in hooks:
             handle.remove()

@@ -32,6 +32,7 @@ class SyntheticQwen3VLSpec:
     deepstack_visual_indexes: tuple[int, ...] = (1, 3, 4)
     num_position_embeddings: int = 2304
     patch_size: int = 16
+    spatial_merge_size: int = 2
     text_hidden: int = 64
     text_layers: int = 4
     text_heads: int = 4
@@ -40,6 +41,7 @@ class SyntheticQwen3VLSpec:
     text_intermediate: int = 128
     mrope_section: tuple[int, ...] = (4, 2, 2)
     rope_theta: float = 5e6
+    tie_word_embeddings: bool = False
     vocab_size: int = 512
     min_pixels: int = QWEN3_VL_MIN_PIXELS
     max_pixels: int = QWEN3_VL_MAX_PIXELS
@@ -80,7 +82,7 @@ def build_config(spec: SyntheticQwen3VLSpec, token_id):
             num_heads=spec.vision_heads,
             out_hidden_size=spec.text_hidden,
             patch_size=spec.patch_size,
-            spatial_merge_size=2,
+            spatial_merge_size=spec.spatial_merge_size,
             temporal_patch_size=2,
             num_position_embeddings=spec.num_position_embeddings,
             deepstack_visual_indexes=list(spec.deepstack_visual_indexes),
@@ -90,7 +92,7 @@ def build_config(spec: SyntheticQwen3VLSpec, token_id):
         vision_start_token_id=token_id("<|vision_start|>"),
         vision_end_token_id=token_id("<|vision_end|>"),
         eos_token_id=eos,
-        tie_word_embeddings=False,
+        tie_word_embeddings=spec.tie_word_embeddings,
         **spec.extra,
     )
 
@@ -113,7 +115,7 @@ def make_checkpoint(out_dir: Path, spec: SyntheticQwen3VLSpec = SyntheticQwen3VL
         min_pixels=spec.min_pixels,
         max_pixels=spec.max_pixels,
         patch_size=spec.patch_size,
-        merge_size=2,
+        merge_size=spec.spatial_merge_size,
         temporal_patch_size=2,
         image_mean=[0.5, 0.5, 0.5],
         image_std=[0.5, 0.5, 0.5],

@@ -163,7 +163,9 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
     grids = inputs["grid_thw"].tolist()
     positions, delta = mrope_positions(image.astype(int).tolist(), grids, vision.spatial_merge_size)
     put_text_inputs(inputs, sink, embeds, rows, positions, np.array([delta]))
-    deepstack = np.stack([tower[stage] for stage in final_ids(vision)[1:]]).astype(np.float32)
+    branches = [tower[stage] for stage in final_ids(vision)[1:]]  # none without DeepStack (mlx-vlm's test config)
+    deepstack = np.stack(branches) if branches else np.zeros((0, *tower[FINAL].shape))
+    deepstack = deepstack.astype(np.float32)
     contract = runtime.contract
     decode = runtime.options.get("decode", True) is not False and sink.wants("text.generate.tokens")
     keep = decode and text.max_new_tokens > 1
