@@ -9,7 +9,7 @@ demo: setup
 
 test: setup
 	.venv/bin/lint-imports --no-cache
-	.venv/bin/python -m pytest
+	.venv/bin/python -m pytest -n 2 --dist loadfile
 
 lab: setup
 	bash scripts/lab.sh
