@@ -4,7 +4,8 @@ mixture-of-experts MLP in its sparse decoder layers (a top-k router over stacked
 The vision side, the processor, the prompt, the replay context and the views are Qwen3-VL's, imported from
 ``families/qwen3_vl`` (a declared variant: see the import contracts in ``pyproject.toml``); this folder adds the
 sparse layers' stages (``plan``), their taps and replays in each runtime (``transformers_taps``,
-``mlx_taps``), the routing mutations and hypotheses and the tiny checkpoint (``synthetic``).
+``mlx_taps``, ``emitter/`` for ``jax`` and ``iree``), the routing mutations and hypotheses and the tiny
+checkpoint (``synthetic``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ FAMILY = Family(
     engines={
         "transformers": f"{__name__}.transformers_taps",
         "mlx": f"{__name__}.mlx_taps",
+        "jax": f"{__name__}.emitter.program",
+        "iree": f"{__name__}.emitter.program",
     },
     mutations=f"{__name__}.mutations",
     mutation_runtime="mlx",

@@ -1,3 +1,2 @@
-"""Qwen3-VL-MoE in JAX: the sparse decoder MLP (router, top-k, experts) of every sparse layer, on the
-precision contract of ``driftscope.taps.jax.layers`` (a building block of the compiled path: the tower and the
-dense decoder pieces are Qwen3-VL's emitter)."""
+"""Qwen3-VL-MoE in JAX for the compiled runtimes: Qwen3-VL's emitted tower and decoder layers, with the sparse MLP
+(router, top-k, experts: ``moe``) in the sparse layers (``text``), wired for ``jax`` and ``iree`` (``program``)."""
