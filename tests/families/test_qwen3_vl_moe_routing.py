@@ -2,7 +2,8 @@
 
 A candidate whose router favours one expert by a hair (``shift_router``, far inside the contract's tolerance on
 the logits) sends the few tokens nearest the top-k boundary to that expert: the run's chosen-experts stage,
-compared exactly, is the pair's first divergence, with exactly the entries the reference's own logits predict.
+compared exactly, is the pair's first divergence, with exactly the entries the reference's own logits predict,
+and the rerouted tokens carry that layer's expert-mixture error.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def _choice(logits: np.ndarray, top_k: int) -> np.ndarray:
 
 def test_a_token_routed_to_another_expert_is_the_first_divergence(tmp_path, runs):
     from driftscope.cli import main
+    from driftscope.families.qwen3_vl_moe.routing import rerouted
     from driftscope.judge.rows import first_divergence
     from driftscope.run.report import Report
 
@@ -84,4 +86,12 @@ def test_a_token_routed_to_another_expert_is_the_first_divergence(tmp_path, runs
     chosen = by_stage[f"{stage}.chosen"]
     assert chosen.status == "fail" and chosen.integer and chosen.failures == moved, chosen
     assert first_divergence(rows).stage == f"{stage}.chosen"
-    np.testing.assert_array_equal(np.asarray(report.tapset("rerouted")[f"{stage}.chosen"]), expected)
+    reference, candidate = report.pair_tapsets(pair)
+    np.testing.assert_array_equal(np.asarray(candidate[f"{stage}.chosen"]), expected)
+
+    # the finding: which tokens went elsewhere, and that they carry the layer's expert-mixture error
+    finding, *downstream = rerouted(reference, candidate)  # later layers may reroute in turn: their inputs moved
+    assert all(later.layer > layer for later in downstream)
+    moved_tokens = np.flatnonzero((expected != np.asarray(oracle[f"{stage}.chosen"])).any(axis=-1))
+    assert finding.layer == layer and finding.tokens == tuple(moved_tokens) and finding.entries == moved
+    assert finding.explained > 0.99, finding.sentence()  # the shift alone barely moves the other tokens' weights
