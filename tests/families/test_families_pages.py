@@ -18,10 +18,14 @@ FAMILY_NAMES = FAMILIES.names()
 #: Words that belong to one family's model: a page of any other family must not say them.
 OWN_WORDS = {
     "qwen2_5_vl": [r"\bwindows?\b", r"un-reorder", r"full-attention"],
-    "qwen3_vl": [r"DeepStack"],
+    "qwen3_vl": [],
+    "qwen3_vl_moe": [r"\bexperts?\b", r"\brout(er|ed|ing)\b"],
     "molmo2": [r"\bcrops?\b", r"pool(er|ing)"],
 }
-SHARED_WORDS = {("qwen2_5_vl", "qwen3_vl"): [r"M-RoPE"]}
+SHARED_WORDS = {
+    ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"): [r"M-RoPE"],
+    ("qwen3_vl", "qwen3_vl_moe"): [r"DeepStack"],
+}
 
 
 def _foreign(name: str) -> list[str]:

@@ -22,6 +22,7 @@ class TransformersTaps(Protocol):
     """What a family tells this engine (module-level names of ``families/<family>/transformers_taps.py``)."""
 
     MODEL_CLASS: str  # the transformers class loaded with from_pretrained
+    #: optional ``LOAD_KWARGS``: further from_pretrained arguments the family needs (e.g. a kernel choice)
 
     def run_vision(self, model: Any, inputs: ModelInputs) -> Any: ...
 
@@ -72,6 +73,7 @@ class TransformersRuntime(Runtime):
             use_safetensors=True,
             output_loading_info=True,
             ignore_mismatched_sizes=True,  # reported in the loading info, then refused naming the tensors
+            **dict(getattr(self.taps, "LOAD_KWARGS", {})),
         )
         refuse_partial_load(self.checkpoint.path, info, self.family.derived_weights(self.checkpoint.config))
         return model.eval()

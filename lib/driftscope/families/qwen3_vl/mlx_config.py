@@ -25,8 +25,9 @@ MLX_VISION_ACT = "gelu_pytorch_tanh"
 MLX_VISION_ROPE_THETA = 10000.0
 
 
-def adapt_config(config: dict) -> dict:
-    """The mlx-vlm view of a transformers-5 Qwen3-VL config (a new dict)."""
+def adapt_config(config: dict, vision_type: str = "qwen3_vl") -> dict:
+    """The mlx-vlm view of a transformers-5 Qwen3-VL config (a new dict); ``vision_type`` is the vision
+    ``model_type`` mlx-vlm's tower of that model accepts."""
     adapted = copy.deepcopy(config)
     text = dict(adapted.get("text_config") or {})
     rope = dict(text.get("rope_parameters") or adapted.get("rope_parameters") or {})
@@ -44,7 +45,7 @@ def adapt_config(config: dict) -> dict:
     text.setdefault("tie_word_embeddings", adapted.get("tie_word_embeddings", False))
     adapted["text_config"] = text
     vision = dict(adapted.get("vision_config") or {})
-    vision["model_type"] = "qwen3_vl"
+    vision["model_type"] = vision_type
     adapted["vision_config"] = vision
     return adapted
 
@@ -66,7 +67,7 @@ def check_config(config: dict) -> None:
         )
 
 
-def load_mlx_model(path: str | Path, config: dict) -> Any:
+def load_mlx_model(path: str | Path, config: dict, vision_type: str = "qwen3_vl") -> Any:
     """mlx-vlm's Qwen3-VL ``Model`` with the checkpoint's safetensors weights (strict load)."""
     from driftscope.model.blas import mlx_blas
 
@@ -75,7 +76,7 @@ def load_mlx_model(path: str | Path, config: dict) -> Any:
     from mlx_vlm import utils
 
     check_config(config)
-    adapted = adapt_config(config)
+    adapted = adapt_config(config, vision_type)
     model_module, _ = utils.get_model_and_args(config=adapted)
     model_config = model_module.ModelConfig.from_dict(adapted)
     model_config = utils.update_module_configs(model_config, model_module, adapted, ["text", "vision"])

@@ -8,6 +8,7 @@ DeepStack add (``text.layer.N.deepstack``), as the transformers side does.
 
 from __future__ import annotations
 
+import sys
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -85,9 +86,9 @@ def _block_substages(enter, index: int, block, put) -> None:
 def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
     """Every vision stage of one forward of mlx-vlm's tower (in the policy's dtype, widened to float32)."""
     import mlx.core as mx
-    from mlx_vlm.models.qwen3_vl import vision as vision_module
 
     tower = model.vision_tower
+    vision_module = sys.modules[type(tower).__module__]
     state: dict[str, Any] = {"block": None, "rope_calls": 0}
 
     def put(stage_id: str, value: Any) -> None:
@@ -236,8 +237,8 @@ def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.
 
 def _block_replay(blk, kind: str, args: list, ctx: Any):
     import mlx.core as mx
-    from mlx_vlm.models.qwen3_vl import vision as vision_module
 
+    vision_module = sys.modules[type(blk).__module__]
     # mlx-vlm rotates with angles (it takes cos/sin itself): recover them from the reference's tables
     half = ctx.cos.shape[1] // 2
     freqs = mx.array(np.arctan2(ctx.sin[:, :half], ctx.cos[:, :half]).astype(np.float32))

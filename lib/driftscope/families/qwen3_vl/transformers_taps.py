@@ -10,7 +10,9 @@ position and its image slots) and the image slots after the DeepStack add (the n
 
 from __future__ import annotations
 
+import sys
 from contextlib import ExitStack
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -27,6 +29,11 @@ from ..qwen_shared.transformers_text import replay_text
 from .plan import block_stage_id, deepstack_stage_id, parse_stage
 
 MODEL_CLASS = "Qwen3VLForConditionalGeneration"
+
+
+def _modeling(visual: Any) -> ModuleType:
+    """The modeling module the tower's class lives in (its RoPE and interpolation helpers are that module's)."""
+    return sys.modules[type(visual).__module__]
 
 
 def run_vision(model: Any, inputs: ModelInputs):
@@ -74,9 +81,9 @@ def _merger_hooks(hooks: _Hooks, merger, stage: str) -> None:
 def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
     """One vision forward with hooks on every tapped module (blocks, substages, mergers, DeepStack branches)."""
     import torch
-    from transformers.models.qwen3_vl import modeling_qwen3_vl as modeling
 
     visual = _visual(model)
+    modeling = _modeling(visual)
     state: dict[str, Any] = {"block": None}
     hooks = _Hooks(sink)
     hooks.out(visual.patch_embed, "vision.patch_embed")
@@ -223,11 +230,11 @@ def _merger_replay(merger, kind: str, x):
 def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
     """The stage's own torch modules (and transformers' own helpers) applied to ``inputs``."""
     import torch
-    from transformers.models.qwen3_vl import modeling_qwen3_vl as modeling
 
     if stage_id.startswith("text."):
         return replay_text(model, stage_id, inputs, ctx)
     visual = _visual(model)
+    modeling = _modeling(visual)
     dtype = next(visual.parameters()).dtype
     block, branch, kind = parse_stage(stage_id)
     with torch.no_grad():

@@ -50,11 +50,13 @@ def decode_step(
     contract: Contract,
     project: Callable,
     tables: Callable,
+    finish_layer: Callable | None = None,
 ) -> dict[str, jax.Array]:
     """One greedy step: ``token`` ([1] int32) at M-RoPE position ``position`` ([1], the same on t, h and w, as for
     every generated token) attends to the ``length`` ([1]) cached positions and itself. ``keys``/``values``
     [layers, capacity, kv_heads, head_dim] come back with the token's entries written at ``length``; one
-    compiled graph serves every step (its shapes do not change)."""
+    compiled graph serves every step (its shapes do not change). ``finish_layer`` (default :func:`finish`) is a
+    family's own attention output and MLP, e.g. a sparse one."""
     x = jnp.take(weights["embed_tokens.weight"], token, axis=0).astype(jnp.float32)
     cos, sin = tables(jnp.broadcast_to(position[None, :], (3, 1)))
     visible = (jnp.arange(keys.shape[1]) <= length[0])[None, :]
@@ -65,7 +67,7 @@ def decode_step(
         keys = jax.lax.dynamic_update_slice(keys, k[None].astype(keys.dtype), (i, at, 0, 0))
         values = jax.lax.dynamic_update_slice(values, v[None].astype(values.dtype), (i, at, 0, 0))
         context = attend(q, keys[i], values[i], visible, spec=spec, contract=contract)
-        x = finish(w, x, context, spec=spec, contract=contract)
+        x = (finish_layer or finish)(w, x, context, spec=spec, contract=contract)
     normed = rms_norm(x, weights["norm.weight"], spec.eps)
     return {"logits": linear(contract, normed, weights["lm_head.weight"])[0], "keys": keys, "values": values}
 

@@ -1,0 +1,56 @@
+"""Qwen3-VL-MoE (Qwen3-VL-30B-A3B, 235B-A22B): Qwen3-VL's tower, DeepStack and M-RoPE decoder with a
+mixture-of-experts MLP in its sparse decoder layers (a top-k router over stacked experts).
+
+The vision side, the processor, the prompt, the replay context and the views are Qwen3-VL's, imported from
+``families/qwen3_vl`` (a declared variant: see the import contracts in ``pyproject.toml``); this folder adds the
+sparse layers' stages (``plan``), their taps and replays in each runtime (``transformers_taps``,
+``mlx_taps``, ``emitter/`` for ``jax`` and ``iree``), the routing mutations and hypotheses and the tiny
+checkpoint (``synthetic``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from driftscope.core.paths import REPO_ROOT as _ROOT
+
+from ..base import Family, TinyFixture
+from ..qwen3_vl.processor import prepare_inputs
+from ..qwen3_vl.replay import ReplayContext
+from ..qwen_shared.text import build_text_inputs
+from .plan import NAME, replay_inputs, text_stages, vision_plan
+
+
+def _build_tiny(directory: Path) -> Path:
+    from .synthetic import TINY_SPEC, make_checkpoint
+
+    return make_checkpoint(directory, TINY_SPEC)
+
+
+FAMILY = Family(
+    name=NAME,
+    model_types=(NAME,),
+    vision_plan=vision_plan,
+    text_stages=text_stages,
+    replay_inputs=replay_inputs,
+    replay_context=ReplayContext.from_plan,
+    prepare_inputs=prepare_inputs,
+    text_inputs=build_text_inputs,
+    engines={
+        "transformers": f"{__name__}.transformers_taps",
+        "mlx": f"{__name__}.mlx_taps",
+        "jax": f"{__name__}.emitter.program",
+        "iree": f"{__name__}.emitter.program",
+    },
+    mutations=f"{__name__}.mutations",
+    mutation_runtime="mlx",
+    hypotheses=f"{__name__}.hypotheses",
+    prose=f"{__name__}.prose",
+    views=f"{__name__}.views",
+    known_defects={"mlx": "driftscope.hypotheses:mlx_vlm_gelus"},  # mlx-vlm 0.7.10 swaps the tower GELUs
+    tiny=TinyFixture(
+        directory=_ROOT / "fixtures" / "checkpoints" / "tiny-qwen3-vl-moe",
+        build=_build_tiny,
+        images=(_ROOT / "fixtures" / "images" / "shapes_224.png",),
+    ),
+)

@@ -1,0 +1,110 @@
+"""What the compiled runtimes (``jax``, ``iree``) ask of Qwen3-VL-MoE: Qwen3-VL's tower program unchanged (the
+same emitted tower, bucket, host stages and pieces), and a decoder whose sparse layers run the sparse MLP, with
+every sparse piece an output of the prefill and a replay of its own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from driftscope.inputs.processor_output import ModelInputs
+from driftscope.taps.jax.emitted import EmittedModel
+from driftscope.taps.jax.layers import Contract
+from driftscope.taps.sink import StageSink, put_greedy
+
+from ...qwen3_vl.emitter import program as dense
+from ...qwen3_vl.emitter.model import FINAL, final_ids
+from ...qwen_shared.decode import greedy_decoder
+from ...qwen_shared.mrope import mrope_positions
+from ...qwen_shared.text import put_text_inputs
+from ..plan import moe_piece
+
+DECODES = dense.DECODES
+HOST_STAGES = dense.HOST_STAGES
+TOWER_OUTPUTS = dense.TOWER_OUTPUTS
+GRAPH_INPUTS = dense.GRAPH_INPUTS
+load, bucket, put_host_stages, output_rows = dense.load, dense.bucket, dense.put_host_stages, dense.output_rows
+lower, arguments, capture_pieces = dense.lower, dense.arguments, dense.capture_pieces
+
+
+def _text(model: EmittedModel):
+    """The decoder's spec, the sparse MLPs' spec and the weights, read from the checkpoint once."""
+    from ...qwen3_vl.emitter.config import TextSpec
+    from .moe import MoeSpec
+    from .text import load_weights
+
+    if model.text is None:
+        config = model.checkpoint.config
+        spec, moe = TextSpec.from_config(config), MoeSpec.from_config(config)
+        model.text = (spec, moe, load_weights(model.checkpoint.path, spec, moe))
+    return model.text
+
+
+def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str, np.ndarray]) -> None:
+    """Qwen3-VL's compiled prefill and greedy decode (see its ``capture_text``) with the sparse MLPs: the chosen
+    experts come back as integers."""
+    import jax
+
+    from .text import text_decode_step, text_prefill
+
+    text, vision = inputs.text, runtime.model.spec
+    spec, moe, weights = _text(runtime.model)
+    image = text.input_ids == text.image_token_id
+    rows = weights["embed_tokens.weight"][text.input_ids]
+    embeds = rows.copy()
+    embeds[image] = tower[FINAL]
+    positions, delta = mrope_positions(
+        image.astype(int).tolist(), inputs["grid_thw"].tolist(), vision.spatial_merge_size
+    )
+    put_text_inputs(inputs, sink, embeds, rows, positions, np.array([delta]))
+    deepstack = np.stack([tower[stage] for stage in final_ids(vision)[1:]]).astype(np.float32)
+    contract = runtime.contract
+    decode = runtime.options.get("decode", True) is not False and sink.wants("text.generate.tokens")
+    keep = decode and text.max_new_tokens > 1
+
+    def prefill(w, ids, slots, image_embeds, features, pos):
+        return text_prefill(
+            w, ids, slots, image_embeds, features, pos, spec=spec, moe=moe, contract=contract, cache=keep
+        )
+
+    args = (
+        weights,
+        text.input_ids.astype(np.int32),
+        np.flatnonzero(image).astype(np.int32),
+        tower[FINAL].astype(np.float32),
+        deepstack,
+        positions.astype(np.int32),
+    )
+    out = runtime.run_text(jax.jit(prefill, keep_unused=True), args)
+    cache = (out.pop("cache.keys", None), out.pop("cache.values", None))
+    for stage_id, value in out.items():
+        exact = stage_id.endswith(".mlp.chosen")
+        sink.put(stage_id, np.asarray(value, dtype=np.int64 if exact else np.float32))
+    if decode:
+
+        def step(w, k, v, token, position, at):
+            return text_decode_step(w, k, v, token, position, at, spec=spec, moe=moe, contract=contract)
+
+        decoder = greedy_decoder(runtime, step, weights, cache, int(delta), text.max_new_tokens)
+        put_greedy(sink, np.asarray(out["text.logits.last"]), decoder, text.max_new_tokens)
+
+
+def replay_call(model: EmittedModel, stage_id: str, inputs: list[np.ndarray], ctx: Any, contract: Contract):
+    """Qwen3-VL's replays for the tower and the stages around the layers; a layer or a sparse piece with the
+    sparse MLP (the reference's chosen experts as integers)."""
+    if not stage_id.startswith("text."):
+        return dense.replay_call(model, stage_id, inputs, ctx, contract)
+    from .text import text_replay
+
+    spec, moe, weights = _text(model)
+    kind, function, used = text_replay(stage_id, weights, spec, moe, contract)
+    if stage_id == "text.embeds.text":
+        arguments: tuple = (np.asarray(inputs[0])[~ctx.image_slots].astype(np.int32),)
+    elif moe_piece(stage_id) in ("mlp.weights", "mlp.experts"):
+        arguments = (np.asarray(inputs[0], dtype=np.float32), np.asarray(inputs[1]).astype(np.int32))
+    else:
+        arguments = tuple(np.asarray(x, dtype=np.float32) for x in inputs)
+    if kind.endswith("layer.image"):
+        arguments += (np.flatnonzero(ctx.image_slots).astype(np.int32),)
+    return kind, function, (used, arguments, ctx.text_positions.astype(np.int32))

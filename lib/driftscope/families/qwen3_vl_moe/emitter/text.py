@@ -1,0 +1,168 @@
+"""The Qwen3-VL-MoE decoder in JAX: Qwen3-VL's emitted layers (projections, M-RoPE, attention, DeepStack adds)
+with the sparse MLP in the sparse layers, the prefill with every sparse piece as an output, a decode step, and
+the replays of the sparse pieces and of whole layers."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from driftscope.taps.jax.layers import Contract, linear, rms_norm
+
+from ...qwen3_vl.emitter.config import TextSpec
+from ...qwen3_vl.emitter.text import _project, merge_embeddings, mrope_tables
+from ...qwen3_vl.emitter.text import text_replay as dense_replay
+from ...qwen3_vl.emitter.weights import load_text_weights
+from ...qwen_shared.jax_text import attend, decode_step, finish, layer_weights
+from ...qwen_shared.plan import layer_index
+from ..plan import moe_piece
+from .moe import MoeSpec, load_moe_weights, route, sparse_mlp
+
+EXPERT_TENSORS = ("mlp.gate", "mlp.gate_up", "mlp.down")
+
+
+def load_weights(path: str | Path, spec: TextSpec, moe: MoeSpec) -> dict[str, np.ndarray]:
+    """Qwen3-VL's text tensors (a dense MLP only in the dense layers) and each sparse layer's router and experts
+    as ``layers.N.mlp.{gate,gate_up,down}``."""
+    from driftscope.model.weightfile import TensorFiles
+
+    from ...qwen3_vl.emitter.weights import TEXT_PREFIXES, _read, text_shapes
+
+    weights = load_text_weights(path, dataclasses.replace(spec, layers=0))  # embeddings, final norm, head
+    files = TensorFiles(path)
+    prefix = next(p for p in TEXT_PREFIXES if f"{p}embed_tokens.weight" in files)
+    sparse = set(moe.layers)
+    shapes = {
+        name: shape
+        for name, shape in text_shapes(spec).items()
+        if name.startswith("layers.") and not (int(name.split(".")[1]) in sparse and ".mlp." in name)
+    }
+    weights.update(_read(files, {name: prefix + name for name in shapes}, shapes, f"{spec.layers} text layers"))
+    for layer in moe.layers:
+        for name, value in load_moe_weights(path, moe, layer).items():
+            weights[f"layers.{layer}.mlp.{name}"] = value
+    return weights
+
+
+def _experts(w: dict) -> dict:
+    return {name.removeprefix("mlp."): w[name] for name in EXPERT_TENSORS}
+
+
+def layer_pieces(spec: TextSpec, moe: MoeSpec, contract: Contract, w: dict, x, cos, sin, visible):
+    """One decoder layer: (output, keys, values, the sparse pieces by suffix; {} for a dense layer)."""
+    h = rms_norm(x, w["input_layernorm.weight"], spec.eps)
+    q, k, v = _project(w, h, cos, sin, spec=spec, contract=contract)
+    context = attend(q, k, v, visible, spec=spec, contract=contract)
+    if "mlp.gate" not in w:
+        return finish(w, x, context, spec=spec, contract=contract), k, v, {}
+    residual = x + linear(contract, context, w["self_attn.o_proj.weight"])
+    normed = rms_norm(residual, w["post_attention_layernorm.weight"], spec.eps)
+    pieces = {"residual1": residual, "mlp.in": normed, **sparse_mlp(contract, _experts(w), normed, moe)}
+    return residual + pieces["mlp"], k, v, pieces
+
+
+def text_prefill(weights, input_ids, image_slots, image_embeds, deepstack, positions, *, spec, moe, contract, cache):
+    """Qwen3-VL's prefill outputs, and every sparse layer's pieces (``text.layer.N.<piece>``)."""
+    out: dict[str, jax.Array] = {}
+    x = merge_embeddings(weights, input_ids, image_slots, image_embeds)
+    cos, sin = mrope_tables(positions, spec)
+    causal = jnp.tril(jnp.ones((x.shape[0], x.shape[0]), dtype=bool))
+    keys, values = [], []
+    for i in range(spec.layers):
+        x, k, v, pieces = layer_pieces(spec, moe, contract, layer_weights(weights, i), x, cos, sin, causal)
+        keys.append(k)
+        values.append(v)
+        out.update({f"text.layer.{i}.{name}": value for name, value in pieces.items()})
+        out[f"text.layer.{i}"], out[f"text.layer.{i}.last"] = x, x[-1]
+        if i < deepstack.shape[0]:
+            out[f"text.layer.{i}.image"] = jnp.take(x, image_slots, axis=0)
+            x = x.at[image_slots].add(deepstack[i].astype(jnp.float32))
+            out[f"text.layer.{i}.deepstack"] = jnp.take(x, image_slots, axis=0)
+    normed = rms_norm(x[-1:], weights["norm.weight"], spec.eps)
+    out["text.norm.last"] = normed[0]
+    out["text.logits.last"] = linear(contract, normed, weights["lm_head.weight"])[0]
+    if cache:
+        out["cache.keys"], out["cache.values"] = jnp.stack(keys), jnp.stack(values)
+    return out
+
+
+def text_decode_step(weights, keys, values, token, position, length, *, spec, moe, contract):
+    """One greedy step (``qwen_shared.jax_text.decode_step``) with the sparse MLP in the sparse layers."""
+
+    def project(w, h, cos, sin):
+        return _project(w, h, cos, sin, spec=spec, contract=contract)
+
+    def finish_layer(w, x, context, *, spec, contract):
+        if "mlp.gate" not in w:
+            return finish(w, x, context, spec=spec, contract=contract)
+        x = x + linear(contract, context, w["self_attn.o_proj.weight"])
+        normed = rms_norm(x, w["post_attention_layernorm.weight"], spec.eps)
+        return x + sparse_mlp(contract, _experts(w), normed, moe)["mlp"]
+
+    return decode_step(
+        weights,
+        keys,
+        values,
+        token,
+        position,
+        length,
+        spec=spec,
+        contract=contract,
+        project=project,
+        tables=lambda p: mrope_tables(p, spec),
+        finish_layer=finish_layer,
+    )
+
+
+def text_replay(stage_id: str, weights: dict, spec: TextSpec, moe: MoeSpec, contract: Contract):
+    """(kind, ``function(weights, inputs, positions)``, weights): a sparse piece on its inputs, a layer with its
+    sparse MLP; the rest as Qwen3-VL replays it."""
+    piece = moe_piece(stage_id)
+    is_layer = stage_id.startswith("text.layer.") and piece is None and not stage_id.endswith(".deepstack")
+    if piece is None and not is_layer:
+        return dense_replay(stage_id, weights, spec, contract)
+    w = layer_weights(weights, layer_index(stage_id))
+    if not is_layer:
+        return f"text.moe.{piece}", _piece(piece, spec, moe, contract), w
+    kind = "text.moe.layer" + next((s for s in (".last", ".image") if stage_id.endswith(s)), "")
+
+    def layer(w, args, positions):
+        cos, sin = mrope_tables(positions, spec)
+        causal = jnp.tril(jnp.ones((args[0].shape[0],) * 2, dtype=bool))
+        out = layer_pieces(spec, moe, contract, w, args[0], cos, sin, causal)[0]
+        if kind.endswith(".last"):
+            return out[-1]
+        return jnp.take(out, args[1], axis=0) if kind.endswith(".image") else out
+
+    return kind, layer, w
+
+
+def _piece(piece: str, spec: TextSpec, moe: MoeSpec, contract: Contract):
+    def residual(w, args, positions):
+        x = args[0]
+        cos, sin = mrope_tables(positions, spec)
+        q, k, v = _project(
+            w, rms_norm(x, w["input_layernorm.weight"], spec.eps), cos, sin, spec=spec, contract=contract
+        )
+        context = attend(q, k, v, jnp.tril(jnp.ones((x.shape[0],) * 2, dtype=bool)), spec=spec, contract=contract)
+        return x + linear(contract, context, w["self_attn.o_proj.weight"])
+
+    def weights_at(w, args, positions):  # the router's own softmax at the reference's choice, renormalized
+        probs = jax.nn.softmax(linear(contract, args[0], w["mlp.gate"]).astype(jnp.float32), axis=-1)
+        picked = jnp.take_along_axis(probs, args[1], axis=-1)
+        return picked / jnp.sum(picked, axis=-1, keepdims=True) if moe.normalize else picked
+
+    from .moe import expert_outputs
+
+    return {
+        "residual1": residual,
+        "mlp.in": lambda w, args, p: rms_norm(args[0], w["post_attention_layernorm.weight"], spec.eps),
+        "mlp.router": lambda w, args, p: route(contract, _experts(w), args[0], moe)["mlp.router"],
+        "mlp.weights": weights_at,
+        "mlp.experts": lambda w, args, p: expert_outputs(contract, _experts(w), args[0], args[1], moe),
+        "mlp": lambda w, args, p: sparse_mlp(contract, _experts(w), args[0], moe)["mlp"],
+    }[piece]

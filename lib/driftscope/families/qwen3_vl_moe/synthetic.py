@@ -1,0 +1,106 @@
+"""Random-weight Qwen3-VL-MoE checkpoints: Qwen3-VL's tiny tower and tokenizer with a sparse decoder (every
+layer a mixture of experts), saved with ``save_pretrained``. Nothing is downloaded; building twice gives
+identical bytes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from driftscope.model.synthetic import reinitialize
+
+from ..qwen3_vl.synthetic import SyntheticQwen3VLSpec, build_config
+from ..qwen_shared.tokenizer import CHAT_TEMPLATE, build_tokenizer
+
+
+@dataclass(frozen=True)
+class SyntheticQwen3VLMoeSpec:
+    """A Qwen3-VL spec (tower, text widths, seed) and the experts of its sparse layers."""
+
+    base: SyntheticQwen3VLSpec = field(default_factory=SyntheticQwen3VLSpec)
+    num_experts: int = 4
+    experts_per_token: int = 2
+    moe_intermediate: int = 48
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    #: the vision blocks' fc1 bias: near 2.7, where the exact and the tanh GELU differ most, a GELU form swapped
+    #: (mlx-vlm's port) shows far above float32's floor (None: the random bias)
+    vision_fc1_bias: float | None = 2.7
+
+
+def build_moe_config(spec: SyntheticQwen3VLMoeSpec, token_id):
+    """The ``Qwen3VLMoeConfig`` of ``spec`` (Qwen3-VL's settings, the text side sparse)."""
+    from transformers import Qwen3VLMoeConfig
+
+    config = build_config(spec.base, token_id).to_dict()
+    text = dict(config["text_config"])
+    text.update(
+        num_experts=spec.num_experts,
+        num_experts_per_tok=spec.experts_per_token,
+        moe_intermediate_size=spec.moe_intermediate,
+        decoder_sparse_step=spec.decoder_sparse_step,
+        mlp_only_layers=list(spec.mlp_only_layers),
+        tie_word_embeddings=False,
+    )
+    for key in ("model_type", "architectures", "transformers_version"):
+        text.pop(key, None)
+    vision = {k: v for k, v in config["vision_config"].items() if k not in ("model_type", "transformers_version")}
+    top = {k: config[k] for k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")}
+    return Qwen3VLMoeConfig(
+        text_config=text, vision_config=vision, tie_word_embeddings=False, eos_token_id=config["eos_token_id"], **top
+    )
+
+
+def released_expert_layout(out_dir: Path) -> None:
+    """Store the stacked experts as the released checkpoints do (``gate_up_proj`` [experts, hidden,
+    2 x intermediate], ``down_proj`` [experts, intermediate, hidden]), which transformers transposes on load
+    and mlx-vlm's sanitize expects; transformers 5's ``save_pretrained`` writes its in-memory layout instead."""
+    from safetensors.torch import load_file, save_file
+
+    for path in sorted(out_dir.glob("*.safetensors")):
+        tensors = load_file(path)
+        for name in [n for n in tensors if n.endswith((".experts.gate_up_proj", ".experts.down_proj"))]:
+            tensors[name] = tensors[name].transpose(1, 2).contiguous()
+        save_file(tensors, path, metadata={"format": "pt"})
+
+
+def make_checkpoint(out_dir: Path, spec: SyntheticQwen3VLMoeSpec) -> Path:
+    """Write a random-weight Qwen3-VL-MoE checkpoint (safetensors, tokenizer, image processor) to ``out_dir``."""
+    import torch
+    from transformers import Qwen3VLMoeForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    base = spec.base
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(base.vocab_size)
+    config = build_moe_config(spec, tokenizer.convert_tokens_to_ids)
+    torch.manual_seed(base.seed)
+    model = Qwen3VLMoeForConditionalGeneration(config).eval()
+    reinitialize(model, base.seed, base.weight_gain)
+    with torch.no_grad():  # stacked experts [experts, out, in]: scale as if fan_in were ``in`` alone
+        for name, param in model.named_parameters():
+            if ".experts." in name:
+                param.mul_(param.shape[1] ** 0.5)
+            if spec.vision_fc1_bias is not None and name.startswith("model.visual.blocks.") and "fc1.bias" in name:
+                param.add_(spec.vision_fc1_bias)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    released_expert_layout(out_dir)
+    Qwen2VLImageProcessorPil(
+        min_pixels=base.min_pixels,
+        max_pixels=base.max_pixels,
+        patch_size=base.patch_size,
+        merge_size=2,
+        temporal_patch_size=2,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+    ).save_pretrained(out_dir)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(out_dir)
+    (out_dir / "driftscope_fixture.json").write_text(json.dumps({"spec": repr(spec)}, indent=1) + "\n")
+    return out_dir
+
+
+#: The tiny fixture: Qwen3-VL's tiny tower (depth 6, DeepStack at 1, 3, 4), 4 text layers of 4 experts, top-2.
+TINY_SPEC = SyntheticQwen3VLMoeSpec()
