@@ -13,10 +13,15 @@ from driftscope.families import get_family
 from driftscope.families.checkpoints import open_checkpoint
 from safetensors.numpy import load_file, save_file
 
-FAMILIES = ("qwen2_5_vl", "qwen3_vl", "molmo2")
+FAMILIES = ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "molmo2")
 RUNTIMES = ("transformers", "mlx", "jax", "iree")
 #: a vision tensor of each family's tiny checkpoint (every runtime reads it at load)
-VISION = {"qwen2_5_vl": "patch_embed.proj.weight", "qwen3_vl": "patch_embed.proj.weight", "molmo2": "patch_embedding"}
+VISION = {
+    "qwen2_5_vl": "patch_embed.proj.weight",
+    "qwen3_vl": "patch_embed.proj.weight",
+    "qwen3_vl_moe": "patch_embed.proj.weight",
+    "molmo2": "patch_embedding",
+}
 
 
 def variant(family: str, target, change=None, tied: bool = False):

@@ -17,7 +17,7 @@ from driftscope.core.paths import REPO_ROOT as _ROOT
 from ..base import Family, TinyFixture
 from ..qwen3_vl.processor import prepare_inputs
 from ..qwen3_vl.replay import ReplayContext
-from ..qwen_shared.text import build_text_inputs
+from ..qwen_shared.text import TEXT_WEIGHTS, build_text_inputs, tied_head
 from .plan import NAME, replay_inputs, text_stages, vision_plan
 
 
@@ -47,7 +47,9 @@ FAMILY = Family(
     hypotheses=f"{__name__}.hypotheses",
     prose=f"{__name__}.prose",
     views=f"{__name__}.views",
-    known_defects={"mlx": "driftscope.hypotheses:mlx_vlm_gelus"},  # mlx-vlm 0.7.10 swaps the tower GELUs
+    known_defects={"mlx": "driftscope.hypotheses:mlx_vlm_gelus"},
+    derived_weights=tied_head,
+    text_weights=TEXT_WEIGHTS,  # mlx-vlm 0.7.10 swaps the tower GELUs
     tiny=TinyFixture(
         directory=_ROOT / "fixtures" / "checkpoints" / "tiny-qwen3-vl-moe",
         build=_build_tiny,
