@@ -96,12 +96,14 @@ def test_every_runtime_agrees_with_the_oracle_on_the_tester_config(name, runtime
 
 
 def test_a_known_limit_is_real(case):
-    """The skipped pair fails for the stated reason (so the list cannot outlive the limit)."""
-    from driftscope.errors import CheckpointError
+    """The skipped pair is refused for the stated reason, before loading: the family names the setting its MLX
+    port cannot represent (a port-limit error, not a checkpoint error: config.json is right)."""
+    from driftscope.errors import PortLimitError
 
     checkpoint, _, _ = case("tester-qwen2_5-vl-transformers")
-    with pytest.raises(CheckpointError, match=r"vision_tower\.merger\.mlp\.0\.weight"):
+    with pytest.raises(PortLimitError, match=r"vision_config\.spatial_merge_size is 1") as caught:
         get_runtime("mlx")(checkpoint, "f32").load()
+    assert "config.json is right" in caught.value.fix
 
 
 def test_a_tower_without_full_attention_blocks_still_gives_replay_its_side_stages(case, capture, tmp_path):
