@@ -230,15 +230,16 @@ def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.
         elif block is None:
             out = _merger_replay(tower.merger, kind.split(".", 1)[1], args[0])
         else:
-            out = _block_replay(tower.blocks[block], kind, args, ctx)
+            out = _block_replay(tower.blocks[block], kind, args, ctx, sys.modules[type(tower).__module__])
     mx.eval(out)
     return to_numpy(out)
 
 
-def _block_replay(blk, kind: str, args: list, ctx: Any):
+def _block_replay(blk, kind: str, args: list, ctx: Any, vision_module: Any):
+    """One block stage by mlx-vlm's own block ``blk`` (perhaps wrapped by a patch) and the tower's module
+    ``vision_module`` (its rotary helper: the block's own class may be a patch's wrapper)."""
     import mlx.core as mx
 
-    vision_module = sys.modules[type(blk).__module__]
     # mlx-vlm rotates with angles (it takes cos/sin itself): recover them from the reference's tables
     half = ctx.cos.shape[1] // 2
     freqs = mx.array(np.arctan2(ctx.sin[:, :half], ctx.cos[:, :half]).astype(np.float32))

@@ -3,8 +3,27 @@
 from __future__ import annotations
 
 from ..qwen3_vl import views as dense
-from ..qwen3_vl.views import geometry_report, geometry_sections, input_overlay, token_layout  # noqa: F401
+from ..qwen3_vl.views import (  # noqa: F401 (view hooks of this family)
+    geometry_report,
+    geometry_sections,
+    input_overlay,
+    token_layout,
+)
 from .plan import text_config
+
+
+def geometry_claims(image_paths: list, checkpoint=None) -> list:
+    """Qwen3-VL's answers (the same tower, processor and position table), each naming only the mutations this
+    family registers."""
+    from dataclasses import replace
+
+    from .mutations import MUTATIONS
+
+    registered = set(MUTATIONS.names())
+    return [
+        replace(claim, mutations=tuple(name for name in claim.mutations if name in registered))
+        for claim in dense.geometry_claims(image_paths, checkpoint)
+    ]
 
 
 def axis_sizes(config: dict, inputs=None) -> dict[str, int | str]:
