@@ -86,10 +86,10 @@ class Recapture:
 
 
 def _spec(report: Report, label: str) -> dict:
-    for spec in (report.data.get("parameters") or {}).get("runtimes", []):
-        if spec.get("label") == label:
-            return spec
-    raise ParameterError(f"the run has no runtime labelled {label!r}", f"use one of {report.pair_keys()}")
+    spec = report.runtime_spec(label)
+    if spec is None:
+        raise ParameterError(f"the run has no runtime labelled {label!r}", f"use one of {report.pair_keys()}")
+    return spec
 
 
 def _pair(report: Report, pair: str) -> tuple[str, str]:

@@ -15,10 +15,10 @@ from driftscope.taps.tapset import TapSet
 
 def _runtime_of(report: Report, label: str) -> tuple[str, str | None]:
     """(the runtime ``mlx``, ``iree``..., its own patch's target) the run ran as ``label``."""
-    for spec in (report.data.get("parameters") or {}).get("runtimes", []):
-        if spec.get("label") == label:
-            return spec["runtime"], (spec.get("patch") or {}).get("callable")
-    return label.split(":")[0], None
+    spec = report.runtime_spec(label)
+    if spec is None:
+        return label.split(":")[0], None
+    return spec["runtime"], (spec.get("patch") or {}).get("callable")
 
 
 def _rejudge_replay(report: Report, rows: list[dict], contract: Contract) -> tuple[dict, dict]:

@@ -150,6 +150,11 @@ class Report:
             f"use one of {[r['label'] for r in self.data.get('runtimes', [])]}",
         )
 
+    def runtime_spec(self, label: str) -> dict | None:
+        """The parameter file's entry for the runtime labelled ``label`` (its runtime, policy, patch, options)."""
+        runtimes = (self.data.get("parameters") or {}).get("runtimes", [])
+        return next((spec for spec in runtimes if spec.get("label") == label), None)
+
     def pair_tapsets(self, key: str) -> tuple:
         """The (reference, candidate) TapSets of runtime pair ``key``, with the stages narrowing added to them."""
         from driftscope.taps.tapunion import with_extras
