@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 
 from .errors import DriftscopeError  # noqa: E402
 
-__all__ = ["DriftscopeError", "__version__", "investigate"]
+__all__ = ["DriftscopeError", "__version__", "investigate", "open_run"]
 
 #: Where each module of the old flat package lives now. ``import driftscope.recapture``,
 #: ``from driftscope.checkpoint import open_checkpoint`` and patch targets like ``driftscope.hypotheses:NAME``
@@ -129,3 +129,11 @@ def investigate(*args, **kwargs):
     from .run.investigation import investigate as _investigate
 
     return _investigate(*args, **kwargs)
+
+
+def open_run(path):
+    """A finished run's taps, rows and report by name: ``open_run(dir)["mlx:f32"]["vision.block.5"]`` (numpy,
+    memory-mapped); see ``driftscope.run.access``."""
+    from .run.access import open_run as _open_run
+
+    return _open_run(path)

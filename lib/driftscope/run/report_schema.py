@@ -53,9 +53,9 @@ SCHEMA: dict[str, Any] = {
 
 def schema_problem(data: object) -> str | None:
     """The first way ``data`` breaks the report schema, as ``where: what`` (None when it holds)."""
-    from jsonschema import Draft202012Validator
+    from driftscope.core.validation import draft_2020_12
 
-    errors = sorted(Draft202012Validator(SCHEMA).iter_errors(data), key=lambda error: list(error.path))
+    errors = sorted(draft_2020_12()(SCHEMA).iter_errors(data), key=lambda error: list(error.path))
     if not errors:
         return None
     error = errors[0]

@@ -43,13 +43,14 @@ def schema() -> dict:
 
 @functools.cache
 def _validator():
-    from jsonschema import Draft202012Validator
+    from driftscope.core.validation import draft_2020_12
 
-    return Draft202012Validator(schema())
+    return draft_2020_12()(schema())
 
 
 def validate_sidecar(meta: Any, path: Path) -> None:
     """Refuse a sidecar of another format version, or one that does not follow the schema (naming the field)."""
+    validator = _validator()  # first: jsonschema imported without its optional IRI grammar
     from jsonschema.exceptions import best_match
 
     if isinstance(meta, dict) and "format_version" in meta and meta["format_version"] != FORMAT_VERSION:
@@ -59,7 +60,7 @@ def validate_sidecar(meta: Any, path: Path) -> None:
             f"write the sidecar as docs/tapfile.md describes (format_version {FORMAT_VERSION}), or use the driftscope "
             "that wrote it",
         )
-    error = best_match(_validator().iter_errors(meta))
+    error = best_match(validator.iter_errors(meta))
     if error is not None:
         raise TapFileError(
             f"sidecar {path} does not follow docs/tapfile.schema.json: at {error.json_path}: {error.message}",

@@ -234,6 +234,16 @@ class TapSet:
             return self.rows(stage_id, 0, self.shape(stage_id)[0]) if self.shape(stage_id) else self._scalar(stage_id)
         return self._file.get_tensor(stage_id)
 
+    def mapped(self, stage_id: str) -> np.ndarray:
+        """A stage as a read-only array memory-mapped from the tensor file: nothing is read until it is used.
+        F16/BF16 stages have no float32 bytes on disk to map: they are widened into memory, as ``[]`` does."""
+        if stage_id not in self._keys:
+            raise KeyError(stage_id)
+        entry = self._layout[stage_id]
+        if entry.dtype in HALF or entry.nbytes == 0:
+            return self[stage_id]
+        return np.memmap(self.tensor_path, STORED[entry.dtype], "r", entry.start, tuple(entry.shape))
+
     def rows(self, stage_id: str, start: int, stop: int) -> np.ndarray:
         """Rows ``start:stop`` of a stage, read without loading the rest (F16/BF16 widened to float32)."""
         if self._layout[stage_id].dtype in HALF:

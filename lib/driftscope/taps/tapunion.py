@@ -52,6 +52,9 @@ class TapUnion:
     def __getitem__(self, stage_id: str) -> np.ndarray:
         return self._owner(stage_id)[stage_id]
 
+    def mapped(self, stage_id: str) -> np.ndarray:
+        return self._owner(stage_id).mapped(stage_id)
+
     def rows(self, stage_id: str, start: int, stop: int) -> np.ndarray:
         return self._owner(stage_id).rows(stage_id, start, stop)
 

@@ -192,6 +192,9 @@ def prepare_notebook_thread(names) -> None:
     this thread, before the investigation starts beside it."""
     import importlib
 
+    from driftscope.core.validation import draft_2020_12
+
+    draft_2020_12()  # nbformat validates with jsonschema: imported first without its optional IRI grammar
     import nbformat
 
     for module in NOTEBOOK_STACK:

@@ -20,9 +20,9 @@ from driftscope.errors import ParameterError
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.model.precision import PrecisionPolicy
 from driftscope.model.quant.policy import RUNTIME_POLICIES
+from driftscope.taps.jax.contract import Contract
 from driftscope.taps.jax.emitted import EmittedModel
 from driftscope.taps.jax.graph import LoweredGraph, contract_for
-from driftscope.taps.jax.layers import Contract
 from driftscope.taps.sink import StageSink
 from driftscope.taps.stages import Stage
 

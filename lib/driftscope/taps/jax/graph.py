@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from driftscope.model.precision import PrecisionPolicy
-from driftscope.taps.jax.layers import Contract
+from driftscope.taps.jax.contract import Contract
 
 
 def contract_for(policy: PrecisionPolicy) -> Contract:

@@ -7,29 +7,10 @@ always run in float32.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import jax
 import jax.numpy as jnp
 
-
-@dataclass(frozen=True)
-class Contract:
-    dot_inputs: str = "float32"
-    state: str = "float32"
-
-    def dot(self, x: jax.Array, w: jax.Array, contracting: tuple, batch: tuple = ((), ())) -> jax.Array:
-        """``dot_general`` with operands in ``dot_inputs`` and a float32 result (F32 accumulation)."""
-        dtype = jnp.dtype(self.dot_inputs)
-        return jax.lax.dot_general(
-            x.astype(dtype), w.astype(dtype), (contracting, batch), preferred_element_type=jnp.float32
-        )
-
-    def round_state(self, x: jax.Array) -> jax.Array:
-        """Round through the state dtype (a no-op under float32)."""
-        if jnp.dtype(self.state) == jnp.float32:
-            return x
-        return x.astype(self.state).astype(jnp.float32)
+from driftscope.taps.jax.contract import Contract  # re-exported: the operators below take it
 
 
 def linear(contract: Contract, x: jax.Array, weight: jax.Array, bias: jax.Array | None = None) -> jax.Array:
