@@ -11,7 +11,7 @@ Then ``driftscope --help`` and ``driftscope show`` of the finished run are timed
 Markdown table (medians) for docs/benchmarks.md.
 
 ``python benchmarks/startup.py --probe -- ARGS...`` runs ``driftscope ARGS`` in this process and prints, after
-every log line and at exit, which of :data:`FRAMEWORKS` are imported (``tests/test_lazy_imports.py`` reads it).
+every log line and at exit, which of :data:`FRAMEWORKS` are imported (``tests/run/test_lazy_imports.py`` reads it).
 """
 
 from __future__ import annotations

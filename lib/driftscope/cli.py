@@ -132,7 +132,9 @@ def _trend(args: argparse.Namespace) -> int:
     from .views.history import from_parameters
 
     root = Path(args.out_root or REPO_ROOT / "outputs")
-    choice = from_parameters(args.params, None, root, None, args.run, args.rev_a, args.rev_b, args.factor)
+    choice = from_parameters(
+        args.params, None, root, None, args.run, args.rev_a, args.rev_b, args.factor, names=("--from", "--to")
+    )
     out = Path(args.out) if args.out else choice.root / "trend" / f"{choice.before.name}..{choice.after.name}"
     _output_directory(out)
     parameters = {

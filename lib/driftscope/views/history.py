@@ -68,15 +68,19 @@ def choose(
     rev_a: str | None = None,
     rev_b: str | None = None,
     factor: float = 1.5,
+    names: tuple[str, str] = ("rev_a", "rev_b"),
 ) -> TrendChoice:
     """The run and commits to compare: ``rev_b`` (default: the newest commit with runs) against ``rev_a``
-    (default: the one before it in git history); ``run`` (default: the first run that changed between them)."""
+    (default: the one before it in git history); ``run`` (default: the first run that changed between them).
+    ``names``: what the caller calls ``rev_a`` and ``rev_b`` (notebook 05's parameters; the CLI's ``--from``,
+    ``--to``), so an error's fix names what the user can pass."""
     root = Path(out_root)
+    older, newer = names
     dirs = commit_dirs(root, repo, run)
     if (rev_a is None or rev_b is None) and len(dirs) < 2:
         raise ParameterError(
             f"need runs of two commits under {root}" + (f" for run {run!r}" if run else ""),
-            "run `driftscope batch ... --commit REV` for another revision first (or pass rev_a and rev_b)",
+            f"run `driftscope batch ... --commit REV` for another revision first (or pass {older} and {newer})",
         )
     after = resolve_commit_dir(root, rev_b) if rev_b else dirs[-1]
     if rev_a:
@@ -86,7 +90,7 @@ def choose(
         if not earlier:
             raise ParameterError(
                 f"no commit before {after.name} under {root} has runs" + (f" of {run!r}" if run else ""),
-                "run `driftscope batch ... --commit REV` for an older revision first (or pass rev_a)",
+                f"run `driftscope batch ... --commit REV` for an older revision first (or pass {older})",
             )
         before = earlier[-1]
     if run is None:
@@ -116,6 +120,7 @@ def from_parameters(
     rev_a: str | None = None,
     rev_b: str | None = None,
     factor: float = 1.5,
+    names: tuple[str, str] = ("rev_a", "rev_b"),
 ) -> TrendChoice:
     """Notebook 05's parameters resolved: a run directory (``out_dir``, as ``driftscope run`` passes it) fixes
     the output root, the newer commit and the run; else ``out_root`` (relative: to the working directory, else
@@ -132,7 +137,7 @@ def from_parameters(
     if not root.is_dir():
         raise ParameterError(f"output root {root} does not exist", "pass the out_root `driftscope batch` wrote to")
     repo = Path(repo) if repo else (toplevel(root) or toplevel(Path.cwd()) or Path.cwd())
-    return choose(root, repo, run or run_of(params_path, out_dir), rev_a, rev_b, factor)
+    return choose(root, repo, run or run_of(params_path, out_dir), rev_a, rev_b, factor, names)
 
 
 def nothing_to_compare(err: ParameterError) -> str:
