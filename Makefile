@@ -1,11 +1,18 @@
 # The two commands of the README: `make demo` and `make test`. Each sets up what it needs first.
-.PHONY: setup demo test test-slow lint fixtures lab
+.PHONY: setup demo demo-trend test test-slow lint fixtures lab
 
 setup:
 	bash scripts/setup.sh
 
 demo: setup
 	.venv/bin/driftscope run parameters/demo_shapes.yaml --no-gate
+
+# notebook 05 from a fresh clone: the demo at the previous commit (a temporary worktree) and at this one, then the
+# trend between them (a failing verdict, exit 1, is the demo's finding, not an error of the recipe)
+demo-trend: setup
+	.venv/bin/driftscope batch parameters/demo_shapes.yaml --commit HEAD~1 || [ $$? -eq 1 ]
+	.venv/bin/driftscope batch parameters/demo_shapes.yaml || [ $$? -eq 1 ]
+	.venv/bin/driftscope trend parameters/demo_shapes.yaml
 
 test: setup
 	.venv/bin/lint-imports --no-cache
@@ -22,5 +29,6 @@ lint: setup
 	.venv/bin/ruff format --check lib tests fixtures benchmarks examples scripts notebooks
 	.venv/bin/lint-imports --no-cache
 	.venv/bin/python scripts/architecture.py --check
+	.venv/bin/python scripts/parameters_doc.py --check
 
 fixtures: setup

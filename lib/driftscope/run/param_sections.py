@@ -9,7 +9,36 @@ from driftscope.core.numeric import checked_floor, checked_ratio
 from driftscope.errors import ParameterError
 from driftscope.taps.stages import StageSelection
 
-STAGE_KEYS = {"blocks", "substages", "include", "exclude"}
+#: Each section's keys and what they do: the parser refuses any other key, and docs/parameters.md is generated
+#: from these tables (``run.param_reference``; a test fails when the page is out of date).
+STAGE_KEYS = {
+    "blocks": "capture every block's output (default true)",
+    "substages": "blocks whose substages (norms, q/k/v, attention, residuals, MLP pieces) are captured too: a "
+    "list of block indices (negative counts from the end) or `all` (default none: narrowing adds what it needs)",
+    "include": "stage id patterns (globs) to capture besides, e.g. `['vision.block.7.*']`",
+    "exclude": "stage id patterns (globs) to leave out, e.g. `['vision.block.0.*']`",
+}
+TEXT_KEYS = {
+    "prompt": "the prompt the image is asked with (default: a question about the image)",
+    "max_new_tokens": "greedy tokens each runtime decodes (default 16, at least 1)",
+    "expect": "words the reference's answer should contain, e.g. `[square, circle]` (default none)",
+}
+POWER_KEYS = {
+    "mutations": "the family's registered mutations to run: `all` (default) or a list of names",
+    "policy": "precision policy the mutated runtime runs in (default f32)",
+    "require": "mutations the fixture must detect: one it cannot fails the run's verdict (default none)",
+}
+RELATIVE_KEYS = {
+    "high": "label of the float64 runtime (e.g. `transformers:f64`), with `oracle`",
+    "oracle": "label of the float32 oracle (e.g. `transformers:f32`) whose own error against `high` is the yardstick",
+    "factor": "a candidate passes a stage when its error is at most factor x the oracle's (default 4)",
+    "floor": "plus this absolute floor (default 1e-6)",
+    "peer": "label of a trusted peer: every other candidate is judged relative to its error against the reference",
+}
+ATTRIBUTION_KEYS = {
+    "candidate": "label of the runtime whose drift is attributed",
+    "references": "two or more other runtime labels: per stage, the one the candidate is closer to",
+}
 
 
 def checked(value: Any, kind: type | tuple[type, ...], where: str, example: str) -> Any:
@@ -55,7 +84,7 @@ def stage_selection(data: Any) -> StageSelection:
     )
 
 
-def section(data: Any, where: str, keys: set[str], example: str) -> dict | None:
+def section(data: Any, where: str, keys: set[str] | dict, example: str) -> dict | None:
     """An optional mapping section: absent or false -> None, true -> {} (its defaults), else checked keys."""
     if data is None or data is False:
         return None
@@ -72,7 +101,7 @@ def text_section(data: Any) -> dict | None:
     data = section(
         data,
         "text",
-        {"prompt", "max_new_tokens", "expect"},
+        TEXT_KEYS,
         "{prompt: 'Name the shapes.', max_new_tokens: 16, expect: [square]}",
     )
     if data is None:
@@ -92,7 +121,7 @@ def power_section(data: Any) -> dict | None:
     from driftscope.families import known_mutations
     from driftscope.model.policies import get_policy  # an unknown name lists the registered ones
 
-    data = section(data, "power", {"mutations", "policy", "require"}, "{require: [identity_window_permutation]}")
+    data = section(data, "power", POWER_KEYS, "{require: [identity_window_permutation]}")
     if data is None:
         return None
     names = data.get("mutations", "all")
@@ -115,7 +144,7 @@ def relative_section(relative: Any, labels: list[str], reference: str) -> dict |
         return None
     example = "{high: transformers:f64, oracle: transformers:f32} or {peer: mlx:f32}"
     checked(relative, dict, "relative", example)
-    refuse_unknown(relative, {"high", "oracle", "factor", "floor", "peer"}, "relative")
+    refuse_unknown(relative, RELATIVE_KEYS, "relative")
     if "peer" not in relative and not {"high", "oracle"} & set(relative):
         raise ParameterError("relative names neither a float64 run (high, oracle) nor a peer", f"write {example}")
     out: dict = {}
@@ -144,7 +173,7 @@ def relative_section(relative: Any, labels: list[str], reference: str) -> dict |
 
 def attribution_section(data: Any, labels: list[str]) -> dict | None:
     example = "{candidate: iree:q4-dequant, references: [mlx:q4, mlx:q4-dequant]}"
-    data = section(data, "attribution", {"candidate", "references"}, example)
+    data = section(data, "attribution", ATTRIBUTION_KEYS, example)
     if data is None:
         return None
     candidate = data.get("candidate")

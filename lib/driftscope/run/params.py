@@ -59,7 +59,14 @@ TOP_KEYS = {
     "attribution": "{candidate: iree:q4-dequant, references: [mlx:q4, mlx:q4-dequant]}: per stage, which reference "
     "the candidate is closer to (relative RMS), and a verdict over the blocks",
 }
-RUNTIME_KEYS = {"runtime", "policy", "patch", "label", "options"}
+REQUIRED_KEYS = ("checkpoint", "images", "runtimes")
+RUNTIME_KEYS = {
+    "runtime": "the engine: one of the registered runtimes (below); a string `runtime:policy` is the short form",
+    "policy": "precision policy (default f32); each runtime offers its own (below)",
+    "patch": "a hypothesis patch: `module:callable`, `file.py:callable`, or {callable: ..., kwargs: {...}}",
+    "label": "the runtime's name in the report and the pages (default `runtime:policy`)",
+    "options": "the runtime's own options (below); an option it does not read is refused",
+}
 PATH_RULE = (
     "relative paths in a parameter file resolve against the repository holding it "
     "(or its own folder outside a repository)"
@@ -211,7 +218,7 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
     base = Path(base)
     checked(data, dict, where, "a YAML mapping with checkpoint, images and runtimes")
     refuse_unknown(data, TOP_KEYS, where)
-    for key in ("checkpoint", "images", "runtimes"):
+    for key in REQUIRED_KEYS:
         if key not in data:
             raise ParameterError(f"{where} has no {key!r} ({TOP_KEYS[key]})", f"add {key}: ...")
 
