@@ -1,6 +1,7 @@
 """Start-up cost of the ``driftscope`` command: time to the first capture, and which ML frameworks each step imports.
 
     .venv/bin/python benchmarks/startup.py [PARAMS] [--repeats N]    # default: parameters/demo_shapes.yaml
+    .venv/bin/python benchmarks/startup.py --lib OTHER/lib --lib lib   # two checkouts' code, alternating
 
 Each repeat starts ``driftscope run PARAMS --force --out <temporary directory>`` in a fresh process, as a user
 does, and stamps every line it prints with the seconds since the process was started (``time.perf_counter``
@@ -98,35 +99,40 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("params", nargs="?", default="parameters/demo_shapes.yaml")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--lib", action="append", help="the driftscope package to time (a checkout's lib/; repeat to compare)"
+    )
     args = parser.parse_args(argv)
 
     from driftscope.run.params import load_parameters
 
-    params = load_parameters(args.params)
-    reference = params.reference_label
-    cli = [sys.executable, "-m", "driftscope.cli"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "lib")}
-    samples: dict[str, list[float]] = {"first capture": [], "reference captured": [], "--help": [], "show": []}
-    frameworks = ""
+    reference = load_parameters(args.params).reference_label
+    libs = [str(Path(lib).resolve()) for lib in args.lib or [ROOT / "lib"]]
+    samples = {lib: {"first capture": [], "reference captured": [], "--help": [], "show": []} for lib in libs}
+    frameworks = {}
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "run"
         for _ in range(args.repeats):
-            lines, _ = stamped(
-                probe_command(["run", args.params, "--force", "--out", str(out)]), f"{reference}: done in", env
-            )
-            samples["first capture"].append(first(lines, f"capture {reference}:"))
-            samples["reference captured"].append(first(lines, f"{reference}: done in"))
-            frameworks = next(line for _, line in lines if line.startswith(PROBE) and f"capture {reference}:" in line)
-        # a finished run to show: the tiny demo's report is written at every step, a stopped one is enough
-        for _ in range(args.repeats):
-            samples["--help"].append(stamped([*cli, "--help"], env=env)[1])
-            samples["show"].append(stamped([*cli, "show", str(out)], env=env)[1])
-    print(f"`{' '.join(['driftscope', 'run', args.params])}`, median of {args.repeats} (seconds since process start)\n")
-    print("| step | median s | samples |")
-    print("|---|---|---|")
-    for name, values in samples.items():
-        print(f"| {name} | {statistics.median(values):.2f} | {', '.join(f'{v:.2f}' for v in values)} |")
-    print(f"\nframeworks imported at the first capture: {frameworks.split('|')[0].removeprefix(PROBE).strip()}")
+            for lib in libs:  # alternating, so a busy moment of the machine falls on both
+                env = {**os.environ, "PYTHONPATH": lib}
+                out = Path(tmp) / f"run-{libs.index(lib)}"
+                command = probe_command(["run", args.params, "--force", "--out", str(out)])
+                lines, _ = stamped(command, f"{reference}: done in", env)
+                samples[lib]["first capture"].append(first(lines, f"capture {reference}:"))
+                samples[lib]["reference captured"].append(first(lines, f"{reference}: done in"))
+                at = next(line for _, line in lines if line.startswith(PROBE) and f"capture {reference}:" in line)
+                frameworks[lib] = at.split("|")[0].removeprefix(PROBE).strip()
+                cli = [sys.executable, "-m", "driftscope.cli"]
+                samples[lib]["--help"].append(stamped([*cli, "--help"], env=env)[1])
+                samples[lib]["show"].append(stamped([*cli, "show", str(out)], env=env)[1])  # the stopped run's report
+    print(f"`driftscope run {args.params}`, median of {args.repeats} (seconds since process start)\n")
+    print("| driftscope | step | median s | samples |")
+    print("|---|---|---|---|")
+    for lib in libs:
+        for name, values in samples[lib].items():
+            cells = ", ".join(f"{v:.2f}" for v in values)
+            print(f"| {lib} | {name} | {statistics.median(values):.2f} | {cells} |")
+    for lib in libs:
+        print(f"\n{lib}: frameworks imported at the first capture: {frameworks[lib]}")
 
 
 if __name__ == "__main__":
