@@ -82,7 +82,10 @@ def test_pair_diff_matches_the_raw_arrays_and_the_runs_row(finished):
     bound = 0.08 + 0.08 * np.abs(reference[first].astype(np.float64))  # the default contract
     assert diff.failures == int((np.abs(expected) > bound).sum())
     assert diff.worst["coords"] == row.worst_failing["coords"]
-    assert "fail" in diff._repr_html_() and first in diff._repr_html_()
+    page = diff._repr_html_()
+    assert "fail" in page and first in page and "src='data:image/png;base64," in page  # the map inline, offline
+    used = np.abs(expected) / bound
+    assert float(diff.used.max()) == pytest.approx(float(used.max())) and diff.used.max() > 1
     assert len(pair.rows) == len(pair.stages) and first in pair.stages
     assert set(run.rows["pair"]) == {"mlx:f32", "mlx:bf16"}
 

@@ -185,7 +185,38 @@ class Diff:
             rows.append(["the run's row", f"{self.row.status}, max_abs {_number(self.row.max_abs)}"])
         if self.note:
             rows.append(["alignment", self.note])
-        return _html_table(["", self.stage], rows, f"{self.pair}: {self.stage}")
+        table = _html_table(["", self.stage], rows, f"{self.pair}: {self.stage}")
+        if self.delta.ndim < 1 or not self.delta.size:
+            return table
+        return f"<div style='display:flex;gap:1em;align-items:flex-start'>{table}{self.heatmap_html()}</div>"
+
+    def figure(self):
+        """The share of its tolerance each element uses, rows x the last axis (other axes folded into rows), on a
+        log colour scale: a matplotlib Figure (what the notebook shows beside the table)."""
+        from matplotlib.colors import LogNorm
+        from matplotlib.figure import Figure
+
+        used = self.used.reshape(-1, self.used.shape[-1]) if self.used.ndim > 1 else self.used.reshape(1, -1)
+        shown = np.where(np.isfinite(used), used, np.nanmax(np.where(np.isfinite(used), used, 0)) * 10 or 1.0)
+        figure = Figure(figsize=(4.2, 3.2), layout="constrained")
+        axes = figure.subplots()
+        floor = max(float(np.nanmax(shown)) * 1e-4, 1e-6)
+        image = axes.imshow(np.maximum(shown, floor), aspect="auto", interpolation="nearest", norm=LogNorm(vmin=floor))
+        figure.colorbar(image, ax=axes, label="share of tolerance used (>1 fails)")
+        axes.set_xlabel("last axis (channel)")
+        axes.set_ylabel("row (token)")
+        axes.set_title(f"{self.stage}: {self.failures} over tolerance", fontsize=9)
+        return figure
+
+    def heatmap_html(self) -> str:
+        """:meth:`figure` as an inline PNG (the page needs no file and no network)."""
+        import base64
+        import io
+
+        buffer = io.BytesIO()
+        self.figure().savefig(buffer, format="png", dpi=80)
+        data = base64.b64encode(buffer.getvalue()).decode("ascii")
+        return f"<img alt='share of tolerance per element of {escape(self.stage)}' src='data:image/png;base64,{data}'>"
 
 
 @dataclass
