@@ -28,7 +28,7 @@ from driftscope.errors import (
     TapFileError,
 )
 from driftscope.families import get_family
-from driftscope.families.checkpoints import open_checkpoint
+from driftscope.families.checkpoints import open_checkpoint, prepare_inputs
 from driftscope.judge.compare import compare_tapsets
 from driftscope.judge.verdict import judge
 from driftscope.model.checkpoint_storage import checkpoint_storage
@@ -312,11 +312,11 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
             )
         )
     report.step("inputs")
-    inputs = family.prepare_inputs(checkpoint, params.images)
+    inputs = prepare_inputs(checkpoint, params.images, params.videos)
     if params.text:
         inputs.text = family.text_inputs(checkpoint, inputs, **params.text)
     report.data["inputs"] = inputs.summary()
-    log(f"inputs: {len(params.images)} image(s), {inputs.headline}")
+    log(f"inputs: {len(params.images)} image(s), {len(params.videos)} video(s), {inputs.headline}")
 
     tapsets = {}
     compared = {}  # (reference, candidate) label -> comparison rows, from a replay or the background comparer
