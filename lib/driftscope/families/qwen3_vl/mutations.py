@@ -197,10 +197,11 @@ def _nearest_table(model: Any, settings: dict) -> None:
 
 
 def _processor_inputs(overrides: dict):
-    """The run's images through the checkpoint's processor with ``overrides``, the prompt rebuilt around them."""
+    """The run's images (and videos) through the checkpoint's processor with ``overrides``, the prompt rebuilt
+    around them."""
 
     def inputs(checkpoint, original: ModelInputs, settings: dict) -> ModelInputs:
-        mutated = prepare_inputs(checkpoint, original.image_paths, overrides)
+        mutated = prepare_inputs(checkpoint, original.image_paths, overrides, video_paths=original.video_paths)
         if original.text is not None:
             text = original.text
             mutated.text = build_text_inputs(checkpoint, mutated, text.prompt, text.max_new_tokens, text.expect)

@@ -26,7 +26,7 @@ from driftscope.errors import InputError
 from driftscope.inputs.processor_output import ModelInputs, as_processor_sees
 from driftscope.inputs.video import load_video
 
-from .processor import load_image_processor
+from .processor import load_image_processor, processor_settings
 
 if TYPE_CHECKING:
     from driftscope.model.checkpoint import Checkpoint
@@ -146,7 +146,14 @@ def add_videos(
             image_paths=[],
             image_sizes=[],
             image_tokens=tokens,
-            facts={"grid_thw": run.grid_thw.tolist(), "patches": int(run.pixel_values.shape[0]), "videos": run.facts},
+            facts={
+                "resized": [],
+                "grid_thw": run.grid_thw.tolist(),
+                "patches": int(run.pixel_values.shape[0]),
+                "processor": processor_settings(processor),
+                "conversions": [],
+                "videos": run.facts,
+            },
             headline=headline,
             video_paths=paths,
         )
