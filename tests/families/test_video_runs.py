@@ -15,19 +15,7 @@ from driftscope.taps.tapset import TapSet
 
 QWEN = ("qwen2_5_vl", "qwen3_vl")
 GIF = "fixtures/videos/shapes_4f.gif"
-PATCHES = "tests/families/test_video_runs.py"
-
-
-def leak_qwen2_5_vl(model, **_):
-    """The planted defect: Qwen2.5-VL's full-attention blocks attend across the video's frames."""
-    get_family("qwen2_5_vl").mutation_registry().get("cross_image_leak").install(model, {})
-    return model
-
-
-def leak_qwen3_vl(model, **_):
-    """The planted defect: Qwen3-VL's vision blocks attend across the video's frames."""
-    get_family("qwen3_vl").mutation_registry().get("cross_image_leak").install(model, {})
-    return model
+PATCHES = "tests/planted_patches.py"
 
 
 def _run(name: str, out, runtimes: list, **extra):
