@@ -131,3 +131,30 @@ def test_the_parameter_file_takes_videos_without_images_and_refuses_them_with_te
         parse_parameters({**base, "videos": "fixtures/videos/shapes_4f.gif"}, base=ROOT)
     with pytest.raises(ParameterError, match="has no 'images'"):
         parse_parameters({"checkpoint": "x", "runtimes": ["transformers", "mlx"]}, base=ROOT)
+
+
+@pytest.mark.parametrize("name", QWEN)
+def test_a_video_preprocessor_config_sets_the_bounds_and_each_family_resizes_by_its_own_rule(name, tmp_path):
+    """Bounds of 128x128 pixels: Qwen2-VL's rule holds each frame to them, Qwen3-VL's all frames together."""
+    import json
+
+    source = get_family(name).tiny.ensure()
+    for path in source.iterdir():
+        (tmp_path / path.name).symlink_to(path)
+    (tmp_path / "video_preprocessor_config.json").write_text(
+        json.dumps({"size": {"shortest_edge": 64 * 64, "longest_edge": 128 * 128}})
+    )
+    checkpoint = open_checkpoint(tmp_path)
+    (fact,) = prepare_inputs(checkpoint, [], [GIF]).summary()["videos"]
+    assert fact["bounds"] == {"min_pixels": 64 * 64, "max_pixels": 128 * 128, "from": "video_preprocessor_config.json"}
+    factor = 28 if name == "qwen2_5_vl" else 32
+    if name == "qwen2_5_vl":
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+        expected = smart_resize(224, 224, factor, 64 * 64, 128 * 128)
+    else:
+        from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize
+
+        expected = smart_resize(4, 224, 224, 2, factor, 64 * 64, 128 * 128)
+    assert fact["resized"] == list(expected) and fact["resized"][0] < 224
+    assert fact["grid_thw"] == [2, expected[0] * 2 // factor, expected[1] * 2 // factor]
