@@ -20,7 +20,9 @@ def decode_stages(max_new_tokens: int) -> list[Stage]:
     """The stages :func:`put_greedy` writes: decoded past the prefill, functions of decode steps nothing captures,
     so never replayed."""
     return [
-        Stage("text.generate.tokens", ("steps",), integer=True, description=f"greedy tokens ({max_new_tokens})", data=True),
+        Stage(
+            "text.generate.tokens", ("steps",), integer=True, description=f"greedy tokens ({max_new_tokens})", data=True
+        ),
         Stage("text.generate.margins", ("steps",), side=True, description="top-1 minus top-2 logit at each step"),
         Stage(
             "text.forced.tokens",
@@ -48,9 +50,10 @@ def put_greedy(
     """Greedy decode from the prefill's last logits, and the teacher-forced pass over ``forced`` tokens.
 
     ``step(token) -> logits`` runs the runtime's cached decode step; ``rewind(n)`` (or ``step.rewind``) drops the
-    last ``n`` tokens fed to that cache. Free-running greedy gives ``text.generate.tokens`` and ``.margins`` (what users see). The forced
-    pass gives ``text.forced.logits`` ``[steps, vocab]``: row ``i`` is the logits after feeding ``forced[:i]``
-    (row 0 the prefill's), streamed to the TapSet a row at a time, and ``text.forced.tokens`` (what was fed).
+    last ``n`` tokens fed to that cache. Free-running greedy gives ``text.generate.tokens`` and ``.margins`` (what
+    users see). The forced pass gives ``text.forced.logits`` ``[steps, vocab]``: row ``i`` is the logits after
+    feeding ``forced[:i]`` (row 0 the prefill's), streamed to the TapSet a row at a time, and
+    ``text.forced.tokens`` (what was fed).
     Without ``forced`` (the reference) the forced tokens are the runtime's own greedy ones, so its forced logits are
     its greedy logits. While the greedy tokens equal the forced ones the two passes share their steps; from the
     first differing token on, the cache is rewound to it and the forced tokens are fed: at most ``steps - 1`` more

@@ -136,7 +136,11 @@ class TapWriter:
         finally:  # the rows written so far are a stage (a decode that raised midway leaves no hole in the file)
             if shape is not None and not self.closed:
                 full = [count, *shape]
-                self._entries[stage_id] = {"dtype": _DTYPES[dtype], "shape": full, "data_offsets": [start, self._offset]}
+                self._entries[stage_id] = {
+                    "dtype": _DTYPES[dtype],
+                    "shape": full,
+                    "data_offsets": [start, self._offset],
+                }
                 info = stage.to_dict() if isinstance(stage, Stage) else {"id": stage_id}
                 info.update(declaration)
                 info["native_dtype"] = declaration.get("native_dtype", native)
