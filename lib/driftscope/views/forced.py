@@ -44,10 +44,14 @@ def forced_frame(report: Report):
         records.append(
             {
                 "pair": f"{pair['candidate']} vs {pair['reference']}",
-                "fed the reference's tokens": forced.get("fed_reference_tokens"),
+                "fed the reference's tokens": {True: "yes", False: "NO"}.get(
+                    forced.get("fed_reference_tokens"), "not said"
+                ),
                 "steps": forced.get("steps_compared"),
                 "first divergence (teacher-forced)": "none" if first is None else f"step {first} ({by})",
-                "first differing token (free-running)": pair.get("first_difference"),
+                "first differing token (free-running)": (
+                    "none" if pair.get("first_difference") is None else f"step {pair['first_difference']}"
+                ),
                 "flips (teacher-forced)": _flips(forced),
                 "confident flips": forced.get("confident_flips", 0),
             }
@@ -115,18 +119,18 @@ def dropped_words_frame(report: Report):
     records = []
     for pair in (report.data.get("answer") or {}).get("pairs", []):
         for entry in pair.get("dropped_words") or []:
-            step = entry.get("reference_step")
-            rank = entry.get("candidate_rank")
+            step, rank = entry.get("reference_step"), entry.get("candidate_rank")
+            said = entry["in_reference"]
             records.append(
                 {
                     "candidate": pair["candidate"],
                     "word": entry["word"],
-                    "reference says it": entry["in_reference"],
-                    "at step": step,
-                    "reference token": entry.get("reference_token"),
-                    "candidate's top token there": entry.get("candidate_token"),
-                    "its rank in the candidate (0: kept)": rank,
-                    "lost there": None if rank is None else rank > 0,
+                    "reference says it": "yes" if said else "no (neither runtime says it)",
+                    "at step": "" if step is None else step,
+                    "reference token": entry.get("reference_token", ""),
+                    "candidate's top token there": entry.get("candidate_token", ""),
+                    "its rank in the candidate (0: kept)": "" if rank is None else rank,
+                    "lost there": "" if rank is None else ("yes" if rank > 0 else "no: lost earlier"),
                 }
             )
     return pd.DataFrame(records)
