@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import ROOT
 from driftscope.judge.contract import FORCED_KEYS, Contract, load_contract
 from driftscope.judge.forced import FORCED, forced_pair
 from driftscope.taps.sink import StageSink, decode_stages, put_greedy
 from driftscope.taps.stages import StagePlan
 from driftscope.taps.tapset import TapWriter
-
-from conftest import ROOT
 
 STRICT = load_contract(ROOT / "parameters" / "contracts" / "strict.yaml")
 DEFAULT = load_contract(ROOT / "parameters" / "contracts" / "default.yaml")
@@ -78,6 +77,7 @@ def test_the_forced_first_divergence_is_the_first_step_any_topk_breaks_its_toler
     ref = reference_logits
     rng = np.random.default_rng(0)
     cand = ref + rng.normal(0, 1e-6, ref.shape).astype(np.float32)  # f32 round-off everywhere
+
     def bound(key: str, value) -> float:
         tol = STRICT.tolerance(key)
         return tol.atol + tol.rtol * abs(float(value))
