@@ -69,7 +69,7 @@ def topk_map(report: Report) -> Figure:
     for axis, pair in zip(axes, pairs, strict=False):
         steps = pair["forced"]["steps"]
         used = np.array([[s["topk"][key]["tolerance_used"] or 0.0 for s in steps] for key in KEYS], dtype=float)
-        image = axis.imshow(np.log10(np.maximum(used, 1e-6)), aspect="auto", cmap="magma", vmin=-4, vmax=1)
+        image = axis.imshow(np.log10(np.maximum(used, 1e-7)), aspect="auto", cmap="magma", vmin=-6, vmax=1)
         for row, key in enumerate(KEYS):
             for column, step in enumerate(steps):
                 if step["topk"][key]["status"] == "fail":
@@ -92,17 +92,18 @@ def forced_margin_plot(report: Report) -> Figure:
     for axis, pair in zip(axes, pairs, strict=False):
         steps = pair["forced"]["steps"]
         x = np.arange(len(steps))
-        margin = np.array([s["reference_margin"] for s in steps])
-        allowed = np.array([s["allowed"] for s in steps])
-        error = np.array([abs(s["error_top1"] - s["error_top2"]) for s in steps])
-        axis.fill_between(x, 0, allowed, color="#9ecae1", alpha=0.6, label="allowed error on the margin")
+        floor = 1e-9  # an exact zero (a tie, an error-free step) drawn at the floor of the log axis
+        margin = np.maximum([s["reference_margin"] for s in steps], floor)
+        allowed = np.maximum([s["allowed"] for s in steps], floor)
+        error = np.maximum([abs(s["error_top1"] - s["error_top2"]) for s in steps], floor)
+        axis.fill_between(x, floor, allowed, color="#9ecae1", alpha=0.6, label="allowed error on the margin")
         axis.plot(x, margin, marker="o", color="#08519c", label="reference margin (top-1 minus top-2)")
         axis.plot(x, error, marker="x", linestyle=":", color="#636363", label="candidate's error on it")
         for flip in pair["forced"].get("flips", []):
             color = "#d62728" if flip["label"] == "confident" else "#ff7f0e"
             axis.axvline(flip["step"], color=color, linestyle="--", linewidth=1)
-            axis.annotate(flip["label"], (flip["step"], flip["reference_margin"]), color=color, fontsize=8)
-        axis.set_yscale("symlog", linthresh=max(float(np.min(allowed)) if allowed.size else 1e-6, 1e-8))
+            axis.annotate(flip["label"], (flip["step"], max(flip["reference_margin"], floor)), color=color, fontsize=8)
+        axis.set_yscale("log")  # round-off errors and logit margins are decades apart
         axis.set_title(f"{pair['candidate']} vs {pair['reference']}", fontsize=9)
         axis.set_xlabel("teacher-forced step")
         axis.set_ylabel("logit")
