@@ -153,3 +153,9 @@ def test_put_greedy_forces_the_given_tokens_sharing_the_agreeing_steps(tmp_path,
     assert np.array_equal(np.asarray(tapset[FORCED]), expected)
     shared = min(agree + 1, steps)  # rows 0..agree come from the greedy steps themselves
     assert len(calls) == (steps - 1) + (steps - shared)
+
+
+def test_texts_that_random_weights_decode_to_are_escaped_on_the_page():
+    from driftscope.views.forced import escaped
+
+    assert escaped("a\ufffdb\nc") == "a\\ufffdb\\nc" and escaped("red square") == "red square"
