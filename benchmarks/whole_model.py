@@ -152,6 +152,31 @@ def tapped_whole(runtime, inputs, plan, out: Path) -> float:
     return seconds
 
 
+def forced_cost(runtime, inputs, plan, out: Path) -> dict:
+    """Issue 33's cost target: seconds of one capture of ``plan`` (every tap, the forced logits streamed) when the
+    runtime is fed tokens equal to its own greedy ones (the forced pass shares every step) and when it is fed
+    tokens that differ from step 1 on (the worst case: the cache rewound after the prefill and ``steps - 1``
+    more decode steps), next to a plain greedy decode of the same length (``plain_whole``)."""
+    import copy
+
+    import numpy as np
+
+    own = copy.copy(inputs)
+    own.text = copy.copy(inputs.text)
+    own.text.forced = None
+    tapset = runtime.capture(own, plan, out / "forced-own")
+    greedy = np.asarray(tapset["text.generate.tokens"])
+    seconds = {}
+    for kind, tokens in (("agree", greedy), ("differ", np.concatenate([greedy[:1], (greedy[1:] + 1) % 1000]))):
+        own.text.forced = tokens
+        plain = plain_whole(runtime, own, out)
+        runtime.capture(own, plan, out / f"forced-{kind}")
+        spent = runtime.timings["capture_s"] - runtime.timings.get("lower_s", 0.0) - runtime.timings.get("compile_s", 0)
+        seconds[f"{kind}_s"], seconds[f"{kind}_ratio"] = spent, spent / plain
+    seconds["plain_s"] = plain
+    return seconds
+
+
 def text_compile(runtime, inputs, cache: Path) -> dict:
     """Target 4: the text decoder's prefill lowered and iree-compiled cold (fresh cache), then warm (cache
     hit and module load); whether its weights are arguments (argument count, largest constant, vmfb size)."""
@@ -280,6 +305,9 @@ def main(argv: list[str] | None = None) -> None:
         "--tower-investigation", action="store_true", help="also the tower-only investigation (target 3's ratio)"
     )
     parser.add_argument("--sweep-only", action="store_true", help="only the prompt-length sweep")
+    parser.add_argument(
+        "--forced", action="store_true", help="also time teacher-forced decoding (issue 33: at most 1.2x greedy)"
+    )
     parser.add_argument("--iree-target", default="llvm-cpu", help="IREE target (cuda on a GPU machine)")
     parser.add_argument("--one", nargs=3, metavar=("RUNTIME", "KIND", "LENGTH"), help=argparse.SUPPRESS)
     parser.add_argument("--checkpoint", help="a whole checkpoint to use instead of the generated one")
@@ -346,6 +374,8 @@ def main(argv: list[str] | None = None) -> None:
             ]
             row["tower_plain_s"] = statistics.median(p for p, _ in tower)
             row["substages_ratio"] = statistics.median(t / p for p, t in tower)
+        if args.forced and label in F32:  # issue 33: teacher-forced decoding with all taps vs plain greedy
+            row["forced"] = forced_cost(runtime, inputs, plan, out)
         if label == "iree:f32":
             compile_row = text_compile(runtime, inputs, out / "compile-cache")
         row["peak_rss"] = rss.peak

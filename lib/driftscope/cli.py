@@ -98,7 +98,7 @@ def _geometry(args: argparse.Namespace) -> int:
 def _stages(args: argparse.Namespace) -> int:
     from driftscope.capture.stage_listing import list_stages
 
-    print(list_stages(args.checkpoint, args.images, args.json, args.write_inputs))
+    print(list_stages(args.checkpoint, args.images, args.json, args.write_inputs, args.videos))
     return 0
 
 
@@ -231,6 +231,9 @@ def parser() -> argparse.ArgumentParser:
     stages = sub.add_parser("stages", help="every stage of a checkpoint as a TapSet writer needs it (docs/tapfile.md)")
     stages.add_argument("checkpoint", help="checkpoint directory")
     stages.add_argument("--images", nargs="+", default=[], help="images whose processor output fixes the shapes")
+    stages.add_argument(
+        "--videos", nargs="+", default=[], help="videos (animated GIF or folder of frames) packed after the images"
+    )
     stages.add_argument("--json", action="store_true", help="print JSON instead of a table")
     stages.add_argument(
         "--write-inputs", metavar="PATH", help="also write the processor output the engine must run on (safetensors)"

@@ -68,4 +68,17 @@ def test_write_inputs_gives_the_engine_the_runs_processor_output_and_digest(caps
 
 def test_write_inputs_without_images_says_what_to_add(capsys, tmp_path):
     assert main(["stages", str(TINY), "--write-inputs", str(tmp_path / "x.safetensors")]) == 2
-    assert "--write-inputs needs --images" in capsys.readouterr().err
+    assert "--write-inputs needs --images or --videos" in capsys.readouterr().err
+
+
+def test_write_inputs_of_a_video_packs_its_frames_as_one_grid_with_time(capsys, tmp_path, tiny_checkpoint):
+    from driftscope.families.checkpoints import prepare_inputs
+
+    gif = ROOT / "fixtures" / "videos" / "shapes_4f.gif"
+    out = _stages(capsys, "--videos", str(gif), "--write-inputs", str(tmp_path / "video.safetensors"))
+    assert "shapes for videos [[2, 16, 16]], 512 patches" in out
+    expected = prepare_inputs(tiny_checkpoint, [], [gif])
+    with safe_open(str(tmp_path / "video.safetensors"), framework="numpy") as handle:
+        assert handle.get_tensor("grid_thw").tolist() == [[2, 16, 16]]
+        np.testing.assert_array_equal(handle.get_tensor("pixel_values"), expected["pixel_values"])
+        assert handle.metadata()["inputs_digest"] == expected.digest

@@ -56,7 +56,7 @@ def test_declarations():
         "vision.deepstack.2",
     ]
     text = text_stages(config(), max_new_tokens=4)
-    assert {s.id for s in text if s.integer} == TEXT_INTEGER | {"text.generate.tokens"}
+    assert {s.id for s in text if s.integer} == TEXT_INTEGER | {"text.generate.tokens", "text.forced.tokens"}
     ids = [s.id for s in text]
     assert [i for i in ids if i.endswith(".deepstack")] == [f"text.layer.{i}.deepstack" for i in range(3)]
     assert ids.index("text.layer.0.last") < ids.index("text.layer.0.deepstack") < ids.index("text.layer.1.last")

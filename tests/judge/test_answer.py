@@ -154,3 +154,30 @@ def test_the_answer_table_has_every_runtimes_prefill_and_says_the_weights_are_ra
     assert "This checkpoint has random weights" in page
     words = re.sub(r"<style.*?</style>|<script.*?</script>|<[^>]+>", " ", page, flags=re.S)
     assert not re.search(r"\bNone\b", words)
+
+
+def test_every_candidate_is_teacher_forced_and_the_notebook_says_where_its_answer_diverges(answered, tmp_path):
+    """Issue 33 items 1-3: each decoding candidate was fed the reference's tokens; its forced logits match the
+    oracle's at every step (f32), no step breaks a top-k tolerance, no flip; rejudging recomputes them."""
+    from driftscope.judge.contract import Contract
+    from driftscope.run.rejudge import rejudge
+    from driftscope.views.forced import forced_frame
+
+    report, out = answered
+    reference = np.asarray(report.tapset("transformers:f32")["text.generate.tokens"])
+    rows = {(r.candidate, r.stage): r for r in report.rows}
+    for pair in report.data["answer"]["pairs"]:
+        forced = pair["forced"]
+        candidate = report.tapset(pair["candidate"])
+        np.testing.assert_array_equal(np.asarray(candidate["text.forced.tokens"]), reference)
+        assert forced["fed_reference_tokens"] is True and forced["steps_compared"] == 16, pair["candidate"]
+        assert forced["first_divergence"] is None and forced["flips"] == [], pair["candidate"]
+        assert rows[(pair["candidate"], "text.forced.logits")].max_abs < 1e-4
+    frame = forced_frame(report).set_index("pair")
+    assert set(frame["first divergence (teacher-forced)"]) == {"none"}
+    page = (out / "06_answer_parity.nocode.html").read_text()
+    assert "Teacher-forced: where the answer first diverges" in page and "Top-k tolerance maps" in page
+    tight = Contract.from_dict({"stages": [{"pattern": "text.forced.top5", "atol": 0.0, "rtol": 0.0}]})
+    again = rejudge(out / "report.json", tight, tmp_path / "tight.json")
+    assert any(p["forced"]["first_divergence"] is not None for p in again.data["answer"]["pairs"])
+    assert report.data["answer"]["pairs"][0]["forced"]["first_divergence"] is None  # the run's own is unchanged

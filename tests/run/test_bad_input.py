@@ -81,7 +81,7 @@ def test_a_multi_frame_image_is_refused_not_cut_to_its_first_frame(tiny_checkpoi
         assert written.n_frames == 3
     with pytest.raises(InputError, match="has 3 frames") as err:
         prepare_inputs(tiny_checkpoint, [tmp_path / "moving.gif"])
-    assert "pass one frame" in err.value.fix and "video input is not yet available" in err.value.fix
+    assert "pass one frame" in err.value.fix and "under 'videos'" in err.value.fix
     frames[1].save(tmp_path / "still.gif")  # a one-frame GIF still runs, converted as before
     inputs = prepare_inputs(tiny_checkpoint, [tmp_path / "still.gif"])
     assert inputs["grid_thw"].tolist() == [[1, 8, 8]]

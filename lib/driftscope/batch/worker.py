@@ -154,7 +154,7 @@ def _link_inputs(params, tree: Path, fallback: Path) -> None:
     from driftscope.core.worktree import link_missing
 
     written = params.written
-    names = [written.get("checkpoint"), *written.get("images", []), written.get("contract")]
+    names = [written.get("checkpoint"), *written.get("images", []), *written.get("videos", []), written.get("contract")]
     relative = [n for n in names if isinstance(n, str) and not is_url(n) and not Path(n).expanduser().is_absolute()]
     link_missing(tree, fallback, relative)
 

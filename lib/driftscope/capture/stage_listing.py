@@ -84,8 +84,15 @@ def describe_inputs(note: str, inputs: ModelInputs | None) -> str:
     return f"shapes for {inputs.headline} (inputs in digest order: {arrays}); inputs_digest {inputs.digest}"
 
 
-def list_stages(checkpoint_path: str, images: list[str], as_json: bool = False, write_to: str | None = None) -> str:
-    """``driftscope stages``: the text it prints (and, with ``write_to``, the engine's inputs written there)."""
+def list_stages(
+    checkpoint_path: str,
+    images: list[str],
+    as_json: bool = False,
+    write_to: str | None = None,
+    videos: list[str] = (),
+) -> str:
+    """``driftscope stages``: the text it prints (and, with ``write_to``, the engine's inputs written there);
+    ``videos`` are packed after the images, as in a run."""
     from driftscope.errors import ParameterError
     from driftscope.families import get_family
     from driftscope.families.checkpoints import open_checkpoint, prepare_inputs
@@ -95,10 +102,12 @@ def list_stages(checkpoint_path: str, images: list[str], as_json: bool = False, 
     checkpoint = open_checkpoint(checkpoint_path)
     family = get_family(checkpoint.family)
     plan = family.vision_plan(checkpoint.config).select(StageSelection.everything())
-    inputs = prepare_inputs(checkpoint, images) if images else None
+    inputs = prepare_inputs(checkpoint, images, videos) if images or videos else None
     if write_to:
         if inputs is None:
-            raise ParameterError("--write-inputs needs --images", "name the images the engine will run on")
+            raise ParameterError(
+                "--write-inputs needs --images or --videos", "name the images (or videos) the engine will run on"
+            )
         write_inputs(write_to, inputs)
     hooks = family.view_hooks()
     rows = stage_rows(plan, hooks.axis_sizes(checkpoint.config, inputs))

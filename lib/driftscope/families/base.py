@@ -216,6 +216,9 @@ class Family:
     #: refuses, when the checkpoint is opened, a config the family's runtimes cannot run (a
     #: :class:`~driftscope.errors.CheckpointError` naming the setting); None: every config is tried
     check_config: Callable[[dict], None] | None = None
+    #: whether ``prepare_inputs`` takes ``video_paths=[...]`` (each video's frames become one grid with t > 1,
+    #: packed after the images); False: the family refuses videos (``families.checkpoints.prepare_inputs``)
+    videos: bool = False
 
     def supports(self, runtime: str) -> bool:
         return runtime in self.engines

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from driftscope.families import detect_family, get_family
+from driftscope.errors import InputError
+from driftscope.families import FAMILIES, detect_family, get_family
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.model.checkpoint import Checkpoint, validate_checkpoint
 
@@ -20,6 +21,20 @@ def open_checkpoint(path: str | Path, family: str | None = None) -> Checkpoint:
     return Checkpoint(resolved, config, name)
 
 
-def prepare_inputs(checkpoint: Checkpoint, image_paths: list[str | Path]) -> ModelInputs:
-    """The checkpoint family's processor output for the images (``Family.prepare_inputs``)."""
-    return get_family(checkpoint.family).prepare_inputs(checkpoint, image_paths)
+def prepare_inputs(
+    checkpoint: Checkpoint, image_paths: list[str | Path], video_paths: list[str | Path] = ()
+) -> ModelInputs:
+    """The checkpoint family's processor output for the images and the videos (``Family.prepare_inputs``); a
+    family that takes no video refuses videos, naming the families that do."""
+    family = get_family(checkpoint.family)
+    if not video_paths:
+        return family.prepare_inputs(checkpoint, image_paths)
+    if not family.videos:
+        takers = sorted(name for name in FAMILIES.names() if get_family(name).videos)
+        raise InputError(
+            f"model family {family.name!r} takes no video input in driftscope "
+            f"(videos: {[str(p) for p in video_paths]})",
+            f"pass the frames you mean as still images under 'images', or compare a video on a family that takes "
+            f"videos ({', '.join(takers)})",
+        )
+    return family.prepare_inputs(checkpoint, image_paths, video_paths=list(video_paths))

@@ -29,6 +29,7 @@ class ModelInputs:
     headline: str = ""  # one line for the log
     text: Any = None  # TextInputs when the run follows the prompt past the vision tower
     warnings: list[str] = field(default_factory=list)  # what the report must say about these inputs
+    video_paths: list[str] = field(default_factory=list)  # videos packed after the images (facts["videos"])
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.arrays[name]
@@ -83,7 +84,8 @@ def load_image(path: str | Path):
         raise InputError(
             f"image {path} has {frames} frames (an animated {image.format}); driftscope compares one still "
             "image per entry of 'images'",
-            "pass one frame (e.g. save the frame you mean as a PNG) or a still image; video input is not yet available",
+            "list it under 'videos' to compare it as a video (families that take video), or pass one frame "
+            "(e.g. save the frame you mean as a PNG) under 'images'",
         )
     return image
 

@@ -22,6 +22,9 @@ class TextInputs:
     max_new_tokens: int = 16
     expect: list[str] = field(default_factory=list)
     token_types: np.ndarray | None = None  # [seq] 1 for every token of an image (when it is not just the placeholder)
+    #: the reference's greedy tokens [max_new_tokens], set once the reference has decoded: every candidate that
+    #: decodes is also fed these, teacher-forced (``text.forced.*``); None for the reference itself, which free-runs
+    forced: np.ndarray | None = None
 
     @property
     def mm_token_type_ids(self) -> np.ndarray:

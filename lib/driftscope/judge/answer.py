@@ -1,4 +1,6 @@
-"""Answer parity: the greedy tokens of each runtime, where they first differ, the margins there, the texts."""
+"""Answer parity: the greedy tokens of each runtime, where they first differ, the margins there, the texts; the
+teacher-forced comparison of each pair (``judge.forced``) and which expected word each candidate drops, and at
+which step the reference's token that says it lost its rank in the candidate."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import re
 import numpy as np
 
 from driftscope.inputs.text_inputs import decode
+from driftscope.judge.contract import Contract
+from driftscope.judge.forced import FORCED, forced_pair
 from driftscope.taps.tapset import TapSet
 
 
@@ -22,8 +26,12 @@ def answer_parity(
     expect: list[str],
     pairs: list[tuple[str, str]],
     context: int = 2,
+    contract: Contract | None = None,
 ) -> dict:
-    """Per runtime: tokens, text, margins, expected words; per pair: the first differing token and its margins."""
+    """Per runtime: tokens, text, margins, expected words; per pair: the first differing token and its margins,
+    the teacher-forced comparison (``forced``: top-k maps, first divergence, flips and their labels) and the
+    expected words the candidate drops (``dropped_words``)."""
+    contract = contract or Contract()
     runtimes = {}
     for label, tapset in tapsets.items():
         if "text.generate.tokens" not in tapset:
@@ -59,6 +67,38 @@ def answer_parity(
                     for i in window
                 ],
                 "prefill_top1_agree": runtimes[ref]["prefill_top1"] == runtimes[cand]["prefill_top1"],
+                "forced": forced_pair(tapsets[ref], tapsets[cand], contract),
+                "dropped_words": dropped_words(checkpoint, runtimes[ref], runtimes[cand], tapsets[cand], expect),
             }
         )
     return {"reference": reference, "expect": expect, "runtimes": runtimes, "pairs": comparisons}
+
+
+def _said_at(checkpoint, tokens: list[int], word: str) -> int | None:
+    """The first step whose token completes ``word`` in the decoded prefix (None: the tokens never say it)."""
+    for step in range(len(tokens)):
+        if _words(decode(checkpoint, tokens[: step + 1]), [word])[word]:
+            return step
+    return None
+
+
+def dropped_words(checkpoint, reference: dict, candidate: dict, tapset: TapSet, expect: list[str]) -> list[dict]:
+    """Each expected word missing from the candidate's free-running text: the step at which the reference's
+    token that says it comes, that token, and its rank among the candidate's teacher-forced logits at that step
+    (0: the candidate would have said it too; the answer went elsewhere earlier)."""
+    out = []
+    for word in expect:
+        if candidate["expected_words"].get(word):
+            continue
+        entry = {"word": word, "in_reference": bool(reference["expected_words"].get(word))}
+        step = _said_at(checkpoint, reference["tokens"], word) if entry["in_reference"] else None
+        entry["reference_step"] = step
+        if step is not None:
+            token = reference["tokens"][step]
+            entry["reference_token"] = token
+            if FORCED in tapset and step < tapset.shape(FORCED)[0]:
+                row = np.asarray(tapset.rows(FORCED, step, step + 1)[0], dtype=np.float64)
+                entry["candidate_rank"] = int(np.count_nonzero(row > row[token]))
+                entry["candidate_token"] = int(np.argmax(row))
+        out.append(entry)
+    return out

@@ -25,6 +25,16 @@ class Pairs:
     added: set = field(default_factory=set)
 
 
+def teacher_force(inputs, reference) -> None:
+    """Once the reference has decoded, every candidate that decodes is also fed its greedy tokens
+    (``TextInputs.forced``: the candidates' ``text.forced.*``); the reference itself free-ran."""
+    text = getattr(inputs, "text", None)
+    if text is not None and text.forced is None and reference is not None and "text.generate.tokens" in reference:
+        import numpy as np
+
+        text.forced = np.asarray(reference["text.generate.tokens"], dtype=np.int64).copy()
+
+
 def with_ready_patches(conclusion: dict, family: str, runtime: str, own: str | None = None) -> dict:
     """``conclusion`` with the ready patches its family declares for the operator it says introduces the error
     (``ready_patches``: absent where none matches or nothing is introduced), but the candidate's ``own``."""

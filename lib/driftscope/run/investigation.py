@@ -28,13 +28,13 @@ from driftscope.errors import (
     TapFileError,
 )
 from driftscope.families import get_family
-from driftscope.families.checkpoints import open_checkpoint
+from driftscope.families.checkpoints import open_checkpoint, prepare_inputs
 from driftscope.judge.compare import compare_tapsets
 from driftscope.judge.verdict import judge
 from driftscope.model.checkpoint_storage import checkpoint_storage
 from driftscope.replay.narrowing import ReferenceCache
 from driftscope.replay.recapture import how
-from driftscope.run.candidates import Pairs, judge_candidate
+from driftscope.run.candidates import Pairs, judge_candidate, teacher_force
 from driftscope.run.environment import current_commit, fingerprint
 from driftscope.run.outdirs import interactive_out_dir
 from driftscope.run.params import Parameters, load_parameters
@@ -312,11 +312,11 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
             )
         )
     report.step("inputs")
-    inputs = family.prepare_inputs(checkpoint, params.images)
+    inputs = prepare_inputs(checkpoint, params.images, params.videos)
     if params.text:
         inputs.text = family.text_inputs(checkpoint, inputs, **params.text)
     report.data["inputs"] = inputs.summary()
-    log(f"inputs: {len(params.images)} image(s), {inputs.headline}")
+    log(f"inputs: {len(params.images)} image(s), {len(params.videos)} video(s), {inputs.headline}")
 
     tapsets = {}
     compared = {}  # (reference, candidate) label -> comparison rows, from a replay or the background comparer
@@ -341,6 +341,7 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
     try:
         for spec, runtime in runtimes:
             _capture_one(params, report, out, spec, runtime, inputs, plan, contract, tapsets, compared, pairing)
+            teacher_force(inputs, tapsets.get(params.reference_label))  # the candidates are fed its tokens too
             for pair in pairs:
                 if pair not in pending and pair not in compared and all(label in tapsets for label in pair):
                     pending[pair] = comparer.submit(compare_tapsets, tapsets[pair[0]], tapsets[pair[1]], contract, plan)
@@ -384,6 +385,7 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
             params.reference_label,
             params.text["expect"],
             [(p["reference"], p["candidate"]) for p in report.data["pairs"]],
+            contract=contract,
         )
     report.save()
     if params.power:

@@ -10,7 +10,7 @@ key added to the parser without a line here cannot be merged.
 from __future__ import annotations
 
 from driftscope.run import param_sections
-from driftscope.run.params import PATH_RULE, REQUIRED_KEYS, RUNTIME_KEYS, TOP_KEYS
+from driftscope.run.params import PATH_RULE, REQUIRED_KEYS, REQUIRED_OR, RUNTIME_KEYS, TOP_KEYS
 
 PAGE = "docs/parameters.md"
 
@@ -63,7 +63,9 @@ def parameters_markdown() -> str:
         "",
         "## Top-level keys",
         "",
-        f"Required: {', '.join(f'`{key}`' for key in REQUIRED_KEYS)}; every other key has a default.",
+        "Required: "
+        + ", ".join(f"`{key}`" + (f" (or `{REQUIRED_OR[key]}`)" if key in REQUIRED_OR else "") for key in REQUIRED_KEYS)
+        + "; every other key has a default.",
         "",
         *_table(("key", "what it does"), TOP_KEYS),
         "",

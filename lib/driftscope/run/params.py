@@ -31,6 +31,7 @@ from driftscope.run.param_sections import (
     relative_section,
     stage_selection,
     text_section,
+    video_section,
 )
 from driftscope.taps.stages import StageSelection
 
@@ -39,7 +40,9 @@ TOP_KEYS = {
     "description": "one line saying what this investigation asks",
     "family": "model family (default: detected from the checkpoint's config.json)",
     "checkpoint": "checkpoint directory (safetensors): a path or a URL (s3://, gs://, file://)",
-    "images": "list of image paths or URLs shared by every runtime",
+    "images": "list of image paths or URLs shared by every runtime (may be empty when videos are given)",
+    "videos": "list of videos (an animated GIF/WebP/PNG, or a folder of frame PNGs) packed after the images, each "
+    "one grid with t = frames / temporal_patch_size; vision stages only (not with text)",
     "runtimes": "list of {runtime, policy, patch, label, options}; the first is the reference",
     "reference": "label of the reference runtime (default: the first)",
     "replay": "same-input replay for introduced/inherited labels: true (every candidate that can), false, or labels",
@@ -60,6 +63,7 @@ TOP_KEYS = {
     "the candidate is closer to (relative RMS), and a verdict over the blocks",
 }
 REQUIRED_KEYS = ("checkpoint", "images", "runtimes")
+REQUIRED_OR = {"images": "videos"}  # a required key another key may stand in for
 RUNTIME_KEYS = {
     "runtime": "the engine: one of the registered runtimes (below); a string `runtime:policy` is the short form",
     "policy": "precision policy (default f32); each runtime offers its own (below)",
@@ -115,6 +119,7 @@ class Parameters:
     power: dict | None = None
     text: dict | None = None
     attribution: dict | None = None
+    videos: list[Path] = field(default_factory=list)
     #: checkpoint, images and contract as the file wrote them (repository-relative paths, URLs): the run's
     #: identity in ``to_dict`` and ``digest``, so a checkout's location never changes it
     written: dict = field(default_factory=dict, compare=False, repr=False)
@@ -138,6 +143,7 @@ class Parameters:
             "power": self.power,
             "text": self.text,
             **({"attribution": self.attribution} if self.attribution else {}),
+            **({"videos": self.written.get("videos", [str(p) for p in self.videos])} if self.videos else {}),
         }
 
     def replays(self, label: str) -> bool:
@@ -205,6 +211,7 @@ def _runtime(entry: Any, position: int, base: Path) -> RuntimeSpec:
 PATH_EXAMPLES = {
     "checkpoint": "path/to/a/local/checkpoint/directory",
     "images entries": "fixtures/images/shapes_448.png",
+    "videos entries": "fixtures/videos/shapes_4f.gif (or a folder of frame PNGs)",
     "contract": "parameters/contracts/strict.yaml (a contract file; its rules are written there)",
 }
 
@@ -219,7 +226,7 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
     checked(data, dict, where, "a YAML mapping with checkpoint, images and runtimes")
     refuse_unknown(data, TOP_KEYS, where)
     for key in REQUIRED_KEYS:
-        if key not in data:
+        if key not in data and REQUIRED_OR.get(key) not in data:
             raise ParameterError(f"{where} has no {key!r} ({TOP_KEYS[key]})", f"add {key}: ...")
 
     def path(value: Any, key: str) -> Path:
@@ -228,7 +235,8 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
             return localize(value)
         return _resolve(value, base)
 
-    images = checked(data["images"], list, "images", "[fixtures/images/shapes_448.png]")
+    images = checked(data.get("images", []), list, "images", "[fixtures/images/shapes_448.png]")
+    videos = video_section(data.get("videos"), data.get("text"))
     runtimes = checked(data["runtimes"], list, "runtimes", "[{runtime: transformers}, {runtime: mlx, policy: f16}]")
     if len(runtimes) < 2:
         raise ParameterError(
@@ -279,6 +287,7 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
         family=data.get("family") and family_name(data["family"]),
         checkpoint=path(data["checkpoint"], "checkpoint"),
         images=[path(image, "images entries") for image in images],
+        videos=[path(video, "videos entries") for video in videos],
         runtimes=specs,
         reference=reference,
         stages=stage_selection(data.get("stages")),
@@ -295,6 +304,7 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
         written={
             "checkpoint": data["checkpoint"],
             "images": list(images),
+            "videos": list(videos),
             "contract": data.get("contract"),
         },
     )

@@ -168,12 +168,14 @@ def _full_plan(report: Report) -> StagePlan:
 def _inputs(report: Report):
     """The run's processor output again, checked against the digest every capture of the run recorded."""
     from driftscope.families import get_family
-    from driftscope.families.checkpoints import open_checkpoint
+    from driftscope.families.checkpoints import open_checkpoint, prepare_inputs
 
     checkpoint = open_checkpoint(report.data["checkpoint"], report.data.get("family"))
-    images = [Path(p) for p in (report.data.get("inputs") or {}).get("images", [])]
+    recorded_inputs = report.data.get("inputs") or {}
+    images = [Path(p) for p in recorded_inputs.get("images", [])]
+    videos = [Path(video["video"]) for video in recorded_inputs.get("videos", [])]
     family = get_family(checkpoint.family)
-    inputs = family.prepare_inputs(checkpoint, images)
+    inputs = prepare_inputs(checkpoint, images, videos)
     prompt = (report.data.get("parameters") or {}).get("text")
     if prompt:  # the prompt's ids are part of the digest the captures recorded
         inputs.text = family.text_inputs(checkpoint, inputs, **prompt)

@@ -88,6 +88,16 @@ def rejudge(report_path: str | Path, contract: Contract, out_path: str | Path | 
             label: linear_verdict(entry, data["replay"].get(label, {}).get("labels", []), label)
             for label, entry in data["linear_replay"].items()
         }
+    if data.get("answer"):  # the teacher-forced answer's top-k maps and flip labels, under the new tolerances
+        import copy
+
+        from driftscope.judge.forced import forced_pair
+
+        data["answer"] = copy.deepcopy(data["answer"])  # the saved run's own report stays as it was
+        for pair in data["answer"].get("pairs", []):
+            if pair.get("forced") is not None:
+                tapsets = report.tapset(pair["reference"]), report.tapset(pair["candidate"])
+                pair["forced"] = forced_pair(*tapsets, contract)
     data["contract"] = contract.to_dict()
     data["rejudged_from"] = str(report.path)
     target = Path(out_path) if out_path else report.path

@@ -4,27 +4,130 @@ greedy decode every engine's text side runs from its prefill."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 
 from driftscope.core.numeric import top2_margin
-from driftscope.taps.stages import StagePlan
+from driftscope.taps.stages import Stage, StagePlan
 from driftscope.taps.tapset import TapWriter
 
 Progress = Callable[[str], None]
 
 
-def put_greedy(sink, first_logits: np.ndarray, step, max_new_tokens: int) -> None:
-    """Greedy decode from the prefill's last logits; ``step(token) -> logits`` runs the runtime's cached step."""
-    tokens, margins = [int(np.argmax(first_logits))], [top2_margin(first_logits)]
-    for _ in range(max_new_tokens - 1):
-        logits = step(tokens[-1])
-        tokens.append(int(np.argmax(logits)))
-        margins.append(top2_margin(logits))
-    sink.put("text.generate.tokens", np.array(tokens, dtype=np.int64))
-    sink.put("text.generate.margins", np.array(margins, dtype=np.float64))
+def decode_stages(max_new_tokens: int) -> list[Stage]:
+    """The stages :func:`put_greedy` writes: decoded past the prefill, functions of decode steps nothing captures,
+    so never replayed."""
+    return [
+        Stage(
+            "text.generate.tokens", ("steps",), integer=True, description=f"greedy tokens ({max_new_tokens})", data=True
+        ),
+        Stage("text.generate.margins", ("steps",), side=True, description="top-1 minus top-2 logit at each step"),
+        Stage(
+            "text.forced.tokens",
+            ("steps",),
+            integer=True,
+            description="the tokens fed teacher-forced: the reference's greedy tokens",
+            data=True,
+        ),
+        Stage(
+            "text.forced.logits",
+            ("steps", "vocab"),
+            description="teacher-forced logits: row i after feeding the reference's first i tokens (0: the prefill's)",
+        ),
+    ]
+
+
+def put_greedy(
+    sink,
+    first_logits: np.ndarray,
+    step,
+    max_new_tokens: int,
+    forced: np.ndarray | None = None,
+    rewind: Callable[[int], None] | None = None,
+) -> None:
+    """Greedy decode from the prefill's last logits, and the teacher-forced pass over ``forced`` tokens.
+
+    ``step(token) -> logits`` runs the runtime's cached decode step; ``rewind(n)`` (or ``step.rewind``) drops the
+    last ``n`` tokens fed to that cache. Free-running greedy gives ``text.generate.tokens`` and ``.margins`` (what
+    users see). The forced pass gives ``text.forced.logits`` ``[steps, vocab]``: row ``i`` is the logits after
+    feeding ``forced[:i]`` (row 0 the prefill's), streamed to the TapSet a row at a time, and
+    ``text.forced.tokens`` (what was fed).
+    Without ``forced`` (the reference) the forced tokens are the runtime's own greedy ones, so its forced logits are
+    its greedy logits. While the greedy tokens equal the forced ones the two passes share their steps; from the
+    first differing token on, the cache is rewound to it and the forced tokens are fed: at most ``steps - 1`` more
+    decode steps, none when the answers agree.
+    """
+    rewind = rewind if rewind is not None else getattr(step, "rewind", None)
+    decode = _Decode(first_logits, step, max_new_tokens, forced, rewind)
+    sink.put_rows("text.forced.logits", decode.forced_rows())
+    decode.finish()
+    sink.put("text.generate.tokens", np.array(decode.tokens, dtype=np.int64))
+    sink.put("text.generate.margins", np.array(decode.margins, dtype=np.float64))
+    if decode.forced_complete:
+        sink.put("text.forced.tokens", np.array(decode.forced, dtype=np.int64))
+
+
+class _Decode:
+    """The greedy decode and the teacher-forced rows it shares steps with (see :func:`put_greedy`)."""
+
+    def __init__(self, first_logits, step, steps: int, forced, rewind):
+        self.step, self.steps, self.rewind = step, steps, rewind
+        self.tokens, self.margins = [int(np.argmax(first_logits))], [top2_margin(first_logits)]
+        self.first = np.asarray(first_logits, dtype=np.float32)
+        self.own = forced is None  # the forced tokens are the greedy ones as they come
+        self.forced = [] if forced is None else [int(t) for t in np.asarray(forced).reshape(-1)][:steps]
+        self.rows = 0  # forced rows given so far
+        self.forced_complete = False
+        self._started = False
+
+    def _greedy(self):
+        """Every greedy step's logits, the prefill's first."""
+        yield self.first
+        for _ in range(self.steps - 1):
+            logits = np.asarray(self.step(self.tokens[-1]), dtype=np.float32)
+            self.tokens.append(int(np.argmax(logits)))
+            self.margins.append(top2_margin(logits))
+            yield logits
+
+    def forced_rows(self):
+        """The forced rows, streamed as they come; the greedy decode runs to its end either way."""
+        self._started = True
+        if not self.own and len(self.forced) < self.steps:  # too few forced tokens: greedy only
+            for _ in self._greedy():
+                pass
+            return
+        held, agree = [], True  # held: the shared rows of a cache that cannot be rewound
+        for index, logits in enumerate(self._greedy()):
+            if self.own:
+                self.forced.append(self.tokens[index])
+            # row ``index`` is a forced row while every token fed so far (tokens[:index]) is the forced one
+            agree = agree and (index == 0 or self.tokens[index - 1] == self.forced[index - 1])
+            if not agree:
+                continue
+            if self.rewind is None and not self.own:
+                held.append(logits)
+            else:
+                self.rows += 1
+                yield logits
+        if held:
+            if len(held) < self.steps:
+                return  # the answers differ and this runtime's cache cannot be rewound: no forced stage
+            self.rows = len(held)
+            yield from held
+        elif self.rows < self.steps:
+            # the cache holds tokens[: steps - 1]; keep the agreeing ones (tokens[: rows - 1]), feed the forced rest
+            self.rewind(self.steps - self.rows)
+            for index in range(self.rows, self.steps):
+                self.rows += 1
+                yield np.asarray(self.step(self.forced[index - 1]), dtype=np.float32)
+        self.forced_complete = True
+
+    def finish(self) -> None:
+        if not self._started:  # the plan has no forced stage: decode greedily all the same
+            for _ in self._greedy():
+                pass
 
 
 class StageSink:
@@ -45,6 +148,13 @@ class StageSink:
 
     def wants(self, stage_id: str) -> bool:
         return stage_id in self.plan and stage_id not in self.writer
+
+    def put_rows(self, stage_id: str, rows: Iterable[Any], **declaration: Any) -> None:
+        """Write a stage a row at a time as ``rows`` yields them (nothing is written unless the plan wants it)."""
+        if not self.wants(stage_id):
+            return
+        if self.writer.add_rows(self.plan[stage_id], rows, **declaration):
+            self.count += 1
 
     def put(self, stage_id: str, value: Any, **declaration: Any) -> None:
         """Write a stage now; ``declaration`` adds facts to its sidecar entry."""

@@ -12,7 +12,7 @@ import json
 import os
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +107,46 @@ class TapWriter:
         info["native_dtype"] = declaration.get("native_dtype", native)  # a runtime may say what it computed in
         info["shape"] = list(array.shape)
         self.stages[stage_id] = info
+
+    def add_rows(self, stage: Stage | str, rows: Iterable[Any], **declaration: Any) -> int:
+        """Write one stage row by row as ``rows`` yields them (e.g. one decode step's logits at a time), so the
+        whole ``[rows, ...]`` array is never held; returns how many rows were written (none: no stage)."""
+        stage_id = stage if isinstance(stage, str) else stage.id
+        if stage_id in self._entries:
+            raise TapFileError(f"stage {stage_id!r} captured twice", "capture each stage once per run")
+        start, count, shape, dtype, native = self._offset, 0, None, None, None
+        try:
+            for row in rows:
+                array, native = storage_array(row)
+                if shape is None:
+                    shape, dtype = array.shape, array.dtype
+                elif array.shape != shape or array.dtype != dtype:
+                    raise TapFileError(
+                        f"stage {stage_id!r}: row {count} is {array.dtype}{list(array.shape)}, "
+                        f"the first {dtype}{list(shape)}",
+                        "yield rows of one shape and dtype",
+                    )
+                try:
+                    self._handle.write(memoryview(array.reshape(-1)).cast("B"))
+                except OSError as err:
+                    self.abandon()
+                    raise output_error(err, self.tensor_path) from err
+                self._offset += array.nbytes
+                count += 1
+        finally:  # the rows written so far are a stage (a decode that raised midway leaves no hole in the file)
+            if shape is not None and not self.closed:
+                full = [count, *shape]
+                self._entries[stage_id] = {
+                    "dtype": _DTYPES[dtype],
+                    "shape": full,
+                    "data_offsets": [start, self._offset],
+                }
+                info = stage.to_dict() if isinstance(stage, Stage) else {"id": stage_id}
+                info.update(declaration)
+                info["native_dtype"] = declaration.get("native_dtype", native)
+                info["shape"] = full
+                self.stages[stage_id] = info
+        return count
 
     def close(self, complete: bool = True, error: str | None = None) -> TapSet:
         """Finish the tensor file, write the sidecar atomically, return the TapSet."""

@@ -10,6 +10,7 @@ from matplotlib.figure import Figure
 from driftscope.core.markup import code
 from driftscope.run.report import Report
 
+from .forced import escaped
 from .notebook import describe, family_text
 
 
@@ -68,7 +69,7 @@ def texts_frame(report: Report):
                 "top-5 overlap": 1.0 if label == reference else logits.get("top5_overlap"),
                 "prefill margin": logits.get("margin_candidate", ((entry or {}).get("margins") or [None])[0]),
                 "tokens": " ".join(map(str, entry["tokens"])) if entry else "does not decode (prefill only)",
-                "text": entry["text"] if entry else "",
+                "text": escaped(entry["text"]) if entry else "",  # random weights decode to \ufffd: escaped
                 "expected words found": (", ".join(w for w, ok in found.items() if ok) or "none") if entry else "",
             }
         )

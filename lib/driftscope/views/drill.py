@@ -275,8 +275,9 @@ def spatial_map(report: Report, stage: str, pair: str, image: int = 0, replay: b
 
     grid = patch_error_grid(report, stage, pair, image, replay)
     inputs = report.data.get("inputs", {})
-    path = inputs.get("images", [None])[image]
-    height, width = inputs.get("resized", [[grid.shape[0] * 14, grid.shape[1] * 14]])[image]
+    paths, resized = inputs.get("images") or [], inputs.get("resized") or []
+    path = paths[image] if image < len(paths) else None  # a video's grid has no one image to draw under it
+    height, width = resized[image] if image < len(resized) else (grid.shape[0] * 14, grid.shape[1] * 14)
     figure = Figure(figsize=(10, 4.6), layout="constrained")
     left, right = figure.subplots(1, 2)
     if path:

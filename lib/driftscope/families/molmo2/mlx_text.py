@@ -106,6 +106,8 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
         final,
         lambda token: to_numpy(model.language_model(mx.array([[token]]), cache=cache).logits[0, -1]),
         text.max_new_tokens,
+        forced=text.forced,
+        rewind=lambda count: [entry.trim(count) for entry in cache],  # drop the last ``count`` tokens
     )
 
 

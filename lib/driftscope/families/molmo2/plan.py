@@ -9,6 +9,7 @@ decoder's attention mask are integers (compared exactly).
 
 from __future__ import annotations
 
+from driftscope.taps.sink import decode_stages
 from driftscope.taps.stages import Stage, StagePlan
 
 from ...errors import CheckpointError
@@ -221,10 +222,6 @@ def text_stages(config: dict, max_new_tokens: int) -> list[Stage]:
     stages += [
         Stage("text.norm.last", ("text_hidden",), description="final norm, last position"),
         Stage("text.logits.last", ("vocab",), description="prefill logits, last position"),
-        # decoded past the prefill: functions of decode steps nothing captures, so never replayed
-        Stage(
-            "text.generate.tokens", ("steps",), integer=True, description=f"greedy tokens ({max_new_tokens})", data=True
-        ),
-        Stage("text.generate.margins", ("steps",), side=True, description="top-1 minus top-2 logit at each step"),
+        *decode_stages(max_new_tokens),
     ]
     return stages

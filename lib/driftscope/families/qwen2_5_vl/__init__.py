@@ -62,4 +62,5 @@ FAMILY = Family(
     derived_weights=tied_head,
     text_weights=TEXT_WEIGHTS,
     check_config=check_config,
+    videos=True,
 )

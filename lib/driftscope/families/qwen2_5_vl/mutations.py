@@ -19,6 +19,7 @@ from driftscope.taps.mlx_hooks import module_attr, use_manual_rmsnorm
 from driftscope.taps.stages import StagePlan
 
 from ..base import Mutation
+from ..qwen_shared.grids import one_segment
 from .geometry import is_involution, window_layout
 from .mlx_taps import rms_norms
 
@@ -66,14 +67,7 @@ def _involution(inputs: ModelInputs, plan: StagePlan) -> str | None:
 
 
 def _one_image(inputs: ModelInputs, plan: StagePlan) -> str | None:
-    grids = _grids(inputs)
-    if len(grids) < 2:
-        return "one image: there is nothing to leak across (pack two or more images in the bucket)"
-    sizes = np.cumsum([0] + [t * h * w for t, h, w in grids])
-    images = [inputs["pixel_values"][a:b] for a, b in zip(sizes[:-1], sizes[1:], strict=True)]
-    if all(img.shape == images[0].shape and np.array_equal(img, images[0]) for img in images[1:]):
-        return "the packed images are identical: attending across copies of the same tokens changes nothing"
-    return None
+    return one_segment(inputs["grid_thw"], inputs["pixel_values"])
 
 
 class _Rewire:
@@ -228,7 +222,7 @@ for mutation in (
     ),
     Mutation(
         "cross_image_leak",
-        "full-attention blocks attend across the images of a packed bucket",
+        "full-attention blocks attend across the images (and a video's frames) of a packed bucket",
         _block_stages(_full_blocks, "attn.context"),
         _cross_image_leak,
         _one_image,

@@ -63,4 +63,5 @@ FAMILY = Family(
     quantization=f"{__name__}.quantization",
     derived_weights=tied_head,
     text_weights=TEXT_WEIGHTS,
+    videos=True,
 )

@@ -1,11 +1,11 @@
 """Qwen3-VL's named, documented defects, applied to eager MLX (mlx-vlm) or to the processor, to prove a
 fixture's power: DeepStack branches dropped, zeroed, swapped or added a layer late; the GELU forms of the
-blocks and mergers exchanged; the position table resampled in bf16 or by nearest neighbour; the processor's
-resize bounds or resampler replaced.
+blocks and mergers exchanged; attention across the packed images and frames; the position table resampled in
+bf16 or by nearest neighbour; the processor's resize bounds or resampler replaced.
 
 Each mutation says which stage it should disturb first and, from the inputs and the plan alone, when the
 fixture is blind to it (no text stages for a defect of the decoder, an image the processor does not resize,
-a grid whose patches land on table rows).
+a grid whose patches land on table rows, one attention segment).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from driftscope.inputs.processor_output import ModelInputs
 from driftscope.taps.stages import StagePlan
 
 from ..base import Mutation
+from ..qwen_shared.grids import one_segment
 from ..qwen_shared.text import build_text_inputs
 from .geometry import grid_side, lands_on_table_rows, nearest_indices
 from .plan import deepstack_stage_id
@@ -137,6 +138,32 @@ def _exact_gelu_in_blocks(model: Any, settings: dict) -> None:
         block.mlp.act_fn = nn.GELU()
 
 
+class _WholeBucket:
+    """Calls a vision block with one attention segment over the whole bucket (every image and frame)."""
+
+    def __init__(self, block: Any):
+        self.block = block
+
+    def __call__(self, hidden_states, cu_seqlens, rotary_pos_emb):
+        import mlx.core as mx
+
+        whole = mx.array([0, int(cu_seqlens[-1])], dtype=cu_seqlens.dtype)
+        return self.block(hidden_states, cu_seqlens=whole, rotary_pos_emb=rotary_pos_emb)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.block, name)
+
+
+def _cross_image_leak(model: Any, settings: dict) -> None:
+    tower = model.vision_tower
+    for index, block in enumerate(tower.blocks):
+        tower.blocks[index] = _WholeBucket(block)
+
+
+def _one_segment(inputs: ModelInputs, plan: StagePlan) -> str | None:
+    return one_segment(inputs["grid_thw"], inputs["pixel_values"])
+
+
 def _tanh_gelu_in_mergers(model: Any, settings: dict) -> None:
     import mlx.nn as nn
 
@@ -170,10 +197,11 @@ def _nearest_table(model: Any, settings: dict) -> None:
 
 
 def _processor_inputs(overrides: dict):
-    """The run's images through the checkpoint's processor with ``overrides``, the prompt rebuilt around them."""
+    """The run's images (and videos) through the checkpoint's processor with ``overrides``, the prompt rebuilt
+    around them."""
 
     def inputs(checkpoint, original: ModelInputs, settings: dict) -> ModelInputs:
-        mutated = prepare_inputs(checkpoint, original.image_paths, overrides)
+        mutated = prepare_inputs(checkpoint, original.image_paths, overrides, video_paths=original.video_paths)
         if original.text is not None:
             text = original.text
             mutated.text = build_text_inputs(checkpoint, mutated, text.prompt, text.max_new_tokens, text.expect)
@@ -222,6 +250,14 @@ for mutation in (
         "the vision blocks' MLP uses exact (erf) GELU; the checkpoint says gelu_pytorch_tanh",
         lambda plan: ["vision.block.0.mlp.act", "vision.block.0.mlp.fc2", "vision.block.0"],
         _exact_gelu_in_blocks,
+    ),
+    Mutation(
+        "cross_image_leak",
+        "the vision blocks attend across the images and a video's frames of a packed bucket (one attention "
+        "segment, not one per frame)",
+        lambda plan: ["vision.block.0.attn.context", "vision.block.0"],
+        _cross_image_leak,
+        _one_segment,
     ),
     Mutation(
         "tanh_gelu_in_mergers",

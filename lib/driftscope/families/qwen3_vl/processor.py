@@ -1,6 +1,6 @@
-"""Images -> Qwen3-VL's inputs: the checkpoint's own image processor (smart resize, patchify) and the
-processor contract: the resize bounds and the resampler it ran with, against what the checkpoint's
-preprocessor_config.json states (a difference is a warning of the run)."""
+"""Images (and videos, packed after them) -> Qwen3-VL's inputs: the checkpoint's own image processor (smart
+resize, patchify) and the processor contract: the resize bounds and the resampler it ran with, against what the
+checkpoint's preprocessor_config.json states (a difference is a warning of the run)."""
 
 from __future__ import annotations
 
@@ -18,14 +18,27 @@ from ..qwen_shared.processor import (
     run_processor,
     stated_settings,
 )
+from ..qwen_shared.video import add_videos
 from .plan import vision_config
 
 if TYPE_CHECKING:
     from driftscope.model.checkpoint import Checkpoint
 
 
+def video_resize(
+    frames: int, height: int, width: int, factor: int, temporal: int, min_pixels: int, max_pixels: int
+) -> tuple[int, int]:
+    """Qwen3-VL's video resize: the bounds hold the pixels of all frames together (transformers' own rule)."""
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize
+
+    return smart_resize(frames, height, width, temporal, factor, min_pixels, max_pixels)
+
+
 def prepare_inputs(
-    checkpoint: Checkpoint, image_paths: list[str | Path], overrides: dict[str, Any] | None = None
+    checkpoint: Checkpoint,
+    image_paths: list[str | Path],
+    overrides: dict[str, Any] | None = None,
+    video_paths: list[str | Path] = (),
 ) -> ModelInputs:
     """Run the checkpoint's processor (``overrides`` replace settings of its preprocessor_config.json) on the
     images. An image below the minimum pixels is upscaled, as Qwen3-VL's processor does by design (224x224
@@ -34,6 +47,8 @@ def prepare_inputs(
     The arrays are ``pixel_values`` (patches, C*T*P*P) float32 in processor order and ``grid_thw``
     (images, 3) int64, hashed in that order for the inputs digest."""
     processor = load_image_processor(checkpoint, **(overrides or {}))
+    if video_paths and not image_paths:
+        return add_videos(checkpoint, None, list(video_paths), video_resize, processor)
     ran = run_processor(checkpoint, image_paths, processor, refuse_upscale=False)
     settings = contract_settings(processor)
     stated = stated_settings(checkpoint.path)
@@ -45,7 +60,7 @@ def prepare_inputs(
         if rh * rw > h * w and h * w < settings["min_pixels"]
     ]
     side = int(round(int(vision_config(checkpoint.config).get("num_position_embeddings", 2304)) ** 0.5))
-    return ModelInputs(
+    inputs = ModelInputs(
         arrays={"pixel_values": pixel_values, "grid_thw": grid_thw},
         image_paths=[str(p) for p in image_paths],
         image_sizes=ran.sizes,
@@ -67,3 +82,4 @@ def prepare_inputs(
         + (f", upscaled by min_pixels ({'; '.join(upscaled)})" if upscaled else ""),
         warnings=[f"processor contract: {difference}" for difference in differences],
     )
+    return add_videos(checkpoint, inputs, list(video_paths), video_resize, processor)

@@ -200,7 +200,8 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
         with torch.no_grad():
             return _np(model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True).logits[0, -1])
 
-    put_greedy(sink, logits, step, text.max_new_tokens)
+    step.rewind = lambda count: cache.crop(-count)  # drop the last ``count`` tokens
+    put_greedy(sink, logits, step, text.max_new_tokens, forced=text.forced)
 
 
 def _layer_out(sink: StageSink, index: int, image: np.ndarray | None):

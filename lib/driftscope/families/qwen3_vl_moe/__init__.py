@@ -55,4 +55,5 @@ FAMILY = Family(
         build=_build_tiny,
         images=(_ROOT / "fixtures" / "images" / "shapes_224.png",),
     ),
+    videos=True,
 )

@@ -34,4 +34,8 @@ def greedy_decoder(runtime, decode: Callable, weights: dict, cache: tuple, rope_
         state.update(keys=np.array(out["keys"]), values=np.array(out["values"]), length=at + 1)  # own copies
         return np.asarray(out["logits"], dtype=np.float32)
 
+    def rewind(count: int) -> None:  # drop the last ``count`` tokens: the graph masks entries past ``at``
+        state["length"] -= count
+
+    step.rewind = rewind
     return step

@@ -24,6 +24,21 @@ def cu_seqlens(grid_thw) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
 
 
+def one_segment(grid_thw, pixel_values: np.ndarray) -> str | None:
+    """Why attention leaking across the packed images and the frames of a video cannot show (None: it can):
+    fewer than two attention segments (frames of every grid), or segments whose pixels are all identical."""
+    bounds = cu_seqlens(grid_thw)
+    if len(bounds) < 3:
+        return (
+            "one image of one frame: there is nothing to leak across (pack two or more images, or a video of two "
+            "or more temporal patches, in the bucket)"
+        )
+    segments = [pixel_values[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    if all(seg.shape == segments[0].shape and np.array_equal(seg, segments[0]) for seg in segments[1:]):
+        return "the packed images and frames are identical: attending across copies of the same tokens changes nothing"
+    return None
+
+
 def position_ids(grid_thw, spatial_merge_size: int = 2) -> np.ndarray:
     """(h, w) patch coordinates per processor row (rows are merge-block-major), shape [patches, 2]."""
     rows = []

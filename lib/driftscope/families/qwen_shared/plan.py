@@ -3,6 +3,7 @@ the last, and what their replays read (the decoder layers between are each famil
 
 from __future__ import annotations
 
+from driftscope.taps.sink import decode_stages
 from driftscope.taps.stages import Stage, StagePlan
 
 #: The whole prompt's input embeddings (image slots from ``text.embeds.image``, the rest from ``text.embeds.text``),
@@ -33,19 +34,12 @@ def prompt_stages() -> list[Stage]:
 
 
 def head_stages(max_new_tokens: int) -> list[Stage]:
-    """The final norm and logits at the last position, and the greedy tokens decoded after the prefill."""
+    """The final norm and logits at the last position, then what is decoded after the prefill: greedy and
+    teacher-forced."""
     return [
         Stage("text.norm.last", ("hidden",), description="final norm, last position"),
         Stage("text.logits.last", ("vocab",), description="prefill logits, last position"),
-        # decoded past the prefill: functions of decode steps nothing captures, so never replayed
-        Stage(
-            "text.generate.tokens",
-            ("steps",),
-            integer=True,
-            description=f"greedy tokens ({max_new_tokens})",
-            data=True,
-        ),
-        Stage("text.generate.margins", ("steps",), side=True, description="top-1 minus top-2 logit at each step"),
+        *decode_stages(max_new_tokens),
     ]
 
 

@@ -89,7 +89,7 @@ def run_processor(
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
     if not image_paths:
-        raise InputError("no images given", "list at least one image under 'images'")
+        raise InputError("no images given", "list at least one image under 'images' (or a video under 'videos')")
     processor = processor or load_image_processor(checkpoint)
     settings = processor_settings(processor)
     images, sizes, resized, conversions = [], [], [], []

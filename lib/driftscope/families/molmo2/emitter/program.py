@@ -189,7 +189,7 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
         sink.put(stage_id, np.asarray(value))
     if decode:
         step = _decoder(runtime, weights, keys, values, text.max_new_tokens) if cache else None
-        put_greedy(sink, np.asarray(out["text.logits.last"]), step, text.max_new_tokens)
+        put_greedy(sink, np.asarray(out["text.logits.last"]), step, text.max_new_tokens, forced=text.forced)
 
 
 def _decoder(runtime, weights: dict, keys: np.ndarray, values: np.ndarray, max_new_tokens: int):
@@ -215,6 +215,10 @@ def _decoder(runtime, weights: dict, keys: np.ndarray, values: np.ndarray, max_n
         state.update(keys=np.array(out["keys"]), values=np.array(out["values"]), length=at + 1)  # own copies
         return np.asarray(out["logits"], dtype=np.float32)
 
+    def rewind(count: int) -> None:  # drop the last ``count`` tokens: the graph masks entries past ``at``
+        state["length"] -= count
+
+    step.rewind = rewind
     return step
 
 

@@ -187,7 +187,7 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
         sink.put(stage_id, np.asarray(value, dtype=np.float32))
     if decode:
         step = _decoder(runtime, spec, weights, cache, int(delta), text.max_new_tokens)
-        put_greedy(sink, np.asarray(out["text.logits.last"]), step, text.max_new_tokens)
+        put_greedy(sink, np.asarray(out["text.logits.last"]), step, text.max_new_tokens, forced=text.forced)
 
 
 def _decoder(runtime, spec, weights: dict, cache: tuple, rope_delta: int, max_new_tokens: int):

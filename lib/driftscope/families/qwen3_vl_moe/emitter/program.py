@@ -87,7 +87,7 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
             return text_decode_step(w, k, v, token, position, at, spec=spec, moe=moe, contract=contract)
 
         decoder = greedy_decoder(runtime, step, weights, cache, int(delta), text.max_new_tokens)
-        put_greedy(sink, np.asarray(out["text.logits.last"]), decoder, text.max_new_tokens)
+        put_greedy(sink, np.asarray(out["text.logits.last"]), decoder, text.max_new_tokens, forced=text.forced)
 
 
 def replay_call(model: EmittedModel, stage_id: str, inputs: list[np.ndarray], ctx: Any, contract: Contract):

@@ -1,0 +1,97 @@
+"""Teacher forcing in every family and every runtime that decodes: fed tokens the runtime would not pick itself
+(so its cache is rewound after the first step), its ``text.forced.logits`` match transformers f32 fed the same
+tokens, and transformers' own forced rows match a prefill of the prompt plus those tokens (no cache at all)."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+from conftest import ROOT
+from driftscope.capture.patches import parse_patch
+from driftscope.capture.runtimes import get_runtime
+from driftscope.families import FAMILIES, get_family
+from driftscope.judge.contract import load_contract
+from driftscope.judge.forced import FORCED, forced_pair
+
+ORACLE = "transformers"
+
+
+def _forced_tokens(greedy: np.ndarray) -> np.ndarray:
+    """The greedy first token, then tokens the tiny model does not pick (a rewind after the first step)."""
+    out = [int(greedy[0])]
+    for step in range(1, len(greedy)):
+        out.append(next(t for t in range(20 + 7 * step, 512) if t != int(greedy[step])))
+    return np.array(out, dtype=np.int64)
+
+
+@pytest.fixture(scope="module")
+def forced_runs(tiny, runs, tmp_path_factory):
+    """family -> (inputs with forced tokens, the oracle's forced TapSet)."""
+    out, done = tmp_path_factory.mktemp("forced"), {}
+
+    def get(name: str):
+        if name not in done:
+            checkpoint, inputs, plan = tiny(name)
+            _, reference = runs(name, ORACLE)
+            forced_inputs = copy.deepcopy(inputs)
+            forced_inputs.text.forced = _forced_tokens(np.asarray(reference["text.generate.tokens"]))
+            runtime = get_runtime(ORACLE)(checkpoint, "f32")
+            done[name] = (forced_inputs, runtime.capture(forced_inputs, plan, out / name / ORACLE))
+            runtime.release()
+        return done[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", FAMILIES.names())
+def test_the_oracles_forced_rows_are_a_prefill_of_the_prompt_and_the_forced_tokens(name, tiny, forced_runs, tmp_path):
+    checkpoint, _, plan = tiny(name)
+    inputs, oracle = forced_runs(name)
+    forced = inputs.text.forced
+    np.testing.assert_array_equal(np.asarray(oracle["text.forced.tokens"]), forced)
+    rows = np.asarray(oracle[FORCED])
+    np.testing.assert_allclose(rows[0], np.asarray(oracle["text.logits.last"]), atol=0)
+    last = len(forced) - 1  # the row fed every forced token but the last, through the rewound cache
+    one = copy.deepcopy(inputs)
+    one.text.input_ids = np.concatenate([inputs.text.input_ids, forced[:last]]).astype(np.int64)
+    if one.text.token_types is not None:
+        one.text.token_types = np.concatenate([inputs.text.token_types, np.zeros(last, inputs.text.token_types.dtype)])
+    one.text.max_new_tokens, one.text.forced = 1, None
+    runtime = get_runtime(ORACLE)(checkpoint, "f32")
+    prefill = runtime.capture(one, plan, tmp_path / "prefill")
+    runtime.release()
+    np.testing.assert_allclose(rows[last], np.asarray(prefill["text.logits.last"]), rtol=0, atol=1e-4)
+
+
+def _decoding_engines() -> list:
+    params = []
+    for name in FAMILIES.names():
+        for runtime in sorted(get_family(name).engines):
+            if runtime == ORACLE or not get_runtime(runtime).decodes_with(name):
+                continue
+            marks = [pytest.mark.slow] if runtime == "iree" else []  # a compile of its own decode graph
+            params.append(pytest.param(name, runtime, marks=marks, id=f"{name}-{runtime}"))
+    return params
+
+
+@pytest.mark.parametrize("name,runtime_name", _decoding_engines())
+def test_an_f32_candidates_forced_logits_match_the_oracle_fed_the_same_tokens(
+    name, runtime_name, tiny, forced_runs, tmp_path
+):
+    checkpoint, _, plan = tiny(name)
+    inputs, oracle = forced_runs(name)
+    patch = get_family(name).known_defects.get(runtime_name)  # a port's known defects are not round-off
+    runtime = get_runtime(runtime_name)(checkpoint, "f32", parse_patch(patch))
+    candidate = runtime.capture(inputs, plan, tmp_path / runtime_name)
+    runtime.release()
+    np.testing.assert_array_equal(np.asarray(candidate["text.forced.tokens"]), inputs.text.forced)
+    difference = np.abs(np.asarray(candidate[FORCED], np.float64) - np.asarray(oracle[FORCED], np.float64))
+    prefill = np.abs(np.asarray(candidate["text.logits.last"], np.float64) - np.asarray(oracle["text.logits.last"]))
+    # every forced step as close as the prefill's logits: the rewound cache adds nothing
+    assert difference.max() <= max(1e-4, 4 * prefill.max()), (difference.max(axis=1), prefill.max())
+    strict = load_contract(ROOT / "parameters" / "contracts" / "strict.yaml")
+    result = forced_pair(oracle, candidate, strict)
+    assert result["steps_compared"] == len(inputs.text.forced)
+    assert result["first_divergence"] is None or prefill.max() > 1e-4, result["first_failing_step"]
