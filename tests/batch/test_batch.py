@@ -264,6 +264,7 @@ def test_two_parameter_files_with_one_run_name_are_refused(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # the Dask path runs by default in test_worker (a remote cluster) and test_executor (Ctrl-C)
 def test_a_two_run_batch_through_a_local_dask_cluster(tmp_path, tiny_checkpoint_dir):
     from distributed import LocalCluster
 

@@ -120,9 +120,16 @@ def test_every_runtime_captures_the_whole_plan(name, runtime_name, tiny, runs):
             assert np.issubdtype(np.asarray(tapset[stage.id]).dtype, np.integer) == stage.integer, stage.id
 
 
+def _replaying(name: str, runtime: str):
+    """IREE replays the jax runtime's per-kind functions, compiled: one family's compiles in the default suite
+    (a minute each on two cores), every family's under ``-m slow``."""
+    slow = runtime == "iree" and name != FAMILY_NAMES[0]
+    return pytest.param(name, runtime, marks=[pytest.mark.slow] if slow else [])
+
+
 @pytest.mark.parametrize(
     "name,runtime_name",
-    [pair for name in FAMILY_NAMES for pair in _engines(name) if get_runtime(pair[1]).can_replay],
+    [_replaying(*pair) for name in FAMILY_NAMES for pair in _engines(name) if get_runtime(pair[1]).can_replay],
 )
 def test_every_replayable_stage_has_an_operator_in_every_replaying_runtime(name, runtime_name, tiny, runs, tmp_path):
     from driftscope.replay.drilldown import replay_tapset
