@@ -6,7 +6,7 @@ side run, teacher-forced on the reference's tokens, on the **reference's** merge
 reference's tower clean and the reference's side with the candidate's tower diverging: *the tower's output
 explains it*; the other way round: *the text side explains it*; both diverging: both sides; neither: the two
 interact. A runtime whose text side cannot take substituted embeddings says so in the pair's entry.
-(Features a decoder adds to its image rows itself, e.g. DeepStack's, stay each runtime's own.)
+(Features a decoder adds to its image rows itself stay each runtime's own.)
 """
 
 from __future__ import annotations
