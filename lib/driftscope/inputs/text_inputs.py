@@ -25,6 +25,9 @@ class TextInputs:
     #: the reference's greedy tokens [max_new_tokens], set once the reference has decoded: every candidate that
     #: decodes is also fed these, teacher-forced (``text.forced.*``); None for the reference itself, which free-runs
     forced: np.ndarray | None = None
+    #: substitution (``run.substitution``): rows [image tokens, hidden] that replace the runtime's own merged image
+    #: embeddings at the image slots of the prefill (another runtime's ``text.embeds.image``); None: its own
+    image_embeds: np.ndarray | None = None
 
     @property
     def mm_token_type_ids(self) -> np.ndarray:

@@ -41,6 +41,7 @@ from driftscope.run.params import Parameters, load_parameters
 from driftscope.run.preflight import check_parameters
 from driftscope.run.report import Report
 from driftscope.run.runlock import RunLock, held_by_parent, run_lock, wait_for_result
+from driftscope.run.substitution import explain_answer
 from driftscope.taps.stages import StagePlan
 
 if TYPE_CHECKING:
@@ -387,6 +388,7 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
             [(p["reference"], p["candidate"]) for p in report.data["pairs"]],
             contract=contract,
         )
+        explain_answer(params, report, out, pairing.runtimes, inputs, tapsets, contract, plan, log)
     report.save()
     if params.power:
         _power(params, report, out, checkpoint, inputs, reference, contract, plan)

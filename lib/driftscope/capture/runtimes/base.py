@@ -248,6 +248,9 @@ class Runtime(ABC):
         if sink.progress:
             sink.progress(f"runtime {self.name!r} has no text side: text stages are left out")
 
+    #: whether the text side can take another runtime's merged image embeddings (``TextInputs.image_embeds``)
+    substitutes: bool = False
+
     #: whether ``replay`` is implemented (same-input replay of single stages)
     can_replay: bool = False
     #: whether the text capture decodes greedily past the prefill (``text.generate.*``)
@@ -272,3 +275,15 @@ class Runtime(ABC):
     def put_inputs(self, inputs: ModelInputs, sink: StageSink) -> None:
         for stage_id, value in inputs.stages().items():
             sink.put(stage_id, value)
+
+
+def substitution_target(runtime: Runtime, owner: Any, name: str) -> Any:
+    """``owner.name``, the decoder a substitution rewrites the embeddings of, or an error saying this runtime's
+    text side cannot take substituted embeddings."""
+    target = getattr(owner, name, None) if owner is not None else None
+    if target is None:
+        raise RuntimeUnavailableError(
+            f"runtime {runtime.name!r} has no decoder at .{name} to take substituted image embeddings",
+            "substitute with transformers or mlx, whose decoders take their embeddings as an argument",
+        )
+    return target

@@ -7,12 +7,13 @@ function and record what it returned, so every tap is the value the model actual
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from driftscope.capture.runtimes.base import Runtime, package_versions, require
+from driftscope.capture.runtimes.base import Runtime, package_versions, require, substitution_target
 from driftscope.errors import PortLimitError
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.model.quant.policy import RUNTIME_POLICIES
@@ -121,7 +122,21 @@ class MLXRuntime(Runtime):
     def _capture_text(self, inputs: ModelInputs, sink: StageSink) -> None:
         """mlx-vlm's full model: merged embeddings and positions from its own code, prefill, greedy decode."""
         tower, self._tower = self.__dict__.pop("_tower", None), None  # the tower's output, when the family gave it
-        self.taps.capture_text(self.model, inputs, sink, **({"tower": tower} if tower is not None else {}))
+        with self.substituting(inputs):
+            self.taps.capture_text(self.model, inputs, sink, **({"tower": tower} if tower is not None else {}))
+
+    substitutes = True
+
+    def substituting(self, inputs: ModelInputs):
+        """The prefill reads ``inputs.text.image_embeds`` at the image slots, when set (the decoder's own
+        embeddings argument, rewritten on its way in)."""
+        text = inputs.text
+        if text is None or text.image_embeds is None:
+            return nullcontext()
+        from driftscope.taps.substitute import mlx_image_rows
+
+        substitution_target(self, getattr(self.model, "language_model", None), "model")
+        return mlx_image_rows(self.model.language_model, "model", text)
 
     def replay(self, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
         """mlx-vlm's own modules (in the policy's dtype) applied to ``inputs``."""

@@ -11,7 +11,13 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from driftscope.capture.runtimes.base import Runtime, package_versions, refuse_weights, require
+from driftscope.capture.runtimes.base import (
+    Runtime,
+    package_versions,
+    refuse_weights,
+    require,
+    substitution_target,
+)
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.model.quant.policy import RUNTIME_POLICIES
 from driftscope.taps.sink import StageSink
@@ -104,8 +110,20 @@ class TransformersRuntime(Runtime):
         """Prefill the whole model on the prompt (hooks on the text layers), then greedy decode with the cache;
         the tower's output from this capture is reused when the family returned one."""
         tower, self._tower = self.__dict__.pop("_tower", None), None
-        with self.arithmetic():
+        with self.arithmetic(), self.substituting(inputs):
             self.taps.capture_text(self.model, inputs, sink, **({"tower": tower} if tower is not None else {}))
+
+    substitutes = True
+
+    def substituting(self, inputs: ModelInputs) -> AbstractContextManager:
+        """The prefill reads ``inputs.text.image_embeds`` at the image slots, when set (the decoder's own
+        ``inputs_embeds``, rewritten by a pre-hook)."""
+        text = inputs.text
+        if text is None or text.image_embeds is None:
+            return nullcontext()
+        from driftscope.taps.substitute import torch_image_rows
+
+        return torch_image_rows(substitution_target(self, getattr(self.model, "model", None), "language_model"), text)
 
     def replay(self, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
         """The stage's own torch modules (the ones the forward ran) applied to ``inputs``; float32 result."""

@@ -1,0 +1,99 @@
+"""Which side caused the answer's divergence (substitution at the vision/text boundary) and the three-way verdict
+with a half-precision peer, on planted defects against transformers f32 (tiny Qwen2.5-VL, 4 tokens)."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+from conftest import ROOT
+from driftscope.capture.patches import parse_patch
+from driftscope.capture.runtimes import get_runtime
+from driftscope.judge.contract import Contract
+from driftscope.judge.forced import FORCED, forced_pair
+from driftscope.judge.three_way import half_peer, three_way
+from driftscope.run.substitution import substitution
+
+NAME = "qwen2_5_vl"
+PATCHES = str(ROOT / "tests" / "planted_patches.py")
+TOWER = {
+    "callable": "driftscope.families.qwen2_5_vl.hypotheses:scale_block_output",
+    "kwargs": {"block": 1, "factor": 8.0},
+}
+TEXT = {"callable": f"{PATCHES}:scale_text_layer", "kwargs": {"layer": 0, "factor": 4.0}}
+
+
+@pytest.fixture(scope="module")
+def forced(tiny, runs, tmp_path_factory):
+    """(runtime, policy, patch) -> (runtime object, TapSet fed the oracle's greedy tokens)."""
+    out, done = tmp_path_factory.mktemp("substitution"), {}
+    checkpoint, inputs, plan = tiny(NAME)
+    _, reference = runs(NAME, "transformers")
+    fed = copy.deepcopy(inputs)
+    fed.text.forced = np.asarray(reference["text.generate.tokens"], dtype=np.int64)
+
+    def get(name: str, policy: str = "f32", patch: dict | None = None, label: str = ""):
+        key = (name, policy, str(patch), label)
+        if key not in done:
+            runtime = get_runtime(name)(checkpoint, policy, parse_patch(patch), {"label": label or f"{name}:{policy}"})
+            done[key] = (runtime, runtime.capture(fed, plan, out / f"run{len(done)}"))
+            runtime.release()
+        return done[key]
+
+    return get
+
+
+def _attribute(tiny, runs, forced, name, patch, tmp_path):
+    checkpoint, inputs, plan = tiny(NAME)
+    reference_runtime, reference = runs(NAME, "transformers")
+    runtime, candidate = forced(name, patch=patch)
+    contract = Contract()
+    pair = {"reference": "ref", "candidate": "cand", "forced": forced_pair(reference, candidate, contract)}
+    assert pair["forced"]["first_divergence"] is not None or pair["forced"]["flips"], pair["forced"]
+    tapsets = {"ref": reference, "cand": candidate}
+    runtimes = {"ref": get_runtime("transformers")(checkpoint, "f32"), "cand": runtime}
+    return substitution(pair, runtimes, inputs, tapsets, contract, plan, tmp_path)
+
+
+@pytest.mark.parametrize("name", ["transformers", "mlx"])
+def test_a_tower_side_defect_is_explained_by_the_tower(tiny, runs, forced, name, tmp_path):
+    entry = _attribute(tiny, runs, forced, name, TOWER, tmp_path)
+    assert entry["status"] == "done", entry
+    assert entry["verdict"] == "tower", entry
+    assert entry["candidate_text_on_reference_tower"]["first_divergence"] is None
+    assert entry["reference_text_on_candidate_tower"]["first_divergence"] is not None
+
+
+@pytest.mark.parametrize("name", ["transformers", "mlx"])
+def test_a_text_side_defect_is_explained_by_the_text_side(tiny, runs, forced, name, tmp_path):
+    entry = _attribute(tiny, runs, forced, name, TEXT, tmp_path)
+    assert entry["status"] == "done", entry
+    assert entry["verdict"] == "text", entry
+    assert entry["reference_text_on_candidate_tower"]["first_divergence"] is None
+
+
+def test_agreeing_answers_need_no_substitution(tiny, runs, forced, tmp_path):
+    checkpoint, inputs, plan = tiny(NAME)
+    _, reference = runs(NAME, "transformers")
+    pair = {"reference": "ref", "candidate": "cand", "forced": forced_pair(reference, reference, Contract())}
+    entry = substitution(pair, {}, inputs, {"ref": reference, "cand": reference}, Contract(), plan, tmp_path)
+    assert entry["status"] == "not_needed"
+
+
+def test_three_way_a_bf16_candidate_costs_what_bf16_costs_and_a_defect_does_not(runs, forced):
+    _, reference = runs(NAME, "transformers")
+    _, peer = forced("mlx", "bf16", label="mlx:bf16")
+    _, twin = forced("mlx", "bf16", label="mlx:bf16-b")
+    _, defect = forced("mlx", "bf16", patch=TEXT, label="mlx:bf16-defect")
+    tapsets = {"ref": reference, "mlx:bf16": peer, "mlx:bf16-b": twin, "mlx:bf16-defect": defect}
+    assert half_peer(tapsets, "ref") == "mlx:bf16"
+    result = three_way(tapsets, "ref", "mlx:bf16", Contract())
+    same, planted = result["candidates"]["mlx:bf16-b"], result["candidates"]["mlx:bf16-defect"]
+    # independent reference: the RMS of the stored forced-logit differences, computed here in full
+    r = np.asarray(reference[FORCED], np.float64)
+    expected = np.sqrt(np.mean((np.asarray(defect[FORCED], np.float64) - r) ** 2))
+    np.testing.assert_allclose(planted["candidate_rmse"], expected, rtol=1e-9)
+    assert same["ratio"] == pytest.approx(1.0, abs=0.05) and same["overlap"] > 0.9
+    assert same["verdict"] == "half-precision"
+    assert planted["ratio"] > 20 and planted["verdict"] == "something else", planted
