@@ -15,6 +15,7 @@ from driftscope.families import FAMILIES, get_family
 from driftscope.judge.cache import cache_pair
 from driftscope.judge.contract import load_contract
 from driftscope.judge.forced import FORCED, forced_pair
+from driftscope.views.cache import cache_sentence
 
 ORACLE = "transformers"
 
@@ -155,3 +156,5 @@ def test_a_cache_written_one_slot_off_from_step_3_is_localized_to_its_layer_and_
     forced = stages["text.cache.forced.keys"]["layers"]
     assert forced[0]["status"] == "pass" and forced[1]["first_step"] == 3
     assert all(head["first_step"] == 3 for head in forced[1]["heads"])  # every head of that layer, from that step
+    said = cache_sentence({"reference": ORACLE, "candidate": "mlx", "cache": result})
+    assert "layer 1's cache first differs at step 3 (head 0, keys" in said, said
