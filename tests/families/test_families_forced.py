@@ -128,7 +128,10 @@ def test_an_f32_candidates_kv_cache_matches_the_oracles_per_layer_and_head(
     assert result["prompt_length"] == prompt
 
 
-@pytest.mark.parametrize("name", [n for n in FAMILIES.names() if "mlx" in get_family(n).engines])
+# families whose MLX port has no known defect (a known one, e.g. Molmo2's, breaks the prefill cache already)
+@pytest.mark.parametrize(
+    "name", [n for n in FAMILIES.names() if "mlx" in get_family(n).engines and "mlx" not in get_family(n).known_defects]
+)
 def test_a_cache_written_one_slot_off_from_step_3_is_localized_to_its_layer_and_step(name, tiny, tmp_path):
     """A planted MLX decode defect (planted_patches.cache_one_slot_off: layer 1's entries one slot late from decode
     step 3 on), teacher-forced on the same tokens as transformers: the prefill cache and every other layer agree,
