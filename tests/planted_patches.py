@@ -48,3 +48,39 @@ def scale_text_layer(model, layer: int = 0, factor: float = 1.5, **_):
 
         target.register_forward_hook(hook)
     return model
+
+
+def cache_one_slot_off(model, layer: int = 1, from_step: int = 3, **_):
+    """A decode defect in mlx-vlm's KV cache: in decoder ``layer``, from decode step ``from_step`` on (the token
+    at position ``prompt length + from_step``), each token's keys and values are written one slot late (to
+    position p + 1); position p keeps what it held (nothing, or a rewound token's stale entry)."""
+    from mlx_vlm.models.cache import KVCache
+
+    class OneSlotOff(KVCache):
+        prompt = None
+
+        def update_and_fetch(self, keys, values):
+            if self.prompt is None:
+                self.prompt = keys.shape[2]
+            at = self.offset
+            if keys.shape[2] != 1 or at - self.prompt < from_step:
+                return super().update_and_fetch(keys, values)
+            held_keys, held_values = keys * 0, values * 0
+            if self.keys is not None and self.keys.shape[2] > at:
+                held_keys, held_values = self.keys[..., at : at + 1, :], self.values[..., at : at + 1, :]
+            out = super().update_and_fetch(held_keys, held_values)  # slot p keeps what it held
+            if self.keys.shape[2] > at + 1:
+                self.keys[..., at + 1 : at + 2, :] = keys  # the token's entry, one slot late
+                self.values[..., at + 1 : at + 2, :] = values
+            return out
+
+    language = model.language_model
+    original = getattr(language, "make_cache", None)
+
+    def make_cache():  # mlx-vlm's own cache (make_prompt_cache's default: a KVCache per layer), one layer's late
+        cache = list(original()) if original is not None else [KVCache() for _ in language.layers]
+        cache[layer] = OneSlotOff()
+        return cache
+
+    object.__setattr__(language, "make_cache", make_cache)
+    return model

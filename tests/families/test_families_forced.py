@@ -12,8 +12,10 @@ from conftest import ROOT
 from driftscope.capture.patches import parse_patch
 from driftscope.capture.runtimes import get_runtime
 from driftscope.families import FAMILIES, get_family
+from driftscope.judge.cache import cache_pair
 from driftscope.judge.contract import load_contract
 from driftscope.judge.forced import FORCED, forced_pair
+from driftscope.views.cache import cache_sentence
 
 ORACLE = "transformers"
 
@@ -95,3 +97,67 @@ def test_an_f32_candidates_forced_logits_match_the_oracle_fed_the_same_tokens(
     result = forced_pair(oracle, candidate, strict)
     assert result["steps_compared"] == len(inputs.text.forced)
     assert result["first_divergence"] is None or prefill.max() > 1e-4, result["first_failing_step"]
+
+
+@pytest.mark.parametrize("name,runtime_name", _decoding_engines())
+def test_an_f32_candidates_kv_cache_matches_the_oracles_per_layer_and_head(
+    name, runtime_name, tiny, forced_runs, tmp_path
+):
+    """The cache at the end of the prefill and after the last forced step (prompt plus the forced tokens but the
+    last): every layer and head of an f32 port within round-off of transformers', and within the strict contract."""
+    checkpoint, _, plan = tiny(name)
+    inputs, oracle = forced_runs(name)
+    patch = get_family(name).known_defects.get(runtime_name)
+    runtime = get_runtime(runtime_name)(checkpoint, "f32", parse_patch(patch))
+    candidate = runtime.capture(inputs, plan, tmp_path / runtime_name)
+    runtime.release()
+    prompt, fed = len(inputs.text.input_ids), len(inputs.text.forced) - 1
+    for phase, positions in (("prefill", prompt), ("forced", prompt + fed)):
+        for kind in ("keys", "values"):
+            stage_id = f"text.cache.{phase}.{kind}"
+            r, c = np.asarray(oracle[stage_id], np.float64), np.asarray(candidate[stage_id], np.float64)
+            assert r.shape[2] == positions and r.shape == c.shape, (stage_id, r.shape, c.shape)
+            assert np.abs(c - r).max() <= 1e-4 * max(1.0, np.abs(r).max()), stage_id
+    # the forced cache's prompt part is the prefill's (the rewound decode left it as it was)
+    np.testing.assert_array_equal(
+        np.asarray(oracle["text.cache.forced.keys"])[:, :, :prompt], np.asarray(oracle["text.cache.prefill.keys"])
+    )
+    strict = load_contract(ROOT / "parameters" / "contracts" / "strict.yaml")
+    result = cache_pair(oracle, candidate, strict)
+    assert result["status"] == "pass" and result["first_layer"] is None, result["first_stage"]
+    assert result["prompt_length"] == prompt
+
+
+# families whose MLX port has no known defect (a known one, e.g. Molmo2's, breaks the prefill cache already)
+@pytest.mark.parametrize(
+    "name", [n for n in FAMILIES.names() if "mlx" in get_family(n).engines and "mlx" not in get_family(n).known_defects]
+)
+def test_a_cache_written_one_slot_off_from_step_3_is_localized_to_its_layer_and_step(name, tiny, tmp_path):
+    """A planted MLX decode defect (planted_patches.cache_one_slot_off: layer 1's entries one slot late from decode
+    step 3 on), teacher-forced on the same tokens as transformers: the prefill cache and every other layer agree,
+    and the forced cache of layer 1 first breaks at step 3."""
+    checkpoint, base, plan = tiny(name)
+    inputs = copy.deepcopy(base)
+    inputs.text.max_new_tokens = 6
+    inputs.text.forced = np.array([20 + 7 * step for step in range(6)], dtype=np.int64)
+    runtime = get_runtime(ORACLE)(checkpoint, "f32")
+    oracle = runtime.capture(inputs, plan, tmp_path / ORACLE)
+    runtime.release()
+    planted = {"callable": str(ROOT / "tests" / "planted_patches.py") + ":cache_one_slot_off", "kwargs": {"layer": 1}}
+    runtime = get_runtime("mlx")(checkpoint, "f32", parse_patch(planted))
+    candidate = runtime.capture(inputs, plan, tmp_path / "mlx")
+    runtime.release()
+    np.testing.assert_array_equal(np.asarray(candidate["text.forced.tokens"]), inputs.text.forced)
+    result = cache_pair(oracle, candidate, load_contract(ROOT / "parameters" / "contracts" / "strict.yaml"))
+    assert (result["first_layer"], result["first_step"]) == (1, 3), result
+    assert result["first_position"] == len(inputs.text.input_ids) + 3
+    stages = result["stages"]
+    assert (
+        stages["text.cache.prefill.keys"]["status"] == "pass"
+        and stages["text.cache.prefill.values"]["status"] == "pass"
+    )
+    forced = stages["text.cache.forced.keys"]["layers"]
+    assert forced[0]["status"] == "pass" and forced[1]["first_step"] == 3
+    assert all(head["first_step"] == 3 for head in forced[1]["heads"])  # every head of that layer, from that step
+    said = cache_sentence({"reference": ORACLE, "candidate": "mlx", "cache": result})
+    assert "layer 1's cache first differs at step 3 (head 0, keys" in said, said

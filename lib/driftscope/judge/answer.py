@@ -9,6 +9,7 @@ import re
 import numpy as np
 
 from driftscope.inputs.text_inputs import decode
+from driftscope.judge.cache import cache_pair
 from driftscope.judge.contract import Contract
 from driftscope.judge.forced import FORCED, forced_pair
 from driftscope.taps.tapset import TapSet
@@ -68,6 +69,7 @@ def answer_parity(
                 ],
                 "prefill_top1_agree": runtimes[ref]["prefill_top1"] == runtimes[cand]["prefill_top1"],
                 "forced": forced_pair(tapsets[ref], tapsets[cand], contract),
+                "cache": cache_pair(tapsets[ref], tapsets[cand], contract),
                 "dropped_words": dropped_words(checkpoint, runtimes[ref], runtimes[cand], tapsets[cand], expect),
             }
         )

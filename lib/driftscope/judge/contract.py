@@ -27,6 +27,13 @@ DEFAULT_RTOL = 0.08
 #: They are not stages of a plan; a contract sets them like stage patterns, and a rule naming one never warns
 #: "matches no stage".
 FORCED_KEYS = {5: "text.forced.top5", 50: "text.forced.top50", 1000: "text.forced.top1000", None: "text.forced.all"}
+#: the KV cache's stages (``judge.cache``): only a run that decodes has them, so their rule never warns either
+CACHE_KEYS = (
+    "text.cache.prefill.keys",
+    "text.cache.prefill.values",
+    "text.cache.forced.keys",
+    "text.cache.forced.values",
+)
 
 DEFAULT_PEER_FACTOR = 4.0
 DEFAULT_PEER_FLOOR = 1e-6
@@ -74,7 +81,7 @@ class Contract:
             f"contract rule {rule.pattern!r} matches no stage of the plan"
             for rule in self.rules
             if not any(fnmatch.fnmatchcase(stage_id, rule.pattern) for stage_id in stage_ids)
-            and not any(fnmatch.fnmatchcase(key, rule.pattern) for key in FORCED_KEYS.values())
+            and not any(fnmatch.fnmatchcase(key, rule.pattern) for key in (*FORCED_KEYS.values(), *CACHE_KEYS))
         ]
         skipped = [stage_id for stage_id in stage_ids if self.tolerance(stage_id).skip]
         if stage_ids and len(skipped) == len(stage_ids):

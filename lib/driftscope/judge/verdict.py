@@ -130,7 +130,7 @@ def _why_absent(tapset: TapSet, prefix: str) -> tuple[str, bool]:
         runtime = get_runtime(name)
     except DriftscopeError:
         runtime = None
-    if prefix.startswith(("text.generate", "text.forced")):  # greedy and teacher-forced decoding
+    if prefix.startswith(("text.generate", "text.forced", "text.cache")):  # greedy and teacher-forced decoding
         if (tapset.meta.get("options") or {}).get("decode") is False:
             return f"{name} does not decode (options.decode: false)", True
         if runtime is not None and not _decodes(runtime, str(tapset.meta.get("family") or "")):

@@ -98,6 +98,10 @@ def rejudge(report_path: str | Path, contract: Contract, out_path: str | Path | 
             if pair.get("forced") is not None:
                 tapsets = report.tapset(pair["reference"]), report.tapset(pair["candidate"])
                 pair["forced"] = forced_pair(*tapsets, contract)
+            if pair.get("cache") is not None:
+                from driftscope.judge.cache import cache_pair
+
+                pair["cache"] = cache_pair(report.tapset(pair["reference"]), report.tapset(pair["candidate"]), contract)
     data["contract"] = contract.to_dict()
     data["rejudged_from"] = str(report.path)
     target = Path(out_path) if out_path else report.path

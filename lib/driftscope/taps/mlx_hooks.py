@@ -102,3 +102,14 @@ def use_manual_rmsnorm(sites: list[tuple[Any, str]]) -> None:
     """Swap the RMSNorm at each ``(owner, attribute)`` for :class:`ManualRMSNorm` (the precision experiment)."""
     for owner, name in sites:
         object.__setattr__(owner, name, ManualRMSNorm(getattr(owner, name)))
+
+
+def cache_snapshot(cache: list):
+    """``cache_snapshot(kind)`` of mlx-vlm's per-layer ``KVCache`` list (``taps.sink.CacheSnapshot``): each
+    layer's keys or values ``[kv_heads, positions, head_dim]`` up to its ``offset`` (half precision widened)."""
+
+    def snapshot(kind: str):
+        for entry in cache:
+            yield to_numpy(getattr(entry, kind)[0, :, : entry.offset, :])
+
+    return snapshot

@@ -36,7 +36,49 @@ def decode_stages(max_new_tokens: int) -> list[Stage]:
             ("steps", "vocab"),
             description="teacher-forced logits: row i after feeding the reference's first i tokens (0: the prefill's)",
         ),
+        *cache_stages(),
     ]
+
+
+#: the KV cache's phases: at the end of the prefill, and after the last teacher-forced step
+CACHE_PHASES = {"prefill": "at the end of the prefill", "forced": "after the last teacher-forced step"}
+
+
+def cache_stages() -> list[Stage]:
+    """The KV cache :func:`put_greedy` writes from the decoder's ``cache_snapshot``: every layer's keys (after
+    RoPE) and values of every position, ``[layers, kv_heads, positions, head_dim]``."""
+    return [
+        Stage(
+            f"text.cache.{phase}.{kind}",
+            ("layers", "kv_heads", "positions", "head_dim"),
+            side=True,
+            description=f"the KV cache's {kind} {said}" + (" (after RoPE)" if kind == "keys" else ""),
+        )
+        for phase, said in CACHE_PHASES.items()
+        for kind in ("keys", "values")
+    ]
+
+
+#: ``cache_snapshot(kind) -> iterable`` of one array ``[kv_heads, positions, head_dim]`` per decoder layer,
+#: ``kind`` "keys" or "values": the cache as it holds now (every position written so far)
+CacheSnapshot = Callable[[str], Iterable[Any]]
+
+
+def put_cache(sink, phase: str, snapshot: CacheSnapshot | None) -> None:
+    """Write the cache's keys and values for ``phase`` a layer at a time (never the whole cache in memory)."""
+    if snapshot is None:
+        return
+    for kind in ("keys", "values"):
+        sink.put_rows(f"text.cache.{phase}.{kind}", snapshot(kind))
+
+
+def compiled_cache(state: dict, kind: str):
+    """Each layer's ``kind`` ("keys"/"values") ``[kv_heads, positions, head_dim]`` of a compiled decode's
+    fixed-capacity cache ``state[kind]`` ``[layers, capacity, kv_heads, head_dim]``, up to the ``state["length"]``
+    positions written so far."""
+    cache = state[kind]
+    for layer in range(cache.shape[0]):
+        yield np.ascontiguousarray(np.swapaxes(cache[layer, : state["length"]], 0, 1), dtype=np.float32)
 
 
 def put_greedy(
@@ -46,6 +88,7 @@ def put_greedy(
     max_new_tokens: int,
     forced: np.ndarray | None = None,
     rewind: Callable[[int], None] | None = None,
+    snapshot: CacheSnapshot | None = None,
 ) -> None:
     """Greedy decode from the prefill's last logits, and the teacher-forced pass over ``forced`` tokens.
 
@@ -58,8 +101,13 @@ def put_greedy(
     its greedy logits. While the greedy tokens equal the forced ones the two passes share their steps; from the
     first differing token on, the cache is rewound to it and the forced tokens are fed: at most ``steps - 1`` more
     decode steps, none when the answers agree.
+    ``snapshot`` (or ``step.cache_snapshot``, see :data:`CacheSnapshot`) gives the KV cache: written as
+    ``text.cache.prefill.*`` before the first step and ``text.cache.forced.*`` once the forced pass is complete
+    (the cache then holds the prompt and every forced token but the last: the same inputs in every runtime).
     """
     rewind = rewind if rewind is not None else getattr(step, "rewind", None)
+    snapshot = snapshot if snapshot is not None else getattr(step, "cache_snapshot", None)
+    put_cache(sink, "prefill", snapshot)
     decode = _Decode(first_logits, step, max_new_tokens, forced, rewind)
     sink.put_rows("text.forced.logits", decode.forced_rows())
     decode.finish()
@@ -67,6 +115,7 @@ def put_greedy(
     sink.put("text.generate.margins", np.array(decode.margins, dtype=np.float64))
     if decode.forced_complete:
         sink.put("text.forced.tokens", np.array(decode.forced, dtype=np.int64))
+        put_cache(sink, "forced", snapshot)
 
 
 class _Decode:

@@ -22,3 +22,14 @@ def replaced(module: Any, name: str, value: Any):
         yield original
     finally:
         setattr(module, name, original)
+
+
+def cache_snapshot(cache: Any):
+    """``cache_snapshot(kind)`` of a transformers ``DynamicCache`` (``taps.sink.CacheSnapshot``): each layer's
+    keys or values ``[kv_heads, positions, head_dim]`` as it holds them now (half precision widened, exact)."""
+
+    def snapshot(kind: str):
+        for layer in cache.layers:
+            yield getattr(layer, kind)[0].detach().float().cpu().numpy()
+
+    return snapshot

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from driftscope.inputs.processor_output import ModelInputs
-from driftscope.taps.mlx_hooks import Recording, list_item, shadow, to_numpy
+from driftscope.taps.mlx_hooks import Recording, cache_snapshot, list_item, shadow, to_numpy
 from driftscope.taps.sink import StageSink, put_greedy
 
 
@@ -108,6 +108,7 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
         text.max_new_tokens,
         forced=text.forced,
         rewind=lambda count: [entry.trim(count) for entry in cache],  # drop the last ``count`` tokens
+        snapshot=cache_snapshot(cache),  # the cache's keys and values, layer by layer
     )
 
 

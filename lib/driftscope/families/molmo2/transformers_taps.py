@@ -14,6 +14,7 @@ import numpy as np
 
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.taps.sink import StageSink, put_greedy
+from driftscope.taps.torch_hooks import cache_snapshot
 from driftscope.taps.torch_hooks import to_numpy as _np
 
 from .plan import block_stage_id, parse_stage
@@ -186,6 +187,7 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
             return _np(model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True).logits[0, -1])
 
     step.rewind = lambda count: cache.crop(-count)  # drop the last ``count`` tokens
+    step.cache_snapshot = cache_snapshot(cache)  # the cache's keys and values, layer by layer
     put_greedy(sink, logits, step, text.max_new_tokens, forced=text.forced)
 
 

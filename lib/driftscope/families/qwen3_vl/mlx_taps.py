@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from driftscope.inputs.processor_output import ModelInputs
-from driftscope.taps.mlx_hooks import Recording, dtype_name, list_item, module_attr, shadow, to_numpy
+from driftscope.taps.mlx_hooks import Recording, cache_snapshot, dtype_name, list_item, module_attr, shadow, to_numpy
 from driftscope.taps.sink import StageSink, put_greedy
 
 from ...errors import ParameterError
@@ -197,6 +197,7 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
         text.max_new_tokens,
         forced=text.forced,
         rewind=lambda count: [entry.trim(count) for entry in cache],  # drop the last ``count`` tokens
+        snapshot=cache_snapshot(cache),  # the cache's keys and values, layer by layer
     )
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.taps.sink import StageSink, put_greedy
-from driftscope.taps.torch_hooks import replaced
+from driftscope.taps.torch_hooks import cache_snapshot, replaced
 from driftscope.taps.torch_hooks import to_numpy as _np
 
 from ..qwen_shared.text import put_text_inputs
@@ -201,6 +201,7 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
             return _np(model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True).logits[0, -1])
 
     step.rewind = lambda count: cache.crop(-count)  # drop the last ``count`` tokens
+    step.cache_snapshot = cache_snapshot(cache)  # the cache's keys and values, layer by layer
     put_greedy(sink, logits, step, text.max_new_tokens, forced=text.forced)
 
 

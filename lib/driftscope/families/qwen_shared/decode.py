@@ -7,6 +7,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from driftscope.taps.sink import compiled_cache
+
 
 def greedy_decoder(runtime, decode: Callable, weights: dict, cache: tuple, rope_delta: int, max_new_tokens: int):
     """``step(token) -> logits`` for greedy decoding after the prefill, or None when no step is ever taken (a
@@ -38,4 +40,5 @@ def greedy_decoder(runtime, decode: Callable, weights: dict, cache: tuple, rope_
         state["length"] -= count
 
     step.rewind = rewind
+    step.cache_snapshot = lambda kind: compiled_cache(state, kind)  # [layers, seq, kv_heads, head_dim] arrays
     return step

@@ -18,7 +18,7 @@ from driftscope.model.precision import PrecisionPolicy
 from driftscope.taps.jax.emitted import EmittedModel
 from driftscope.taps.jax.graph import LoweredGraph, contract_for, lower_graph
 from driftscope.taps.jax.layers import Contract
-from driftscope.taps.sink import StageSink, put_greedy
+from driftscope.taps.sink import StageSink, compiled_cache, put_greedy
 from driftscope.taps.stages import Stage
 
 from ....errors import ParameterError
@@ -219,6 +219,7 @@ def _decoder(runtime, weights: dict, keys: np.ndarray, values: np.ndarray, max_n
         state["length"] -= count
 
     step.rewind = rewind
+    step.cache_snapshot = lambda kind: compiled_cache(state, kind)  # [layers, seq, kv_heads, head_dim] arrays
     return step
 
 

@@ -1,0 +1,83 @@
+"""Notebook 06's KV cache: per candidate, a layer x head heat map of the teacher-forced cache's error (relative
+L-inf, keys and values) and the sentence saying which layer's cache first differs, at which decode step and head."""
+
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from driftscope.run.report import Report
+
+from .notebook import describe
+
+
+def _cache_pairs(report: Report) -> list[dict]:
+    return [pair for pair in (report.data.get("answer") or {}).get("pairs", []) if pair.get("cache")]
+
+
+def cache_sentence(pair: dict) -> str:
+    """ "layer L's cache first differs at step S (head H)", or that the cache agrees, for one answer pair."""
+    cache, who = pair["cache"], f"{pair['candidate']} vs {pair['reference']}"
+    if cache["first_layer"] is None:
+        return f"{who}: every layer's cache agrees within the contract, prefill and teacher-forced"
+    where = "in the prefill" if cache["first_step"] is None else f"at step {cache['first_step']}"
+    stage = cache["first_stage"].rsplit(".", 1)[1]
+    return (
+        f"{who}: layer {cache['first_layer']}'s cache first differs {where} (head {cache['first_head']}, "
+        f"{stage}, position {cache['first_position']})"
+    )
+
+
+def cache_frame(report: Report):
+    """One row per pair: the sentence, and the first layer, step, head and stage whose cache differs."""
+    import pandas as pd
+
+    rows = [
+        {
+            "pair": f"{pair['candidate']} vs {pair['reference']}",
+            "first layer": pair["cache"]["first_layer"],
+            "first step": pair["cache"]["first_step"],
+            "head": pair["cache"]["first_head"],
+            "stage": pair["cache"]["first_stage"],
+            "summary": cache_sentence(pair),
+        }
+        for pair in _cache_pairs(report)
+    ]
+    return pd.DataFrame(rows)
+
+
+def _errors(cache: dict, phase: str) -> np.ndarray | None:
+    """[layers, 2 * heads] relative L-inf of ``phase``'s keys then values (None: not captured)."""
+    blocks = []
+    for kind in ("keys", "values"):
+        stage = cache["stages"].get(f"text.cache.{phase}.{kind}")
+        if stage is None or not stage["layers"]:
+            return None
+        blocks.append([[head["rel_linf"] for head in layer["heads"]] for layer in stage["layers"]])
+    return np.concatenate([np.array(block, dtype=float) for block in blocks], axis=1)
+
+
+def cache_heatmap(report: Report, phase: str = "forced") -> Figure:
+    """Per pair, the relative L-inf error of each layer (rows) and head (columns: keys, then values) of the
+    ``phase`` cache; an x marks a layer and head whose cache breaks the contract."""
+    pairs = [pair for pair in _cache_pairs(report) if _errors(pair["cache"], phase) is not None]
+    figure = Figure(figsize=(4 + 2.2 * max(len(pairs), 1), 3.2), layout="constrained")
+    axes = figure.subplots(1, max(len(pairs), 1), squeeze=False)[0]
+    image = None
+    for axis, pair in zip(axes, pairs, strict=False):
+        errors = _errors(pair["cache"], phase)
+        heads = errors.shape[1] // 2
+        image = axis.imshow(np.log10(np.maximum(errors, 1e-9)), aspect="auto", cmap="magma", vmin=-8, vmax=0)
+        for kind_index, kind in enumerate(("keys", "values")):
+            stage = pair["cache"]["stages"][f"text.cache.{phase}.{kind}"]
+            for layer in stage["layers"]:
+                for head in layer["heads"]:
+                    if head["first_position"] is not None:
+                        column = kind_index * heads + head["head"]
+                        axis.text(column, layer["layer"], "x", ha="center", va="center", color="#00e0ff")
+        axis.set_xticks(range(2 * heads), [f"k{h}" for h in range(heads)] + [f"v{h}" for h in range(heads)])
+        axis.set_ylabel("layer")
+        axis.set_title(f"{pair['candidate']}", fontsize=9)
+    if image is not None:
+        figure.colorbar(image, ax=list(axes), label="log10 relative L-inf (x: breaks the contract)")
+    return describe(figure, f"The {phase} KV cache's relative error per layer and head for {len(pairs)} pairs.")
