@@ -84,3 +84,21 @@ def cache_one_slot_off(model, layer: int = 1, from_step: int = 3, **_):
 
     object.__setattr__(language, "make_cache", make_cache)
     return model
+
+
+def shift_decode_rope_delta(model, shift: int = 1, **_):
+    """A decode-only position defect in mlx-vlm's Qwen decoders: after the prefill (the call that carries the
+    pixels) the language model's stored M-RoPE delta is off by ``shift``, so every generated token sits ``shift``
+    positions late while the prompt's positions (and ``text.rope_deltas``) stay right."""
+    language = model.language_model
+    base = type(language)
+
+    def __call__(self, *args, **kwargs):
+        prefill = kwargs.get("pixel_values") is not None
+        out = base.__call__(self, *args, **kwargs)
+        if prefill and self._rope_deltas is not None:
+            self._rope_deltas = self._rope_deltas + shift
+        return out
+
+    language.__class__ = type(f"Shifted{base.__name__}", (base,), {"__call__": __call__})
+    return model

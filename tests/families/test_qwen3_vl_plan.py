@@ -10,7 +10,13 @@ from driftscope.families.qwen3_vl.plan import replay_inputs, text_stages, vision
 from qwen3_vl_support import capture, checkpoint, config, image_paths
 
 INTEGER = {"inputs.grid_thw", "inputs.image_tokens", "vision.cu_seqlens"}
-TEXT_INTEGER = {"text.input_ids", "text.position_ids", "text.rope_deltas", "text.embeds.text_slots_changed"}
+TEXT_INTEGER = {
+    "text.input_ids",
+    "text.position_ids",
+    "text.rope_deltas",
+    "text.rope_delta",
+    "text.embeds.text_slots_changed",
+}
 
 
 def test_plan_order_is_the_order_transformers_computes_the_stages():

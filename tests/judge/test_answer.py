@@ -50,7 +50,13 @@ def test_every_runtime_agrees_on_the_prefill_top1_and_on_16_greedy_tokens(answer
         logits = rows[(label, "text.logits.last")]
         assert logits.status == "pass" and logits.max_abs < 1e-4, label
         assert logits.extra["top1_agree"] and logits.extra["top5_overlap"] == 1.0, label
-        for stage in ("text.input_ids", "text.position_ids", "text.rope_deltas", "text.embeds.text_slots_changed"):
+        for stage in (
+            "text.input_ids",
+            "text.position_ids",
+            "text.rope_deltas",
+            "text.rope_delta",
+            "text.embeds.text_slots_changed",
+        ):
             assert rows[(label, stage)].status == "pass" and rows[(label, stage)].failures == 0, (label, stage)
         assert rows[(label, "text.embeds.image")].max_abs < 1e-4
         assert rows[(label, "text.layer.1.last")].max_abs < 1e-4

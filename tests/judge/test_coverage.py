@@ -82,12 +82,15 @@ def test_a_runtime_that_declares_it_does_not_decode_is_excused(tmp_path, oracle,
         for stage_id in oracle.stage_ids():
             writer.add(stage_id, np.asarray(oracle[stage_id]), **oracle.declaration(stage_id))
         writer.add("text.generate.tokens", tokens, integer=True)
+        writer.add("text.rope_delta", np.array([-3], dtype=np.int64), integer=True)  # the decoder's M-RoPE offset
     reference = TapSet(writer.tensor_path)
     options = {"runtime": "iree", "options": {"decode": False}}
     candidate = copy(captures["mlx:f32"], tmp_path / "no-decode", **options)
     result = judge(reference, [candidate], Contract(), full_plan)
-    assert result["not_compared"]["no-decode"][0]["declared"] is True
-    assert result["coverage"]["no-decode"]["declared_absent"] == 1
+    groups = {group["pattern"]: group for group in result["not_compared"]["no-decode"]}
+    assert set(groups) == {"text.generate.tokens", "text.rope_delta"}, groups  # not text.rope_deltas' group "text"
+    assert all(group["declared"] is True for group in groups.values())
+    assert result["coverage"]["no-decode"]["declared_absent"] == 2
     assert result["verdict"]["status"] == "pass", result["verdict"]["reasons"]
     undeclared = copy(captures["mlx:f32"], tmp_path / "forgot", runtime="engine")
     assert judge(reference, [undeclared], Contract(), full_plan)["verdict"]["status"] == "fail"

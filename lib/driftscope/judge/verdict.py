@@ -101,7 +101,7 @@ def not_compared(rows: list[ComparisonRow], reference: TapSet, candidate: TapSet
     for row in rows:
         if row.status == "missing":
             side = "reference" if row.note.endswith("reference") else "candidate"
-            groups.setdefault((side, row.stage.rsplit(".", 1)[0]), []).append(row.stage)
+            groups.setdefault((side, _group(row.stage)), []).append(row.stage)
     out = []
     for (side, prefix), stages in groups.items():
         tapset = reference if side == "reference" else candidate
@@ -119,6 +119,15 @@ def not_compared(rows: list[ComparisonRow], reference: TapSet, candidate: TapSet
     return out
 
 
+#: the stage groups only decoding writes (greedy, teacher-forced, the cache, the decoder's M-RoPE offset)
+DECODED = ("text.generate", "text.forced", "text.cache", "text.rope_delta")
+
+
+def _group(stage_id: str) -> str:
+    """The group a missing stage is said under: its decode group, else its id less the last part."""
+    return next((p for p in DECODED if stage_id == p or stage_id.startswith(p + ".")), stage_id.rsplit(".", 1)[0])
+
+
 def _why_absent(tapset: TapSet, prefix: str) -> tuple[str, bool]:
     """Why a runtime has no stages under ``prefix``, and whether that is a capability its runtime declares it
     lacks (else it is said plainly, and is a gap in the capture)."""
@@ -130,7 +139,7 @@ def _why_absent(tapset: TapSet, prefix: str) -> tuple[str, bool]:
         runtime = get_runtime(name)
     except DriftscopeError:
         runtime = None
-    if prefix.startswith(("text.generate", "text.forced", "text.cache")):  # greedy and teacher-forced decoding
+    if prefix.startswith(DECODED):  # greedy and teacher-forced decoding
         if (tapset.meta.get("options") or {}).get("decode") is False:
             return f"{name} does not decode (options.decode: false)", True
         if runtime is not None and not _decodes(runtime, str(tapset.meta.get("family") or "")):

@@ -18,7 +18,7 @@ from driftscope.taps.mlx_hooks import Recording, cache_snapshot, dtype_name, lis
 from driftscope.taps.sink import StageSink, put_greedy
 
 from ..qwen_shared.mlx_text import replay_text
-from ..qwen_shared.text import put_text_inputs
+from ..qwen_shared.text import put_decode_delta, put_text_inputs
 from .geometry.windows import unique_consecutive
 from .mlx_config import load_mlx_model
 from .mlx_config import unrepresentable as unrepresentable  # the MLX runtime asks it before loading
@@ -218,6 +218,7 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink, tower: Any = 
         rewind=lambda count: [entry.trim(count) for entry in cache],  # drop the last ``count`` tokens
         snapshot=cache_snapshot(cache),  # the cache's keys and values, layer by layer
     )
+    put_decode_delta(sink, np.array(model.language_model._rope_deltas))  # what the decode steps added
 
 
 def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:

@@ -13,7 +13,7 @@ from driftscope.taps.torch_hooks import cache_snapshot, replaced
 from driftscope.taps.torch_hooks import to_numpy as _np
 
 from ..qwen_shared.grids import cu_seqlens as grid_cu_seqlens
-from ..qwen_shared.text import put_text_inputs
+from ..qwen_shared.text import put_decode_delta, put_text_inputs
 from ..qwen_shared.tower import tower_inputs as _tower_inputs
 from ..qwen_shared.tower import visual as _visual
 from ..qwen_shared.transformers_text import replay_text
@@ -192,6 +192,7 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink, tower: Any = 
     step.rewind = lambda count: cache.crop(-count)  # drop the last ``count`` tokens
     step.cache_snapshot = cache_snapshot(cache)  # the cache's keys and values, layer by layer
     put_greedy(sink, logits, step, text.max_new_tokens, forced=text.forced)
+    put_decode_delta(sink, _np(model.model.rope_deltas))  # what the decode steps added
 
 
 def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:

@@ -21,7 +21,7 @@ from driftscope.taps.sink import StageSink, put_greedy
 
 from ...errors import ParameterError
 from ..qwen_shared.mlx_text import replay_text
-from ..qwen_shared.text import put_text_inputs
+from ..qwen_shared.text import put_decode_delta, put_text_inputs
 from .mlx_config import load_mlx_model
 from .plan import block_stage_id, deepstack_stage_id, parse_stage
 
@@ -199,6 +199,7 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
         rewind=lambda count: [entry.trim(count) for entry in cache],  # drop the last ``count`` tokens
         snapshot=cache_snapshot(cache),  # the cache's keys and values, layer by layer
     )
+    put_decode_delta(sink, np.array(model.language_model._rope_deltas))  # what the decode steps added
 
 
 def _merger_replay(merger, kind: str, x):

@@ -22,7 +22,7 @@ from driftscope.taps.sink import StageSink, put_greedy
 from driftscope.taps.torch_hooks import cache_snapshot, replaced
 from driftscope.taps.torch_hooks import to_numpy as _np
 
-from ..qwen_shared.text import put_text_inputs
+from ..qwen_shared.text import put_decode_delta, put_text_inputs
 from ..qwen_shared.tower import tower_inputs as _tower_inputs
 from ..qwen_shared.tower import visual as _visual
 from ..qwen_shared.transformers_text import replay_text
@@ -203,6 +203,7 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
     step.rewind = lambda count: cache.crop(-count)  # drop the last ``count`` tokens
     step.cache_snapshot = cache_snapshot(cache)  # the cache's keys and values, layer by layer
     put_greedy(sink, logits, step, text.max_new_tokens, forced=text.forced)
+    put_decode_delta(sink, _np(model.model.rope_deltas))  # what the decode steps added
 
 
 def _layer_out(sink: StageSink, index: int, image: np.ndarray | None):

@@ -40,5 +40,6 @@ def greedy_decoder(runtime, decode: Callable, weights: dict, cache: tuple, rope_
         state["length"] -= count
 
     step.rewind = rewind
+    step.rope_delta = rope_delta  # the offset every step above placed its token with
     step.cache_snapshot = lambda kind: compiled_cache(state, kind)  # [layers, seq, kv_heads, head_dim] arrays
     return step

@@ -39,6 +39,13 @@ def head_stages(max_new_tokens: int) -> list[Stage]:
     return [
         Stage("text.norm.last", ("hidden",), description="final norm, last position"),
         Stage("text.logits.last", ("vocab",), description="prefill logits, last position"),
+        Stage(
+            "text.rope_delta",
+            ("batch",),
+            integer=True,
+            description="M-RoPE offset the decoder used for generated positions (after the decode)",
+            data=True,
+        ),
         *decode_stages(max_new_tokens),
     ]
 

@@ -54,6 +54,14 @@ def put_text_inputs(
     sink.put("text.embeds.text_slots_changed", np.array([changed], dtype=np.int64))
 
 
+def put_decode_delta(sink, rope_delta) -> None:
+    """``text.rope_delta``: the M-RoPE offset the decoder placed generated tokens with (position = sequence index
+    + delta), read from the decoder's own state once it has decoded, so a decode-only offset defect is caught
+    apart from the prompt's ``text.rope_deltas``."""
+    if rope_delta is not None:
+        sink.put("text.rope_delta", np.asarray(rope_delta).astype(np.int64).reshape(-1))
+
+
 def tied_head(config: dict) -> tuple[str, ...]:
     """The derived tensors of a Qwen config: ``lm_head.weight`` when it is tied to the word embedding."""
     text = config.get("text_config") or {}

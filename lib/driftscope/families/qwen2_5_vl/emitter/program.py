@@ -18,7 +18,7 @@ from driftscope.taps.sink import StageSink, put_greedy
 from driftscope.taps.stages import Stage
 
 from ...qwen_shared.decode import greedy_decoder
-from ...qwen_shared.text import put_text_inputs
+from ...qwen_shared.text import put_decode_delta, put_text_inputs
 from ..geometry import Bucket, mrope_positions, pack_images
 from ..plan import parse_stage
 from .config import VisionSpec
@@ -177,6 +177,7 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
     if decode:
         step = _decoder(runtime, spec, weights, cache, int(delta), text.max_new_tokens)
         put_greedy(sink, np.asarray(out["text.logits.last"]), step, text.max_new_tokens, forced=text.forced)
+        put_decode_delta(sink, getattr(step, "rope_delta", None))
 
 
 def _decoder(runtime, spec, weights: dict, cache: tuple, rope_delta: int, max_new_tokens: int):

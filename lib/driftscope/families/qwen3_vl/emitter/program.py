@@ -19,7 +19,7 @@ from driftscope.taps.stages import Stage
 
 from ...qwen_shared.decode import greedy_decoder
 from ...qwen_shared.mrope import mrope_positions
-from ...qwen_shared.text import put_text_inputs
+from ...qwen_shared.text import put_decode_delta, put_text_inputs
 from ..geometry import VisionBucket, interpolation, pack_bucket
 from ..plan import deepstack_stage_id, parse_stage
 from .config import VisionSpec
@@ -188,6 +188,7 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
     if decode:
         step = _decoder(runtime, spec, weights, cache, int(delta), text.max_new_tokens)
         put_greedy(sink, np.asarray(out["text.logits.last"]), step, text.max_new_tokens, forced=text.forced)
+        put_decode_delta(sink, getattr(step, "rope_delta", None))
 
 
 def _decoder(runtime, spec, weights: dict, cache: tuple, rope_delta: int, max_new_tokens: int):
