@@ -6,11 +6,18 @@ import json
 
 import numpy as np
 import pytest
-from conftest import SHAPES, TINY
+from conftest import ROOT, SHAPES, TINY
 from driftscope.run.investigation import investigate
 from driftscope.run.params import parse_parameters
 
 RUNTIMES = ["transformers:f32", "mlx:f32", "jax:f32", "iree:f32"]
+#: a text-side planted defect that flips the answer: MLX's decoder layer 0 output doubled (the tower untouched)
+PLANTED = "mlx-planted"
+PLANTED_RUNTIME = {
+    "runtime": "mlx",
+    "label": PLANTED,
+    "patch": {"callable": str(ROOT / "tests" / "planted_patches.py") + ":scale_text_layer", "kwargs": {"factor": 2.0}},
+}
 
 
 def _data(runtimes, **extra):
@@ -38,7 +45,7 @@ def answered(tmp_path_factory, tiny_checkpoint_dir):
 
     out = tmp_path_factory.mktemp("answer")
     params = out / "answer.yaml"
-    params.write_text(yaml.safe_dump(_data(RUNTIMES, notebooks=["06_answer_parity"])))
+    params.write_text(yaml.safe_dump(_data([*RUNTIMES, PLANTED_RUNTIME], notebooks=["06_answer_parity"])))
     assert main(["run", str(params), "--out", str(out / "run"), "--no-gate"]) == 0
     return Report.load(out / "run" / "report.json"), out / "run"
 
@@ -62,7 +69,7 @@ def test_every_runtime_agrees_on_the_prefill_top1_and_on_16_greedy_tokens(answer
         assert rows[(label, "text.layer.1.last")].max_abs < 1e-4
     answer = report.data["answer"]
     tokens = {label: entry["tokens"] for label, entry in answer["runtimes"].items()}
-    assert set(tokens) == set(RUNTIMES)  # the compiled path decodes too: its own decode graph and cache
+    assert set(tokens) == {*RUNTIMES, PLANTED}  # the compiled path decodes too: its own decode graph and cache
     assert len(tokens["transformers:f32"]) == 16
     top1 = {label: entry["prefill_top1"] for label, entry in answer["runtimes"].items()}
     for label in RUNTIMES[1:]:
@@ -131,8 +138,9 @@ def test_answer_parity_notebook_renders(answered):
     assert not [o for o in outputs if o["output_type"] == "error"]
     html = to_html(executed)[0].read_text()
     # every pair passes here: "Where to look next" says so per pair (it showed "first vision divergence None")
-    assert html.count("every vision stage passes") == len(RUNTIMES) - 1 and "Where to look next" in html
-    assert "text.logits.last" in html and "top1_agree" in html
+    # (and the planted defect's pair: its tower is untouched)
+    assert html.count("every vision stage passes") == len(RUNTIMES) and "Where to look next" in html
+    assert "text.logits.last" in html and "top-5 overlap" in html and "top5_overlap" not in html
 
 
 def test_the_answer_table_has_every_runtimes_prefill_and_says_the_weights_are_random(answered):
@@ -145,7 +153,7 @@ def test_the_answer_table_has_every_runtimes_prefill_and_says_the_weights_are_ra
 
     report, out = answered
     frame = texts_frame(report).set_index("runtime")
-    assert list(frame.index) == RUNTIMES
+    assert list(frame.index) == [*RUNTIMES, PLANTED]
     reference_top1 = int(np.argmax(np.asarray(report.tapset("transformers:f32")["text.logits.last"]).ravel()))
     for label in RUNTIMES:
         own = int(np.argmax(np.asarray(report.tapset(label)["text.logits.last"]).ravel()))
@@ -172,7 +180,7 @@ def test_every_candidate_is_teacher_forced_and_the_notebook_says_where_its_answe
     report, out = answered
     reference = np.asarray(report.tapset("transformers:f32")["text.generate.tokens"])
     rows = {(r.candidate, r.stage): r for r in report.rows}
-    for pair in report.data["answer"]["pairs"]:
+    for pair in [p for p in report.data["answer"]["pairs"] if p["candidate"] != PLANTED]:
         forced = pair["forced"]
         candidate = report.tapset(pair["candidate"])
         np.testing.assert_array_equal(np.asarray(candidate["text.forced.tokens"]), reference)
@@ -180,10 +188,55 @@ def test_every_candidate_is_teacher_forced_and_the_notebook_says_where_its_answe
         assert forced["first_divergence"] is None and forced["flips"] == [], pair["candidate"]
         assert rows[(pair["candidate"], "text.forced.logits")].max_abs < 1e-4
     frame = forced_frame(report).set_index("pair")
-    assert set(frame["first divergence (teacher-forced)"]) == {"none"}
+    assert set(frame.drop(f"{PLANTED} vs transformers:f32")["first divergence (teacher-forced)"]) == {"none"}
     page = (out / "06_answer_parity.nocode.html").read_text()
     assert "Teacher-forced: where the answer first diverges" in page and "Top-k tolerance maps" in page
     tight = Contract.from_dict({"stages": [{"pattern": "text.forced.top5", "atol": 0.0, "rtol": 0.0}]})
     again = rejudge(out / "report.json", tight, tmp_path / "tight.json")
     assert any(p["forced"]["first_divergence"] is not None for p in again.data["answer"]["pairs"])
     assert report.data["answer"]["pairs"][0]["forced"]["first_divergence"] is None  # the run's own is unchanged
+
+
+def test_the_page_says_where_a_planted_text_defect_diverges_and_that_the_text_side_explains_it(answered):
+    """Issue 33's "Done when" on a demo-like run: MLX's text layer 0 doubled (planted_patches.scale_text_layer).
+    Substitution must blame the text side (the defect is there, the tower is untouched) and the KV cache must
+    agree at every layer (layer 0's keys and values read its unchanged input, layer 1's its doubled output
+    through an RMSNorm, which a scale does not change), and notebook 06's per-candidate line carries the step,
+    flips, cache and verdict report.json holds."""
+    import html as markup
+    import re
+
+    report, out = answered
+    pair = next(p for p in report.data["answer"]["pairs"] if p["candidate"] == PLANTED)
+    forced, cache, substitution = pair["forced"], pair["cache"], pair["substitution"]
+    assert forced["fed_reference_tokens"] is True and forced["first_divergence"] is not None
+    assert forced["flips"], "the planted defect must flip the teacher-forced answer"
+    assert substitution["verdict"] == "text", substitution
+    assert substitution["candidate_text_on_reference_tower"]["first_divergence"] is not None
+    assert substitution["reference_text_on_candidate_tower"]["first_divergence"] is None
+    assert cache["status"] == "pass" and cache["first_layer"] is None, cache
+    page = (out / "06_answer_parity.nocode.html").read_text()
+    words = markup.unescape(re.sub(r"<style.*?</style>|<script.*?</script>|<[^>]+>", "", page, flags=re.S))
+    words = words.split("Progress log")[0]  # the page itself, not the run's log
+
+    def said_for(pair_title: str) -> str:  # the pair's line under "The answer, per candidate"
+        return next(x for x in words.splitlines() if x.startswith(f"{pair_title}:") and "teacher-forced" in x)
+
+    line = said_for(f"{PLANTED} vs transformers:f32")
+    by = ", ".join(key.rsplit(".", 1)[1] for key in forced["first_divergence_by"])
+    assert f"the answer first diverges at step {forced['first_divergence']} ({by})" in line, line
+    flips = forced["flips"]
+    for flip in flips[:3]:
+        assert f"step {flip['step']} {flip['label']} (reference margin {flip['reference_margin']:.3g}" in line, line
+    confident = sum(1 for flip in flips if flip["label"] == "confident")
+    assert f"{len(flips)} flip{'s' if len(flips) > 1 else ''} ({confident} confident" in line, line
+    assert len(flips) <= 3 or f"and {len(flips) - 3} more" in line, line
+    assert "every layer's KV cache agrees" in line, line
+    first = pair["first_difference"]
+    assert ("free-running tokens identical" if first is None else f"first token differs at step {first}") in line
+    assert "substitution: the text side explains it" in line, line
+    clean = said_for("mlx:f32 vs transformers:f32")
+    assert "agrees at all 16 steps; no flip" in clean and "every layer's KV cache agrees" in clean, clean
+    assert "substitution not needed" in clean, clean
+    for said in ("not_needed", "True", "False", "nan", "1 failures"):
+        assert not re.search(rf"\b{said}\b", words), said

@@ -89,11 +89,11 @@ def first_token_frame(report: Report):
         records.append(
             {
                 "pair": f"{pair['candidate']} vs {pair['reference']}",
-                "identical": pair["identical"],
-                "first differing step": pair["first_difference"],
-                "reference token": pair["reference_token"],
-                "candidate token": pair["candidate_token"],
-                "prefill top-1 agree": pair["prefill_top1_agree"],
+                "identical": "yes" if pair["identical"] else "no",
+                "first differing step": "none" if pair["first_difference"] is None else pair["first_difference"],
+                "reference token": "" if pair["reference_token"] is None else pair["reference_token"],
+                "candidate token": "" if pair["candidate_token"] is None else pair["candidate_token"],
+                "prefill top-1 agrees": {True: "yes", False: "no"}.get(pair["prefill_top1_agree"], "not said"),
                 "margins around (reference vs candidate)": around,
             }
         )
@@ -117,22 +117,25 @@ def text_stage_frame(report: Report):
     frame["role"] = ["tower output the text side reads" if stage in feeds else "text" for stage in frame["stage"]]
     for key in ("top1_agree", "top5_overlap", "margin_reference", "margin_candidate"):
         frame[key] = [row.extra.get(key) for row in rows]
-    return frame[
-        [
-            "stage",
-            "role",
-            "pair",
-            "status",
-            "failures",
-            "max_abs",
-            "rms",
-            "top1_agree",
-            "top5_overlap",
-            "margin_reference",
-            "margin_candidate",
-            "note",
-        ]
-    ]
+    frame["top1_agree"] = [{True: "yes", False: "no"}.get(value, "") for value in frame["top1_agree"]]
+    return frame[list(STAGE_COLUMNS)].rename(columns=STAGE_COLUMNS)
+
+
+#: the stage table's columns and their headers
+STAGE_COLUMNS = {
+    "stage": "stage",
+    "role": "role",
+    "pair": "pair",
+    "status": "status",
+    "failures": "failures",
+    "max_abs": "max |difference|",
+    "rms": "RMS difference",
+    "top1_agree": "top-1 agrees",
+    "top5_overlap": "top-5 overlap",
+    "margin_reference": "reference margin",
+    "margin_candidate": "candidate margin",
+    "note": "note",
+}
 
 
 def vision_link(report: Report) -> list[str]:

@@ -28,6 +28,10 @@ def cache_sentence(pair: dict) -> str:
     )
 
 
+def _or(value, instead: str):
+    return instead if value is None else value
+
+
 def cache_frame(report: Report):
     """One row per pair: the sentence, and the first layer, step, head and stage whose cache differs."""
     import pandas as pd
@@ -35,10 +39,12 @@ def cache_frame(report: Report):
     rows = [
         {
             "pair": f"{pair['candidate']} vs {pair['reference']}",
-            "first layer": pair["cache"]["first_layer"],
-            "first step": pair["cache"]["first_step"],
-            "head": pair["cache"]["first_head"],
-            "stage": pair["cache"]["first_stage"],
+            "first layer": _or(pair["cache"]["first_layer"], "none"),
+            "first step": _or(
+                pair["cache"]["first_step"], "prefill" if pair["cache"]["first_layer"] is not None else ""
+            ),
+            "head": _or(pair["cache"]["first_head"], ""),
+            "stage": _or(pair["cache"]["first_stage"], ""),
             "summary": cache_sentence(pair),
         }
         for pair in _cache_pairs(report)

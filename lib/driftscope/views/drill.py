@@ -274,6 +274,13 @@ def spatial_map(report: Report, stage: str, pair: str, image: int = 0, replay: b
     from PIL import Image
 
     grid = patch_error_grid(report, stage, pair, image, replay)
+    if grid is None:
+        figure = Figure(figsize=(10, 0.8), layout="constrained")
+        axis = figure.subplots()
+        axis.set_axis_off()
+        said = f"No per-patch map: {stage}'s rows are the prompt's tokens, not the image's patches."
+        axis.text(0, 0.5, said, fontsize=10, va="center")
+        return describe(figure, said)
     inputs = report.data.get("inputs", {})
     paths, resized = inputs.get("images") or [], inputs.get("resized") or []
     path = paths[image] if image < len(paths) else None  # a video's grid has no one image to draw under it

@@ -5,6 +5,93 @@ from __future__ import annotations
 
 from driftscope.run.report import Report
 
+#: the substitution's verdicts and statuses as a reader says them
+VERDICTS = {
+    "tower": "the tower's output",
+    "text": "the text side",
+    "both": "both sides",
+    "neither": "neither side alone",
+    "not_needed": "not needed",
+    "unavailable": "unavailable",
+}
+
+
+#: flips spelled out per candidate line (the rest are counted; the table below lists every one)
+SHOWN_FLIPS = 3
+
+
+def _g(value: float) -> str:
+    return f"{value:.3g}"
+
+
+def _forced_said(forced: dict) -> str:
+    first = forced.get("first_divergence")
+    if first is None:
+        said = f"teacher-forced, the answer agrees at all {forced.get('steps_compared')} steps"
+    else:
+        by = ", ".join(key.rsplit(".", 1)[1] for key in forced.get("first_divergence_by") or [])
+        said = f"teacher-forced, the answer first diverges at step {first} ({by})"
+    flips = forced.get("flips") or []
+    if not flips:
+        return said + "; no flip of the top-1 token"
+    each = ", ".join(
+        f"step {f['step']} {f['label']} (reference margin {_g(f['reference_margin'])}, allowed {_g(f['allowed'])})"
+        for f in flips[:SHOWN_FLIPS]
+    )
+    more = f", and {len(flips) - SHOWN_FLIPS} more" if len(flips) > SHOWN_FLIPS else ""
+    confident = sum(1 for f in flips if f["label"] == "confident")
+    counts = (
+        f"{len(flips)} flip{'s' if len(flips) != 1 else ''} ({confident} confident, {len(flips) - confident} near-tie)"
+    )
+    return f"{said}; {counts}: {each}{more}"
+
+
+def _cache_said(cache: dict | None) -> str:
+    if not cache:
+        return "the KV cache was not compared"
+    if cache.get("first_layer") is None:
+        return "every layer's KV cache agrees"
+    where = "in the prefill" if cache.get("first_step") is None else f"at step {cache['first_step']}"
+    kind = str(cache.get("first_stage") or "").rsplit(".", 1)[-1]
+    return f"layer {cache['first_layer']}'s KV cache first differs {where} (head {cache['first_head']}, {kind})"
+
+
+def _substitution_said(entry: dict | None) -> str:
+    if not entry:
+        return ""
+    verdict = entry.get("verdict")
+    if verdict in ("tower", "text", "both", "neither"):
+        return f"substitution: {VERDICTS[verdict]} explains it"
+    if entry.get("status") == "not_needed":
+        return "substitution not needed"
+    return f"substitution {VERDICTS.get(entry.get('status'), entry.get('status'))}: {entry.get('text', '')}"
+
+
+def answer_sentences(report: Report) -> list[str]:
+    """One markdown line per pair that decoded teacher-forced: where its answer first diverges, each flip with
+    its label, which layer's cache first differs, which side substitution blames, and the three-way verdict."""
+    answer = report.data.get("answer") or {}
+    three_way = (answer.get("three_way") or {}).get("candidates") or {}
+    lines = []
+    for pair in answer.get("pairs", []):
+        forced = pair.get("forced")
+        if not forced:
+            continue
+        parts = [_forced_said(forced)]
+        first = pair.get("first_difference")
+        parts.append(
+            "free-running tokens identical"
+            if first is None
+            else f"free-running, the first token differs at step {first}"
+        )
+        parts.append(_cache_said(pair.get("cache")))
+        parts.append(_substitution_said(pair.get("substitution")))
+        peer = three_way.get(pair["candidate"]) if pair["reference"] == answer.get("reference") else None
+        if peer and peer.get("text"):
+            parts.append(f"three-way: {peer['text']}")
+        lines.append(f"- **{pair['candidate']} vs {pair['reference']}**: " + "; ".join(p for p in parts if p) + ".")
+    return lines
+
 
 def substitution_frame(report: Report):
     """One row per pair: the substitution's verdict and what each substituted run did (first divergence, flips)."""
@@ -20,7 +107,7 @@ def substitution_frame(report: Report):
         records.append(
             {
                 "pair": f"{pair['candidate']} vs {pair['reference']}",
-                "verdict": entry.get("verdict", entry["status"]),
+                "verdict": VERDICTS.get(entry.get("verdict", entry["status"]), entry.get("verdict", entry["status"])),
                 "candidate's text side, reference's tower": _run(a),
                 "reference's text side, candidate's tower": _run(b),
                 "explanation": entry["text"],

@@ -121,12 +121,12 @@ def dropped_words_frame(report: Report):
     for pair in (report.data.get("answer") or {}).get("pairs", []):
         for entry in pair.get("dropped_words") or []:
             step, rank = entry.get("reference_step"), entry.get("candidate_rank")
-            said = entry["in_reference"]
+            if not entry["in_reference"]:  # neither runtime says it: nothing this candidate dropped
+                continue
             records.append(
                 {
                     "candidate": pair["candidate"],
                     "word": entry["word"],
-                    "reference says it": "yes" if said else "no (neither runtime says it)",
                     "at step": "" if step is None else step,
                     "reference token": entry.get("reference_token", ""),
                     "candidate's top token there": entry.get("candidate_token", ""),
@@ -135,3 +135,21 @@ def dropped_words_frame(report: Report):
                 }
             )
     return pd.DataFrame(records)
+
+
+def dropped_words_note(report: Report) -> str:
+    """What the dropped-words table leaves out: the expected words no runtime's text says (``""``: none)."""
+    answer = report.data.get("answer") or {}
+    expect = list(answer.get("expect") or [])
+    said = {
+        w
+        for entry in (answer.get("runtimes") or {}).values()
+        for w, ok in (entry.get("expected_words") or {}).items()
+        if ok
+    }
+    unsaid = [w for w in expect if w not in said]
+    if not expect:
+        return "The parameter file expects no words (`text.expect`)."
+    if not unsaid:
+        return ""
+    return f"No runtime's text says {', '.join(unsaid)}: no candidate dropped {'it' if len(unsaid) == 1 else 'them'}."
