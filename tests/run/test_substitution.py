@@ -97,3 +97,28 @@ def test_three_way_a_bf16_candidate_costs_what_bf16_costs_and_a_defect_does_not(
     assert same["ratio"] == pytest.approx(1.0, abs=0.05) and same["overlap"] > 0.9
     assert same["verdict"] == "half-precision"
     assert planted["ratio"] > 20 and planted["verdict"] == "something else", planted
+
+
+def test_the_compiled_path_reads_substituted_embeddings_and_a_tower_defect_stays_the_towers(
+    tiny, runs, forced, tmp_path
+):
+    """JAX as the reference of a pair whose candidate (MLX) has a planted tower defect: JAX's text side must take
+    the candidate's merged image embeddings (its substituted run's ``text.embeds.image`` is exactly those rows)
+    and diverge on them, while MLX's text side on JAX's tower agrees: the tower explains it."""
+    from driftscope.taps.tapset import TapSet
+
+    checkpoint, inputs, plan = tiny(NAME)
+    _, reference = runs(NAME, "jax")
+    runtime, candidate = forced("mlx", patch=TOWER)
+    contract = Contract()
+    pair = {"reference": "jax", "candidate": "cand", "forced": forced_pair(reference, candidate, contract)}
+    assert pair["forced"]["first_divergence"] is not None or pair["forced"]["flips"], pair["forced"]
+    runtimes = {"jax": get_runtime("jax")(checkpoint, "f32"), "cand": runtime}
+    assert runtimes["jax"].substitutes
+    entry = substitution(pair, runtimes, inputs, {"jax": reference, "cand": candidate}, contract, plan, tmp_path)
+    assert entry["status"] == "done" and entry["verdict"] == "tower", entry
+    substituted = TapSet(tmp_path / entry["reference_text_on_candidate_tower"]["tapset"])
+    np.testing.assert_array_equal(
+        np.asarray(substituted["text.embeds.image"]), np.asarray(candidate["text.embeds.image"], np.float32)
+    )
+    assert not np.array_equal(np.asarray(reference["text.embeds.image"]), np.asarray(candidate["text.embeds.image"]))

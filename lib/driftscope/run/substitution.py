@@ -65,7 +65,7 @@ def substitution(pair: dict, runtimes: dict, inputs, tapsets: dict, contract, pl
     if missing:
         return {
             "status": "unavailable",
-            "text": f"{', '.join(missing)} cannot take substituted image embeddings (transformers and mlx can)",
+            "text": f"{', '.join(missing)} cannot take substituted image embeddings for this family",
         }
     reference, candidate = tapsets[ref], tapsets[cand]
     if not {"text.embeds.image", "text.generate.tokens"} <= set(reference.stage_ids()) or (

@@ -24,6 +24,15 @@ def _rows(text: Any, embeds_shape: tuple) -> np.ndarray:
     return rows
 
 
+def image_rows(text: Any, own: np.ndarray) -> np.ndarray:
+    """The rows a compiled text prefill reads at the image slots: ``text.image_embeds`` when substituted, else
+    ``own`` (this runtime's tower output, ``[image_tokens, hidden]``)."""
+    if text is None or getattr(text, "image_embeds", None) is None:
+        return own
+    slots = int((np.asarray(text.input_ids) == text.image_token_id).sum())
+    return _rows(text, (slots, np.asarray(own).shape[-1]))
+
+
 def _is_prefill(text: Any, embeds: Any) -> bool:
     return embeds is not None and len(embeds.shape) == 3 and embeds.shape[1] == len(text.input_ids)
 

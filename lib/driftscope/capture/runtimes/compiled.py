@@ -213,6 +213,12 @@ class CompiledRuntime(Runtime):
 
         return bool(getattr(get_family(family).engine(cls.name), "DECODES", False))
 
+    @property
+    def substitutes(self) -> bool:
+        """The family's emitter takes another runtime's merged image embeddings when its program module says
+        so (``SUBSTITUTES = True``: the prefill reads ``TextInputs.image_embeds`` at the image slots)."""
+        return bool(getattr(self.taps, "SUBSTITUTES", False))
+
     def _capture_text(self, inputs: ModelInputs, sink: StageSink) -> None:
         """The family's JAX text decoder on embeddings merged from this runtime's own tower output; then every
         tensor of the checkpoint must have been read."""

@@ -16,6 +16,7 @@ from driftscope.taps.jax.graph import LoweredGraph, contract_for, lower_graph
 from driftscope.taps.jax.layers import Contract
 from driftscope.taps.sink import StageSink, put_greedy
 from driftscope.taps.stages import Stage
+from driftscope.taps.substitute import image_rows
 
 from ...qwen_shared.decode import greedy_decoder
 from ...qwen_shared.text import put_decode_delta, put_text_inputs
@@ -28,6 +29,8 @@ from .weights import load_vision_weights
 
 #: The text side decodes greedily after the prefill (``text.generate.*``): see :func:`capture_text`.
 DECODES = True
+#: The text prefill can read another runtime's merged image embeddings (``TextInputs.image_embeds``).
+SUBSTITUTES = True
 #: Stages computed on the host (inputs and index math), not by the graph.
 HOST_STAGES = (
     "inputs.pixel_values",
@@ -158,7 +161,7 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
     rows = weights["embed_tokens.weight"][text.input_ids]
     image = text.input_ids == text.image_token_id
     embeds = rows.copy()
-    embeds[image] = tower[FINAL]  # the tower's raster-order output, image after image
+    embeds[image] = image_rows(text, tower[FINAL])  # the tower's raster-order output (or substituted rows)
     positions, delta = mrope_positions(
         image.astype(int).tolist(), inputs["grid_thw"].tolist(), runtime.model.spec.spatial_merge_size
     )

@@ -16,6 +16,7 @@ from driftscope.taps.jax.graph import LoweredGraph, contract_for, lower_graph
 from driftscope.taps.jax.layers import Contract
 from driftscope.taps.sink import StageSink, put_greedy
 from driftscope.taps.stages import Stage
+from driftscope.taps.substitute import image_rows
 
 from ...qwen_shared.decode import greedy_decoder
 from ...qwen_shared.mrope import mrope_positions
@@ -29,6 +30,9 @@ from .weights import load_vision_weights
 
 #: The text side decodes greedily after the prefill (``text.generate.*``): see :func:`capture_text`.
 DECODES = True
+#: The text prefill can read another runtime's merged image embeddings (``TextInputs.image_embeds``; the
+#: DeepStack features stay this runtime's own).
+SUBSTITUTES = True
 #: Stages computed on the host (inputs and index math), not by the graph.
 HOST_STAGES = ("inputs.pixel_values", "inputs.grid_thw", "inputs.image_tokens", "vision.cu_seqlens")
 #: What the text side reads of the tower besides the DeepStack branches (the plan's ``meta["tower_outputs"]``
@@ -159,7 +163,8 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
     image = text.input_ids == text.image_token_id
     rows = weights["embed_tokens.weight"][text.input_ids]
     embeds = rows.copy()
-    embeds[image] = tower[FINAL]  # the tower's output, image after image
+    merged = image_rows(text, tower[FINAL])  # the tower's output (or substituted rows)
+    embeds[image] = merged
     grids = inputs["grid_thw"].tolist()
     positions, delta = mrope_positions(image.astype(int).tolist(), grids, vision.spatial_merge_size)
     put_text_inputs(inputs, sink, embeds, rows, positions, np.array([delta]))
@@ -177,7 +182,7 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
         weights,
         text.input_ids.astype(np.int32),
         np.flatnonzero(image).astype(np.int32),
-        tower[FINAL].astype(np.float32),
+        merged.astype(np.float32),
         deepstack,
         positions.astype(np.int32),
     )

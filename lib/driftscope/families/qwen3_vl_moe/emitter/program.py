@@ -12,6 +12,7 @@ from driftscope.inputs.processor_output import ModelInputs
 from driftscope.taps.jax.emitted import EmittedModel
 from driftscope.taps.jax.layers import Contract
 from driftscope.taps.sink import StageSink, put_greedy
+from driftscope.taps.substitute import image_rows
 
 from ...qwen3_vl.emitter import program as dense
 from ...qwen3_vl.emitter.model import FINAL, final_ids
@@ -21,6 +22,7 @@ from ...qwen_shared.text import put_decode_delta, put_text_inputs
 from ..plan import moe_piece
 
 DECODES = dense.DECODES
+SUBSTITUTES = dense.SUBSTITUTES
 HOST_STAGES = dense.HOST_STAGES
 TOWER_OUTPUTS = dense.TOWER_OUTPUTS
 GRAPH_INPUTS = dense.GRAPH_INPUTS
@@ -53,7 +55,8 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
     image = text.input_ids == text.image_token_id
     rows = weights["embed_tokens.weight"][text.input_ids]
     embeds = rows.copy()
-    embeds[image] = tower[FINAL]
+    merged = image_rows(text, tower[FINAL])  # the tower's output (or substituted rows)
+    embeds[image] = merged
     positions, delta = mrope_positions(
         image.astype(int).tolist(), inputs["grid_thw"].tolist(), vision.spatial_merge_size
     )
@@ -72,7 +75,7 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
         weights,
         text.input_ids.astype(np.int32),
         np.flatnonzero(image).astype(np.int32),
-        tower[FINAL].astype(np.float32),
+        merged.astype(np.float32),
         deepstack,
         positions.astype(np.int32),
     )
