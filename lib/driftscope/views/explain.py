@@ -61,7 +61,7 @@ def _substitution_said(entry: dict | None) -> str:
         return ""
     verdict = entry.get("verdict")
     if verdict in ("tower", "text", "both", "neither"):
-        return f"substitution: {VERDICTS[verdict]} explains it"
+        return f"substitution: {VERDICTS[verdict]} {'explain' if verdict == 'both' else 'explains'} it"
     if entry.get("status") == "not_needed":
         return "substitution not needed"
     return f"substitution {VERDICTS.get(entry.get('status'), entry.get('status'))}: {entry.get('text', '')}"
@@ -142,3 +142,11 @@ def three_way_frame(report: Report):
         for label, entry in (result.get("candidates") or {}).items()
     ]
     return pd.DataFrame(records)
+
+
+def three_way_note(report: Report) -> str:
+    """Why the three-way table is empty, when it is (``""``: it has rows)."""
+    result = (report.data.get("answer") or {}).get("three_way") or {}
+    if result.get("candidates"):
+        return ""
+    return "This run has no half-precision runtime (bf16 or f16) to compare with: no three-way verdict."
