@@ -240,3 +240,18 @@ def test_the_page_says_where_a_planted_text_defect_diverges_and_that_the_text_si
     assert "substitution not needed" in clean, clean
     for said in ("not_needed", "True", "False", "nan", "1 failures"):
         assert not re.search(rf"\b{said}\b", words), said
+
+
+def test_the_drilldown_of_a_text_side_first_divergence_renders(answered):
+    """A failing run also renders notebook 02 on its first divergence; the planted defect's is a text stage,
+    whose rows are the prompt's tokens: the per-patch map says so instead of failing the notebook."""
+    from driftscope.views.errormaps import patch_error_grid
+
+    report, out = answered
+    first = report.data["first_divergence"][PLANTED]["stage"]
+    assert first.startswith("text."), first
+    assert patch_error_grid(report, first, PLANTED) is None
+    executed = json.loads((out / "02_layer_drilldown.ipynb").read_text())
+    outputs = [o for cell in executed["cells"] if cell["cell_type"] == "code" for o in cell.get("outputs", [])]
+    assert not [o for o in outputs if o["output_type"] == "error"]
+    assert "No per-patch map" in (out / "02_layer_drilldown.nocode.html").read_text()
