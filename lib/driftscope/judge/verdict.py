@@ -124,8 +124,9 @@ DECODED = ("text.generate", "text.forced", "text.cache", "text.rope_delta")
 
 
 def _group(stage_id: str) -> str:
-    """The group a missing stage is said under: its decode group, else its id less the last part."""
-    return next((p for p in DECODED if stage_id == p or stage_id.startswith(p + ".")), stage_id.rsplit(".", 1)[0])
+    """The group a missing stage is said under: its id less the last part, or a decode stage's own id (the
+    decoder's M-RoPE offset: not the prompt's stages under ``text``)."""
+    return stage_id if stage_id in DECODED else stage_id.rsplit(".", 1)[0]
 
 
 def _why_absent(tapset: TapSet, prefix: str) -> tuple[str, bool]:
