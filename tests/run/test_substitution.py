@@ -99,23 +99,25 @@ def test_three_way_a_bf16_candidate_costs_what_bf16_costs_and_a_defect_does_not(
     assert planted["ratio"] > 20 and planted["verdict"] == "something else", planted
 
 
+@pytest.mark.parametrize("compiled", ["jax", pytest.param("iree", marks=pytest.mark.slow)])
 def test_the_compiled_path_reads_substituted_embeddings_and_a_tower_defect_stays_the_towers(
-    tiny, runs, forced, tmp_path
+    tiny, runs, forced, compiled, tmp_path
 ):
-    """JAX as the reference of a pair whose candidate (MLX) has a planted tower defect: JAX's text side must take
-    the candidate's merged image embeddings (its substituted run's ``text.embeds.image`` is exactly those rows)
-    and diverge on them, while MLX's text side on JAX's tower agrees: the tower explains it."""
+    """JAX (or IREE) as the reference of a pair whose candidate (MLX) has a planted tower defect: its text side
+    must take the candidate's merged image embeddings (its substituted run's ``text.embeds.image`` is exactly
+    those rows) and diverge on them, while MLX's text side on its tower agrees: the tower explains it."""
     from driftscope.taps.tapset import TapSet
 
     checkpoint, inputs, plan = tiny(NAME)
-    _, reference = runs(NAME, "jax")
+    _, reference = runs(NAME, compiled)
     runtime, candidate = forced("mlx", patch=TOWER)
     contract = Contract()
-    pair = {"reference": "jax", "candidate": "cand", "forced": forced_pair(reference, candidate, contract)}
+    pair = {"reference": compiled, "candidate": "cand", "forced": forced_pair(reference, candidate, contract)}
     assert pair["forced"]["first_divergence"] is not None or pair["forced"]["flips"], pair["forced"]
-    runtimes = {"jax": get_runtime("jax")(checkpoint, "f32"), "cand": runtime}
-    assert runtimes["jax"].substitutes
-    entry = substitution(pair, runtimes, inputs, {"jax": reference, "cand": candidate}, contract, plan, tmp_path)
+    runtimes = {compiled: get_runtime(compiled)(checkpoint, "f32"), "cand": runtime}
+    assert runtimes[compiled].substitutes
+    tapsets = {compiled: reference, "cand": candidate}
+    entry = substitution(pair, runtimes, inputs, tapsets, contract, plan, tmp_path)
     assert entry["status"] == "done" and entry["verdict"] == "tower", entry
     substituted = TapSet(tmp_path / entry["reference_text_on_candidate_tower"]["tapset"])
     np.testing.assert_array_equal(
