@@ -15,6 +15,8 @@ from pathlib import Path
 
 from driftscope.core.markup import html_text
 
+from . import failure
+
 FAILING = ("fail", "shape_mismatch", "layout_mismatch")  # row statuses drawn red
 ALT = "driftscope_alt"  # the attribute a view sets on its figure: the figure's alternative text
 
@@ -43,7 +45,8 @@ def _png(figure) -> tuple[bytes, dict]:
 
 def setup() -> None:
     """Figures display as PNG with their alt text (the HTML carries it); pandas shows every row and column;
-    progress-bar warnings (no ipywidgets here) are not printed."""
+    progress-bar warnings (no ipywidgets here) are not printed; a driftscope error shows as its message and fix,
+    the traceback folded below (:mod:`driftscope.views.failure`)."""
     import pandas as pd
     from matplotlib.figure import Figure
 
@@ -54,6 +57,7 @@ def setup() -> None:
     shell = get_ipython() if get_ipython else None
     if shell is not None:
         shell.display_formatter.formatters["image/png"].for_type(Figure, _png)
+        failure.install(shell)  # a driftscope error: one message with its fix, the traceback folded below
     for option in ("display.max_rows", "display.max_columns", "display.max_colwidth", "display.width"):
         pd.set_option(option, None)
     warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm.auto in a kernel without widgets
