@@ -21,6 +21,18 @@ FAILING = ("fail", "shape_mismatch", "layout_mismatch")  # row statuses drawn re
 ALT = "driftscope_alt"  # the attribute a view sets on its figure: the figure's alternative text
 
 
+def plural(count: int, noun: str) -> str:
+    """``"1 failure"``, ``"4 failures"``: a count and its noun, singular for one."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def coordinates(value) -> str:
+    """An element's coordinates as ``(698, 10)``, never a list's repr; "" for none."""
+    if value is None:
+        return ""
+    return f"({', '.join(map(str, value))})" if isinstance(value, list | tuple) else str(value)
+
+
 def describe(figure, text: str):
     """Give ``figure`` its alternative text (what a reader who cannot see it should know); returns it."""
     setattr(figure, ALT, text)
@@ -70,10 +82,10 @@ class ProgressLog:
     text: str
 
     def _repr_html_(self) -> str:
-        lines = len(self.text.splitlines())
+        lines = plural(len(self.text.splitlines()), "line")
         body = html_text(self.text) if self.text else "(nothing was printed)"
         return (
-            f"<details><summary>Progress log ({lines} lines): what the investigation printed</summary>"
+            f"<details><summary>Progress log ({lines}): what the investigation printed</summary>"
             f"<pre style='font-size:11px;white-space:pre-wrap'>{body}</pre></details>"
         )
 
@@ -132,11 +144,19 @@ def scroll(styler):
 
 
 def table(
-    frame, highlight: str | None = "status", first: str | None = None, digits: int = 3, wrap: tuple[str, ...] = ()
+    frame,
+    highlight: str | None = "status",
+    first: str | None = None,
+    digits: int = 3,
+    wrap: tuple[str, ...] = (),
+    fit: bool = False,
+    anywhere: tuple[str, ...] = (),
 ):
     """``frame`` as HTML with every row, escaped, in a box that scrolls sideways (its first column stays in
     view); rows whose ``highlight`` column is a failing status are red; ``wrap`` columns wrap their text (long
-    sentences read in full). An empty frame is returned as it is."""
+    sentences read in full). ``fit``: a headline table that fits the page (1400 px): its headers and ``wrap``
+    columns wrap where there is a space, its ``anywhere`` columns (long dotted names) anywhere. An empty frame is
+    returned as it is."""
     if frame.empty:
         return frame
     frame = frame.reset_index(drop=True)
@@ -152,8 +172,17 @@ def table(
     words = [c for c in frame.columns if frame[c].dtype.kind in "OSUb" or str(frame[c].dtype) == "str"]
     styler = frame.style.hide(axis="index").apply(colour, axis=1).set_properties(subset=words, **{"text-align": "left"})
     wrapped = [c for c in wrap if c in frame.columns]
-    if wrapped:
+    if fit:
+        broken = [c for c in anywhere if c in frame.columns]
+        narrow = {"white-space": "normal !important", "min-width": "6em"}
+        styler = styler.set_properties(subset=wrapped, **narrow) if wrapped else styler
+        styler = styler.set_properties(subset=broken, **narrow, **{"overflow-wrap": "anywhere"}) if broken else styler
+    elif wrapped:
         styler = styler.set_properties(subset=wrapped, **{"white-space": "normal !important", "min-width": "28em"})
+    if fit:  # headers wrap, and the text is a size smaller than the other tables' (12px)
+        small = [{"selector": "th", "props": "white-space:normal !important"}]
+        small.append({"selector": "td, th", "props": "font-size:11px !important"})
+        styler = styler.set_table_styles(small, overwrite=False)
     styler = (
         styler.format(na_rep="", escape="html")
         .format({c: f"{{:.{digits}g}}" for c in floats}, na_rep="", escape="html")

@@ -285,7 +285,8 @@ def geometry_sections(
             (
                 f"**{text(Path(image_path).name)}**: {row['image']} -> {row['resized']}"
                 + (" (upscaled by min_pixels)" if row["upscaled_by_min_pixels"] else "")
-                + f", grid {list(grid)}, {row['merged_tokens']} tokens. Settings: {text(settings['source'])}.",
+                + f", grid {' x '.join(map(str, grid))}, {row['merged_tokens']} tokens. "
+                + f"Settings: {text(settings['source'])}.",
             ),
         ),
         Section(
