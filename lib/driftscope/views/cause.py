@@ -8,6 +8,8 @@ import re
 
 from driftscope.run.report import Report
 
+SHOWN_OPERATORS = 3  # the cell names the first few introducing operators; notebook 02 lists every one
+COUNTED = ("block", "layer", "crop", "image", "expert")  # "blocks 0-3"; anything else: "at 18, 24"
 _INDEX = re.compile(r"\.(\d+)(?=\.|$)")  # a block's (or a layer's, an output's) number inside a stage id
 
 
@@ -66,10 +68,26 @@ def introduced_groups(report: Report, key: str) -> list[dict]:
             patches = list(dict.fromkeys([*(conclusion.get("ready_patches") or []), *patches]))
         first = sorted({indices[0] for indices in group.pop("indices") if indices})
         word = group["operator"].split(".*", 1)[0].rsplit(".", 1)[-1]  # "block" in vision.block.*.mlp.act
-        count = len(group["stages"])
-        where = group["stages"][0] if count == 1 else (f"{word}s {_spans(first)}" if first else f"{count} stages")
-        shown.append({**group, "where": where, "patches": patches})
-    return shown
+        count, spans = len(group["stages"]), _spans(first)
+        where = f"{word}s {spans}" if word in COUNTED else (f"at {spans}" if first else f"{count} stages")
+        where = group["stages"][0] if count == 1 else where
+        shown.append({**group, "where": where, "patches": patches, "within": ""})
+    return _nest(shown)
+
+
+def _nest(groups: list[dict]) -> list[dict]:
+    """A group that contains another (whole blocks ``vision.block.*`` around ``vision.block.*.mlp.act``) is said
+    with the operator inside it, as where else its error shows (``within``), not as a second cause."""
+    inner = {}
+    for outer in groups:
+        found = next((g for g in groups if g is not outer and g["operator"].startswith(outer["operator"] + ".")), None)
+        if found is not None:
+            inner[id(outer)] = found
+    for outer_id, found in inner.items():
+        outer = next(g for g in groups if id(g) == outer_id)
+        found["within"] = outer["where"]
+        found["patches"] = list(dict.fromkeys([*found["patches"], *outer["patches"]]))
+    return [g for g in groups if id(g) not in inner]
 
 
 def _plural(count: int, word: str) -> str:
@@ -85,7 +103,14 @@ def cause_text(report: Report, key: str) -> str:
         return ""
     if kind == "introduced":
         groups = introduced_groups(report, key)
-        parts = [g["operator"] if len(g["stages"]) == 1 else f"{g['operator']} ({g['where']})" for g in groups]
+        parts = []
+        for group in groups[:SHOWN_OPERATORS]:
+            notes = [] if len(group["stages"]) == 1 else [group["where"]]
+            notes += [f"replayed whole, {group['within']} introduce error too"] if group["within"] else []
+            name = group["stages"][0] if len(group["stages"]) == 1 else group["operator"]
+            parts.append(name + (f" ({'; '.join(notes)})" if notes else ""))
+        more = len(groups) - SHOWN_OPERATORS
+        parts += [f"and {_plural(more, 'more operator')} (notebook 02)"] if more > 0 else []
         head = "introduced at " if len(groups) == 1 else f"introduced by {_plural(len(groups), 'operator')}: "
         return head + "; ".join(parts)
     if kind == "accumulation":
@@ -113,6 +138,9 @@ def patch_text(report: Report, key: str) -> str:
     patches = list(dict.fromkeys(p for g in groups for p in g["patches"]))
     if not patches:
         return "none declared"
+    closes_all = [p for p in patches if len(groups) > 1 and all(p in g["patches"] for g in groups)]
+    if closes_all:  # one patch closes every introducing operator: that one (the others close one each)
+        patches = closes_all[:1]
     first = next(g for g in groups if g["patches"])
     stage = first["stages"][0]
     block = report.plan[stage].block if stage in report.plan else None

@@ -176,12 +176,19 @@ def table(
         broken = [c for c in anywhere if c in frame.columns]
         narrow = {"white-space": "normal !important", "min-width": "6em"}
         styler = styler.set_properties(subset=wrapped, **narrow) if wrapped else styler
-        styler = styler.set_properties(subset=broken, **narrow, **{"overflow-wrap": "anywhere"}) if broken else styler
+        for column in broken:  # as wide as its longest word (up to 32 characters), broken only past that
+            longest = max((len(word) for value in frame[column].astype(str) for word in value.split()), default=0)
+            wide = {
+                "white-space": "normal !important",
+                "overflow-wrap": "anywhere",
+                "min-width": f"{min(longest, 32)}ch",
+            }
+            styler = styler.set_properties(subset=[column], **wide)
     elif wrapped:
         styler = styler.set_properties(subset=wrapped, **{"white-space": "normal !important", "min-width": "28em"})
     if fit:  # headers wrap, and the text is a size smaller than the other tables' (12px)
         small = [{"selector": "th", "props": "white-space:normal !important"}]
-        small.append({"selector": "td, th", "props": "font-size:11px !important"})
+        small.append({"selector": "td, th", "props": "font-size:11px !important;padding:2px 5px !important"})
         styler = styler.set_table_styles(small, overwrite=False)
     styler = (
         styler.format(na_rep="", escape="html")

@@ -130,7 +130,14 @@ def _past(first: dict) -> str:
 
 
 #: The headline table's columns that wrap (long words and sentences): the table fits the page.
-HEADLINE_WRAP = ("runtime pair", "most tolerance used", "suspected cause")
+HEADLINE_WRAP = (
+    "runtime pair",
+    "failures",
+    "its tolerance (past it)",
+    "atol-bound",
+    "most tolerance used",
+    "suspected cause",
+)
 
 
 def divergence_frame(report: Report):
