@@ -33,6 +33,12 @@ def visible_words(page: str) -> str:
     return re.sub(r"\s+", " ", words)
 
 
+def _snake(word: str) -> bool:
+    """A code name as a header word (``top1_agree``, ``max_abs``); a runtime label such as
+    ``mlx-without-tanh_gelu`` or ``mlx:bf16`` is the user's name for a runtime, not a header to reword."""
+    return bool(re.fullmatch(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)+", word))
+
+
 def headers(page: str) -> list[str]:
     """Every table's column headers (``thead`` cells), as text."""
     cells = []
@@ -61,6 +67,6 @@ def problems(page: str, patterns: tuple[str, ...] | None = None, check_headers: 
         for match in re.finditer(WORDS[name], words):
             found.append(f"{name}: ...{words[max(0, match.start() - 60) : match.end() + 40]}...")
     if check_headers:
-        found += [f"a snake_case header: {h!r}" for h in headers(page) if re.search(r"\b[a-z0-9]+_[a-z0-9_]+\b", h)]
+        found += [f"a snake_case header: {h!r}" for h in headers(page) if any(map(_snake, h.split()))]
         found += [f"a pandas index column: {rows}" for rows in index_columns(page)]
     return found

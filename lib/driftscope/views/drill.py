@@ -145,7 +145,7 @@ def where_markdown(difference: StageDifference, share: float, collapsed: int) ->
         return f"{code(difference.stage)}: no element fails; **{collapsed}** rows collapsed to zero."
     return (
         f"{code(difference.stage)}: the top 3 channels carry **{share:.0%}** of the {plural(total, 'failure')}; "
-        f"**{collapsed}** rows collapsed to zero; by magnitude, {split['failures_small']} failures at "
+        f"**{collapsed}** rows collapsed to zero; by magnitude, {plural(split['failures_small'], 'failure')} at "
         f"|expected| ≤ {split['split_at']:.3g} (the median) and {split['failures_large']} above it."
     )
 

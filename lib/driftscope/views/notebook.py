@@ -143,6 +143,14 @@ def scroll(styler):
     return HTML(f'<div class="driftscope-table" style="overflow-x:auto;max-width:100%">{styler.to_html()}</div>')
 
 
+def _cell(value):
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list | tuple):
+        return coordinates(value)
+    return value
+
+
 def table(
     frame,
     highlight: str | None = "status",
@@ -154,12 +162,17 @@ def table(
 ):
     """``frame`` as HTML with every row, escaped, in a box that scrolls sideways (its first column stays in
     view); rows whose ``highlight`` column is a failing status are red; ``wrap`` columns wrap their text (long
-    sentences read in full). ``fit``: a headline table that fits the page (1400 px): its headers and ``wrap``
-    columns wrap where there is a space, its ``anywhere`` columns (long dotted names) anywhere. An empty frame is
-    returned as it is."""
+    sentences read in full); booleans read yes/no and lists (0, 1). ``fit``: a headline table that fits the page
+    (1400 px): its headers and ``wrap`` columns wrap where there is a space, its ``anywhere`` columns (long dotted
+    names) anywhere. An empty frame is returned as it is."""
     if frame.empty:
         return frame
     frame = frame.reset_index(drop=True)
+    for column in frame.columns:  # words, never a Python value's repr: (0, 1) for a list, yes/no for a bool
+        if frame[column].dtype == bool:
+            frame[column] = frame[column].map({True: "yes", False: "no"})
+        elif frame[column].dtype == object:
+            frame[column] = frame[column].map(_cell)
     if first and first in frame.columns:
         frame = frame[[first, *[c for c in frame.columns if c != first]]]
     bad = frame[highlight].isin(FAILING).to_numpy() if highlight in frame.columns else [False] * len(frame)

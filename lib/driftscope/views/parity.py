@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from driftscope.capture.runtime_checks import COULD_NOT_RUN
-from driftscope.core.markup import code, text
+from driftscope.core.markup import code, listed, text
 from driftscope.judge.rows import share_of_tolerance
 from driftscope.run.report import Report
 
@@ -275,11 +275,16 @@ def inputs_markdown(report: Report) -> str:
     inputs = report.data.get("inputs") or {}
     processor = dict(inputs.get("processor") or {})
     name = processor.pop("class", "the checkpoint's processor")
-    settings = ", ".join(f"{text(k)} {text(v)}" for k, v in processor.items())
+    settings = ", ".join(
+        f"{text(k)} {text(listed(v, ' x ' if k.endswith('size') else ', '))}" for k, v in processor.items()
+    )
+    patches = inputs.get("patches")
     lines = [
         family_text(report, "inputs"),
-        f"Processor {code(name)}" + (f" ({settings})" if settings else "") + f"; {text(inputs.get('patches'))} "
-        f"patches; inputs digest {code(inputs.get('digest'))} (every capture must report the same).",
+        f"Processor {code(name)}"
+        + (f" ({settings})" if settings else "")
+        + (f"; {text(patches)} patches" if patches is not None else "")
+        + f"; inputs digest {code(inputs.get('digest'))} (every capture must report the same).",
     ]
     prompt = inputs.get("text")
     if prompt:
