@@ -29,7 +29,7 @@ def atol_note(first: dict, atol: float, rtol: float) -> str:
     failures, bound = int(first.get("failures") or 0), int(first.get("atol_bound_failures") or 0)
     if not failures or not bound or first.get("nonfinite_mismatch"):
         return ""
-    share = f"all {failures}" if bound == failures else f"{bound} of {failures}"
+    share = ("yes" if failures == 1 else f"all {failures}") if bound == failures else f"{bound} of {failures}"
     return f"{share} (|e| ≤ {atol / rtol:.3g})" if rtol else f"{share} (rtol 0)"
 
 

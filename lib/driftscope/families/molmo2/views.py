@@ -199,7 +199,8 @@ def geometry_sections(image_paths: list[Path], checkpoint: str | Path | None = N
             "only the prefix up to the deepest selected layer runs.",
             (
                 f"{layers['layout']} layout ({layers['source']}): declared depth {layers['declared_depth']}, "
-                f"configured {layers['configured_layers']} -> selected **{layers['selected_layers']}**, "
+                f"configured {listed(layers['configured_layers'])} -> "
+                f"selected **{listed(layers['selected_layers'])}**, "
                 f"**{layers['execution_depth']}** layers run.",
             ),
         ),
