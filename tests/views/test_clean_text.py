@@ -10,6 +10,7 @@ names belong to the answer view (``views/answer.py``), reworded separately.
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from clean_text import GENERIC, problems
@@ -87,3 +88,37 @@ def test_every_page_of_every_family_demo_says_words(demo):
     names = sorted({*names, *(p.name.removesuffix(".nocode.html") for p in out.glob("0*.nocode.html"))})
     assert len(names) >= 4
     assert not _check(out, names)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (shutil.which("chromium") and shutil.which("chromedriver")), reason="needs chromium")
+def test_every_family_demos_headline_tables_fit_1400_px(demo):
+    """Issue 34 item 2 on each family's demo: notebook 01's headline table and notebook 04's power table (its
+    "why it is not detected" column included) need no sideways scroll at 1400 px."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    _, out = demo
+    options = webdriver.ChromeOptions()
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(flag)
+    options.binary_location = shutil.which("chromium")
+    browser = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+    try:
+        browser.execute_cdp_cmd(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": 1400, "height": 900, "deviceScaleFactor": 1, "mobile": False},
+        )
+        for page, header in (
+            ("01_stage_parity", "suspected cause"),
+            ("04_negative_controls", "why it is not detected"),
+        ):
+            browser.get((out / f"{page}.nocode.html").as_uri())
+            box = browser.execute_script(
+                f"""const box = Array.from(document.querySelectorAll('div.driftscope-table'))
+                  .find(b => b.querySelector('thead') && b.querySelector('thead').innerText.includes({header!r}));
+                return box && [box.scrollWidth, box.clientWidth, box.getBoundingClientRect().right];"""
+            )
+            assert box and box[0] <= box[1] and box[2] <= 1400, (page, box)
+    finally:
+        browser.quit()
