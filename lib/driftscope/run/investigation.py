@@ -138,10 +138,12 @@ def _finished(params: Parameters, out: Path, waited: bool, parent: bool = False)
         return previous
     if waited:
         error = previous.data.get("error") or {}
-        cause = f"{error['type']}: {error['message']}" if error else f"no error recorded ({previous.stopped()})"
+        problem, _, fix = str(error.get("message", "")).partition("\n  fix: ")  # its own fix, said once
+        cause = f"{error['type']}: {problem}" if error else f"no error recorded ({previous.stopped()})"
+        where = f"{report_path} and {out / LOG_NAME}"
         raise InvestigationFailed(
             f"the investigation this run waited for stopped at {previous.data.get('stopped_at')}: {cause}",
-            f"see {report_path} and {out / LOG_NAME}; fix the cause and run again",
+            f"{fix} (details: {where})" if fix else f"see {where}; fix the cause and run again",
         )
     if status == "dead":
         log(f"the run in {out} died: {previous.stopped()}; running it again")
