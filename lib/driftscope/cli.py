@@ -45,9 +45,13 @@ def _run(args: argparse.Namespace) -> int:
     log(f"report: {report.path} (verdict {report.verdict})")
     code = _exit_code(report)
     if errors or code == 2:
-        for name, error in errors.items():
-            log(f"could not run: {name}: {error}")
-        if report.status != "complete":
+        from driftscope.views.failure import summary_lines
+
+        stopped = report.status != "complete"
+        error_type = (report.data.get("error") or {}).get("type")
+        for line in summary_lines(errors, report.data.get("stopped_at") if stopped else None, error_type):
+            log(line)
+        if stopped and "investigation" not in errors:
             log(f"the investigation {report.stopped()}")
         return 2
     return 0 if args.no_gate else code

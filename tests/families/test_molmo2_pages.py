@@ -23,8 +23,9 @@ def test_the_gelu_defect_run_names_its_patch_on_the_first_screen(tmp_path):
     assert main(["run", str(params), "--out", str(out)]) == 1  # the defect fails the gate
     first = _words((out / "01_stage_parity.nocode.html").read_text())
     screen = first[: first.index("Stage table")]
-    assert "mlx-without-tanh_gelu vs transformers:f32 : vision.block.0.mlp.act introduces the error" in screen
-    assert "driftscope.hypotheses:tanh_gelu" in screen and "notebook 02" in screen
+    # the headline table's suspected cause and ready patch (issue 34 item 1)
+    assert "introduced at vision.block.0.mlp.act (replayed whole, blocks 0-24 introduce error too)" in screen
+    assert "driftscope.hypotheses:tanh_gelu (try on block 0 in notebook 02)" in screen
     assert "driftscope.hypotheses:mlx_vlm_fixes" not in screen  # the candidate runs it already (skip: tanh_gelu)
     drill = _words((out / "02_layer_drilldown.nocode.html").read_text())
     assert "Ready patch" in drill and "driftscope.hypotheses:tanh_gelu" in drill

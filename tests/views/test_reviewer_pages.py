@@ -177,13 +177,14 @@ def test_the_first_divergence_names_the_worst_failing_element(browser, rendered)
     shown = dict(zip(header, next(r for r in rows if r[0] == "mlx:bf16 vs transformers:f32"), strict=True))
     assert shown["first divergence"] == first["stage"] and shown["verdict"] == "fail"
     assert shown["failures"] == f"{truth['failures']} / {truth['elements']}"
-    assert json.loads(shown["worst failing element"]) == truth["coords"]
+    assert shown["worst failing element"] == "(" + ", ".join(map(str, truth["coords"])) + ")"  # never a list repr
     assert float(shown["expected"]) == pytest.approx(truth["expected"], rel=1e-4)
     assert float(shown["actual"]) == pytest.approx(truth["actual"], rel=1e-4)
-    assert float(shown["its tolerance"]) == pytest.approx(truth["tolerance"], rel=1e-3)
-    assert float(shown["past it"].rstrip("x")) == pytest.approx(truth["excess"], rel=1e-2) and truth["excess"] > 1
+    tolerance, past = re.fullmatch(r"(\S+) \((\S+)x\)", shown["its tolerance (past it)"]).groups()
+    assert float(tolerance) == pytest.approx(truth["tolerance"], rel=1e-3)
+    assert float(past) == pytest.approx(truth["excess"], rel=1e-2) and truth["excess"] > 1
     if truth["atol_bound"] == truth["failures"]:
-        assert shown["atol-bound"].startswith(f"all {truth['failures']}: atol-bound")
+        assert shown["atol-bound"] == f"all {truth['failures']} (|e| ≤ {report.rows[0].atol / report.rows[0].rtol:.3g})"
     else:
         assert shown["atol-bound"].startswith(f"{truth['atol_bound']} of {truth['failures']}")
 
@@ -246,8 +247,8 @@ def test_stages_one_side_cannot_capture_are_said_in_words(browser, rendered):
     row = next(r for r in rows if r[0] == "text.generate.margins")
     cells = dict(zip(header, row, strict=True))
     assert cells["iree:f32 status"] == "missing"
-    assert cells["iree:f32 max_abs"] == "" and cells["iree:f32 failures"] == ""
-    assert cells["mlx:bf16 status"] == "pass" and float(cells["mlx:bf16 max_abs"]) > 0
+    assert cells["iree:f32 max |a - e|"] == "" and cells["iree:f32 failures"] == ""
+    assert cells["mlx:bf16 status"] == "pass" and float(cells["mlx:bf16 max |a - e|"]) > 0
 
 
 def test_rendered_notebooks_are_quiet(rendered):
@@ -271,3 +272,64 @@ def test_rendered_notebooks_are_quiet(rendered):
         assert not re.search(r"\bNone\b|\{'|\['", words), executed.name  # no raw None, dict or list
         injected = [c for c in notebook["cells"] if "injected-parameters" in c["metadata"].get("tags", [])]
         assert len(injected) == 1 and str(out) not in html.split("given to this run", 1)[1].split("\n", 1)[0]
+
+
+def _headline(browser, path) -> dict:
+    load(browser, path)
+    return browser.execute_script(
+        """
+        const box = Array.from(document.querySelectorAll('div.driftscope-table'))
+          .find(b => b.innerText.includes('first divergence'));
+        const cells = tr => Array.from(tr.children).map(c => c.innerText);
+        return {header: cells(box.querySelector('thead tr')),
+          rows: Array.from(box.querySelectorAll('tbody tr')).map(cells),
+          scroll: box.scrollWidth, client: box.clientWidth, right: box.getBoundingClientRect().right};
+        """
+    )
+
+
+@pytest.mark.parametrize("kind", ["html", "nocode.html"])
+def test_the_headline_table_fits_and_names_each_failing_pairs_cause(browser, rendered, kind):
+    """Issue 34 items 1 and 2: the failing pair first, its suspected cause (the replay's conclusion) in the
+    headline table, and every column inside 1400 px (nothing to scroll to)."""
+    _, out = rendered
+    report = Report.load(out)
+    shown = _headline(browser, out / f"01_stage_parity.{kind}")
+    assert shown["scroll"] <= shown["client"] and shown["right"] <= WIDTH, shown
+    assert shown["header"][-2:] == ["suspected cause", "ready patch"]
+    rows = [dict(zip(shown["header"], row, strict=True)) for row in shown["rows"]]
+    verdicts = report.data["verdict"]["per_candidate"]
+    failing = [key for key in report.pair_keys() if verdicts[key] != "pass"]
+    assert failing == ["mlx:bf16"]
+    assert [row["runtime pair"] for row in rows[: len(failing)]] == [report.pair_title(k) for k in failing]
+    conclusion = report.data["conclusions"]["mlx:bf16"]
+    cause = rows[0]["suspected cause"]
+    if conclusion["kind"] == "accumulation":  # the replay found no operator: the drift and where it starts
+        assert cause.startswith(f"accumulated drift from {conclusion['onset']}") and "no single operator" in cause
+        assert rows[0]["ready patch"] == ""
+    else:
+        assert conclusion["kind"] == "introduced" and conclusion["stage"] in cause
+    assert all(row["suspected cause"] == row["ready patch"] == "" for row in rows[len(failing) :])
+
+
+def test_every_stage_puts_the_failing_pair_first_and_the_power_table_fits(browser, rendered):
+    _, out = rendered
+    load(browser, out / "01_stage_parity.nocode.html")
+    header = browser.execute_script(
+        """
+        const box = Array.from(document.querySelectorAll('div.driftscope-table')).pop();
+        return Array.from(box.querySelector('thead tr').children).map(c => c.innerText);
+        """
+    )
+    assert header[1:4] == ["mlx:bf16 status", "mlx:bf16 max |a - e|", "mlx:bf16 failures"], header[:5]
+    load(browser, out / "04_negative_controls.nocode.html")
+    box = browser.execute_script(
+        """
+        const box = Array.from(document.querySelectorAll('div.driftscope-table'))
+          .find(b => b.innerText.includes('why it is not detected'));
+        const why = Array.from(box.querySelectorAll('thead th')).findIndex(th => th.innerText.includes('why it is'));
+        const cell = box.querySelector(`tbody tr td:nth-child(${why + 1})`);
+        return {scroll: box.scrollWidth, client: box.clientWidth, right: cell.getBoundingClientRect().right};
+        """
+    )
+    assert box["scroll"] <= box["client"] and box["right"] <= WIDTH, box

@@ -18,6 +18,16 @@ def html_text(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
+def listed(value: object, sep: str = ", ") -> str:
+    """A list as words, never its repr: ``listed([1, 16, 16], " x ")`` is ``1 x 16 x 16``; a list of lists joins
+    each with ``sep`` and them with ``"; "``; anything else is ``str(value)``."""
+    if isinstance(value, list | tuple):
+        if value and all(isinstance(v, list | tuple) for v in value):
+            return "; ".join(listed(v, sep) for v in value)
+        return sep.join(map(str, value))
+    return str(value)
+
+
 def text(value: object) -> str:
     """``value`` as Markdown text that renders as itself: HTML escaped, Markdown punctuation backslashed."""
     return _MARKDOWN_PUNCTUATION.sub(r"\\\1", html.escape(str(value), quote=False))

@@ -138,11 +138,11 @@ def _finished(params: Parameters, out: Path, waited: bool, parent: bool = False)
         return previous
     if waited:
         error = previous.data.get("error") or {}
-        cause = f"{error['type']}: {error['message']}" if error else f"no error recorded ({previous.stopped()})"
-        raise InvestigationFailed(
-            f"the investigation this run waited for stopped at {previous.data.get('stopped_at')}: {cause}",
-            f"see {report_path} and {out / LOG_NAME}; fix the cause and run again",
-        )
+        problem, _, fix = str(error.get("message", "")).partition("\n  fix: ")  # its own fix, said once
+        cause = f"{error['type']}: {problem}" if error else f"no error recorded ({previous.stopped()})"
+        where, stopped = f"{report_path} and {out / LOG_NAME}", previous.data.get("stopped_at")
+        fixed = f"{fix} (details: {where})" if fix else f"see {where}; fix the cause and run again"
+        raise InvestigationFailed(f"the investigation this run waited for stopped at {stopped}: {cause}", fixed)
     if status == "dead":
         log(f"the run in {out} died: {previous.stopped()}; running it again")
     return None

@@ -75,10 +75,10 @@ class Recapture:
                 {
                     "stage": row.stage,
                     "run: status": old.status if old else "not captured",
-                    "run: max_abs": old.max_abs if old else None,
+                    "run: max |a - e|": old.max_abs if old else None,
                     "run: tolerance used": share_of_tolerance(old) if old and old.status in ("pass", "fail") else None,
                     "patched: status": row.status,
-                    "patched: max_abs": row.max_abs,
+                    "patched: max |a - e|": row.max_abs,
                     "patched: tolerance used": share_of_tolerance(row) if row.status in ("pass", "fail") else None,
                 }
             )

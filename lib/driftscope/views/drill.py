@@ -10,7 +10,7 @@ from driftscope.core.markup import code, text
 from driftscope.run.report import Report
 
 from .errormaps import StageDifference, magnitude_split, patch_error_grid
-from .notebook import describe
+from .notebook import coordinates, describe, plural
 from .plots import block_outputs, landmarks
 
 LABEL_COLORS = {"introduced": "#d62728", "amplified": "#ff7f0e", "inherited": "#1f77b4", "clean": "#bbbbbb"}
@@ -82,10 +82,10 @@ def substages(report: Report, pair: str, layers: list[int]):
                 "status": r.status,
                 "failures": r.failures,
                 "tolerance used": share_of_tolerance(r) if r.status in ("pass", "fail") else None,
-                "max_abs": r.max_abs,
-                "relative_rms": r.relative_rms,
+                "max |a - e|": r.max_abs,
+                "relative RMS": r.relative_rms,
                 "replay label": labels.get(r.stage, {}).get("label", "not replayed"),
-                "op-local relative_rms": labels.get(r.stage, {}).get("op_local_relative_rms"),
+                "op-local relative RMS": labels.get(r.stage, {}).get("op_local_relative_rms"),
                 "amplification": labels.get(r.stage, {}).get("amplification"),
             }
             for r in rows
@@ -114,8 +114,8 @@ def captured_substages(report: Report, pair: str, block: int):
                 "status": r.status,
                 "failures": r.failures,
                 "tolerance used": share_of_tolerance(r) if r.status in ("pass", "fail") else None,
-                "max_abs": r.max_abs,
-                "relative_rms": r.relative_rms,
+                "max |a - e|": r.max_abs,
+                "relative RMS": r.relative_rms,
                 "note": r.note,
             }
             for r in trial.rows
@@ -130,8 +130,11 @@ def replay_frame(report: Report, pair: str, layers: list[int]):
 
     replayed = (report.data.get("replay") or {}).get(pair, {}).get("rows", [])
     rows = [row for row in replayed if block_of(row["stage"]) in layers]
-    columns = ["stage", "status", "failures", "max_abs", "relative_rms", "cosine"]
-    return pd.DataFrame([{key: row.get(key) for key in columns} for row in rows], columns=columns)
+    columns = {"stage": "stage", "status": "status", "failures": "failures", "max_abs": "max |a - e|"}
+    columns.update({"relative_rms": "relative RMS", "cosine": "cosine"})
+    return pd.DataFrame(
+        [{shown: row.get(key) for key, shown in columns.items()} for row in rows], columns=[*columns.values()]
+    )
 
 
 def where_markdown(difference: StageDifference, share: float, collapsed: int) -> str:
@@ -141,8 +144,8 @@ def where_markdown(difference: StageDifference, share: float, collapsed: int) ->
     if not total:
         return f"{code(difference.stage)}: no element fails; **{collapsed}** rows collapsed to zero."
     return (
-        f"{code(difference.stage)}: the top 3 channels carry **{share:.0%}** of the {total} failures; "
-        f"**{collapsed}** rows collapsed to zero; by magnitude, {split['failures_small']} failures at "
+        f"{code(difference.stage)}: the top 3 channels carry **{share:.0%}** of the {plural(total, 'failure')}; "
+        f"**{collapsed}** rows collapsed to zero; by magnitude, {plural(split['failures_small'], 'failure')} at "
         f"|expected| ≤ {split['split_at']:.3g} (the median) and {split['failures_large']} above it."
     )
 
@@ -152,7 +155,7 @@ def recapture_hint(pair: str, layers: list[int], report: Report | None = None) -
     ready patch for the operator that introduces the pair's error, where one exists."""
     hint = (
         f'Set `patch` in the parameters cell (e.g. `patch = "driftscope.hypotheses:NAME"`, '
-        f'`"my_fix.py:function"` or `{{"callable": ..., "kwargs": {{...}}}}`) and run this cell again: it '
+        f'`"my_fix.py:function"`, or a dictionary of its `callable` and `kwargs`) and run this cell again: it '
         f"captures block {text(layers[0] if layers else 0)} of {code(pair)} with the patch applied (only that "
         "runtime loads; the reference's capture is the run's) and compares it stage by stage with the run."
     )
@@ -316,7 +319,8 @@ def conclusion_markdown(report: Report, pair: str) -> str:
         lines.append(f"Narrowing captured {len(added)} stages for this pair (e.g. {code(added[0])}).")
     if lineage:
         lines.append(
-            f"The worst failing element of {code(lineage['stage'])} is at {code(lineage['coords'])}: token row "
+            f"The worst failing element of {code(lineage['stage'])} is at {code(coordinates(lineage['coords']))}: "
+            "token row "
             f"{lineage['raster_row']} ({text(lineage['unit'])} unit, raster order), followed back below."
         )
     return "\n\n".join(lines)

@@ -110,8 +110,8 @@ def top_channels(difference: StageDifference, k: int = 8):
             {
                 "channel": int(channel),
                 "failures": int(per_channel[channel]),
-                "max_abs": float(worst[channel]),
-                "mean_abs": float(np.nanmean(diff[:, channel])),
+                "max |a - e|": float(worst[channel]),
+                "mean |a - e|": float(np.nanmean(diff[:, channel])),
                 "worst token": token,
                 "expected": float(difference.expected[token, channel]),
                 "actual": float(difference.actual[token, channel]),
@@ -132,7 +132,7 @@ def top_tokens(difference: StageDifference, k: int = 8):
             {
                 "token": int(t),
                 "failures": int(per_token[t]),
-                "max_abs": float(worst[t]),
+                "max |a - e|": float(worst[t]),
                 "worst channel": int(np.argmax(diff[t])),
                 "expected": float(difference.expected[t].max()),
                 "row |expected| max": float(np.abs(difference.expected[t]).max()),

@@ -73,6 +73,10 @@ def show(sections: list[Section]) -> None:
     for section in sections:
         display(Markdown(f"## {section.title}\n\n{section.prose}".rstrip()))
         for item in section.items:
+            if hasattr(item, "to_html") and hasattr(item, "columns"):  # a table: no pandas index, headers in words
+                from .notebook import table
+
+                item = table(item.rename(columns=lambda c: str(c).replace("_", " ")), highlight=None)
             display(Markdown(item) if isinstance(item, str) else item)
 
 

@@ -15,8 +15,22 @@ from pathlib import Path
 
 from driftscope.core.markup import html_text
 
+from . import failure
+
 FAILING = ("fail", "shape_mismatch", "layout_mismatch")  # row statuses drawn red
 ALT = "driftscope_alt"  # the attribute a view sets on its figure: the figure's alternative text
+
+
+def plural(count: int, noun: str) -> str:
+    """``"1 failure"``, ``"4 failures"``: a count and its noun, singular for one."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def coordinates(value) -> str:
+    """An element's coordinates as ``(698, 10)``, never a list's repr; "" for none."""
+    if value is None:
+        return ""
+    return f"({', '.join(map(str, value))})" if isinstance(value, list | tuple) else str(value)
 
 
 def describe(figure, text: str):
@@ -43,7 +57,8 @@ def _png(figure) -> tuple[bytes, dict]:
 
 def setup() -> None:
     """Figures display as PNG with their alt text (the HTML carries it); pandas shows every row and column;
-    progress-bar warnings (no ipywidgets here) are not printed."""
+    progress-bar warnings (no ipywidgets here) are not printed; a driftscope error shows as its message and fix,
+    the traceback folded below (:mod:`driftscope.views.failure`)."""
     import pandas as pd
     from matplotlib.figure import Figure
 
@@ -54,6 +69,7 @@ def setup() -> None:
     shell = get_ipython() if get_ipython else None
     if shell is not None:
         shell.display_formatter.formatters["image/png"].for_type(Figure, _png)
+        failure.install(shell)  # a driftscope error: one message with its fix, the traceback folded below
     for option in ("display.max_rows", "display.max_columns", "display.max_colwidth", "display.width"):
         pd.set_option(option, None)
     warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm.auto in a kernel without widgets
@@ -66,10 +82,10 @@ class ProgressLog:
     text: str
 
     def _repr_html_(self) -> str:
-        lines = len(self.text.splitlines())
+        lines = plural(len(self.text.splitlines()), "line")
         body = html_text(self.text) if self.text else "(nothing was printed)"
         return (
-            f"<details><summary>Progress log ({lines} lines): what the investigation printed</summary>"
+            f"<details><summary>Progress log ({lines}): what the investigation printed</summary>"
             f"<pre style='font-size:11px;white-space:pre-wrap'>{body}</pre></details>"
         )
 
@@ -127,15 +143,36 @@ def scroll(styler):
     return HTML(f'<div class="driftscope-table" style="overflow-x:auto;max-width:100%">{styler.to_html()}</div>')
 
 
+def _cell(value):
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list | tuple):
+        return coordinates(value)
+    return value
+
+
 def table(
-    frame, highlight: str | None = "status", first: str | None = None, digits: int = 3, wrap: tuple[str, ...] = ()
+    frame,
+    highlight: str | None = "status",
+    first: str | None = None,
+    digits: int = 3,
+    wrap: tuple[str, ...] = (),
+    fit: bool = False,
+    anywhere: tuple[str, ...] = (),
 ):
     """``frame`` as HTML with every row, escaped, in a box that scrolls sideways (its first column stays in
     view); rows whose ``highlight`` column is a failing status are red; ``wrap`` columns wrap their text (long
-    sentences read in full). An empty frame is returned as it is."""
+    sentences read in full); booleans read yes/no and lists (0, 1). ``fit``: a headline table that fits the page
+    (1400 px): its headers and ``wrap`` columns wrap where there is a space, its ``anywhere`` columns (long dotted
+    names) anywhere. An empty frame is returned as it is."""
     if frame.empty:
         return frame
     frame = frame.reset_index(drop=True)
+    for column in frame.columns:  # words, never a Python value's repr: (0, 1) for a list, yes/no for a bool
+        if frame[column].dtype == bool:
+            frame[column] = frame[column].map({True: "yes", False: "no"})
+        elif frame[column].dtype == object:
+            frame[column] = frame[column].map(_cell)
     if first and first in frame.columns:
         frame = frame[[first, *[c for c in frame.columns if c != first]]]
     bad = frame[highlight].isin(FAILING).to_numpy() if highlight in frame.columns else [False] * len(frame)
@@ -148,8 +185,24 @@ def table(
     words = [c for c in frame.columns if frame[c].dtype.kind in "OSUb" or str(frame[c].dtype) == "str"]
     styler = frame.style.hide(axis="index").apply(colour, axis=1).set_properties(subset=words, **{"text-align": "left"})
     wrapped = [c for c in wrap if c in frame.columns]
-    if wrapped:
+    if fit:
+        broken = [c for c in anywhere if c in frame.columns]
+        narrow = {"white-space": "normal !important", "min-width": "6em"}
+        styler = styler.set_properties(subset=wrapped, **narrow) if wrapped else styler
+        for column in broken:  # as wide as its longest word (up to 32 characters), broken only past that
+            longest = max((len(word) for value in frame[column].astype(str) for word in value.split()), default=0)
+            wide = {
+                "white-space": "normal !important",
+                "overflow-wrap": "anywhere",
+                "min-width": f"{min(longest, 32)}ch",
+            }
+            styler = styler.set_properties(subset=[column], **wide)
+    elif wrapped:
         styler = styler.set_properties(subset=wrapped, **{"white-space": "normal !important", "min-width": "28em"})
+    if fit:  # headers wrap, and the text is a size smaller than the other tables' (12px)
+        small = [{"selector": "th", "props": "white-space:normal !important"}]
+        small.append({"selector": "td, th", "props": "font-size:11px !important;padding:2px 5px !important"})
+        styler = styler.set_table_styles(small, overwrite=False)
     styler = (
         styler.format(na_rep="", escape="html")
         .format({c: f"{{:.{digits}g}}" for c in floats}, na_rep="", escape="html")

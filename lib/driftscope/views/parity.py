@@ -8,29 +8,29 @@ import math
 from pathlib import Path
 
 from driftscope.capture.runtime_checks import COULD_NOT_RUN
-from driftscope.core.markup import code, text
+from driftscope.core.markup import code, listed, text
 from driftscope.judge.rows import share_of_tolerance
 from driftscope.run.report import Report
 
 from .curves import error_curves
-from .notebook import family_text, table
+from .notebook import coordinates, family_text, table
 
 
 def _number(value: object, digits: int = 3) -> str:
+    """A value for a table cell; ``None`` (a non-finite value in the report's JSON) or NaN as "non-finite"."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "nan"
+        return "non-finite"
     return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
 
 
 def atol_note(first: dict, atol: float, rtol: float) -> str:
     """Whether atol alone decided a first divergence's failures (each at a reference so small that rtol·|e|
-    adds at most atol): ``"all 5: atol-bound (|e| <= atol/rtol = 1)"``, or ``""``."""
+    adds at most atol): ``"all 5 (|e| ≤ 1)"`` (1 = atol/rtol), ``"3 of 5 (|e| ≤ 1)"``, or ``""``."""
     failures, bound = int(first.get("failures") or 0), int(first.get("atol_bound_failures") or 0)
     if not failures or not bound or first.get("nonfinite_mismatch"):
         return ""
-    share = f"all {failures}" if bound == failures else f"{bound} of {failures}"
-    limit = f"|e| <= atol/rtol = {atol / rtol:.3g}" if rtol else "rtol 0"
-    return f"{share}: atol-bound ({limit})"
+    share = ("yes" if failures == 1 else f"all {failures}") if bound == failures else f"{bound} of {failures}"
+    return f"{share} (|e| ≤ {atol / rtol:.3g})" if rtol else f"{share} (rtol 0)"
 
 
 def _row(rows: list, key: str, stage: str | None):
@@ -72,33 +72,6 @@ def coverage_line(report: Report) -> str | None:
     return "**Coverage falls short** (a gate needs coverage): " + "; ".join(parts)
 
 
-def introduced_lines(report: Report, key: str) -> list[str]:
-    """The pair's conclusion: the operator that introduces its error and the ready patches that may close it,
-    with where to try one; else the conclusion's sentence (it accumulates, it is data...); [] without one."""
-    conclusion = (report.data.get("conclusions") or {}).get(key) or {}
-    if conclusion.get("kind") not in ("introduced", None):  # accumulation, data...: the conclusion says why
-        return [f"- {code(report.pair_title(key))}: {text(conclusion['text'])}"]
-    if not conclusion:
-        return []
-    stage = conclusion["stage"]
-    line = (
-        f"- {code(report.pair_title(key))}: **{code(stage)} introduces the error** (its operator fed the "
-        "reference's own input already fails)"
-    )
-    patches = conclusion.get("ready_patches") or []
-    if not patches:
-        return [line]
-    plan = report.plan
-    block = plan[stage].block if stage in plan else None
-    where = (
-        f"try it on block {block} in notebook 02 (`pair = {key!r}`, `patch = {patches[0]!r}`)"
-        if block is not None
-        else f"run {code(key)} again with `patch: {patches[0]}`"
-    )
-    named = " or ".join(code(patch) for patch in patches)
-    return [f"{line}; the family's ready patch for it: {named}: {where}"]
-
-
 def verdict_markdown(report: Report) -> str:
     """The verdict in one paragraph, with the run, commit, reference and contract; then the reasons that are not
     a first divergence (failed checks, warnings, a runtime that could not run) and what was not compared."""
@@ -119,7 +92,7 @@ def verdict_markdown(report: Report) -> str:
     if report.status != "complete":
         return head + f"\n\nRun **{text(report.status)}**: {text(report.stopped())}"
     lines = [head, ""]
-    lines += [line for key in failing for line in introduced_lines(report, key)]
+    # each failing pair's suspected cause and ready patch are in the table below (divergence_frame)
     others = [r for r in verdict.get("reasons", []) if ": first divergence at " not in r]
     lines += [f"- {text(reason)}" for reason in others]
     lines += [f"- **warning**: {text(warning)}" for warning in data.get("warnings") or []]
@@ -147,11 +120,34 @@ def _closest(rows: list, key: str) -> str:
     return f"{share_of_tolerance(worst):.2g} at {worst.stage}"
 
 
+def _past(first: dict) -> str:
+    """The worst failing element's tolerance and how far past it: ``"0.08135 (1.08x)"``."""
+    if first.get("nonfinite_mismatch"):
+        return "non-finite"
+    tolerance = first.get("tolerance")
+    excess = f" ({first['excess']:.3g}x)" if first.get("excess") else ""
+    return ("" if tolerance is None else _number(tolerance, 4)) + excess
+
+
+#: The headline table's columns that wrap (long words and sentences): the table fits the page.
+HEADLINE_WRAP = (
+    "runtime pair",
+    "failures",
+    "its tolerance (past it)",
+    "atol-bound",
+    "most tolerance used",
+    "suspected cause",
+)
+
+
 def divergence_frame(report: Report):
     """One row per runtime pair: its verdict, its first divergent stage and the worst failing element there
     (coordinates, expected and actual value, that element's tolerance and how far past it), whether atol
-    alone decided, and the stage closest to its tolerance."""
+    alone decided, the stage closest to its tolerance, the suspected cause (the replay's conclusion, each
+    introducing operator once) and the family's ready patch for it."""
     import pandas as pd
+
+    from .cause import cause_text, patch_text
 
     data = report.data
     per_pair = (data.get("verdict") or {}).get("per_candidate") or {}
@@ -160,23 +156,25 @@ def divergence_frame(report: Report):
     for key in report.pair_keys():
         first = (data.get("first_divergence") or {}).get(key) or {}
         row = _row(rows, key, first.get("stage"))
-        nonfinite = bool(first.get("nonfinite_mismatch"))
         records.append(
             {
                 "runtime pair": report.pair_title(key),
                 "verdict": per_pair.get(key, ""),
                 "first divergence": first.get("stage", "none"),
                 "failures": f"{first['failures']} / {first['elements']}" if first else "0",
-                "worst failing element": "" if not first else str(first.get("max_coords")),
+                "worst failing element": "" if not first else coordinates(first.get("max_coords")),
                 "expected": "" if not first else _number(first.get("reference_value"), 5),
                 "actual": "" if not first else _number(first.get("candidate_value"), 5),
-                "its tolerance": "" if not first or nonfinite else _number(first.get("tolerance"), 4),
-                "past it": "non-finite" if nonfinite else (f"{first['excess']:.3g}x" if first.get("excess") else ""),
+                "its tolerance (past it)": _past(first) if first else "",
                 "atol-bound": atol_note(first, row.atol, row.rtol) if first and row else "",
-                "most tolerance used (stage)": _closest(rows, key),
+                "most tolerance used": _closest(rows, key),
+                "suspected cause": cause_text(report, key),
+                "ready patch": patch_text(report, key),
             }
         )
-    return pd.DataFrame(records)
+    frame = pd.DataFrame(records)
+    failing = frame["verdict"].ne("pass")  # the failing pairs first, each group in the report's order
+    return pd.concat([frame[failing], frame[~failing]]).reset_index(drop=True)
 
 
 def headline(report: Report):
@@ -186,7 +184,9 @@ def headline(report: Report):
     display(Markdown(verdict_markdown(report)))
     if report.status != "complete":
         return
-    display(table(divergence_frame(report), highlight="verdict"))
+    display(
+        table(divergence_frame(report), highlight="verdict", wrap=HEADLINE_WRAP, fit=True, anywhere=("ready patch",))
+    )
     if report.rows:
         display(error_curves(report, metrics=("tolerance_used",), height=1.5, title=False))  # above the fold
 
@@ -230,10 +230,10 @@ def stage_frame(report: Report):
                 "failures": row.failures,
                 "elements": row.elements,
                 "tolerance used": share_of_tolerance(row),
-                "max_abs": row.max_abs,
-                "relative_rms": row.relative_rms,
+                "max |a - e|": row.max_abs,
+                "relative RMS": row.relative_rms,
                 "cosine": row.cosine,
-                "element (worst failing, else largest |a - e|)": "" if coords is None else str(coords),
+                "element (worst failing, else largest |a - e|)": coordinates(coords),
                 "expected": expected,
                 "actual": actual,
                 "atol-bound failures": row.atol_bound_failures if row.failures else None,
@@ -275,11 +275,16 @@ def inputs_markdown(report: Report) -> str:
     inputs = report.data.get("inputs") or {}
     processor = dict(inputs.get("processor") or {})
     name = processor.pop("class", "the checkpoint's processor")
-    settings = ", ".join(f"{text(k)} {text(v)}" for k, v in processor.items())
+    settings = ", ".join(
+        f"{text(k)} {text(listed(v, ' x ' if k.endswith('size') else ', '))}" for k, v in processor.items()
+    )
+    patches = inputs.get("patches")
     lines = [
         family_text(report, "inputs"),
-        f"Processor {code(name)}" + (f" ({settings})" if settings else "") + f"; {text(inputs.get('patches'))} "
-        f"patches; inputs digest {code(inputs.get('digest'))} (every capture must report the same).",
+        f"Processor {code(name)}"
+        + (f" ({settings})" if settings else "")
+        + (f"; {text(patches)} patches" if patches is not None else "")
+        + f"; inputs digest {code(inputs.get('digest'))} (every capture must report the same).",
     ]
     prompt = inputs.get("text")
     if prompt:

@@ -77,6 +77,16 @@ def input_images(report: Report) -> Figure:
     return figure
 
 
+def _pairs_failing_first(report: Report, status_columns: list[str]) -> list[str]:
+    """The table's pairs, failing ones first, each group in the report's order (then any the report lacks)."""
+    present = [column.removesuffix(" status") for column in status_columns]
+    per_pair = (report.data.get("verdict") or {}).get("per_candidate") or {}
+    ordered = [key for key in report.pair_keys() if key in present] + [
+        p for p in present if p not in report.pair_keys()
+    ]
+    return sorted(ordered, key=lambda key: per_pair.get(key, "pass") == "pass")
+
+
 def stage_table(report: Report, only_failing: bool = False):
     """Stage x runtime-pair table of status, max_abs and failures (a pandas Styler, failures in red)."""
     import pandas as pd
@@ -90,16 +100,26 @@ def stage_table(report: Report, only_failing: bool = False):
     frame["order"] = frame["stage"].map(position)
     wide = frame.pivot_table(index=["order", "stage"], columns="pair", values=["max_abs", "failures"], aggfunc="first")
     status = frame.pivot_table(index=["order", "stage"], columns="pair", values="status", aggfunc="first")
-    wide.columns = [f"{candidate} {metric}" for metric, candidate in wide.columns]
+    names = {"max_abs": "max |a - e|", "failures": "failures"}
+    wide.columns = [f"{candidate} {names[metric]}" for metric, candidate in wide.columns]
     status.columns = [f"{candidate} status" for candidate in status.columns]
-    table = pd.concat([status, wide], axis=1).sort_index(axis=1).droplevel("order")
+    table = pd.concat([status, wide], axis=1).droplevel("order")
+    table = table[
+        [
+            f"{pair} {metric}"
+            for pair in _pairs_failing_first(report, list(status.columns))
+            for metric in ("status", names["max_abs"], "failures")
+            if f"{pair} {metric}" in table.columns
+        ]
+    ]
+    table.index.name = None  # the stage ids are the rows' headers: no "stage" index header above them
     if only_failing:
         table = table[(status != "pass").any(axis=1).to_numpy()]
 
     def highlight(value):
         return "background-color: #f8d0d0" if value in ("fail", "shape_mismatch", "layout_mismatch") else ""
 
-    formats = {column: "{:.3g}" for column in table.columns if column.endswith("max_abs")}
+    formats = {column: "{:.3g}" for column in table.columns if column.endswith(names["max_abs"])}
     formats.update({column: "{:.0f}" for column in table.columns if column.endswith("failures")})
     # a Styler writes labels raw into its HTML: every value, stage id and runtime label is escaped
     return (

@@ -10,6 +10,8 @@ from driftscope.core.atomic import write_text_atomic
 from driftscope.core.paths import REPO_ROOT
 from driftscope.errors import DriftscopeError
 
+from .failure import fold_errors, notebook_error
+
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 KERNEL_NAME = "driftscope"
 TEMPLATES = Path(__file__).resolve().parent / "templates"  # "offline": the lab template without CDN scripts
@@ -104,7 +106,8 @@ def run_notebooks(
                 notebook_dir=notebook_dir,
             )
         except Exception as err:  # noqa: BLE001 - papermill raises PapermillExecutionError with the cell's error
-            errors[name] = f"{getattr(err, 'ename', type(err).__name__)}: {getattr(err, 'evalue', err)}".strip()
+            error = f"{getattr(err, 'ename', type(err).__name__)}: {getattr(err, 'evalue', err)}".strip()
+            errors[name] = notebook_error(error, *_stop_cause(report_path))
             if log:
                 log(f"notebook {name} failed: {errors[name]}")
         executed = out_dir / f"{Path(name).stem}.ipynb"
@@ -151,15 +154,22 @@ def _since(path: Path, started: float) -> bool:
         return False
 
 
-def _stopped_at(report_path: Path) -> str | None:
-    """Where a report's investigation stopped with an error or was killed, or None (no report, or it did not)."""
+def _stop_cause(report_path: Path) -> tuple[str | None, str | None]:
+    """(where, with what error type) a report's investigation stopped; (None, None) when it did not."""
     from driftscope.run.report import Report
 
     try:
         report = Report.load(report_path)
     except DriftscopeError:
-        return None
-    return str(report.data.get("stopped_at")) if report.status in ("error", "dead") else None
+        return None, None
+    if report.status not in ("error", "dead"):
+        return None, None
+    return str(report.data.get("stopped_at")), (report.data.get("error") or {}).get("type")
+
+
+def _stopped_at(report_path: Path) -> str | None:
+    """Where a report's investigation stopped with an error or was killed, or None (no report, or it did not)."""
+    return _stop_cause(report_path)[0]
 
 
 #: What the notebook thread imports and compiles on its way (papermill, nbclient, the kernel client, nbformat's
@@ -273,7 +283,7 @@ def to_html(executed: Path) -> tuple[Path, Path]:
     notebook = nbformat.read(str(executed), as_version=4)
     written = []
     for suffix, exclude in ((".html", False), (".nocode.html", True)):
-        shown = without_code(notebook) if exclude else shorten_parameters(notebook, executed.parent)
+        shown = fold_errors(without_code(notebook) if exclude else shorten_parameters(notebook, executed.parent))
         exporter = HTMLExporter(
             exclude_input=exclude,
             exclude_input_prompt=exclude,

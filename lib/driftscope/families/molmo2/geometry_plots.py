@@ -8,6 +8,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from driftscope.core.markup import listed
+
 from .geometry import CropSpec, crop_boxes, crop_layout
 
 COLOURS = ("#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
@@ -44,8 +46,8 @@ def crop_table(image_path: str | Path, spec: CropSpec = CropSpec()):
             {
                 "crop": crop,
                 "kind": "high-res",
-                "box (x0, y0, x1, y1)": str(entry["box"]),
-                "kept": str(entry["kept"]),
+                "box (x0, y0, x1, y1)": f"({listed(entry['box'])})",
+                "kept": f"({listed(entry['kept'])})",
                 "patch rows": f"{crop * patches}:{(crop + 1) * patches}",
             }
         )

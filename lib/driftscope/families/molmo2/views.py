@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from driftscope.core.markup import text
+from driftscope.core.markup import listed, text
 from driftscope.taps.tapset import TapSet
 
 from ...errors import InputError
@@ -117,10 +117,10 @@ def geometry_report(
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)) for line in table]
     return "\n".join(
         [
-            f"crops of {spec.crop_size} px, margins {list(spec.margins)} patches, at most {spec.max_crops} crops; "
+            f"crops of {spec.crop_size} px, margins {listed(spec.margins)} patches, at most {spec.max_crops} crops; "
             f"pooling {spec.pooling[0]}x{spec.pooling[1]} (padded windows: tokens with fewer valid patches)",
             f"ViT layers ({layers['source']}, {layers['layout']} layout): declared {layers['declared_depth']}, "
-            f"configured {layers['configured_layers']} -> selected {layers['selected_layers']} "
+            f"configured {listed(layers['configured_layers'])} -> selected {listed(layers['selected_layers'])} "
             f"(resolved against the declared depth); {layers['execution_depth']} layers run",
             "",
             *lines,
@@ -135,7 +135,7 @@ def geometry_claims(image_paths: list[Path], checkpoint: str | Path | None = Non
     layouts = [crop_layout(*image_size(path), spec) for path in image_paths]
     slots = spec.pooling[0] * spec.pooling[1]
     padded = [int((layout.valid_counts < slots).sum()) for layout in layouts]
-    tilings = [list(layout.tiling) for layout in layouts]
+    tilings = listed([list(layout.tiling) for layout in layouts], " x ")
     several = [layout.tiling != (1, 1) for layout in layouts]
     return [
         GeometryClaim(
@@ -170,8 +170,9 @@ def geometry_sections(image_paths: list[Path], checkpoint: str | Path | None = N
     headlines = []
     for path in image_paths:
         facts = summary(*image_size(path), spec)
+        tiling = listed(facts["tiling"], " x ")
         headlines.append(
-            f"**{text(Path(path).name)}** ({facts['image']}): {facts['crops']} crops (tiling {facts['tiling']} on a "
+            f"**{text(Path(path).name)}** ({facts['image']}): {facts['crops']} crops (tiling {tiling} on a "
             f"{facts['canvas']} canvas, plus the whole image at {spec.crop_size} px), {facts['tokens']} pooled "
             f"tokens ({facts['low_res_tokens']} low-res, {facts['high_res_tokens']} high-res); partially padded "
             f"windows: {facts['padded_low_res']} low-res, {facts['padded_high_res']} high-res."
@@ -198,7 +199,8 @@ def geometry_sections(image_paths: list[Path], checkpoint: str | Path | None = N
             "only the prefix up to the deepest selected layer runs.",
             (
                 f"{layers['layout']} layout ({layers['source']}): declared depth {layers['declared_depth']}, "
-                f"configured {layers['configured_layers']} -> selected **{layers['selected_layers']}**, "
+                f"configured {listed(layers['configured_layers'])} -> "
+                f"selected **{listed(layers['selected_layers'])}**, "
                 f"**{layers['execution_depth']}** layers run.",
             ),
         ),

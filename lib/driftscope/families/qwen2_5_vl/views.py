@@ -110,7 +110,7 @@ def geometry_sections(
     audit = audit_unreorder([grid], spec.merge_size)
     verdict = "an involution: a twice-applied un-reorder is INVISIBLE here" if audit.involution else "not an involution"
     headline = (
-        f"**{text(Path(image_path).name)}**: grid {list(grid)}, {audit.merged_tokens} merged tokens, "
+        f"**{text(Path(image_path).name)}**: grid {' x '.join(map(str, grid))}, {audit.merged_tokens} merged tokens, "
         f"{audit.windows} windows "
         f"({audit.partial_windows} padded); the permutation is {verdict}; `reverse[orig] = rank` misplaces "
         f"**{audit.misplaced_by_rank_scatter}** tokens. Resize settings: {text(spec.source)}."

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from driftscope.core.markup import text
+from driftscope.core.markup import listed, text
 
 from ...errors import InputError
 from ..base import GeometryClaim, Section, draw_attention_mask, image_size, same_pixels
@@ -206,15 +206,16 @@ def geometry_claims(image_paths: list[Path], checkpoint: str | Path | None = Non
     shown = ", ".join(f"{row['image']} -> {row['resized']}" for row in rows)
     on_rows = lands_on_table_rows(grids, table)
     leaks = len(grids) > 1 and not same_pixels(image_paths)
+    grid_words = listed([list(g) for g in grids], " x ")
     return [
         GeometryClaim(
             "nearest-neighbour resampling of the position table (instead of bilinear, align_corners)",
             not on_rows,
-            f"every patch of grids {[list(g) for g in grids]} lands on a row of the {table}x{table} table, so "
+            f"every patch of grids {grid_words} lands on a row of the {table}x{table} table, so "
             "nearest and bilinear read the same rows (use a size whose grid side - 1 does not divide "
             f"{table - 1})"
             if on_rows
-            else f"patches of grids {[list(g) for g in grids]} fall between rows of the {table}x{table} table",
+            else f"patches of grids {grid_words} fall between rows of the {table}x{table} table",
             ("nearest_position_interpolation",),
         ),
         GeometryClaim(
@@ -285,7 +286,8 @@ def geometry_sections(
             (
                 f"**{text(Path(image_path).name)}**: {row['image']} -> {row['resized']}"
                 + (" (upscaled by min_pixels)" if row["upscaled_by_min_pixels"] else "")
-                + f", grid {list(grid)}, {row['merged_tokens']} tokens. Settings: {text(settings['source'])}.",
+                + f", grid {' x '.join(map(str, grid))}, {row['merged_tokens']} tokens. "
+                + f"Settings: {text(settings['source'])}.",
             ),
         ),
         Section(
