@@ -2,9 +2,6 @@
 True/False, snake_case headers, list reprs, pandas index columns, "1 failures", "all 1 failures" or "Progress log
 (1 lines)". The fast tests read the fixture run's notebooks 01, 02, 04 and a notebook 03; the slow one renders each
 notebook of each family demo (``parameters/demo_*.yaml`` of the four families) and reads every page.
-
-Notebook 06 (answer parity) is checked for the generic patterns only: its decoded-text table and its column
-names belong to the answer view (``views/answer.py``), reworded separately.
 """
 
 from __future__ import annotations
@@ -13,21 +10,14 @@ import json
 import shutil
 
 import pytest
-from clean_text import GENERIC, problems
+from clean_text import problems
 from conftest import ROOT
 
 DEMOS = ["demo_shapes", "demo_qwen3_vl", "demo_qwen3_vl_moe", "demo_molmo2"]  # one per family
-ANSWER = "06_answer_parity"
 
 
 def _check(out, names) -> dict[str, list[str]]:
-    found = {}
-    for name in names:
-        page = (out / f"{name}.nocode.html").read_text(encoding="utf-8")
-        if name == ANSWER:
-            found[name] = problems(page, GENERIC, check_headers=False)
-        else:
-            found[name] = problems(page)
+    found = {name: problems((out / f"{name}.nocode.html").read_text(encoding="utf-8")) for name in names}
     return {name: issues for name, issues in found.items() if issues}
 
 
