@@ -288,6 +288,7 @@ def test_a_two_run_batch_through_a_local_dask_cluster(tmp_path, tiny_checkpoint_
 def test_an_unreachable_scheduler_still_replaces_the_index_and_junit(tmp_path):
     """Item 2: the executor's own failure writes the evidence (every run 'could not run') and exits 2."""
     import dask
+    import distributed  # noqa: F401 - imported first inside dask.config.set, its config defaults would leave with it
 
     good = _write(tmp_path / "good.yaml", _params("good"))
     directory = tmp_path / "out" / "nocommit"

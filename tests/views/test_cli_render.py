@@ -193,7 +193,7 @@ def test_negative_controls_notebook_shows_the_power_table(rendered):
     assert not [o for o in outputs if o["output_type"] == "error"]
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 1
     html = (out / "04_negative_controls.html").read_text()
-    assert "identity_window_permutation" in html and "one image: there is nothing to leak across" in html
+    assert "identity_window_permutation" in html and "one image of one frame: there is nothing to leak across" in html
     by_name = {m["mutation"]: m for m in power["mutations"]}
     # a precision defect under an f32 policy is not "inside the contract": it cannot exist there
     assert by_name["manual_f16_rmsnorm"]["blind_reason"].startswith("needs a half-precision policy")

@@ -34,6 +34,7 @@ def decode_stages(max_new_tokens: int) -> list[Stage]:
         Stage(
             "text.forced.logits",
             ("steps", "vocab"),
+            side=True,  # decode outputs: compared under their contract keys, never replayed (like the margins)
             description="teacher-forced logits: row i after feeding the reference's first i tokens (0: the prefill's)",
         ),
         *cache_stages(),

@@ -38,16 +38,19 @@ def _row(rows: list, key: str, stage: str | None):
 
 
 def not_compared_lines(report: Report) -> list[str]:
-    """One Markdown line per reason stages were not compared (never part of the verdict), e.g.
-    "iree does not decode: ``text.generate.*`` not compared for ``iree:f32``, ``iree:f16-contract``"."""
-    grouped: dict[tuple[str, str], list[str]] = {}
+    """One Markdown line per reason and the pairs it holds for (never part of the verdict), e.g.
+    "iree does not decode: ``text.generate.*``, ``text.forced.*`` not compared for ``iree:f32``"."""
+    by_pattern: dict[tuple[str, str], list[str]] = {}
     for key, groups in (report.data.get("not_compared") or {}).items():
         for group in groups:
-            grouped.setdefault((group["why"], group["pattern"]), []).append(key)
+            by_pattern.setdefault((group["why"], group["pattern"]), []).append(key)
+    grouped: dict[tuple[str, tuple[str, ...]], list[str]] = {}  # one line for the patterns of one reason and pairs
+    for (why, pattern), keys in by_pattern.items():
+        grouped.setdefault((why, tuple(keys)), []).append(pattern)
     return [
-        f"{text(why)}: {code(pattern)} not compared for {', '.join(code(report.pair_title(k)) for k in keys)} "
-        "(not part of the verdict)"
-        for (why, pattern), keys in grouped.items()
+        f"{text(why)}: {', '.join(code(p) for p in patterns)} not compared for "
+        f"{', '.join(code(report.pair_title(k)) for k in keys)} (not part of the verdict)"
+        for (why, keys), patterns in grouped.items()
     ]
 
 
