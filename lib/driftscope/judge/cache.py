@@ -44,7 +44,7 @@ def _stage(reference: TapSet, candidate: TapSet, stage_id: str, prompt: int, con
         c = np.asarray(candidate.rows(stage_id, layer, layer + 1)[0], dtype=np.float64)
         bad = np.isfinite(r) & ~np.isfinite(c)
         error = np.where(bad, 0.0, np.abs(c - r))
-        breaks = ((error > tolerance.atol + tolerance.rtol * np.abs(r)) | bad).any(axis=-1)  # [heads, positions]
+        breaks = ((error > tolerance.bound(r)) | bad).any(axis=-1)  # [heads, positions]
         heads = []
         for head in range(shape[1]):
             where = np.flatnonzero(breaks[head])

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from driftscope.core.yamlfile import load_yaml
@@ -49,6 +50,10 @@ class Tolerance:
     #: reference may be at most ``peer_factor`` times the trusted peer's, plus ``peer_floor``
     peer_factor: float = DEFAULT_PEER_FACTOR
     peer_floor: float = DEFAULT_PEER_FLOOR
+
+    def bound(self, expected):
+        """The largest error allowed at each reference value: ``atol + rtol * |expected|`` (array or scalar)."""
+        return self.atol + self.rtol * np.abs(expected)
 
 
 @dataclass(frozen=True)

@@ -85,7 +85,7 @@ def forced_pair(reference: TapSet, candidate: TapSet, contract: Contract) -> dic
             tolerance = tolerances[key]
             bad = np.isfinite(rk) & ~np.isfinite(ck)
             error = np.abs(ck - rk)
-            bound = tolerance.atol + tolerance.rtol * np.abs(rk)
+            bound = tolerance.bound(rk)
             failures, failed = _step_fails(np.where(bad, 0.0, error), bound, bad, tolerance)
             finite = error[np.isfinite(error)]
             used = (finite / np.maximum(bound[np.isfinite(error)], 1e-300)) if finite.size else finite
@@ -155,7 +155,7 @@ def _allowed(top: float, other: float, tolerance: Tolerance, dtype: str) -> floa
     at its magnitude, but at least one unit of least precision of each in the candidate's dtype."""
     total = 0.0
     for value in (top, other):
-        total += max(tolerance.atol + tolerance.rtol * abs(float(value)), ulp(value, dtype))
+        total += max(float(tolerance.bound(float(value))), ulp(value, dtype))
     return float(total)
 
 
