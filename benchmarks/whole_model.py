@@ -152,11 +152,12 @@ def tapped_whole(runtime, inputs, plan, out: Path) -> float:
     return seconds
 
 
-def forced_cost(runtime, inputs, plan, out: Path) -> dict:
+def forced_cost(runtime, inputs, plan, out: Path, repeats: int = 1) -> dict:
     """Issue 33's cost target: seconds of one capture of ``plan`` (every tap, the forced logits streamed) when the
     runtime is fed tokens equal to its own greedy ones (the forced pass shares every step) and when it is fed
     tokens that differ from step 1 on (the worst case: the cache rewound after the prefill and ``steps - 1``
-    more decode steps), next to a plain greedy decode of the same length (``plain_whole``)."""
+    more decode steps), next to a plain greedy decode of the same length (``plain_whole``). ``repeats`` pairs per
+    kind, plain and forced alternating (medians; the spread is the min and max ratio)."""
     import copy
 
     import numpy as np
@@ -169,12 +170,46 @@ def forced_cost(runtime, inputs, plan, out: Path) -> dict:
     seconds = {}
     for kind, tokens in (("agree", greedy), ("differ", np.concatenate([greedy[:1], (greedy[1:] + 1) % 1000]))):
         own.text.forced = tokens
-        plain = plain_whole(runtime, own, out)
-        runtime.capture(own, plan, out / f"forced-{kind}")
-        spent = runtime.timings["capture_s"] - runtime.timings.get("lower_s", 0.0) - runtime.timings.get("compile_s", 0)
-        seconds[f"{kind}_s"], seconds[f"{kind}_ratio"] = spent, spent / plain
-    seconds["plain_s"] = plain
+        pairs = []
+        for rep in range(repeats):
+            plain = plain_whole(runtime, own, out)
+            runtime.capture(own, plan, out / f"forced-{kind}-{rep}")
+            timings = runtime.timings
+            pairs.append((plain, timings["capture_s"] - timings.get("lower_s", 0.0) - timings.get("compile_s", 0)))
+        ratios = [f / p for p, f in pairs]
+        seconds[f"{kind}_s"] = statistics.median(f for _, f in pairs)
+        seconds[f"{kind}_ratio"] = statistics.median(ratios)
+        seconds[f"{kind}_ratio_range"] = (min(ratios), max(ratios))
+        seconds["plain_s"] = statistics.median(p for p, _ in pairs)
     return seconds
+
+
+def forced_only(args, checkpoint, inputs, plan, out: Path, labels: list[str]) -> None:
+    """Issue 33's figure alone: per f32 runtime, load once, warm up, then ``forced_cost`` with ``args.repeats``
+    alternating pairs; prints one Markdown row per runtime."""
+    from driftscope.capture.runtimes import get_runtime
+
+    print(f"checkpoint {checkpoint.path}, {TOKENS} tokens, {args.repeats} pairs per kind (medians, range)")
+    print("| runtime | plain greedy s | forced, agreeing s | ratio (range) | forced, differing s | ratio (range) |")
+    print("|---|---|---|---|---|---|")
+    for label in labels:
+        name, policy = label.split(":")
+        options = iree_options(args.iree_target) if name == "iree" else {}
+        runtime = get_runtime(name)(checkpoint, policy, options=options)
+        runtime.load()
+        plain_whole(runtime, inputs, out)  # warm-up (and IREE's compiles)
+        f = forced_cost(runtime, inputs, plan, out, args.repeats)
+        runtime.release()
+        del runtime
+        gc.collect()
+        for file in out.glob("**/*.safetensors"):
+            file.unlink()
+        spread = {k: "{:.2f}-{:.2f}".format(*f[f"{k}_ratio_range"]) for k in ("agree", "differ")}
+        print(
+            f"| {label} | {f['plain_s']:.2f} | {f['agree_s']:.2f} | {f['agree_ratio']:.2f} ({spread['agree']}) "
+            f"| {f['differ_s']:.2f} | {f['differ_ratio']:.2f} ({spread['differ']}) |",
+            flush=True,
+        )
 
 
 def text_compile(runtime, inputs, cache: Path) -> dict:
@@ -308,6 +343,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--forced", action="store_true", help="also time teacher-forced decoding (issue 33: at most 1.2x greedy)"
     )
+    parser.add_argument(
+        "--forced-only", action="store_true", help="only the teacher-forced cost of the f32 runtimes (--repeats pairs)"
+    )
     parser.add_argument("--iree-target", default="llvm-cpu", help="IREE target (cuda on a GPU machine)")
     parser.add_argument("--one", nargs=3, metavar=("RUNTIME", "KIND", "LENGTH"), help=argparse.SUPPRESS)
     parser.add_argument("--checkpoint", help="a whole checkpoint to use instead of the generated one")
@@ -353,6 +391,8 @@ def main(argv: list[str] | None = None) -> None:
     weights_bytes = sum(p.stat().st_size for p in path.glob("*.safetensors"))
     rss = PeakRSS()
     rows, compile_row = {}, None
+    if args.forced_only:
+        return forced_only(args, checkpoint, inputs, plan, out, [r for r in runtimes if r in F32])
     for label in runtimes:
         name, policy = label.split(":")
         runtime = get_runtime(name)(
@@ -375,7 +415,7 @@ def main(argv: list[str] | None = None) -> None:
             row["tower_plain_s"] = statistics.median(p for p, _ in tower)
             row["substages_ratio"] = statistics.median(t / p for p, t in tower)
         if args.forced and label in F32:  # issue 33: teacher-forced decoding with all taps vs plain greedy
-            row["forced"] = forced_cost(runtime, inputs, plan, out)
+            row["forced"] = forced_cost(runtime, inputs, plan, out, args.repeats)
         if label == "iree:f32":
             compile_row = text_compile(runtime, inputs, out / "compile-cache")
         row["peak_rss"] = rss.peak
