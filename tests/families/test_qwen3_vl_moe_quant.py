@@ -133,32 +133,23 @@ def test_dense_experts_in_half_precision_on_mlx_cpu_are_refused_before_the_captu
 
 @pytest.mark.slow
 def test_a_q4_run_compares_every_stage_within_the_strict_contract(q4, tmp_path):
-    """``driftscope run`` on the q4 fixture: MLX's fused q4 and the same codes dequantized, float32 activations,
-    against the dequantized transformers oracle, every stage of tower and text (the router's logits, its choice
-    compared exactly, the weights, each chosen expert's output) within 1e-4; the report records the experts
-    among the quantized layers."""
+    """``driftscope run`` of ``parameters/demo_qwen3_vl_moe_q4.yaml`` (without its notebooks): MLX's fused q4 and
+    the same codes dequantized, float32 activations, against the dequantized transformers oracle, every stage of
+    tower and text (the router's logits, its choice compared exactly, the weights, each chosen expert's output)
+    within 1e-4; the report records the experts among the quantized layers."""
     from driftscope.cli import main
     from driftscope.run.report import Report
 
-    params = tmp_path / "p.yaml"
-    params.write_text(
-        yaml.safe_dump(
-            {
-                "name": "moe-q4",
-                "checkpoint": str(q4.path),
-                "images": [str(ROOT / "fixtures" / "images" / "shapes_224.png")],
-                "runtimes": [
-                    {"runtime": "transformers", "policy": "q4-dequant"},
-                    {"runtime": "mlx", "policy": "q4", "patch": "driftscope.hypotheses:mlx_vlm_gelus"},
-                    {"runtime": "mlx", "policy": "q4-dequant", "patch": "driftscope.hypotheses:mlx_vlm_gelus"},
-                ],
-                "stages": {"blocks": True, "substages": [0]},
-                "contract": str(ROOT / "parameters" / "contracts" / "strict.yaml"),
-                "text": {"prompt": "Name every shape in the image and its colour.", "max_new_tokens": 4},
-                "notebooks": [],
-            }
-        )
+    demo = yaml.safe_load((ROOT / "parameters" / "demo_qwen3_vl_moe_q4.yaml").read_text())
+    assert demo["checkpoint"].endswith(q4.path.name)
+    demo.update(
+        checkpoint=str(q4.path),
+        images=[str(ROOT / image) for image in demo["images"]],
+        contract=str(ROOT / demo["contract"]),
+        notebooks=[],
     )
+    params = tmp_path / "p.yaml"
+    params.write_text(yaml.safe_dump(demo))
     main(["run", str(params), "--out", str(tmp_path / "run"), "--no-gate"])
     report = Report.load(tmp_path / "run")
     planned = {stage["id"] for stage in report.data["stage_plan"]}

@@ -79,7 +79,7 @@ class MLXRuntime(Runtime):
             return
         from driftscope.taps.mlx_hooks import half_gather_experts
 
-        experts = half_gather_experts(self.model)
+        experts = sorted(half_gather_experts(self.model))
         if experts:
             version = package_versions("mlx").get("mlx", "?")
             raise RuntimeUnavailableError(
