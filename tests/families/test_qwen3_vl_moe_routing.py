@@ -9,11 +9,22 @@ and the rerouted tokens carry that layer's expert-mixture error.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import yaml
 from conftest import ROOT
 from driftscope.families import get_family
 
 NAME = "qwen3_vl_moe"
+
+
+def problems(page: str) -> list[str]:
+    """The clean-text checker of rendered pages (``tests/views/clean_text.py``) on ``page``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("clean_text", ROOT / "tests" / "views" / "clean_text.py")
+    checker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(checker)
+    return checker.problems(page)
 
 
 def _smallest_flip(logits: np.ndarray, top_k: int) -> tuple[int, float]:
@@ -32,11 +43,12 @@ def _choice(logits: np.ndarray, top_k: int) -> np.ndarray:
     return np.sort(np.argsort(-logits, axis=-1, kind="stable")[:, :top_k], axis=-1)
 
 
-def test_a_token_routed_to_another_expert_is_the_first_divergence(tmp_path, runs):
+@pytest.fixture(scope="module")
+def rerouted_run(tmp_path_factory, runs):
+    """A run of the oracle against itself with the router of its sparse layer nearest a routing boundary shifted
+    by 1.5x the smallest logit gap: (run directory, layer, expected choice, moved entries, the oracle's TapSet)."""
+    tmp_path = tmp_path_factory.mktemp("rerouted")
     from driftscope.cli import main
-    from driftscope.families.qwen3_vl_moe.routing import rerouted
-    from driftscope.judge.rows import first_divergence
-    from driftscope.run.report import Report
 
     family = get_family(NAME)
     _, oracle = runs(NAME, "transformers")
@@ -78,7 +90,17 @@ def test_a_token_routed_to_another_expert_is_the_first_divergence(tmp_path, runs
         )
     )
     main(["run", str(params), "--out", str(tmp_path / "run"), "--no-gate"])
-    report = Report.load(tmp_path / "run")
+    return tmp_path / "run", layer, expected, moved, oracle
+
+
+def test_a_token_routed_to_another_expert_is_the_first_divergence(rerouted_run):
+    from driftscope.families.qwen3_vl_moe.routing import rerouted
+    from driftscope.judge.rows import first_divergence
+    from driftscope.run.report import Report
+
+    run, layer, expected, moved, oracle = rerouted_run
+    stage = f"text.layer.{layer}.mlp"
+    report = Report.load(run)
     pair = report.pair_keys()[0]
     rows = [row for row in report.rows if row.pair == pair]
     by_stage = {row.stage: row for row in rows}
@@ -95,3 +117,61 @@ def test_a_token_routed_to_another_expert_is_the_first_divergence(tmp_path, runs
     moved_tokens = np.flatnonzero((expected != np.asarray(oracle[f"{stage}.chosen"])).any(axis=-1))
     assert finding.layer == layer and finding.tokens == tuple(moved_tokens) and finding.entries == moved
     assert finding.explained > 0.99, finding.sentence()  # the shift alone barely moves the other tokens' weights
+
+
+def test_the_pages_router_section_names_the_rerouted_tokens_and_their_share_of_the_error(rerouted_run):
+    """Notebook 01's and 02's router section (``views/routing.py``): one row per rerouted layer, the first one the
+    shifted layer with its tokens, entries and the share of its error; words only (the clean-text checker); a
+    model without a router gets no section."""
+    from driftscope.families.qwen3_vl_moe.routing import rerouted
+    from driftscope.run.report import Report
+    from driftscope.views.routing import routing_items, routing_rows
+
+    run, layer, expected, moved, oracle = rerouted_run
+    report = Report.load(run)
+    found = rerouted(*report.pair_tapsets(report.pair_keys()[0]))
+    rows, lines = routing_rows(report)
+    assert lines == [] and len(rows) == len(found) >= 1
+    first = rows[0]
+    tokens = int(np.asarray(oracle[f"text.layer.{layer}.mlp.chosen"]).shape[0])
+    assert first["text layer"] == layer and first["where"] == "first rerouted layer"
+    assert (
+        first["tokens rerouted"] == f"{len(found[0].tokens)} of {tokens}" and first["chosen entries differing"] == moved
+    )
+    assert first["share of the layer's error"] == f"{found[0].explained:.0%}"
+    assert first["positions"].startswith(str(found[0].tokens[0]))
+    assert all(row["where"] == "inputs already moved" for row in rows[1:])
+    heading, frame = routing_items(report)
+    page = f"<div>{heading.data}</div>{frame.data}"
+    assert "## Router choices" in heading.data and not problems(page), problems(page)
+
+    # the same pair against itself: the line says every token chose the reference's experts
+    layers = sum(s.endswith(".mlp.chosen") for s in oracle.stage_ids())
+    report.data["pairs"] = [{**report.data["pairs"][0], "candidate": report.data["pairs"][0]["reference"]}]
+    rows, lines = routing_rows(report)
+    assert rows == [] and lines[0].endswith(f"every token chose the reference's experts in {layers} sparse layers")
+
+
+def test_a_model_without_a_router_has_no_router_section():
+    from types import SimpleNamespace
+
+    from driftscope.views.routing import routing_items
+
+    for family in ("qwen2_5_vl", "qwen3_vl", "molmo2"):
+        assert routing_items(SimpleNamespace(data={"family": family})) == [], family
+
+
+@pytest.mark.slow
+def test_the_rendered_pages_show_the_router_section_in_words(rerouted_run, tmp_path):
+    """Notebooks 01 and 02 executed on the rerouted run: the router section is on both pages, and the pages pass
+    the clean-text checker."""
+    from driftscope.run.report import Report
+    from driftscope.views.render import execute, to_html
+
+    run = rerouted_run[0]
+    params = {"params_path": Report.load(run).data["parameters_file"], "out_dir": str(run), "reuse": True}
+    for name in ("01_stage_parity", "02_layer_drilldown"):
+        to_html(execute(name, tmp_path, params, cwd=ROOT, log_output=False))
+        page = (tmp_path / f"{name}.nocode.html").read_text(encoding="utf-8")
+        assert "Router choices" in page and "first rerouted layer" in page, name
+        assert not problems(page), (name, problems(page))

@@ -138,15 +138,14 @@ def _scope(counts: Mapping[str, int]) -> str:
 
 
 def _host_report(source: Checkpoint, profile: QuantProfile, spec: QuantSpec) -> dict:
-    from driftscope.model.quant.select import select_weights
+    from driftscope.model.quant.host import select_checkpoint
     from driftscope.model.weightfile import TensorFiles
 
     files = TensorFiles(source.path)
-    shapes = {name: files.shape(name) for name in files.names()}
-    selection = select_weights(shapes, profile.checkpoint, spec.group_size, spec.scope)
+    selection = select_checkpoint(files, profile.checkpoint, spec, profile.mlx_names, profile.mlx)
     counts: dict[str, int] = {}
-    for name in selection.quantized:
-        group = profile.checkpoint.group(name) or "other"
+    for name in selection.quantized:  # a joined tensor's parts (MLX names) count one module each, as MLX's
+        group = profile.checkpoint.group(profile.mlx_names.to_checkpoint(name)) or "other"
         counts[group] = counts.get(group, 0) + 1
     return {
         "source": "dense checkpoint, quantized by driftscope",
@@ -199,6 +198,6 @@ def _dequantized(source: Checkpoint, spec: QuantSpec, profile: QuantProfile) -> 
     from driftscope.model.quant.host import quantize_checkpoint
     from driftscope.model.weightfile import TensorFiles
 
-    host = quantize_checkpoint(source.path, profile.checkpoint, spec)
+    host = quantize_checkpoint(source.path, profile.checkpoint, spec, profile.mlx_names, profile.mlx)
     files = TensorFiles(source.path)
     return host.dense_weights({name: files.read(name) for name in files.names()}, spec.activations)

@@ -144,6 +144,8 @@ class TinyFixture:
     build: Callable[[Path], Path]  # writes the checkpoint into a directory
     images: tuple[Path, ...]  # images the shared tests feed it
     q4_group_size: int = 64  # the group size of its 4-bit twin (``fixtures/make_tiny_q4.py``)
+    #: the dense checkpoint the 4-bit twin is quantized from, when not this one (widths the group size divides)
+    q4_source: TinyFixture | None = None
 
     def ensure(self) -> Path:
         """The checkpoint directory, built first if it is not there."""

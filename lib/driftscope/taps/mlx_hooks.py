@@ -113,3 +113,17 @@ def cache_snapshot(cache: list):
             yield to_numpy(getattr(entry, kind)[0, :, : entry.offset, :])
 
     return snapshot
+
+
+def half_gather_experts(model: Any) -> list[str]:
+    """The dense stacked-expert layers (mlx-vlm's ``SwitchLinear``, run by ``mx.gather_mm``) that would run in half
+    precision on MLX's CPU device, whose ``gather_mm`` computes float32 only (MLX 0.32); empty on a GPU."""
+    import mlx.core as mx
+
+    if mx.default_device().type != mx.DeviceType.cpu:
+        return []
+    return [
+        path
+        for path, module in model.named_modules()
+        if type(module).__name__ == "SwitchLinear" and module.weight.dtype != mx.float32
+    ]

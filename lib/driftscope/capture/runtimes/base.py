@@ -226,6 +226,7 @@ class Runtime(ABC):
     def capture(self, inputs: ModelInputs, plan: StagePlan, out_base: Path, progress: Progress | None = None) -> TapSet:
         """Run the vision tower once on ``inputs``, streaming the planned stages to ``out_base``."""
         self.load()
+        self.check_capture(inputs, plan)
         writer = TapWriter(out_base, self.metadata(inputs))
         sink = StageSink(writer, plan, progress)
         start = time.perf_counter()
@@ -242,6 +243,9 @@ class Runtime(ABC):
         self.timings["capture_s"] = time.perf_counter() - start
         writer.meta["timings"] = dict(self.timings)
         return writer.close()
+
+    def check_capture(self, inputs: ModelInputs, plan: StagePlan) -> None:  # noqa: B027 (a hook, not abstract)
+        """Refuse, before anything is written, a capture the loaded model cannot run (none here)."""
 
     def _capture_text(self, inputs: ModelInputs, sink: StageSink) -> None:
         """Prefill and greedy decode on the prompt (runtimes without a text side capture nothing here)."""

@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from driftscope.capture.runtimes.base import Runtime, package_versions, require, substitution_target
-from driftscope.errors import PortLimitError
+from driftscope.errors import PortLimitError, RuntimeUnavailableError
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.model.quant.policy import RUNTIME_POLICIES
 from driftscope.taps.mlx_hooks import RMSNORM_FORMS, dtype_name, use_manual_rmsnorm
@@ -72,6 +72,24 @@ class MLXRuntime(Runtime):
         if self.options.get("rmsnorm", "fused") == "manual":  # a known form: ``check_options`` saw to it
             use_manual_rmsnorm(self.taps.rms_norms(model))
         return model
+
+    def check_capture(self, inputs: ModelInputs, plan: StagePlan) -> None:
+        """Refuse a text capture whose dense stacked experts MLX's CPU backend cannot multiply in this dtype."""
+        if inputs.text is None or not any(stage.id.startswith("text.") for stage in plan):
+            return
+        from driftscope.taps.mlx_hooks import half_gather_experts
+
+        experts = sorted(half_gather_experts(self.model))
+        if experts:
+            version = package_versions("mlx").get("mlx", "?")
+            raise RuntimeUnavailableError(
+                f"MLX {version}'s CPU backend computes mx.gather_mm (the mixture-of-experts layers' dense stacked "
+                f"experts, {len(experts)} of them, e.g. {experts[0]}) in float32 only, and policy "
+                f"{self.policy.name!r} runs them in {self.policy.activations}",
+                "run mlx on this checkpoint with policy f32, or with a fused quantized policy whose experts are all "
+                "quantized (q4-f16, q4-bf16: mx.gather_qmm runs half precision on the CPU), or on a Metal GPU; "
+                "the run's other runtimes still run and are compared",
+            )
 
     def refuse_unrepresentable(self) -> None:
         """Refuse, before loading, a config whose settings the family's mlx-vlm port cannot represent: the port is

@@ -27,6 +27,15 @@ def _build_tiny(directory: Path) -> Path:
     return make_checkpoint(directory, TINY_SPEC)
 
 
+def _build_q4_source(directory: Path) -> Path:
+    from .synthetic import Q4_SOURCE_SPEC, make_checkpoint
+
+    return make_checkpoint(directory, Q4_SOURCE_SPEC)
+
+
+_IMAGES = (_ROOT / "fixtures" / "images" / "shapes_224.png",)
+
+
 FAMILY = Family(
     name=NAME,
     model_types=(NAME,),
@@ -53,7 +62,9 @@ FAMILY = Family(
     tiny=TinyFixture(
         directory=_ROOT / "fixtures" / "checkpoints" / "tiny-qwen3-vl-moe",
         build=_build_tiny,
-        images=(_ROOT / "fixtures" / "images" / "shapes_224.png",),
+        images=_IMAGES,
+        q4_source=TinyFixture(_ROOT / "fixtures" / "checkpoints" / "tiny-qwen3-vl-moe-wide", _build_q4_source, _IMAGES),
     ),
+    quantization=f"{__name__}.quantization",
     videos=True,
 )

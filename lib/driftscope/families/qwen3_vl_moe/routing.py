@@ -21,9 +21,10 @@ class Rerouted:
     explained: float  # share of the layer's squared MoE-output error on those tokens (0..1)
 
     def sentence(self) -> str:
+        count = len(self.tokens)
         return (
-            f"text layer {self.layer}: {len(self.tokens)} token(s) routed to other experts "
-            f"(positions {list(self.tokens)}), {self.explained:.0%} of the layer's expert-mixture error"
+            f"text layer {self.layer}: {count} token{'' if count == 1 else 's'} routed to other experts "
+            f"(positions {', '.join(map(str, self.tokens))}), {self.explained:.0%} of the layer's expert-mixture error"
         )
 
 

@@ -104,3 +104,9 @@ def make_checkpoint(out_dir: Path, spec: SyntheticQwen3VLMoeSpec) -> Path:
 
 #: The tiny fixture: Qwen3-VL's tiny tower (depth 6, DeepStack at 1, 3, 4), 4 text layers of 4 experts, top-2.
 TINY_SPEC = SyntheticQwen3VLMoeSpec()
+
+#: The source of the tiny 4-bit twin: the same with 128-wide experts, so that group size 64 quantizes every expert
+#: matrix (the tiny fixture's 48-wide down projections would stay dense). Not 64: transformers 5.24 decides whether
+#: to transpose a stored ``experts.down_proj`` by its shape alone, so an intermediate width equal to the hidden
+#: width (a square down projection) loads untransposed, i.e. wrong.
+Q4_SOURCE_SPEC = SyntheticQwen3VLMoeSpec(moe_intermediate=128)

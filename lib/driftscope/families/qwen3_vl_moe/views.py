@@ -37,3 +37,11 @@ def axis_sizes(config: dict, inputs=None) -> dict[str, int | str]:
 
 def shapes_note(config: dict) -> str:
     return dense.shapes_note(config) + "; each sparse layer's router has experts columns and picks top_k per token"
+
+
+def rerouted(reference, candidate) -> list:
+    """The view hook of the router section (``views/routing.py``): per sparse layer, the tokens routed to other
+    experts than the reference's and the share of the layer's expert-mixture error on them."""
+    from .routing import rerouted as find
+
+    return find(reference, candidate)

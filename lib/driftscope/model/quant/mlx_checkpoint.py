@@ -166,7 +166,7 @@ class MLXQuantizedCheckpoint:
             LeftDense(name, groups.group(name) or "other", entry.shape[-1], size)
             for name, entry in sorted(self.entries.items())
             if name[: -len(".weight")] not in self.layers
-            and is_matrix_weight(name, entry.shape)
+            and is_matrix_weight(name, entry.shape, groups.stacked)
             and entry.shape[-1] % size
         ]
 

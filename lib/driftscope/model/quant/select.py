@@ -1,7 +1,9 @@
 """Which weights a quantization scope quantizes, and which matrix layers stay dense and why.
 
 Quantizable tensors are the matrix weights (``*.weight`` with two axes: linear and embedding layers;
-norms, biases and convolutions stay dense), as ``nn.quantize`` quantizes ``Linear`` and ``Embedding``.
+norms, biases and convolutions stay dense), as ``nn.quantize`` quantizes ``Linear`` and ``Embedding``, and the
+stacked experts a family names (three axes, ``[experts, out, in]``: mlx-vlm's ``SwitchLinear``, quantized matrix by
+matrix along the input axis).
 A family's :class:`TensorGroups` says which names belong to the vision side and which to the text
 side. A matrix whose input width (last axis) is not a multiple of the group size cannot be
 quantized: it stays dense and is reported (e.g. a 588-wide patch embedding at group size 64).
@@ -24,6 +26,8 @@ class TensorGroups:
 
     vision: tuple[str, ...]
     text: tuple[str, ...]
+    #: name suffixes of stacked expert matrices (``[experts, out, in]``), quantizable as the matrices are
+    stacked: tuple[str, ...] = ()
 
     def group(self, name: str) -> str | None:
         """``"vision"``, ``"text"`` or None; vision prefixes are tried first (``model.visual.`` is not text)."""
@@ -72,14 +76,22 @@ class Selection:
         }
 
 
-def is_matrix_weight(name: str, shape: tuple[int, ...]) -> bool:
+def is_matrix_weight(name: str, shape: tuple[int, ...], stacked: tuple[str, ...] = ()) -> bool:
+    """A linear or embedding weight (two axes), or a stack of expert matrices named by a ``stacked`` suffix."""
+    if len(shape) == 3 and stacked and name.endswith(stacked):
+        return True
     return name.endswith(".weight") and len(shape) == 2
 
 
 def select_weights(
-    shapes: Mapping[str, tuple[int, ...]], groups: TensorGroups, group_size: int, scope: str = "all"
+    shapes: Mapping[str, tuple[int, ...]],
+    groups: TensorGroups,
+    group_size: int,
+    scope: str = "all",
+    required: bool = True,
 ) -> Selection:
-    """The :class:`Selection` of ``scope`` over a checkpoint's ``{name: shape}``."""
+    """The :class:`Selection` of ``scope`` over a checkpoint's ``{name: shape}`` (``required``: selecting nothing
+    is an error)."""
     if scope not in SCOPE_GROUPS:
         raise ParameterError(f"quantization scope {scope!r} is not known", f"use one of: {', '.join(SCOPE_GROUPS)}")
     wanted = SCOPE_GROUPS[scope]
@@ -87,13 +99,13 @@ def select_weights(
     for name in sorted(shapes):
         shape = tuple(shapes[name])
         group = groups.group(name)
-        if group not in wanted or not is_matrix_weight(name, shape):
+        if group not in wanted or not is_matrix_weight(name, shape, groups.stacked):
             continue
         if shape[-1] % group_size:
             left.append(LeftDense(name, group, shape[-1], group_size))
         else:
             quantized.append(name)
-    if not quantized:
+    if not quantized and required:
         raise ParameterError(
             f"quantization scope {scope!r} selects no matrix weight (group size {group_size}, "
             f"{len(left)} left dense, prefixes vision {groups.vision}, text {groups.text})",
