@@ -102,3 +102,13 @@ def shift_decode_rope_delta(model, shift: int = 1, **_):
 
     language.__class__ = type(f"Shifted{base.__name__}", (base,), {"__call__": __call__})
     return model
+
+
+def composed(model, patches: list, **_):
+    """Several patches applied in order (each a parameter-file ``patch`` entry): e.g. a port's known-defect fixes
+    first, so that a planted decode defect is the only difference left."""
+    from driftscope.capture.patches import parse_patch
+
+    for entry in patches:
+        model = parse_patch(entry).apply(model)
+    return model
