@@ -17,6 +17,7 @@ import pytest
 from conftest import ROOT
 from driftscope.capture.patches import parse_patch
 from driftscope.capture.runtimes import get_runtime
+from driftscope.families import get_family
 from driftscope.judge.contract import Contract, load_contract
 from driftscope.judge.forced import FORCED, forced_pair
 from driftscope.run.candidates import teacher_force
@@ -35,13 +36,11 @@ DEFECT = {"callable": f"{PATCHES}:scale_text_layer", "kwargs": {"layer": 0, "fac
 
 @pytest.fixture(scope="module")
 def answer(tiny, tmp_path_factory):
-    """(inputs with the reference's tokens as ``forced``, text plan, the reference's TapSet, capture(runtime, patch))."""
+    """(inputs with the reference's tokens as ``forced``, the reference's TapSet, capture(runtime, patch))."""
     out = tmp_path_factory.mktemp("forced-planted")
     checkpoint, base, plan = tiny(NAME)
-    family_plan = [s for s in plan if s.id.startswith("text.")]  # the answer's stages: the tower runs, untapped
-    text_plan = StagePlan(plan.family, family_plan, plan.depth, dict(plan.meta))
-    from driftscope.families import get_family
-
+    answer_stages = [s for s in plan if s.id.startswith("text.")]  # the tower runs, untapped
+    text_plan = StagePlan(plan.family, answer_stages, plan.depth, dict(plan.meta))
     inputs = copy.deepcopy(base)
     inputs.text = get_family(NAME).text_inputs(checkpoint, inputs, prompt=PROMPT, max_new_tokens=STEPS)
     runtime = get_runtime("transformers")(checkpoint, "f32")
