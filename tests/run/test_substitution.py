@@ -123,7 +123,7 @@ def test_three_way_the_kv_cache_against_the_half_precision_peers_own_cache_error
     result = three_way(tapsets, "ref", "mlx:bf16", Contract())
     same, planted, towered = (result["candidates"][k]["cache"] for k in ("mlx:bf16-b", "mlx:bf16-slot", "tower"))
     assert same["verdict"] == "half-precision" and same["first_layer"] is None and same["ratio"] == pytest.approx(1)
-    assert same["overlap"] == pytest.approx(1.0)
+    assert same["overlap"] == pytest.approx(1.0) and "KV cache's error is within what bfloat16 costs" in same["text"]
     assert planted["verdict"] == "something else" and planted["first_layer"] == 1, planted["text"]
     assert towered["verdict"] == "something else" and towered["first_layer"] == 0, towered["text"]
     stage = "text.cache.forced.keys"
@@ -138,10 +138,14 @@ def test_three_way_the_kv_cache_against_the_half_precision_peers_own_cache_error
 
     report = Report(tmp_path / "report.json", {"answer": {"reference": "ref", "three_way": result, "pairs": []}})
     pair = {"reference": "ref", "candidate": "mlx:bf16-slot", "first_difference": None}
-    report.data["answer"]["pairs"] = [{**pair, "forced": forced_pair(reference, slot, Contract())}]
-    (line,) = answer_sentences(report)
+    report.data["answer"]["pairs"] = [
+        {**pair, "forced": forced_pair(reference, slot, Contract())},
+        {**pair, "candidate": "mlx:bf16", "forced": forced_pair(reference, peer, Contract())},
+    ]
+    line, peer_line = answer_sentences(report)
+    assert "three-way: the half-precision peer the other candidates are set against" in peer_line
     assert "three-way: mlx:bf16-slot's forced-logit error is" in line, line
-    assert "and its KV cache's error is something else from layer 1 (keys: " in line, line
+    assert "and its KV cache's error is something else from layer 1 (keys: " in line and "mlx:bf16's)" in line, line
     frame = three_way_frame(report).set_index("candidate")
     assert frame.loc["mlx:bf16-b", "KV cache verdict"] == "half-precision"
     assert frame.loc["mlx:bf16-slot", "KV cache verdict"] == "something else from layer 1"

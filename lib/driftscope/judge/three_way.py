@@ -105,7 +105,7 @@ def three_way(tapsets: dict[str, TapSet], reference: str, peer: str, contract: C
             "bound": bound,
             "verdict": "half-precision" if explained else "something else",
             "text": (
-                f"{label}'s forced-logit error is what {out['peer_dtype']} costs ({peer}: ratio "
+                f"{label}'s forced-logit error is within what {out['peer_dtype']} costs ({peer}: ratio "
                 + (f"{ratio:.3g}" if ratio is not None else "n/a")
                 + f", overlap {overlap:.2f})"
                 if explained
@@ -114,7 +114,7 @@ def three_way(tapsets: dict[str, TapSet], reference: str, peer: str, contract: C
                 + f" {peer}'s (overlap {overlap:.2f})"
             ),
         }
-        cache = cache_three_way(ref, tapset, tapsets[peer], contract)
+        cache = cache_three_way(ref, tapset, tapsets[peer], contract, peer)
         if cache is not None:
             out["candidates"][label]["cache"] = cache
     return out
@@ -131,7 +131,9 @@ def _verdict_entry(own: _Errors, half: _Errors, factor: float, floor: float) -> 
     }
 
 
-def cache_three_way(reference: TapSet, candidate: TapSet, peer: TapSet, contract: Contract) -> dict | None:
+def cache_three_way(
+    reference: TapSet, candidate: TapSet, peer: TapSet, contract: Contract, peer_label: str = "the peer"
+) -> dict | None:
     """The candidate's KV-cache error next to the peer's, per cache stage and decoder layer (None when the three
     do not share a cache stage of one shape)."""
     stages = {}
@@ -169,6 +171,7 @@ def cache_three_way(reference: TapSet, candidate: TapSet, peer: TapSet, contract
     overlap = float(np.minimum(own_all.distribution(), half_all.distribution()).sum())
     ratio = own_all.rms / half_all.rms if half_all.rms > 0 else None
     said = f"ratio {ratio:.3g}" if ratio is not None else "ratio n/a"
+    dtype = activation_dtype(peer)
     return {
         "candidate_rmse": own_all.rms,
         "peer_rmse": half_all.rms,
@@ -180,10 +183,10 @@ def cache_three_way(reference: TapSet, candidate: TapSet, peer: TapSet, contract
         "rule": "what half precision costs when every layer of every cache stage has "
         "RMS(c - r) <= peer_factor * RMS(peer - r) + peer_floor (the stage's contract key)",
         "text": (
-            f"its KV cache's error is what half precision costs ({said}, overlap {overlap:.2f})"
+            f"its KV cache's error is within what {dtype} costs ({said}, overlap {overlap:.2f})"
             if beyond is None
-            else f"its KV cache's error is something else from layer {beyond[0]} "
-            f"({beyond[1].rsplit('.', 1)[1]}: {_times(stages[beyond[1]]['layers'][beyond[0]]['ratio'])} the peer's)"
+            else f"its KV cache's error is something else from layer {beyond[0]} ({beyond[1].rsplit('.', 1)[1]}: "
+            f"{_times(stages[beyond[1]]['layers'][beyond[0]]['ratio'])} {peer_label}'s)"
         ),
         "stages": stages,
     }

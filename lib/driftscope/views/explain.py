@@ -88,7 +88,11 @@ def answer_sentences(report: Report) -> list[str]:
         parts.append(_cache_said(pair.get("cache")))
         parts.append(_substitution_said(pair.get("substitution")))
         peer = three_way.get(pair["candidate"]) if pair["reference"] == answer.get("reference") else None
-        if peer and peer.get("text"):
+        if pair["candidate"] == (answer.get("three_way") or {}).get("peer") and pair["reference"] == answer.get(
+            "reference"
+        ):
+            parts.append("three-way: the half-precision peer the other candidates are set against")
+        elif peer and peer.get("text"):
             cache = (peer.get("cache") or {}).get("text")
             parts.append(f"three-way: {peer['text']}" + (f", and {cache}" if cache else ""))
         lines.append(f"- **{pair['candidate']} vs {pair['reference']}**: " + "; ".join(p for p in parts if p) + ".")
