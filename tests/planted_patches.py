@@ -102,3 +102,51 @@ def shift_decode_rope_delta(model, shift: int = 1, **_):
 
     language.__class__ = type(f"Shifted{base.__name__}", (base,), {"__call__": __call__})
     return model
+
+
+def composed(model, patches: list, **_):
+    """Several patches applied in order (each a parameter-file ``patch`` entry): e.g. a port's known-defect fixes
+    first, so that a planted decode defect is the only difference left."""
+    from driftscope.capture.patches import parse_patch
+
+    for entry in patches:
+        model = parse_patch(entry).apply(model)
+    return model
+
+
+def scale_logits(model, factor: float = 1.0 + 1e-3, tokens: list | None = None, **_):
+    """A planted logit-scale change: the final logits of the token ids ``tokens`` (every token when None)
+    multiplied by ``factor`` (transformers or mlx-vlm; the prefill and every decode step). Scaling every logit
+    alike reorders nothing, so only a partial scale can flip a step: one whose reference margin is under
+    ``(factor - 1)`` times the boosted logit."""
+    chosen = None if tokens is None else [int(t) for t in tokens]
+    if hasattr(model, "language_model") and hasattr(model.language_model, "model"):  # mlx-vlm
+        import mlx.core as mx
+
+        language = model.language_model
+        base = type(language)
+
+        def __call__(self, *args, **kwargs):
+            out = base.__call__(self, *args, **kwargs)
+            logits = out.logits
+            if chosen is None:
+                scaled = logits * factor
+            else:
+                scale = mx.ones((logits.shape[-1],), dtype=logits.dtype)
+                scale[mx.array(chosen)] = factor
+                scaled = logits * scale
+            out.logits = scaled
+            return out
+
+        language.__class__ = type(f"Scaled{base.__name__}", (base,), {"__call__": __call__})
+        return model
+
+    def hook(module, args, out):
+        if chosen is None:
+            return out * factor
+        scaled = out.clone()
+        scaled[..., chosen] = out[..., chosen] * factor
+        return scaled
+
+    model.lm_head.register_forward_hook(hook)
+    return model

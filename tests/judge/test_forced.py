@@ -28,15 +28,26 @@ def reference_logits(runs):
     return logits
 
 
-def _tapset(path, logits: np.ndarray, tokens: np.ndarray, policy: str = "f32"):
+def _tapset(path, logits: np.ndarray, tokens: np.ndarray, policy: str = "f32", generated: np.ndarray | None = None):
     from driftscope.model.policies import get_policy
 
     plan = StagePlan("test", decode_stages(len(tokens)), 0, {})
     writer = TapWriter(path, {"runtime": "test", "label": path.name, "policy": get_policy(policy).to_dict()})
     writer.add_rows(plan[FORCED], iter(logits))
-    writer.add(plan["text.generate.tokens"], tokens)
+    writer.add(plan["text.generate.tokens"], tokens if generated is None else generated)
     writer.add(plan["text.forced.tokens"], tokens)
     return writer.close()
+
+
+def test_two_candidates_fed_the_oracles_tokens_were_fed_the_same_whatever_each_said_itself(reference_logits, tmp_path):
+    """A pair of two candidates (e.g. ``[mlx:f32, iree:f32]``): both were fed the oracle's tokens; the pair's
+    reference free-ran to other tokens of its own. They were fed the same; a candidate fed others was not."""
+    tokens = reference_logits.argmax(-1)
+    own = (tokens + 1) % reference_logits.shape[1]  # what the pair's reference said free-running
+    reference = _tapset(tmp_path / "r", reference_logits, tokens, generated=own)
+    assert forced_pair(reference, _tapset(tmp_path / "c", reference_logits, tokens), STRICT)["fed_reference_tokens"]
+    other = forced_pair(reference, _tapset(tmp_path / "o", reference_logits, own), STRICT)
+    assert other["fed_reference_tokens"] is False and other["status"] == "fail"
 
 
 def _with_margin(logits: np.ndarray, step: int, margin: float) -> np.ndarray:

@@ -22,6 +22,7 @@ TOWER = {
     "kwargs": {"block": 1, "factor": 8.0},
 }
 TEXT = {"callable": f"{PATCHES}:scale_text_layer", "kwargs": {"layer": 0, "factor": 4.0}}
+SLOT = {"callable": f"{PATCHES}:cache_one_slot_off", "kwargs": {"layer": 1, "from_step": 1}}
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +98,57 @@ def test_three_way_a_bf16_candidate_costs_what_bf16_costs_and_a_defect_does_not(
     assert same["ratio"] == pytest.approx(1.0, abs=0.05) and same["overlap"] > 0.9
     assert same["verdict"] == "half-precision"
     assert planted["ratio"] > 20 and planted["verdict"] == "something else", planted
+
+
+def _cache_rms(tapset, reference, stage_id: str, layer: int) -> float:
+    error = np.asarray(tapset[stage_id], np.float64)[layer] - np.asarray(reference[stage_id], np.float64)[layer]
+    return float(np.sqrt(np.mean(error**2)))
+
+
+def test_three_way_the_kv_cache_against_the_half_precision_peers_own_cache_errors(runs, forced, tmp_path):
+    """The KV half of the three-way: a bf16 twin's cache costs what bf16 costs; a bf16 run whose layer-1 cache
+    entries are written one slot late from decode step 1 on is something else from layer 1 (layer 0 stays what
+    bf16 costs); a tower defect (every image row's embedding changed) from layer 0. Said in notebook 06's line
+    for the candidate. (A decoder layer's output scaled is no cache defect: the next layer's keys and values come
+    after its RMSNorm, which the scale leaves alone.)"""
+    from driftscope.run.report import Report
+    from driftscope.views.explain import answer_sentences, three_way_frame
+
+    _, reference = runs(NAME, "transformers")
+    _, peer = forced("mlx", "bf16", label="mlx:bf16")
+    _, twin = forced("mlx", "bf16", label="mlx:bf16-b")
+    _, slot = forced("mlx", "bf16", patch=SLOT, label="mlx:bf16-slot")
+    _, tower = forced("mlx", patch=TOWER)
+    tapsets = {"ref": reference, "mlx:bf16": peer, "mlx:bf16-b": twin, "mlx:bf16-slot": slot, "tower": tower}
+    result = three_way(tapsets, "ref", "mlx:bf16", Contract())
+    same, planted, towered = (result["candidates"][k]["cache"] for k in ("mlx:bf16-b", "mlx:bf16-slot", "tower"))
+    assert same["verdict"] == "half-precision" and same["first_layer"] is None and same["ratio"] == pytest.approx(1)
+    assert same["overlap"] == pytest.approx(1.0) and "KV cache's error is within what bfloat16 costs" in same["text"]
+    assert planted["verdict"] == "something else" and planted["first_layer"] == 1, planted["text"]
+    assert towered["verdict"] == "something else" and towered["first_layer"] == 0, towered["text"]
+    stage = "text.cache.forced.keys"
+    layers = planted["stages"][stage]["layers"]
+    tolerance = Contract().tolerance(stage)
+    for layer in (0, 1):  # independent reference: the RMS of the stored cache differences, layer by layer
+        own, half = _cache_rms(slot, reference, stage, layer), _cache_rms(peer, reference, stage, layer)
+        np.testing.assert_allclose([layers[layer]["candidate_rmse"], layers[layer]["peer_rmse"]], [own, half])
+        assert layers[layer]["within"] == (own <= tolerance.peer_factor * half + tolerance.peer_floor)
+    assert layers[0]["within"] and not layers[1]["within"]
+    assert "its KV cache's error is something else from layer 1" in planted["text"]
+
+    report = Report(tmp_path / "report.json", {"answer": {"reference": "ref", "three_way": result, "pairs": []}})
+    pair = {"reference": "ref", "candidate": "mlx:bf16-slot", "first_difference": None}
+    report.data["answer"]["pairs"] = [
+        {**pair, "forced": forced_pair(reference, slot, Contract())},
+        {**pair, "candidate": "mlx:bf16", "forced": forced_pair(reference, peer, Contract())},
+    ]
+    line, peer_line = answer_sentences(report)
+    assert "three-way: the half-precision peer the other candidates are set against" in peer_line
+    assert "three-way: mlx:bf16-slot's forced-logit error is" in line, line
+    assert "and its KV cache's error is something else from layer 1 (keys: " in line and "mlx:bf16's)" in line, line
+    frame = three_way_frame(report).set_index("candidate")
+    assert frame.loc["mlx:bf16-b", "KV cache verdict"] == "half-precision"
+    assert frame.loc["mlx:bf16-slot", "KV cache verdict"] == "something else from layer 1"
 
 
 @pytest.mark.parametrize("compiled", ["jax", pytest.param("iree", marks=pytest.mark.slow)])

@@ -160,9 +160,12 @@ def _allowed(top: float, other: float, tolerance: Tolerance, dtype: str) -> floa
 
 
 def _fed_tokens(reference: TapSet, candidate: TapSet) -> bool | None:
-    """Whether the candidate was fed the reference's greedy tokens (None when it does not say what it fed)."""
-    if "text.forced.tokens" not in candidate or "text.generate.tokens" not in reference:
+    """Whether the candidate was fed what the reference was: the reference's own forced tokens where it was
+    teacher-forced too (a pair of two candidates, both fed the oracle's answer), else its greedy tokens (None when
+    either side does not say)."""
+    said_stage = "text.forced.tokens" if "text.forced.tokens" in reference else "text.generate.tokens"
+    if "text.forced.tokens" not in candidate or said_stage not in reference:
         return None
     fed = np.asarray(candidate["text.forced.tokens"]).reshape(-1)
-    said = np.asarray(reference["text.generate.tokens"]).reshape(-1)
+    said = np.asarray(reference[said_stage]).reshape(-1)
     return bool(fed.shape == said.shape and np.array_equal(fed, said))

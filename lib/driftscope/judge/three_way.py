@@ -7,12 +7,18 @@ of their magnitude distributions (histograms of ``log10 |c - r|``, a tenth of a 
 of their own: 1 when the two spread alike, 0 when they do not meet). The candidate's error is **what half
 precision costs** when the ratio is at most the contract's ``peer_factor`` for ``text.forced.logits`` (plus
 ``peer_floor`` over the peer's RMS), and **something else** when it is above.
+
+The KV cache the same way (``text.cache.{prefill,forced}.{keys,values}``, every runtime fed the same tokens, so
+the same positions): per stage and decoder layer, the candidate's error RMS against the reference next to the
+peer's, under that stage's ``peer_factor``/``peer_floor``. The cache is what half precision costs when every
+layer of every stage is within its bound; otherwise the lowest layer beyond it is where something else starts.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from driftscope.judge.cache import KINDS, PHASES, cache_stage
 from driftscope.judge.contract import Contract
 from driftscope.judge.forced import FORCED, activation_dtype
 from driftscope.taps.tapset import TapSet
@@ -46,6 +52,12 @@ class _Errors:
         self.histogram += np.bincount(
             np.searchsorted(_EDGES, np.log10(magnitude[magnitude > 0])), minlength=len(self.histogram)
         )
+
+    def merge(self, other: _Errors) -> None:
+        self.squares += other.squares
+        self.count += other.count
+        self.zeros += other.zeros
+        self.histogram += other.histogram
 
     @property
     def rms(self) -> float:
@@ -93,7 +105,7 @@ def three_way(tapsets: dict[str, TapSet], reference: str, peer: str, contract: C
             "bound": bound,
             "verdict": "half-precision" if explained else "something else",
             "text": (
-                f"{label}'s forced-logit error is what {out['peer_dtype']} costs ({peer}: ratio "
+                f"{label}'s forced-logit error is within what {out['peer_dtype']} costs ({peer}: ratio "
                 + (f"{ratio:.3g}" if ratio is not None else "n/a")
                 + f", overlap {overlap:.2f})"
                 if explained
@@ -102,4 +114,83 @@ def three_way(tapsets: dict[str, TapSet], reference: str, peer: str, contract: C
                 + f" {peer}'s (overlap {overlap:.2f})"
             ),
         }
+        cache = cache_three_way(ref, tapset, tapsets[peer], contract, peer)
+        if cache is not None:
+            out["candidates"][label]["cache"] = cache
     return out
+
+
+def _verdict_entry(own: _Errors, half: _Errors, factor: float, floor: float) -> dict:
+    bound = factor * half.rms + floor
+    return {
+        "candidate_rmse": own.rms,
+        "peer_rmse": half.rms,
+        "ratio": own.rms / half.rms if half.rms > 0 else None,
+        "bound": bound,
+        "within": own.rms <= bound,
+    }
+
+
+def cache_three_way(
+    reference: TapSet, candidate: TapSet, peer: TapSet, contract: Contract, peer_label: str = "the peer"
+) -> dict | None:
+    """The candidate's KV-cache error next to the peer's, per cache stage and decoder layer (None when the three
+    do not share a cache stage of one shape)."""
+    stages = {}
+    own_all, half_all = _Errors(), _Errors()
+    beyond = None  # (layer, stage): the lowest layer, then the first stage, whose error is past the peer's bound
+    for stage_id in (cache_stage(phase, kind) for phase in PHASES for kind in KINDS):
+        if not all(stage_id in t for t in (reference, candidate, peer)):
+            continue
+        shape = tuple(reference.shape(stage_id))
+        if len(shape) != 4 or tuple(candidate.shape(stage_id)) != shape or tuple(peer.shape(stage_id)) != shape:
+            stages[stage_id] = {"status": "shape_mismatch"}
+            continue
+        tolerance = contract.tolerance(stage_id)
+        own_stage, half_stage, layers = _Errors(), _Errors(), []
+        for layer in range(shape[0]):  # a layer at a time, read from disk
+            r = np.asarray(reference.rows(stage_id, layer, layer + 1)[0], dtype=np.float64)
+            own, half = _Errors(), _Errors()
+            for errors, tapset in ((own, candidate), (half, peer)):
+                error = (np.asarray(tapset.rows(stage_id, layer, layer + 1)[0], dtype=np.float64) - r).reshape(-1)
+                errors.add(error)
+            for total, part in ((own_stage, own), (half_stage, half), (own_all, own), (half_all, half)):
+                total.merge(part)
+            entry = {"layer": layer, **_verdict_entry(own, half, tolerance.peer_factor, tolerance.peer_floor)}
+            layers.append(entry)
+            if not entry["within"] and (beyond is None or layer < beyond[0]):
+                beyond = (layer, stage_id)
+        stages[stage_id] = {
+            **_verdict_entry(own_stage, half_stage, tolerance.peer_factor, tolerance.peer_floor),
+            "factor": tolerance.peer_factor,
+            "floor": tolerance.peer_floor,
+            "layers": layers,
+        }
+    if not stages or own_all.count == 0:
+        return None
+    overlap = float(np.minimum(own_all.distribution(), half_all.distribution()).sum())
+    ratio = own_all.rms / half_all.rms if half_all.rms > 0 else None
+    said = f"ratio {ratio:.3g}" if ratio is not None else "ratio n/a"
+    dtype = activation_dtype(peer)
+    return {
+        "candidate_rmse": own_all.rms,
+        "peer_rmse": half_all.rms,
+        "ratio": ratio,
+        "overlap": overlap,
+        "verdict": "half-precision" if beyond is None else "something else",
+        "first_layer": None if beyond is None else beyond[0],
+        "first_stage": None if beyond is None else beyond[1],
+        "rule": "what half precision costs when every layer of every cache stage has "
+        "RMS(c - r) <= peer_factor * RMS(peer - r) + peer_floor (the stage's contract key)",
+        "text": (
+            f"its KV cache's error is within what {dtype} costs ({said}, overlap {overlap:.2f})"
+            if beyond is None
+            else f"its KV cache's error is something else from layer {beyond[0]} ({beyond[1].rsplit('.', 1)[1]}: "
+            f"{_times(stages[beyond[1]]['layers'][beyond[0]]['ratio'])} {peer_label}'s)"
+        ),
+        "stages": stages,
+    }
+
+
+def _times(ratio: float | None) -> str:
+    return "above" if ratio is None else f"{ratio:.3g}x"

@@ -102,6 +102,12 @@ def rejudge(report_path: str | Path, contract: Contract, out_path: str | Path | 
                 from driftscope.judge.cache import cache_pair
 
                 pair["cache"] = cache_pair(report.tapset(pair["reference"]), report.tapset(pair["candidate"]), contract)
+        if data["answer"].get("three_way"):  # the peer's bounds (peer_factor, peer_floor) follow the new contract
+            from driftscope.judge.three_way import three_way
+
+            entry = data["answer"]["three_way"]
+            tapsets = {r["label"]: report.tapset(r["label"]) for r in data.get("runtimes", [])}
+            data["answer"]["three_way"] = three_way(tapsets, entry["reference"], entry["peer"], contract)
     data["contract"] = contract.to_dict()
     data["rejudged_from"] = str(report.path)
     target = Path(out_path) if out_path else report.path

@@ -1,5 +1,6 @@
 """Notebook 06's explanation of a diverging answer: which side substitution says caused it (the tower's output
-or the text side) and whether each candidate's forced-logit error is what half precision costs (three-way)."""
+or the text side) and whether each candidate's forced-logit and KV-cache errors are what half precision costs
+(three-way)."""
 
 from __future__ import annotations
 
@@ -87,8 +88,13 @@ def answer_sentences(report: Report) -> list[str]:
         parts.append(_cache_said(pair.get("cache")))
         parts.append(_substitution_said(pair.get("substitution")))
         peer = three_way.get(pair["candidate"]) if pair["reference"] == answer.get("reference") else None
-        if peer and peer.get("text"):
-            parts.append(f"three-way: {peer['text']}")
+        if pair["candidate"] == (answer.get("three_way") or {}).get("peer") and pair["reference"] == answer.get(
+            "reference"
+        ):
+            parts.append("three-way: the half-precision peer the other candidates are set against")
+        elif peer and peer.get("text"):
+            cache = (peer.get("cache") or {}).get("text")
+            parts.append(f"three-way: {peer['text']}" + (f", and {cache}" if cache else ""))
         lines.append(f"- **{pair['candidate']} vs {pair['reference']}**: " + "; ".join(p for p in parts if p) + ".")
     return lines
 
@@ -125,7 +131,8 @@ def _run(summary: dict) -> str:
 
 def three_way_frame(report: Report):
     """One row per candidate: its forced-logit error RMS, the half-precision peer's, their ratio, the overlap of
-    the two error distributions and the verdict (empty when the run had no half-precision runtime)."""
+    the two error distributions and the verdict, then the same for the KV cache (empty when the run had no
+    half-precision runtime)."""
     import pandas as pd
 
     result = (report.data.get("answer") or {}).get("three_way") or {}
@@ -138,10 +145,21 @@ def three_way_frame(report: Report):
             "ratio": entry.get("ratio"),
             "overlap": entry.get("overlap"),
             "verdict": entry.get("verdict", entry.get("status")),
+            "KV cache error RMS": (entry.get("cache") or {}).get("candidate_rmse"),
+            "peer's KV cache error RMS": (entry.get("cache") or {}).get("peer_rmse"),
+            "KV cache verdict": _cache_verdict(entry.get("cache")),
         }
         for label, entry in (result.get("candidates") or {}).items()
     ]
     return pd.DataFrame(records)
+
+
+def _cache_verdict(cache: dict | None) -> str:
+    if not cache:
+        return "not compared"
+    if cache.get("first_layer") is None:
+        return str(cache.get("verdict"))
+    return f"{cache.get('verdict')} from layer {cache['first_layer']}"
 
 
 def three_way_note(report: Report) -> str:
