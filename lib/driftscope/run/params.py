@@ -236,7 +236,7 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
         return _resolve(value, base)
 
     images = checked(data.get("images", []), list, "images", "[fixtures/images/shapes_448.png]")
-    videos = video_section(data.get("videos"), data.get("text"))
+    videos = video_section(data.get("videos"))
     runtimes = checked(data["runtimes"], list, "runtimes", "[{runtime: transformers}, {runtime: mlx, policy: f16}]")
     if len(runtimes) < 2:
         raise ParameterError(
