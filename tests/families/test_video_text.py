@@ -77,6 +77,15 @@ def test_an_image_and_a_video_take_the_positions_transformers_gives_them(name):
         assert len(times) == 2 and text.time_intervals == [1, 1, 1]
 
 
+@pytest.mark.parametrize(("frames", "fps"), [(4, 4.0), (3, 2.0), (7, 24.0), (2, 0.5)])
+def test_frame_timestamps_are_transformers_own_including_a_padded_last_patch(frames, fps):
+    from driftscope.families.qwen_shared.video_text import frame_timestamps
+    from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
+
+    expected = Qwen3VLProcessor._calculate_timestamps(None, list(range(frames)), fps, 2)
+    assert frame_timestamps(frames, fps, 2) == pytest.approx(expected, abs=1e-12)
+
+
 def _run(name: str, out, runtimes: list, tokens: int = 3, **extra):
     params = parse_parameters(
         {
@@ -152,5 +161,7 @@ def test_an_image_and_a_video_with_text_pass_the_strict_contract_on_every_text_s
         first = report.data["first_divergence"]["mlx:f32"]
         assert first["stage"] == "text.position_ids" and first["reference_value"] - first["candidate_value"] == 1
         assert _text_rows(report, "mlx:f32")["text.embeds.image"]["status"] == "pass"
+        ready = report.data["conclusions"]["mlx:f32"]["ready_patches"]
+        assert ready == ["driftscope.hypotheses:video_time_positions"]  # the one the patched MLX applied
     inputs = report.data["inputs"]
     assert [v["grid_thw"][0] for v in inputs["videos"]] == [2] and len(inputs["images"]) == 1

@@ -22,9 +22,9 @@ def select_rows(out, stage_id: str, ctx: Any):
 
 
 def replay_text(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
-    """Embeddings and their merge (into the image and the video slots), one layer (causal mask, M-RoPE from the reference's positions), the DeepStack
-    add (``.deepstack``: the decoder's own, of the branch's features to the layer's image rows), the final norm,
-    the head."""
+    """Embeddings and their merge (into the image and the video slots), one layer (causal mask, M-RoPE from the
+    reference's positions), the DeepStack add (``.deepstack``: the decoder's own, of the branch's features to the
+    layer's image rows), the final norm, the head."""
     import torch
     from transformers.masking_utils import create_causal_mask
 
