@@ -150,3 +150,28 @@ def scale_logits(model, factor: float = 1.0 + 1e-3, tokens: list | None = None, 
 
     model.lm_head.register_forward_hook(hook)
     return model
+
+
+def video_time_shift(model, shift: int = 1, **_):
+    """A defect in the temporal position rule of mlx-vlm's Qwen decoders: the M-RoPE time position of a video's
+    later half of tokens (the second temporal patch of a t = 2 video, whichever way the family's prompt lays the
+    frames out) is ``shift`` late; the prompt, the embeddings and the spatial positions stay right."""
+    import mlx.core as mx
+    import numpy as np
+
+    language = model.language_model
+    original = language.get_rope_index
+    video = language.config.video_token_id
+
+    def get_rope_index(input_ids, *args, **kwargs):
+        positions, deltas = original(input_ids, *args, **kwargs)
+        slots = np.flatnonzero(np.asarray(input_ids)[0] == video)
+        if slots.size:
+            shifted = np.array(positions)
+            shifted[0, 0, slots[slots.size // 2 :]] += shift
+            late = int(shifted.max()) + 1 - shifted.shape[-1]
+            positions, deltas = mx.array(shifted), mx.array([[late]])
+        return positions, deltas
+
+    object.__setattr__(language, "get_rope_index", get_rope_index)
+    return model

@@ -118,15 +118,13 @@ def test_bad_videos_are_refused_with_the_fix(tmp_path):
         load_video(tmp_path / "one")
 
 
-def test_the_parameter_file_takes_videos_without_images_and_refuses_them_with_text(tmp_path):
+def test_the_parameter_file_takes_videos_without_images_and_with_text(tmp_path):
     base = {"checkpoint": "x", "runtimes": ["transformers", "mlx"], "videos": ["fixtures/videos/shapes_4f.gif"]}
     params = parse_parameters(base, base=ROOT)
     assert params.images == [] and params.videos == [GIF]
     assert params.to_dict()["videos"] == ["fixtures/videos/shapes_4f.gif"]
     assert "videos" not in parse_parameters({**base, "videos": [], "images": ["a.png"]}, base=ROOT).to_dict()
-    with pytest.raises(ParameterError, match="videos and text together are not supported yet") as err:
-        parse_parameters({**base, "text": True}, base=ROOT)
-    assert "drop 'text'" in err.value.fix
+    assert parse_parameters({**base, "text": True}, base=ROOT).videos == [GIF]  # the text side places them
     with pytest.raises(ParameterError, match="videos must be list"):
         parse_parameters({**base, "videos": "fixtures/videos/shapes_4f.gif"}, base=ROOT)
     with pytest.raises(ParameterError, match="has no 'images'"):

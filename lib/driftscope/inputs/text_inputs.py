@@ -14,7 +14,7 @@ DEFAULT_PROMPT = "Name every shape in the image and its colour."
 
 @dataclass
 class TextInputs:
-    """Token ids of a chat prompt whose user turn holds the images, and what to generate."""
+    """Token ids of a chat prompt whose user turn holds the images (and videos), and what to generate."""
 
     input_ids: np.ndarray  # [seq] int64
     image_token_id: int
@@ -28,20 +28,44 @@ class TextInputs:
     #: substitution (``run.substitution``): rows [image tokens, hidden] that replace the runtime's own merged image
     #: embeddings at the image slots of the prefill (another runtime's ``text.embeds.image``); None: its own
     image_embeds: np.ndarray | None = None
+    #: the video placeholder (None: the prompt holds no video); its slots take the tower's rows after the images'
+    video_token_id: int | None = None
+    #: the M-RoPE position rule's input, one entry per vision run of the prompt in prompt order (an image, a video,
+    #: or a video's frame group where the family's prompt splits a video): its grid [t, h, w] in patches and the
+    #: step its temporal positions take per temporal patch (1 for an image); None: the images' grids, step 1
+    position_grids: list | None = None
+    time_intervals: list | None = None
+    #: seconds one temporal patch of each video spans (temporal_patch_size / fps), for a model that reads it
+    second_per_grid_ts: list | None = None
+
+    @property
+    def vision_slots(self) -> np.ndarray:
+        """[seq] mask of the slots the tower's merged rows fill: the image placeholders, then the video ones
+        (``text.embeds.image`` holds these rows, in prompt order: the images' rows first, as the tower packs them)."""
+        slots = self.input_ids == self.image_token_id
+        if self.video_token_id is not None:
+            slots = slots | (self.input_ids == self.video_token_id)
+        return slots
 
     @property
     def mm_token_type_ids(self) -> np.ndarray:
-        """1 where a token belongs to an image: ``token_types`` when the family gives them (e.g. an image's
-        start, end and row-separator tokens too), else the image placeholder tokens."""
+        """1 where a token belongs to an image, 2 where it belongs to a video: ``token_types`` when the family
+        gives them (e.g. an image's start, end and row-separator tokens too), else the placeholder tokens."""
         if self.token_types is not None:
             return np.asarray(self.token_types, dtype=np.int64)
-        return (self.input_ids == self.image_token_id).astype(np.int64)
+        types = (self.input_ids == self.image_token_id).astype(np.int64)
+        if self.video_token_id is not None:
+            types[self.input_ids == self.video_token_id] = 2
+        return types
 
     def summary(self) -> dict:
         return {
             "prompt": self.prompt,
             "tokens": int(self.input_ids.size),
             "image_tokens": int((self.input_ids == self.image_token_id).sum()),
+            "video_tokens": int((self.input_ids == self.video_token_id).sum())
+            if self.video_token_id is not None
+            else 0,
             "max_new_tokens": self.max_new_tokens,
             "expect": self.expect,
         }

@@ -36,13 +36,16 @@ def teacher_force(inputs, reference) -> None:
 
 
 def with_ready_patches(conclusion: dict, family: str, runtime: str, own: str | None = None) -> dict:
-    """``conclusion`` with the ready patches its family declares for the operator it says introduces the error
-    (``ready_patches``: absent where none matches or nothing is introduced), but the candidate's ``own``."""
+    """``conclusion`` with the ready patches its family declares for the operator it says introduces the error,
+    or for the data stage (index math, e.g. positions) that first differs (``ready_patches``: absent where none
+    matches or nothing is introduced), but the candidate's ``own``."""
     from driftscope.families import get_family
 
-    if conclusion.get("kind") != "introduced":
+    kind = conclusion.get("kind")
+    if kind not in ("introduced", "data"):
         return conclusion
-    patches = [p for p in get_family(family).ready_patches(conclusion["stage"], runtime) if p != own]
+    stage = conclusion["stage"] if kind == "introduced" else conclusion.get("first_divergence")
+    patches = [p for p in get_family(family).ready_patches(stage, runtime) if p != own]
     return {**conclusion, "ready_patches": patches} if patches else conclusion
 
 

@@ -117,18 +117,10 @@ def text_section(data: Any) -> dict | None:
     }
 
 
-def video_section(data: Any, text: Any) -> list:
-    """The ``videos`` entries (paths, resolved by the caller); refused with ``text``: the text side does not place
-    video tokens or their M-RoPE time positions yet."""
-    videos = checked(data if data is not None else [], list, "videos", "[fixtures/videos/shapes_4f.gif]")
-    if videos and text not in (None, False):
-        raise ParameterError(
-            "videos and text together are not supported yet: driftscope compares a video's vision stages (the "
-            "tower on grids with t > 1), but its text side does not place video tokens in the prompt or their "
-            "M-RoPE time positions (second_per_grid_ts, timestamps)",
-            "drop 'text' to compare the video's vision stages, or pass the frames as images under 'images'",
-        )
-    return videos
+def video_section(data: Any) -> list:
+    """The ``videos`` entries (paths, resolved by the caller): each video's frames become one grid with t > 1,
+    packed after the images, and with ``text`` its tokens follow the images' in the prompt."""
+    return checked(data if data is not None else [], list, "videos", "[fixtures/videos/shapes_4f.gif]")
 
 
 def power_section(data: Any) -> dict | None:

@@ -42,7 +42,8 @@ TOP_KEYS = {
     "checkpoint": "checkpoint directory (safetensors): a path or a URL (s3://, gs://, file://)",
     "images": "list of image paths or URLs shared by every runtime (may be empty when videos are given)",
     "videos": "list of videos (an animated GIF/WebP/PNG, or a folder of frame PNGs) packed after the images, each "
-    "one grid with t = frames / temporal_patch_size; vision stages only (not with text)",
+    "one grid with t = frames / temporal_patch_size; with `text`, its tokens follow the images' in the prompt ("
+    "M-RoPE time positions placed as transformers places them)",
     "runtimes": "list of {runtime, policy, patch, label, options}; the first is the reference",
     "reference": "label of the reference runtime (default: the first)",
     "replay": "same-input replay for introduced/inherited labels: true (every candidate that can), false, or labels",
@@ -236,7 +237,7 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
         return _resolve(value, base)
 
     images = checked(data.get("images", []), list, "images", "[fixtures/images/shapes_448.png]")
-    videos = video_section(data.get("videos"), data.get("text"))
+    videos = video_section(data.get("videos"))
     runtimes = checked(data["runtimes"], list, "runtimes", "[{runtime: transformers}, {runtime: mlx, policy: f16}]")
     if len(runtimes) < 2:
         raise ParameterError(

@@ -12,8 +12,15 @@ import numpy as np
 from driftscope.errors import InputError
 
 
+def _slots(text: Any) -> np.ndarray:
+    """The prompt's slots the tower fills (images, then videos: ``TextInputs.vision_slots``)."""
+    if hasattr(text, "vision_slots"):
+        return np.asarray(text.vision_slots)
+    return np.asarray(text.input_ids) == text.image_token_id
+
+
 def _rows(text: Any, embeds_shape: tuple) -> np.ndarray:
-    slots = np.asarray(text.input_ids) == text.image_token_id
+    slots = _slots(text)
     rows = np.asarray(text.image_embeds, dtype=np.float32)
     if rows.shape != (int(slots.sum()), embeds_shape[-1]):
         raise InputError(
@@ -29,7 +36,7 @@ def image_rows(text: Any, own: np.ndarray) -> np.ndarray:
     ``own`` (this runtime's tower output, ``[image_tokens, hidden]``)."""
     if text is None or getattr(text, "image_embeds", None) is None:
         return own
-    slots = int((np.asarray(text.input_ids) == text.image_token_id).sum())
+    slots = int((_slots(text)).sum())
     return _rows(text, (slots, np.asarray(own).shape[-1]))
 
 
@@ -43,7 +50,7 @@ def torch_image_rows(language: Any, text: Any):
     ``text.image_embeds`` into the prefill's image slots."""
     import torch
 
-    slots = torch.from_numpy(np.asarray(text.input_ids) == text.image_token_id)
+    slots = torch.from_numpy(_slots(text))
 
     def hook(module, args, kwargs):
         embeds = kwargs.get("inputs_embeds")
@@ -67,7 +74,7 @@ class _Substituting:
 
     def __init__(self, decoder: Any, text: Any):
         self.decoder, self.text = decoder, text
-        self.slots = np.flatnonzero(np.asarray(text.input_ids) == text.image_token_id)
+        self.slots = np.flatnonzero(_slots(text))
 
     def _substituted(self, embeds: Any) -> Any:
         import mlx.core as mx

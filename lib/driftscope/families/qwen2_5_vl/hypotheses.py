@@ -8,12 +8,21 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["norm2_in_float32", "perturb_image_embeddings", "plant_defect", "scale_block_output"]
+__all__ = [
+    "norm2_in_float32",
+    "perturb_image_embeddings",
+    "plant_defect",
+    "scale_block_output",
+    "video_time_positions",
+]
 
 
 #: Which introduced errors each ready patch closes (``Family.ready_patches``): the runtime and the stages where
 #: the error it addresses is introduced (a half-precision norm2 on MLX).
-CLOSES = {"norm2_in_float32": {"runtimes": ("mlx",), "stages": ("vision.block.*.norm2",)}}
+CLOSES = {
+    "norm2_in_float32": {"runtimes": ("mlx",), "stages": ("vision.block.*.norm2",)},
+    "video_time_positions": {"runtimes": ("mlx",), "stages": ("text.position_ids",)},
+}
 
 
 def _vision(model: Any) -> Any:
@@ -79,6 +88,50 @@ def perturb_image_embeddings(model: Any, scale: float = -2.0) -> Any:
 
     object.__setattr__(model, "merge_input_ids_with_image_features", merge)
     return model
+
+
+def video_time_positions(model: Any, second_per_grid_ts: list | None = None) -> Any:
+    """mlx-vlm's M-RoPE positions with each video's temporal positions stepped by ``tokens_per_second *
+    second_per_grid_t`` per temporal patch, as transformers' ``get_rope_index`` steps them (MLX only).
+
+    mlx-vlm 0.7.10's Qwen2.5-VL steps a video's temporal positions by 1 whatever its frame rate (it never reads
+    ``second_per_grid_ts``), so a video whose ``tokens_per_second * temporal_patch_size / fps`` is not 1 gets
+    other positions than transformers' (found at ``text.position_ids``). ``second_per_grid_ts``: per video, the
+    seconds one temporal patch spans (``temporal_patch_size / fps``: 0.5 for the four-frame fixture at 4 fps);
+    the report's ``inputs.video_prompt`` gives each video's value."""
+    import mlx.core as mx
+    import numpy as np
+
+    from ..qwen_shared.mrope import mrope_positions
+
+    language = model.language_model
+    config = language.config
+    step = float(config.vision_config.tokens_per_second)
+    seconds = [float(s) for s in (second_per_grid_ts or [])]
+
+    def get_rope_index(input_ids, image_grid_thw=None, video_grid_thw=None, attention_mask=None):
+        ids = np.asarray(input_ids)
+        if video_grid_thw is None or ids.shape[0] != 1:
+            return original(input_ids, image_grid_thw, video_grid_thw, attention_mask)
+        types = np.where(ids[0] == config.image_token_id, 1, np.where(ids[0] == config.video_token_id, 2, 0))
+        grids = {1: iter(np.asarray(image_grid_thw).tolist()) if image_grid_thw is not None else iter([])}
+        grids[2] = iter(np.asarray(video_grid_thw).tolist())
+        times = iter(seconds + [1 / step] * len(np.asarray(video_grid_thw)))  # not given: mlx-vlm's own step 1
+        runs = [int(kind) for kind, _ in _runs(types) if kind]
+        ordered = [next(grids[kind]) for kind in runs]
+        intervals = [step * next(times) if kind == 2 else 1 for kind in runs]
+        positions, delta = mrope_positions(types.tolist(), ordered, config.vision_config.spatial_merge_size, intervals)
+        return mx.array(positions[:, None, :]), mx.array([[delta]])
+
+    original = language.get_rope_index
+    object.__setattr__(language, "get_rope_index", get_rope_index)
+    return model
+
+
+def _runs(types):
+    from itertools import groupby
+
+    return [(kind, len(list(run))) for kind, run in groupby(types.tolist())]
 
 
 #: The module (under the vision tower) whose weights compute each vision stage, and which rows of them: the fused

@@ -17,7 +17,7 @@ from driftscope.inputs.processor_output import ModelInputs
 from driftscope.taps.mlx_hooks import Recording, cache_snapshot, dtype_name, list_item, module_attr, shadow, to_numpy
 from driftscope.taps.sink import StageSink, put_greedy
 
-from ..qwen_shared.mlx_text import replay_text
+from ..qwen_shared.mlx_text import mlx_vision_kwargs, replay_text
 from ..qwen_shared.text import put_decode_delta, put_text_inputs
 from .geometry.windows import unique_consecutive
 from .mlx_config import load_mlx_model
@@ -178,9 +178,14 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink, tower: Any = 
 
     text = inputs.text
     ids = mx.array(text.input_ids[None])
-    pixels, grid = _pixels(model, inputs)
-    cached = {"cached_image_features": tower} if tower is not None else {}
-    features = model.get_input_embeddings(ids, pixels, image_grid_thw=grid, **cached)
+    if inputs.video_paths:
+        prefill = _video_prefill(model, inputs, ids, tower)
+        features = prefill.features
+    else:
+        pixels, grid = _pixels(model, inputs)
+        cached = {"cached_image_features": tower} if tower is not None else {}
+        features = model.get_input_embeddings(ids, pixels, image_grid_thw=grid, **cached)
+        prefill = functools.partial(model, ids, pixel_values=pixels, image_grid_thw=grid, **cached)
     embeds = to_numpy(features.inputs_embeds[0])
     rows = to_numpy(model.language_model.model.embed_tokens(ids)[0])
     put_text_inputs(
@@ -205,7 +210,7 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink, tower: Any = 
         for index, layer in enumerate(layers):
             stack.enter_context(list_item(layers, index, Recording(layer, layer_out(index))))
         stack.enter_context(shadow(inner, "norm", Recording(inner.norm, last("text.norm.last"))))
-        logits = model(ids, pixel_values=pixels, cache=cache, image_grid_thw=grid, **cached).logits
+        logits = prefill(cache=cache).logits
         mx.eval(logits)
     final = to_numpy(logits[0, -1])
     sink.put("text.logits.last", final)
@@ -307,7 +312,40 @@ def _replay_tower_piece(tower: Any, kind: str, args: list, inputs: list[np.ndarr
 
 
 def _merge(model: Any, features, embeds, ids):
-    """mlx-vlm's own merge of the tower's features into the image slots (video slots count as image ones)."""
+    """mlx-vlm's own merge of the tower's features into the image slots, then the rest into the video slots.
+    Adapted for a prompt holding both: mlx-vlm's merge fills the image slots alone when there are any (its video
+    slots only in a prompt without images), so each kind is merged by its own call of that merge."""
+    import mlx.core as mx
+
     config = model.config
-    video = getattr(config, "video_token_id", config.image_token_id)
-    return model.merge_input_ids_with_image_features(config.image_token_id, video, features, embeds, ids)
+    image, video = config.image_token_id, getattr(config, "video_token_id", config.image_token_id)
+    count = int(mx.sum(ids == image).item())
+    if count == 0 or int(mx.sum(ids == video).item()) == 0:
+        return model.merge_input_ids_with_image_features(image, video, features, embeds, ids)
+    embeds = model.merge_input_ids_with_image_features(image, image, features[:count], embeds, ids)
+    return model.merge_input_ids_with_image_features(video, video, features[count:], embeds, ids)
+
+
+def _video_prefill(model: Any, inputs: ModelInputs, ids, tower: Any = None):
+    """A prompt with videos, through mlx-vlm's own pieces: the tower's packed output merged (:func:`_merge`), the
+    M-RoPE positions from its ``get_rope_index`` with the image and video grids, and a prefill of its language
+    model on those embeddings (its ``Model.get_input_embeddings`` takes the images' or the videos' pixels and
+    grids, not both). Returns ``prefill(cache=...)`` with ``.features`` (embeddings, positions, deltas)."""
+    from mlx_vlm.models.base import InputEmbeddingsFeatures
+
+    vision = mlx_vision_kwargs(model, inputs)
+    pixels = vision["pixel_values"] if vision["pixel_values"] is not None else vision["pixel_values_videos"]
+    image_grid, video_grid = vision.get("image_grid_thw"), vision.get("video_grid_thw")
+    if tower is None:
+        tower = model.vision_tower(*_pixels(model, inputs), output_hidden_states=False)
+    language = model.language_model
+    embeds = _merge(model, tower, language.model.embed_tokens(ids), ids)
+    positions, deltas = language.get_rope_index(ids, image_grid, video_grid, None)
+
+    def prefill(cache):
+        return language(
+            ids, embeds, cache=cache, pixel_values=pixels, image_grid_thw=image_grid, video_grid_thw=video_grid
+        )
+
+    prefill.features = InputEmbeddingsFeatures(inputs_embeds=embeds, position_ids=positions, rope_deltas=deltas)
+    return prefill

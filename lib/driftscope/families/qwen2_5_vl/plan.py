@@ -146,6 +146,7 @@ def vision_plan(config: dict) -> StagePlan:
         "landmarks": ["vision.patch_embed", "vision.merger"],
         # the prompt's image placeholder, which the text replays read to rebuild the input embeddings
         "image_token_id": int(config.get("image_token_id", 151655)),
+        "video_token_id": int(config.get("video_token_id", 151656)),  # a video's slots follow the images'
     }
     return StagePlan(NAME, stages, depth, meta)
 

@@ -14,6 +14,7 @@ from driftscope.taps.torch_hooks import to_numpy as _np
 
 from ..qwen_shared.grids import cu_seqlens as grid_cu_seqlens
 from ..qwen_shared.text import put_decode_delta, put_text_inputs
+from ..qwen_shared.tower import torch_vision_kwargs
 from ..qwen_shared.tower import tower_inputs as _tower_inputs
 from ..qwen_shared.tower import visual as _visual
 from ..qwen_shared.transformers_text import replay_text
@@ -158,20 +159,15 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink, tower: Any = 
         )
     hooks.append(language.norm.register_forward_hook(lambda m, a, out: sink.put("text.norm.last", _np(out[0, -1]))))
     ids = torch.from_numpy(text.input_ids)[None]
-    pixel_values, grid_thw = _tower_inputs(model, inputs)
-    images: dict[str, Any] = {"pixel_values": pixel_values}
-    if tower is not None:
-        sizes = (grid_thw.prod(-1) // _visual(model).spatial_merge_size ** 2).tolist()
-        images = {"mm_encoder_outputs": {"image": type(tower)(pooler_output=torch.split(tower.pooler_output, sizes))}}
+    vision = torch_vision_kwargs(model, inputs, tower)  # images and videos apart, the tower's rows split per item
     try:
         with torch.no_grad():
             out = model(
                 input_ids=ids,
-                image_grid_thw=grid_thw,
                 mm_token_type_ids=torch.from_numpy(text.mm_token_type_ids)[None],
                 use_cache=True,
                 logits_to_keep=1,
-                **images,
+                **vision,
             )
     finally:
         for hook in hooks:

@@ -18,6 +18,7 @@ The chat prompt, M-RoPE positions, processor runner and tokenizer are shared wit
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from driftscope.core.paths import REPO_ROOT as _ROOT
@@ -43,7 +44,7 @@ FAMILY = Family(
     replay_inputs=replay_inputs,
     replay_context=ReplayContext.from_plan,
     prepare_inputs=prepare_inputs,
-    text_inputs=build_text_inputs,
+    text_inputs=functools.partial(build_text_inputs, video_style="timestamps"),
     engines={
         "transformers": f"{__name__}.transformers_taps",
         "mlx": f"{__name__}.mlx_taps",

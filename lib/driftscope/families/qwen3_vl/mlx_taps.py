@@ -20,7 +20,7 @@ from driftscope.taps.mlx_hooks import Recording, cache_snapshot, dtype_name, lis
 from driftscope.taps.sink import StageSink, put_greedy
 
 from ...errors import ParameterError
-from ..qwen_shared.mlx_text import replay_text
+from ..qwen_shared.mlx_text import mlx_vision_kwargs, replay_text
 from ..qwen_shared.text import put_decode_delta, put_text_inputs
 from .mlx_config import load_mlx_model
 from .plan import block_stage_id, deepstack_stage_id, parse_stage
@@ -150,9 +150,10 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
 
     text = inputs.text
     ids = mx.array(text.input_ids[None])
-    image = text.input_ids == text.image_token_id
-    pixels, grid = _pixels(model, inputs)
-    features = model.get_input_embeddings(ids, pixels, image_grid_thw=grid)
+    image = text.vision_slots  # the image slots, then the video slots
+    vision = mlx_vision_kwargs(model, inputs)  # mlx-vlm's own image and video inputs (its processor's keys)
+    pixels = vision.pop("pixel_values")
+    features = model.get_input_embeddings(ids, pixels, **vision)
     embeds = to_numpy(features.inputs_embeds[0])
     inner = model.language_model.model
     rows = to_numpy(inner.embed_tokens(ids)[0])
@@ -186,7 +187,7 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
         if len(layers) <= branches:
             final = Recording(final, record_after_add(len(layers) - 1))
         stack.enter_context(shadow(inner, "norm", final))
-        logits = model(ids, pixel_values=pixels, cache=cache, image_grid_thw=grid).logits
+        logits = model(ids, pixel_values=pixels, cache=cache, **vision).logits
         mx.eval(logits)
     last = to_numpy(logits[0, -1])
     sink.put("text.logits.last", last)

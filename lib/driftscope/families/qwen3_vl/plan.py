@@ -132,6 +132,7 @@ def vision_plan(config: dict) -> StagePlan:
         "tower_outputs": ["vision.merger"] + [deepstack_stage_id(k) for k in range(len(deepstack))],
         # the prompt's image placeholder, which the text replays read to rebuild the input embeddings
         "image_token_id": int(config.get("image_token_id", 151655)),
+        "video_token_id": int(config.get("video_token_id", 151656)),  # a video's slots follow the images'
     }
     return StagePlan(NAME, stages, depth, meta)
 

@@ -23,6 +23,7 @@ from driftscope.taps.torch_hooks import cache_snapshot, replaced
 from driftscope.taps.torch_hooks import to_numpy as _np
 
 from ..qwen_shared.text import put_decode_delta, put_text_inputs
+from ..qwen_shared.tower import torch_vision_kwargs
 from ..qwen_shared.tower import tower_inputs as _tower_inputs
 from ..qwen_shared.tower import visual as _visual
 from ..qwen_shared.transformers_text import replay_text
@@ -153,7 +154,7 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
 
     text = inputs.text
     language = model.model.language_model
-    image = text.input_ids == text.image_token_id
+    image = text.vision_slots  # the image slots, then the video slots
     seen: dict[str, Any] = {}
     hooks = _Hooks(sink)
     hooks.handles.append(
@@ -175,13 +176,12 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
             )
     hooks.out(language.norm, "text.norm.last", lambda out: out[0, -1])
     ids = torch.from_numpy(text.input_ids)[None]
-    pixel_values, grid_thw = _tower_inputs(model, inputs)
+    vision = torch_vision_kwargs(model, inputs)  # images and videos apart (pixels and grids of each)
     try:
         with torch.no_grad():
             out = model(
                 input_ids=ids,
-                pixel_values=pixel_values,
-                image_grid_thw=grid_thw,
+                **vision,
                 mm_token_type_ids=torch.from_numpy(text.mm_token_type_ids)[None],
                 use_cache=True,
             )

@@ -52,3 +52,24 @@ def replay_text(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any, m
             out = select_rows(out, stage_id, ctx)
     mx.eval(out)
     return to_numpy(out)
+
+
+def mlx_vision_kwargs(model: Any, inputs: Any) -> dict[str, Any]:
+    """The vision keyword arguments of an mlx-vlm Qwen forward: ``pixel_values`` and ``image_grid_thw`` for the
+    images, ``pixel_values_videos`` and ``video_grid_thw`` for the videos (as mlx-vlm's processor hands them;
+    absent where there are none), pixels in the tower's dtype."""
+    import mlx.core as mx
+
+    from .tower import modalities
+
+    parts = modalities(inputs)
+    dtype = model.vision_tower.patch_embed.proj.weight.dtype
+    out: dict[str, Any] = {"pixel_values": None}
+    if parts["image_grid"] is not None:
+        out.update(
+            pixel_values=mx.array(parts["image_pixels"]).astype(dtype), image_grid_thw=mx.array(parts["image_grid"])
+        )
+    if parts["video_grid"] is not None:
+        out["pixel_values_videos"] = mx.array(parts["video_pixels"]).astype(dtype)
+        out["video_grid_thw"] = mx.array(parts["video_grid"])
+    return out

@@ -16,11 +16,14 @@ class TextReplay:
     input_ids: np.ndarray | None  # the prompt (text stages only)
     text_positions: np.ndarray | None  # [3, tokens] M-RoPE position ids
     image_token_id: int | None
+    video_token_id: int | None = None
 
     @property
     def image_slots(self) -> np.ndarray:
-        """Where the prompt's image placeholders are (a [tokens] mask)."""
-        return self.input_ids == self.image_token_id
+        """Where the prompt's image placeholders are, and its video placeholders (a [tokens] mask): the slots the
+        tower's merged rows fill."""
+        slots = self.input_ids == self.image_token_id
+        return slots | (self.input_ids == self.video_token_id) if self.video_token_id is not None else slots
 
     def read_text(self, reference: TapSet, plan: StagePlan) -> None:
         """The prompt's ids and positions from the reference (when it followed the prompt past the tower)."""
@@ -28,6 +31,7 @@ class TextReplay:
             self.input_ids = np.asarray(reference["text.input_ids"]).astype(np.int64)
             self.text_positions = np.asarray(reference["text.position_ids"]).astype(np.int64)
             self.image_token_id = int(plan.meta.get("image_token_id", -1))
+            self.video_token_id = plan.meta.get("video_token_id")
 
     def text_sequence(self, reference: TapSet) -> np.ndarray | None:
         """The whole prompt's input embeddings: image slots from ``text.embeds.image``, the rest from

@@ -8,6 +8,7 @@ from driftscope.inputs.processor_output import ModelInputs
 from driftscope.inputs.text_inputs import DEFAULT_PROMPT, TextInputs, load_tokenizer
 
 from ...errors import InputError
+from .video_text import video_prompt
 
 
 def build_text_inputs(
@@ -16,22 +17,47 @@ def build_text_inputs(
     prompt: str = DEFAULT_PROMPT,
     max_new_tokens: int = 16,
     expect: list[str] | None = None,
+    *,
+    video_style: str = "seconds_per_grid",
 ) -> TextInputs:
-    """Qwen chat format: each image as <|vision_start|> n x <|image_pad|> <|vision_end|>, then the prompt."""
-    image_tokens = inputs.image_tokens.tolist()
+    """Qwen chat format: each image as <|vision_start|> n x <|image_pad|> <|vision_end|>, then each video in the
+    family's ``video_style`` (``qwen_shared.video_text``), then the prompt."""
+    videos = list(inputs.facts.get("videos") or [])
+    grid_thw = np.asarray(inputs["grid_thw"]).tolist()
+    image_grids = grid_thw[: len(grid_thw) - len(videos)]
+    image_tokens = inputs.image_tokens.tolist()[: len(image_grids)]
     tokenizer = load_tokenizer(checkpoint.path)
     config = checkpoint.config
+    vision = config.get("vision_config") or {}
+    merge = int(vision.get("spatial_merge_size", 2))
+    temporal = int(vision.get("temporal_patch_size", 2))
+    clip = video_prompt(
+        videos, grid_thw[len(image_grids) :], merge, temporal, video_style, vision.get("tokens_per_second", 4)
+    )
     images = "".join("<|vision_start|>" + "<|image_pad|>" * int(n) + "<|vision_end|>" for n in image_tokens)
-    text = f"<|im_start|>user\n{images}{prompt}<|im_end|>\n<|im_start|>assistant\n"
+    text = f"<|im_start|>user\n{images}{clip.text}{prompt}<|im_end|>\n<|im_start|>assistant\n"
     ids = np.asarray(tokenizer(text)["input_ids"], dtype=np.int64)
     image_token_id = int(config.get("image_token_id", tokenizer.convert_tokens_to_ids("<|image_pad|>")))
-    found = int((ids == image_token_id).sum())
-    if found != sum(int(n) for n in image_tokens):
+    _check_count(ids, image_token_id, sum(int(n) for n in image_tokens), "image", "<|image_pad|>")
+    out = TextInputs(ids, image_token_id, prompt, int(max_new_tokens), list(expect or []))
+    if videos:
+        out.video_token_id = int(config.get("video_token_id", tokenizer.convert_tokens_to_ids("<|video_pad|>")))
+        expected = sum(t * h * w // (merge * merge) for t, h, w in grid_thw[len(image_grids) :])
+        _check_count(ids, out.video_token_id, expected, "video", "<|video_pad|>")
+        out.position_grids = image_grids + clip.grids
+        out.time_intervals = [1] * len(image_grids) + clip.intervals
+        out.second_per_grid_ts = clip.second_per_grid_ts
+        inputs.facts["video_prompt"] = {"style": video_style, "videos": clip.facts}
+    return out
+
+
+def _check_count(ids: np.ndarray, token_id: int, expected: int, what: str, token: str) -> None:
+    found = int((ids == token_id).sum())
+    if found != expected:
         raise InputError(
-            f"the tokenizer turned {sum(image_tokens)} image placeholders into {found} image tokens",
-            "use the checkpoint's own tokenizer, where <|image_pad|> is one special token",
+            f"the tokenizer turned {expected} {what} placeholders into {found} {what} tokens",
+            f"use the checkpoint's own tokenizer, where {token} is one special token",
         )
-    return TextInputs(ids, image_token_id, prompt, int(max_new_tokens), list(expect or []))
 
 
 def put_text_inputs(
@@ -44,7 +70,7 @@ def put_text_inputs(
 ) -> None:
     """The prompt-side stages every text-capable runtime writes the same way (M-RoPE positions: t, h, w)."""
     text = inputs.text
-    image = text.input_ids == text.image_token_id
+    image = text.vision_slots  # the image slots, then the video slots (the tower's rows in packed order)
     sink.put("text.input_ids", text.input_ids)
     sink.put("text.position_ids", np.asarray(position_ids).reshape(3, -1))
     sink.put("text.rope_deltas", np.asarray(rope_deltas).reshape(-1))

@@ -18,3 +18,58 @@ def tower_inputs(model: Any, inputs: ModelInputs):
 
     dtype = next(visual(model).parameters()).dtype
     return torch.from_numpy(inputs["pixel_values"]).to(dtype), torch.from_numpy(inputs["grid_thw"])
+
+
+def modalities(inputs: ModelInputs) -> dict[str, Any]:
+    """The packed processor output split as a Qwen model's forward takes it: ``images`` and ``videos`` (the grids
+    and pixel rows of each, numpy; None where there are none) and ``image_rows`` (how many merged rows of the
+    tower's output are the images')."""
+    import numpy as np
+
+    grid = np.asarray(inputs["grid_thw"])
+    videos = len(inputs.video_paths or [])
+    split = len(grid) - videos
+    patches = int(grid[:split].prod(axis=1).sum())
+    pixels = inputs["pixel_values"]
+    return {
+        "image_grid": grid[:split] if split else None,
+        "video_grid": grid[split:] if videos else None,
+        "image_pixels": pixels[:patches] if split else None,
+        "video_pixels": pixels[patches:] if videos else None,
+        "image_rows": int(np.asarray(inputs.image_tokens)[:split].sum()),
+    }
+
+
+def torch_vision_kwargs(model: Any, inputs: ModelInputs, tower: Any = None) -> dict[str, Any]:
+    """The vision keyword arguments of a transformers Qwen forward: images and videos apart (``image_grid_thw``,
+    ``video_grid_thw``, their pixels or, given the tower's ``output`` for the packed inputs, its merged rows split
+    per image and per video as ``mm_encoder_outputs``) and a video's ``second_per_grid_ts`` where the prompt
+    recorded it."""
+    import torch
+
+    parts = modalities(inputs)
+    dtype = next(visual(model).parameters()).dtype
+    merge = visual(model).spatial_merge_size
+    kwargs: dict[str, Any] = {}
+    encoded: dict[str, Any] = {}
+    rows = tower.pooler_output if tower is not None else None
+    for name, grid_key, pixel_key, start in (
+        ("image", "image_grid_thw", "pixel_values", 0),
+        ("video", "video_grid_thw", "pixel_values_videos", parts["image_rows"]),
+    ):
+        grid = parts[f"{name}_grid"]
+        if grid is None:
+            continue
+        kwargs[grid_key] = torch.from_numpy(grid)
+        if rows is None:
+            kwargs[pixel_key] = torch.from_numpy(parts[f"{name}_pixels"]).to(dtype)
+            continue
+        sizes = (grid.prod(-1) // merge**2).tolist()
+        mine = rows[start : start + sum(sizes)]
+        encoded[name] = type(tower)(pooler_output=torch.split(mine, sizes))
+    if encoded:
+        kwargs["mm_encoder_outputs"] = encoded
+    seconds = getattr(getattr(inputs, "text", None), "second_per_grid_ts", None)
+    if parts["video_grid"] is not None and seconds:
+        kwargs["second_per_grid_ts"] = torch.tensor(seconds, dtype=torch.float32)
+    return kwargs

@@ -22,9 +22,9 @@ def select_rows(out, stage_id: str, ctx: Any):
 
 
 def replay_text(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
-    """Embeddings and their merge, one layer (causal mask, M-RoPE from the reference's positions), the DeepStack
-    add (``.deepstack``: the decoder's own, of the branch's features to the layer's image rows), the final norm,
-    the head."""
+    """Embeddings and their merge (into the image and the video slots), one layer (causal mask, M-RoPE from the
+    reference's positions), the DeepStack add (``.deepstack``: the decoder's own, of the branch's features to the
+    layer's image rows), the final norm, the head."""
     import torch
     from transformers.masking_utils import create_causal_mask
 
@@ -37,7 +37,8 @@ def replay_text(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -
             ids = torch.from_numpy(ctx.input_ids)[None]
             embeds = language.embed_tokens(ids)
             features = torch.from_numpy(np.ascontiguousarray(inputs[0])).to(dtype)
-            mask, _ = model.model.get_placeholder_mask(ids, inputs_embeds=embeds, image_features=features)
+            image, video = model.model.get_placeholder_mask(ids, inputs_embeds=embeds)
+            mask = image | video  # the image slots then the video slots, filled in prompt order as the tower packs
             return _np(embeds.masked_scatter(mask, features)[0])[ctx.image_slots]
         x = torch.from_numpy(np.ascontiguousarray(inputs[0])).to(dtype)
         if stage_id == "text.norm.last":

@@ -19,8 +19,9 @@ from driftscope.taps.stages import Stage
 from driftscope.taps.substitute import image_rows
 
 from ...qwen_shared.decode import greedy_decoder
+from ...qwen_shared.mrope import prompt_positions
 from ...qwen_shared.text import put_decode_delta, put_text_inputs
-from ..geometry import Bucket, mrope_positions, pack_images
+from ..geometry import Bucket, pack_images
 from ..plan import parse_stage
 from .config import VisionSpec
 from .model import FINAL, SUBSTAGES, block_graph, merger_graph, stem_graph, vision_tower
@@ -159,12 +160,9 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
     text = inputs.text
     spec, weights = _text(runtime.model)
     rows = weights["embed_tokens.weight"][text.input_ids]
-    image = text.input_ids == text.image_token_id
+    image, positions, delta = prompt_positions(text, inputs["grid_thw"], runtime.model.spec.spatial_merge_size)
     embeds = rows.copy()
     embeds[image] = image_rows(text, tower[FINAL])  # the tower's raster-order output (or substituted rows)
-    positions, delta = mrope_positions(
-        image.astype(int).tolist(), inputs["grid_thw"].tolist(), runtime.model.spec.spatial_merge_size
-    )
     put_text_inputs(inputs, sink, embeds, rows, positions, np.array([delta]))
     contract = runtime.contract
     decode = runtime.options.get("decode", True) is not False and sink.wants("text.generate.tokens")

@@ -19,7 +19,7 @@ from driftscope.taps.stages import Stage
 from driftscope.taps.substitute import image_rows
 
 from ...qwen_shared.decode import greedy_decoder
-from ...qwen_shared.mrope import mrope_positions
+from ...qwen_shared.mrope import prompt_positions
 from ...qwen_shared.text import put_decode_delta, put_text_inputs
 from ..geometry import VisionBucket, interpolation, pack_bucket
 from ..plan import deepstack_stage_id, parse_stage
@@ -160,13 +160,11 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
 
     text, vision = inputs.text, runtime.model.spec
     spec, weights = _text(runtime.model)
-    image = text.input_ids == text.image_token_id
+    image, positions, delta = prompt_positions(text, inputs["grid_thw"], vision.spatial_merge_size)
     rows = weights["embed_tokens.weight"][text.input_ids]
     embeds = rows.copy()
     merged = image_rows(text, tower[FINAL])  # the tower's output (or substituted rows)
     embeds[image] = merged
-    grids = inputs["grid_thw"].tolist()
-    positions, delta = mrope_positions(image.astype(int).tolist(), grids, vision.spatial_merge_size)
     put_text_inputs(inputs, sink, embeds, rows, positions, np.array([delta]))
     branches = [tower[stage] for stage in final_ids(vision)[1:]]  # none without DeepStack (mlx-vlm's test config)
     deepstack = np.stack(branches) if branches else np.zeros((0, *tower[FINAL].shape))

@@ -17,7 +17,7 @@ from driftscope.taps.substitute import image_rows
 from ...qwen3_vl.emitter import program as dense
 from ...qwen3_vl.emitter.model import FINAL, final_ids
 from ...qwen_shared.decode import greedy_decoder
-from ...qwen_shared.mrope import mrope_positions
+from ...qwen_shared.mrope import prompt_positions
 from ...qwen_shared.text import put_decode_delta, put_text_inputs
 from ..plan import moe_piece
 
@@ -52,14 +52,11 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
 
     text, vision = inputs.text, runtime.model.spec
     spec, moe, weights = _text(runtime.model)
-    image = text.input_ids == text.image_token_id
+    image, positions, delta = prompt_positions(text, inputs["grid_thw"], vision.spatial_merge_size)
     rows = weights["embed_tokens.weight"][text.input_ids]
     embeds = rows.copy()
     merged = image_rows(text, tower[FINAL])  # the tower's output (or substituted rows)
     embeds[image] = merged
-    positions, delta = mrope_positions(
-        image.astype(int).tolist(), inputs["grid_thw"].tolist(), vision.spatial_merge_size
-    )
     put_text_inputs(inputs, sink, embeds, rows, positions, np.array([delta]))
     deepstack = np.stack([tower[stage] for stage in final_ids(vision)[1:]]).astype(np.float32)
     contract = runtime.contract
