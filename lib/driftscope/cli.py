@@ -1,6 +1,7 @@
 """The ``driftscope`` command: run an investigation, re-judge a report, print a report's summary.
 
-``screen``: 0 the screen ranked its inputs (whatever they scored), 2 it could not run.
+``screen``: 0 the screen ranked its inputs (whatever they scored), 2 it could not run, 130 interrupted (run it
+again to resume).
 
 Exit codes, for every command that judges (run, rejudge, show, diff, batch): 0 the verdict passes, 1 it
 fails (for diff: a run got worse), 2 something could not run (bad parameters, checkpoint, image,
@@ -125,16 +126,20 @@ def _screen(args: argparse.Namespace) -> int:
         from .errors import ParameterError
 
         raise ParameterError(f"--top {args.top} is negative", "pass --top 0 or more (0: investigate none)")
-    result = screen(
-        args.params,
-        args.images,
-        args.prompts,
-        top=args.top,
-        investigate=not args.no_investigate,
-        scheduler=args.scheduler,
-        out=args.out,
-        log=log,
-    )
+    try:
+        result = screen(
+            args.params,
+            args.images,
+            args.prompts,
+            top=args.top,
+            investigate=not args.no_investigate,
+            scheduler=args.scheduler,
+            out=args.out,
+            log=log,
+        )
+    except KeyboardInterrupt:
+        log("screen interrupted: every finished capture is kept; run the same command again to resume")
+        return 130
     for entry in result.ranking[: max(args.top, 5)]:
         score = "could not run" if entry.get("score") is None else f"{entry['score']:.3f}"
         log(f"  {score:>13}  {entry['label']}  ({entry.get('worst') or '-'})")

@@ -1,5 +1,6 @@
 """The planted-defect screen the screen tests share: transformers f32 (reference) against MLX f32 with the
-``reverse[orig] = rank`` un-reorder planted (``planted_unreorder.py``), on images of the built-in screen set."""
+``reverse[orig] = rank`` un-reorder planted (``tests/planted_patches.py:unreorder_qwen2_5_vl``), on images of the
+built-in screen set."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREEN_SET = ROOT / "fixtures" / "images" / "screen"
-PATCH = Path(__file__).with_name("planted_unreorder.py")
+PATCH = ROOT / "tests" / "planted_patches.py"
 #: involution sizes on the tiny fixture (the planted defect cannot show) and sizes where it must
 INVOLUTION = ("screen_112x112.png", "screen_224x448.png")
 NOT_INVOLUTION = ("screen_224x224.png", "screen_168x168.png")
@@ -23,7 +24,7 @@ def planted_parameters(folder: Path, max_new_tokens: int = 2, **extra) -> Path:
         "images": [str(SCREEN_SET / INVOLUTION[0])],
         "runtimes": [
             {"runtime": "transformers", "policy": "f32"},
-            {"runtime": "mlx", "policy": "f32", "label": "mlx-planted", "patch": f"{PATCH}:rank_scatter_unreorder"},
+            {"runtime": "mlx", "policy": "f32", "label": "mlx-planted", "patch": f"{PATCH}:unreorder_qwen2_5_vl"},
         ],
         "stages": {"blocks": True},
         "text": {"prompt": "Name every shape.", "max_new_tokens": max_new_tokens, "expect": ["square", "circle"]},
