@@ -90,3 +90,32 @@ def test_the_top_investigation_names_the_unreorder_and_the_page_links_it(tmp_pat
     assert report["inputs"] and (run / "01_stage_parity.nocode.html").exists()
     page = (tmp_path / "out" / "index.html").read_text()
     assert f'href="runs/{investigation["key"]}/01_stage_parity.nocode.html"' in page
+
+
+def test_on_a_dask_cluster_each_worker_loads_each_runtime_once_and_ranks_as_locally(tmp_path):
+    from distributed import LocalCluster
+    from driftscope.screen.distributed import shares
+
+    params, images = planted_parameters(tmp_path), image_folder(tmp_path / "images")
+    assert [len(share) for share in shares(list(range(5)), 2)] == [3, 2] and shares([1], 4) == [[1]]
+    ticks = []
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None) as c:
+        spread = screen(
+            params,
+            images,
+            investigate=False,
+            scheduler=c.scheduler_address,
+            out=tmp_path / "dask",
+            log=lambda m: None,
+            advance=lambda label, item: ticks.append((label, item.key)),
+        )
+    assert spread.captured == 8
+    local = screen(params, images, investigate=False, out=tmp_path / "local", log=lambda m: None)
+    assert [e["key"] for e in spread.ranking] == [e["key"] for e in local.ranking]
+    for dask_entry, local_entry in zip(spread.ranking, local.ranking, strict=True):
+        assert dask_entry["score"] == pytest.approx(local_entry["score"], rel=1e-6, abs=1e-9)
+    loads = {}
+    for sidecar in (tmp_path / "dask" / "taps").glob("*/*.json"):
+        meta = json.loads(sidecar.read_text())
+        loads.setdefault(meta["label"], set()).add(meta["timings"]["load_s"])
+    assert all(len(times) <= 2 for times in loads.values())  # one load per runtime and worker (2 workers)

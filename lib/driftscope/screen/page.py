@@ -60,7 +60,7 @@ def page_rows(out: Path, data: dict, items: dict) -> list[dict]:
                 "label": result["label"],
                 "prompt": result.get("prompt"),
                 "thumbs": [thumbnail(path) for path in item.images] if item else [],
-                "score": _number(result.get("score")) if result.get("score") is not None else result.get("status"),
+                "score": f"{result['score']:.3f}" if result.get("score") is not None else result.get("status"),
                 "score_value": result.get("score") if result.get("score") is not None else -1,
                 "deviates": bool(result.get("score")) and result["score"] >= 0.5,
                 "worst": result.get("worst") or "",
