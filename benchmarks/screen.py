@@ -3,6 +3,7 @@ number of inputs.
 
     .venv/bin/python benchmarks/screen.py                     # tiny fixture: throughput on 10 inputs, memory 10 vs 100
     .venv/bin/python benchmarks/screen.py --throughput 24 --memory 10 100 --max-new-tokens 4
+    .venv/bin/python benchmarks/screen.py --throughput 0 --memory 10 100 --max-new-tokens 2 --pool 'screen_1*.png'
     .venv/bin/python benchmarks/screen.py --checkpoint PATH   # another checkpoint (e.g. benchmarks/make_3b_shaped.py's)
 
 The parameter file is built here: transformers f32 (reference) and MLX f32 on ``--checkpoint``, the prompt with
@@ -50,19 +51,22 @@ def parameters(folder: Path, checkpoint: Path, max_new_tokens: int) -> Path:
     return path
 
 
-def prompt_rows(folder: Path, count: int) -> Path:
-    """``count`` inputs: the screen set's images, largest first, cycled with a new prompt each round."""
+def _prompt(round_: int) -> str:
+    """The prompt of the ``round_``-th pass over the images: a different one each pass (so no input repeats)."""
+    return PROMPTS[round_ % len(PROMPTS)] + (f" (pass {round_})" if round_ >= len(PROMPTS) else "")
+
+
+def prompt_rows(folder: Path, count: int, pattern: str = "*.png") -> Path:
+    """``count`` inputs: the screen set's images matching ``pattern``, largest first, cycled with a new prompt each
+    round (every input distinct: a repeated one would be screened once)."""
     from PIL import Image
 
     def pixels(path: Path) -> int:
         with Image.open(path) as image:
             return image.size[0] * image.size[1]
 
-    images = sorted(SCREEN_SET.glob("*.png"), key=lambda p: (-pixels(p), p.name))
-    rows = [
-        {"images": [str(images[i % len(images)])], "prompt": PROMPTS[(i // len(images)) % len(PROMPTS)]}
-        for i in range(count)
-    ]
+    images = sorted(SCREEN_SET.glob(pattern), key=lambda p: (-pixels(p), p.name))
+    rows = [{"images": [str(images[i % len(images)])], "prompt": _prompt(i // len(images))} for i in range(count)]
     path = folder / f"rows_{count}.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
@@ -115,6 +119,7 @@ def main() -> None:
     parser.add_argument("--throughput", type=int, default=10, help="inputs for the throughput comparison (0: skip)")
     parser.add_argument("--memory", type=int, nargs="*", default=[10, 100], help="input counts for peak memory")
     parser.add_argument("--max-new-tokens", type=int, default=8)
+    parser.add_argument("--pool", default="*.png", help="which screen-set images to cycle through (a glob)")
     parser.add_argument("--child", nargs=3, metavar=("PARAMS", "ROWS", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -122,9 +127,12 @@ def main() -> None:
         return
     folder = Path(tempfile.mkdtemp(prefix="screen-bench-"))
     params = parameters(folder, Path(args.checkpoint), args.max_new_tokens)
-    print(f"checkpoint {args.checkpoint}; runtimes transformers:f32 (reference), mlx:f32; {args.max_new_tokens} tokens")
+    print(
+        f"checkpoint {args.checkpoint}; runtimes transformers:f32 (reference), mlx:f32; {args.max_new_tokens} tokens;"
+        f" images fixtures/images/screen/{args.pool}"
+    )
     if args.throughput:
-        rows = prompt_rows(folder, args.throughput)
+        rows = prompt_rows(folder, args.throughput, args.pool)
         (plain, plain_cpu), (screen_s, screen_cpu) = plain_forwards(params, rows), screened(params, rows, folder / "t")
         n = args.throughput
         print("\n| inputs | | wall s | CPU s | inputs/min (CPU) |")
@@ -137,7 +145,7 @@ def main() -> None:
         print("|---|---|---|---|")
         peaks = []
         for count in args.memory:
-            rows = prompt_rows(folder, count)
+            rows = prompt_rows(folder, count, args.pool)
             command = [sys.executable, __file__, "--child", str(params), str(rows), str(folder / f"memory-{count}")]
             done = subprocess.run(command, capture_output=True, text=True, check=True)
             result = json.loads(done.stdout.strip().splitlines()[-1])

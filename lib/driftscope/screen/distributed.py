@@ -36,7 +36,7 @@ def shares(items: list[ScreenInput], count: int) -> list[list[ScreenInput]]:
 def capture_on_cluster(
     job: Job, items: list[ScreenInput], scheduler: str, total: int, advance: Callable | None, log: Callable
 ) -> int:
-    from distributed import Client, as_completed
+    from distributed import Client
 
     from driftscope.screen.progress import screen_progress
 
@@ -53,7 +53,7 @@ def capture_on_cluster(
         client.subscribe_topic(topic, lambda event: bar(event[1]["runtime"], by_key[event[1]["input"]]))
         futures = [client.submit(_share, job, share, topic, pure=False) for share in split]
         try:
-            return sum(future.result() for future in as_completed(futures))
+            return sum(client.gather(futures))
         except KeyboardInterrupt:
             client.cancel(futures, force=True)
             raise
