@@ -24,7 +24,9 @@ class RateColumn(ProgressColumn):
     """Captures per minute (rich's own speed column counts bytes)."""
 
     def render(self, task) -> Text:
-        speed = task.finished_speed or task.speed
+        speed = task.finished_speed or task.speed  # over rich's last 30 s: none when captures are slower
+        if speed is None and task.completed and task.elapsed:
+            speed = task.completed / task.elapsed
         return Text("-- /min" if speed is None else f"{speed * 60:.1f} /min")
 
 

@@ -104,7 +104,8 @@ def _answer(checkpoint, reference: TapSet, candidate: TapSet, expect: list[str],
             np.asarray(reference["text.logits.last"]), np.asarray(candidate["text.logits.last"])
         )
         out.update(
-            prefill_top1_agree=agreement["top1_agree"],
+            # the greedy decode's own first token (np.argmax: the first of tied logits), not the stable sort's
+            prefill_top1_agree=bool(pair["prefill_top1_agree"]),
             prefill_top5_overlap=agreement["top5_overlap"],
             prefill_margin_reference=agreement["margin_reference"],
             prefill_margin_candidate=agreement["margin_candidate"],
