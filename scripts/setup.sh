@@ -43,6 +43,7 @@ fi
 
 # Fixtures: every script is deterministic and skips work that is already done.
 "$VENV/bin/python" fixtures/make_shapes.py >/dev/null
+"$VENV/bin/python" fixtures/make_screen_set.py >/dev/null  # the screen set: fixtures/images/screen/
 "$VENV/bin/python" fixtures/make_videos.py >/dev/null  # four frames as a GIF and as a folder of PNGs
 "$VENV/bin/python" fixtures/make_tiny_qwen25vl.py
 "$VENV/bin/python" fixtures/make_tiny_qwen25vl_deep.py

@@ -15,6 +15,25 @@ def leak_qwen2_5_vl(model, **_):
     return _install("qwen2_5_vl", "cross_image_leak", model)
 
 
+def unreorder_qwen2_5_vl(model, **_):
+    """Qwen2.5-VL's final un-reorder uses ``reverse[orig] = rank`` instead of argsort (the family's
+    ``rank_scatter_unreorder`` mutation, active on every call of the MLX vision tower): visible only on images
+    whose window permutation is not an involution (e.g. 336x336 on the tiny fixture)."""
+    from driftscope.families import get_family
+
+    mutation = get_family("qwen2_5_vl").mutation_registry().get("rank_scatter_unreorder")
+    tower = model.vision_tower
+    base = type(tower)
+
+    class Planted(base):
+        def __call__(self, *args, **kwargs):
+            with mutation.during(model, dict(mutation.settings)):
+                return base.__call__(self, *args, **kwargs)
+
+    tower.__class__ = Planted
+    return model
+
+
 def leak_qwen3_vl(model, **_):
     """Qwen3-VL's vision blocks attend across the packed images and a video's frames."""
     return _install("qwen3_vl", "cross_image_leak", model)

@@ -1,5 +1,8 @@
 """The ``driftscope`` command: run an investigation, re-judge a report, print a report's summary.
 
+``screen``: 0 the screen ranked its inputs (whatever they scored), 2 it could not run, 130 interrupted (run it
+again to resume).
+
 Exit codes, for every command that judges (run, rejudge, show, diff, batch): 0 the verdict passes, 1 it
 fails (for diff: a run got worse), 2 something could not run (bad parameters, checkpoint, image,
 contract, runtime, policy or patch; an unreadable or unfinished report; a notebook error). ``trend``: 0 its
@@ -115,6 +118,34 @@ def _batch(args: argparse.Namespace) -> int:
     return result.code
 
 
+def _screen(args: argparse.Namespace) -> int:
+    from driftscope.run.investigation import log
+    from driftscope.screen.runner import screen
+
+    if args.top < 0:
+        from .errors import ParameterError
+
+        raise ParameterError(f"--top {args.top} is negative", "pass --top 0 or more (0: investigate none)")
+    try:
+        result = screen(
+            args.params,
+            args.images,
+            args.prompts,
+            top=args.top,
+            investigate=not args.no_investigate,
+            scheduler=args.scheduler,
+            out=args.out,
+            log=log,
+        )
+    except KeyboardInterrupt:
+        log("screen interrupted: every finished capture is kept; run the same command again to resume")
+        return 130
+    for entry in result.ranking[: max(args.top, 5)]:
+        score = "could not run" if entry.get("score") is None else f"{entry['score']:.3f}"
+        log(f"  {score:>13}  {entry['label']}  ({entry.get('worst') or '-'})")
+    return 0
+
+
 def _diff(args: argparse.Namespace) -> int:
     import json
 
@@ -199,6 +230,17 @@ def parser() -> argparse.ArgumentParser:
         "--out-root", help="outputs root: a directory or a URL such as s3://bucket/runs (default: outputs/)"
     )
     batch.set_defaults(func=_batch)
+    screen = sub.add_parser(
+        "screen", help="screen many inputs on the cheap path, rank them, then investigate the top deviating ones"
+    )
+    screen.add_argument("params", help="parameter YAML: its runtimes, contract and text settings")
+    screen.add_argument("--images", help="a glob of images, one input each (quote it: 'fixtures/images/screen/*.png')")
+    screen.add_argument("--prompts", help="JSON lines or CSV rows {images: [...], prompt, expect} (see README)")
+    screen.add_argument("--top", type=int, default=3, help="investigate this many top-ranked inputs (default 3)")
+    screen.add_argument("--no-investigate", action="store_true", help="stop after the ranking")
+    screen.add_argument("--scheduler", help="Dask scheduler address: the inputs are spread across its workers")
+    screen.add_argument("--out", help="screen directory (default: outputs/<commit>/screen-<name>/)")
+    screen.set_defaults(func=_screen)
     diff = sub.add_parser("diff", help="compare the runs of two commits stage by stage")
     diff.add_argument("rev_a")
     diff.add_argument("rev_b")

@@ -1,0 +1,125 @@
+"""The screen's captures: one runtime resident at a time, loaded once for every input it lacks.
+
+The reference runs first over every input, then each candidate, fed the reference's greedy tokens for each input
+(teacher-forced). Each (input, runtime) capture is one TapSet, ``<out>/taps/<input key>/<runtime>``; its sidecar
+is written last and atomically, so a complete sidecar is a finished capture and an interrupted screen, run again,
+captures only what it lacks (a runtime with nothing left is not even loaded). A capture that fails leaves
+``<runtime>.error.json`` beside it, read by the judge as "could not run" for that input.
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from driftscope.capture.runtimes import get_runtime
+from driftscope.core.atomic import write_json_atomic
+from driftscope.core.names import safe_name
+from driftscope.families import get_family
+from driftscope.families.checkpoints import prepare_inputs
+from driftscope.run.candidates import teacher_force
+from driftscope.screen.inputs import ScreenInput
+from driftscope.taps.stages import StagePlan
+from driftscope.taps.tapset import TapSet, tap_paths
+
+#: errors that stop the screen rather than marking one capture "could not run"
+STOPS = (KeyboardInterrupt, SystemExit, MemoryError)
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every capture of a screen shares (picklable, so a Dask worker can run a share of the inputs)."""
+
+    checkpoint: object  # model.checkpoint.Checkpoint
+    specs: tuple  # run.params.RuntimeSpec, the reference first
+    plan: StagePlan
+    text: dict | None  # the parameter file's text settings (prompt, max_new_tokens, expect), or None
+    out: Path
+
+    @property
+    def reference(self) -> str:
+        return self.specs[0].display
+
+
+def tap_base(out: Path, key: str, label: str) -> Path:
+    return Path(out) / "taps" / key / safe_name(label)
+
+
+def error_path(out: Path, key: str, label: str) -> Path:
+    return tap_base(out, key, label).with_name(safe_name(label) + ".error.json")
+
+
+def captured(out: Path, key: str, label: str) -> bool:
+    """Whether this (input, runtime) capture finished (its sidecar says complete) or failed for good."""
+    if error_path(out, key, label).exists():
+        return True
+    sidecar = tap_paths(tap_base(out, key, label))[1]
+    try:
+        return bool(json.loads(sidecar.read_text()).get("complete"))
+    except (OSError, ValueError):
+        return False
+
+
+def missing(job: Job, items: Iterable[ScreenInput]) -> dict[str, list[ScreenInput]]:
+    """Per runtime label, the inputs it has not captured yet."""
+    items = list(items)
+    return {spec.display: [i for i in items if not captured(job.out, i.key, spec.display)] for spec in job.specs}
+
+
+def model_inputs(job: Job, item: ScreenInput):
+    """The processor output every runtime is fed for ``item`` (with its prompt when the screen follows text)."""
+    inputs = prepare_inputs(job.checkpoint, list(item.images))
+    if job.text is not None:
+        text = dict(job.text)
+        text["prompt"] = item.prompt or text.get("prompt")
+        text["expect"] = list(item.expect) or list(text.get("expect") or [])
+        inputs.text = get_family(job.checkpoint.family).text_inputs(job.checkpoint, inputs, **text)
+    return inputs
+
+
+def capture_all(
+    job: Job, items: list[ScreenInput], advance: Callable[[str, ScreenInput], None], log: Callable[[str], None]
+) -> int:
+    """Capture every (input, runtime) the screen lacks, one runtime loaded at a time; returns how many ran.
+    ``advance(label, item)`` is called after each capture (the progress bar)."""
+    todo = missing(job, items)
+    ran = 0
+    for spec in job.specs:
+        pending = todo[spec.display]
+        if not pending:
+            continue
+        runtime = get_runtime(spec.runtime)(
+            job.checkpoint, spec.policy, spec.patch, {**spec.options, "label": spec.display}
+        )
+        try:
+            for item in pending:
+                _capture_one(job, runtime, spec.display, item, log)
+                ran += 1
+                advance(spec.display, item)
+        finally:
+            runtime.release()
+    return ran
+
+
+def _capture_one(job: Job, runtime, label: str, item: ScreenInput, log) -> None:
+    base = tap_base(job.out, item.key, label)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        inputs = model_inputs(job, item)
+        if label != job.reference:
+            reference = tap_base(job.out, item.key, job.reference)
+            if captured(job.out, item.key, job.reference) and tap_paths(reference)[0].exists():
+                teacher_force(inputs, TapSet(reference))
+        runtime.capture(inputs, job.plan, base)
+    except STOPS:
+        raise
+    except Exception as err:  # noqa: BLE001 - one input a runtime cannot run is that input's "could not run"
+        detail = f"{type(err).__name__}: {err}"
+        log(f"  {label} could not run on {item.label}: {detail.splitlines()[0]}")
+        write_json_atomic(
+            error_path(job.out, item.key, label),
+            {"label": label, "input": item.key, "error": detail, "traceback": traceback.format_exc()},
+        )

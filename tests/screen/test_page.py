@@ -1,0 +1,55 @@
+"""The screen's page and table from a hand-made result (no model): every value escaped, could-not-run inputs
+ranked last and said so, the table one row per input and candidate, the screen report checked when read."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from driftscope.errors import ReportError
+from driftscope.screen.inputs import make_input
+from driftscope.screen.page import render_page
+from driftscope.screen.report import load_screen, rank, table_rows, write_screen
+from screen_support import SCREEN_SET
+
+HOSTILE = '<script>alert("x")</script>'
+
+
+def _results():
+    item = make_input([SCREEN_SET / "screen_336x336.png"], HOSTILE, ["circle"])
+    judged = {
+        **item.to_dict(),
+        "status": "judged",
+        "score": 1.5,
+        "tie_break": 20.0,
+        "worst": HOSTILE,
+        "candidates": {
+            HOSTILE: {"score": 1.5, "terms": {"tower": 0.8}, "tower_relative_error": 0.8, "dropped_words": [HOSTILE]}
+        },
+    }
+    failed = {"key": "a-failed", "label": "b.png", "images": [], "status": "could not run", "score": None}
+    return item, [failed | {"candidates": {}}, judged]
+
+
+def test_ranking_table_and_page_escape_everything(tmp_path):
+    item, results = _results()
+    ranked = rank(results)
+    assert [r["key"] for r in ranked] == [item.key, "a-failed"]
+    rows = table_rows(ranked)
+    assert [(row["rank"], row["candidate"]) for row in rows] == [(1, HOSTILE), (2, None)]
+    assert rows[0]["score_tower"] == 0.8 and rows[0]["dropped_words"] == HOSTILE
+    data = {"name": HOSTILE, "inputs": ranked, "reference": "transformers:f32", "candidates": [HOSTILE]}
+    html = render_page(tmp_path, data, {item.key: item})
+    assert "<script>alert" not in html and "&lt;script&gt;alert" in html
+    assert html.count("<script>") == 1  # the page's own sorting script, nothing else
+    assert "data:image/png;base64," in html and "could not run" in html
+
+
+def test_the_screen_report_is_versioned_and_checked(tmp_path):
+    _, results = _results()
+    write_screen(tmp_path, {"status": "complete", "inputs": rank(results), "ranking": []})
+    assert load_screen(tmp_path)["schema_version"] == 1
+    data = json.loads((tmp_path / "screen.json").read_text())
+    (tmp_path / "screen.json").write_text(json.dumps({**data, "schema_version": 99}))
+    with pytest.raises(ReportError, match="schema_version"):
+        load_screen(tmp_path)
