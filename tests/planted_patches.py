@@ -102,3 +102,9 @@ def shift_decode_rope_delta(model, shift: int = 1, **_):
 
     language.__class__ = type(f"Shifted{base.__name__}", (base,), {"__call__": __call__})
     return model
+
+
+def wrong_eps(model, block: int = 1, eps: float = 10.0, **_):
+    """Not a precision defect: vision block ``block``'s norm1 with a wrong epsilon (mlx-vlm's Qwen2.5-VL)."""
+    model.vision_tower.blocks[block].norm1.eps = eps
+    return model

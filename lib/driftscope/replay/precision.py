@@ -7,7 +7,7 @@ under the run's contract. The search:
 
 1. the baseline (the run's rows, no probe) and every operator in float32: when even that fails, no set of float32
    operators closes the failure (it is not a precision defect) and the search stops after one probe;
-2. each operator kind alone across the model (norm2 of every block, the merger's norm, ...): what each buys;
+2. each operator kind alone across the model (one norm of every block, a tower projection, ...): what each buys;
 3. for the kinds kept, bisection over block ranges: the first block they are needed from, then the last one.
 
 At most ``2 + kinds + 2 * ceil(log2(blocks))`` probes, when one kind alone closes it (more kinds added one at a
