@@ -103,30 +103,46 @@ def test_a_wrong_eps_is_no_precision_defect_and_the_search_says_so_after_one_pro
 
 
 @pytest.mark.slow
-def test_the_emitter_compiles_the_kept_operators_in_float32(tiny_checkpoint):
-    """iree f16-contract with norm2 of block 1 in float32: the StableHLO says so, its dots there take float32
-    operands, and the mixed graph is a different artifact from the plain one."""
+def test_the_emitter_compiles_the_kept_operators_in_float32(tiny_checkpoint, tmp_path):
+    """iree f16-contract with one operator in float32: the StableHLO says so, exactly that dot takes float32
+    operands, and the mixed graph is another artifact. With every operator the family widens in float32, the
+    compiled tower computes what the f32 policy computes (to float32 round-off), where plain f16-contract does not."""
     from driftscope.capture.runtimes import get_runtime
-
-    plain = get_runtime("iree")(tiny_checkpoint, "f16-contract", options={"graph": "whole"})
-    mixed = get_runtime("iree")(
-        tiny_checkpoint, "f16-contract", options={"graph": "whole", "f32": ["vision.block.1.mlp.gate"]}
-    )
     from driftscope.families import get_family
     from driftscope.families.checkpoints import prepare_inputs
+    from driftscope.taps.stages import StagePlan
 
     family = get_family(tiny_checkpoint.family)
     inputs = prepare_inputs(tiny_checkpoint, list(family.tiny.images))
+    full = family.vision_plan(tiny_checkpoint.config)
+
+    def runtime(policy: str, f32: list[str] | None = None):
+        options = {"graph": "whole", **({"f32": f32} if f32 else {})}
+        return get_runtime("iree")(tiny_checkpoint, policy, options=options)
+
     graphs = []
-    for runtime in (plain, mixed):
-        runtime.load()
-        bucket = runtime.bucket(inputs)
-        graphs.append(runtime.lower(bucket, ("vision.merger",)))
+    for made in (runtime("f16-contract"), runtime("f16-contract", ["vision.block.1.mlp.gate"])):
+        made.load()
+        graphs.append(made.lower(made.bucket(inputs), ("vision.merger",)))
     text = graphs[1].text
     assert "// in float32: vision.block.1.mlp.gate" in text and graphs[0].digest != graphs[1].digest
     f16_dots = [line for line in graphs[0].text.splitlines() if "dot_general" in line and "xf16>" in line]
     mixed_dots = [line for line in text.splitlines() if "dot_general" in line and "xf16>" in line]
     assert len(mixed_dots) == len(f16_dots) - 1  # exactly one dot (block 1's gate projection) left float16
+
+    every = [op.replace("{b}", f"0-{full.depth - 1}") for op in family.precision_operators("iree", full)]
+    plan = StagePlan(full.family, [full["vision.merger"]], full.depth, full.meta)
+    merged = {}
+    for name, made in (
+        ("f32", runtime("f32")),
+        ("plain", runtime("f16-contract")),
+        ("wide", runtime("f16-contract", every)),
+    ):
+        merged[name] = np.asarray(made.capture(inputs, plan, tmp_path / name)["vision.merger"])
+        made.release()
+    scale = np.abs(merged["f32"]).max()
+    assert np.abs(merged["wide"] - merged["f32"]).max() <= 1e-5 * scale
+    assert np.abs(merged["plain"] - merged["f32"]).max() > 1e-4 * scale  # float16 operands do show
 
 
 @pytest.mark.slow
