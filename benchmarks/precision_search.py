@@ -61,15 +61,21 @@ def main(argv: list[str] | None = None) -> None:
     print(f"| `driftscope precision` process (search + verifying run) | {search_wall:.1f} | {search_cpu:.1f} |")
     print(f"| the search alone ({probes} probes, bound {entry['bound']}) | {entry['seconds']:.1f} | |")
     if verified:
-        print(f"| the verifying run of the policy ({verified['label']}: {verified['verdict']}) | "
-              f"{verified['seconds']:.1f} | |")
+        print(
+            f"| the verifying run of the policy ({verified['label']}: {verified['verdict']}) | "
+            f"{verified['seconds']:.1f} | |"
+        )
     print(f"\nanswer: {entry['message']}")
-    print(f"search / run (wall): {entry['seconds'] / run_wall:.2f}x; whole precision process / run: "
-          f"{search_wall / run_wall:.2f}x (CPU {search_cpu / run_cpu:.2f}x)")
+    print(
+        f"search / run (wall): {entry['seconds'] / run_wall:.2f}x; whole precision process / run: "
+        f"{search_wall / run_wall:.2f}x (CPU {search_cpu / run_cpu:.2f}x)"
+    )
     for probe in entry["probes"]:
-        print(f"  probe {probe['index']:2d} {probe['phase']:11s} {', '.join(probe['f32'])[:60] or '-':60s} "
-              f"{'pass' if probe['passed'] else 'fail'} {probe['tolerance_used']:8.3g} {probe['recaptured']:3d} "
-              f"stages {probe['seconds']:6.1f}s")
+        print(
+            f"  probe {probe['index']:2d} {probe['phase']:11s} {', '.join(probe['f32'])[:60] or '-':60s} "
+            f"{'pass' if probe['passed'] else 'fail'} {probe['tolerance_used']:8.3g} {probe['recaptured']:3d} "
+            f"stages {probe['seconds']:6.1f}s"
+        )
 
 
 if __name__ == "__main__":

@@ -93,6 +93,12 @@ def _precision(args: argparse.Namespace) -> int:
     if not (out / "report.json").exists():
         raise ParameterError(f"no run of {args.params} in {out}", f"run it first: driftscope run {args.params}")
     entry = precision_search(Report.load(out / "report.json"), args.candidate, not args.no_verify, log)
+    if not args.no_render:
+        from driftscope.views.render import execute, to_html
+
+        parameters = {"params_path": args.params, "out_dir": str(out), "candidate": args.candidate}
+        html, _ = to_html(execute("07_precision_search", out, parameters, Path.cwd(), log_output=False))
+        log(f"rendered {html}")
     verified = entry.get("verified") or {}
     if verified:
         log(f"verified by a real run: {verified['label']} {verified['verdict']} ({verified['report']})")
@@ -209,6 +215,9 @@ def parser() -> argparse.ArgumentParser:
     precision.add_argument("--candidate", required=True, help="the candidate's runtime label in the run")
     precision.add_argument("--run", help="the run's directory (default: outputs/<commit>/<name>/)")
     precision.add_argument("--no-verify", action="store_true", help="do not run the found policy for real")
+    precision.add_argument(
+        "--no-render", action="store_true", help="do not render notebook 07 into the run's directory"
+    )
     precision.set_defaults(func=_precision)
     show = sub.add_parser("show", help="print a report's verdict and first divergences")
     show.add_argument("report", help="report.json or its directory")

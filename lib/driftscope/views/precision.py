@@ -7,6 +7,26 @@ from __future__ import annotations
 from driftscope.core.markup import code
 
 
+def load_run(params_path: str | None, out_dir: str | None = None):
+    """The finished run's report (its directory, else the parameter file's default one); nothing is run."""
+    from pathlib import Path
+
+    from driftscope.errors import ParameterError
+    from driftscope.run.investigation import default_out_dir
+    from driftscope.run.params import load_parameters
+    from driftscope.run.report import Report
+
+    from .notebook import setup
+
+    setup()
+    if out_dir is None and params_path is None:
+        raise ParameterError("notebook 07 needs a run", "set params_path (or out_dir) in its parameters cell")
+    directory = Path(out_dir) if out_dir else default_out_dir(load_parameters(params_path))
+    if not (directory / "report.json").exists():
+        raise ParameterError(f"no finished run in {directory}", f"run it first: driftscope run {params_path}")
+    return Report.load(directory / "report.json")
+
+
 def entries(report, candidate: str | None = None) -> dict[str, dict]:
     """The report's precision searches by candidate label (only ``candidate``'s when given)."""
     found = dict(report.data.get("precision") or {})
@@ -132,3 +152,16 @@ def probe_curve(entry: dict):
         f"{len(probes)} probes of {entry['candidate']}'s precision search, {passed} passing; the worst stage's "
         "share of its tolerance per probe on a log scale, the contract at 1",
     )
+
+
+def show_probes(entry: dict) -> None:
+    """The probe curve, then the probes' table (displayed, the figure closed so it shows once)."""
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    from .notebook import table
+
+    figure = probe_curve(entry)
+    display(figure)
+    plt.close(figure)
+    display(table(probes_frame(entry)))
