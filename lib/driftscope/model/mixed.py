@@ -104,6 +104,6 @@ def parse_policy_entry(value: object, where: str) -> tuple[str, list[str]]:
             )
         return value["base"], list(f32)
     raise ParameterError(
-        f"{where} must be a policy name or {{base: NAME, f32: [...]}}, got {value!r}",
+        f"{where} must be str (a policy name) or {{base: NAME, f32: [...]}}, got {value!r}",
         "write e.g. policy: f16, or policy: {base: f16, f32: [vision.block.17-31.norm2]}",
     )
