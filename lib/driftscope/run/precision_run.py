@@ -158,9 +158,9 @@ def _write_policy(report: Report, spec: dict, policy: dict, entry: dict) -> Path
         **({"patch": spec["patch"]} if spec.get("patch") else {}),
     }
     header = (
-        f"# driftscope precision: the fewest operators of {spec['label']} to keep in float32 so it passes\n"
-        f"# ({entry['message']}; {len(entry['probes'])} probes in {entry['seconds']:.1f} s).\n"
-        "# A runtime entry: paste it under `runtimes:` of a parameter file.\n"
+        f"# driftscope precision: the fewest operators of {spec['label']} to keep in float32 so it passes:\n"
+        f"# {entry['message']}\n# ({len(entry['probes']) - 1} probes in {entry['seconds']:.1f} s). A runtime entry: "
+        "paste it under `runtimes:` of a parameter file.\n"
     )
     path.write_text(header + dump_yaml(body))
     return path
