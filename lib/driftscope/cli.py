@@ -3,7 +3,8 @@
 Exit codes, for every command that judges (run, rejudge, show, diff, batch): 0 the verdict passes, 1 it
 fails (for diff: a run got worse), 2 something could not run (bad parameters, checkpoint, image,
 contract, runtime, policy or patch; an unreadable or unfinished report; a notebook error). ``trend``: 0 its
-notebook rendered, 2 it could not.
+notebook rendered, 2 it could not. ``precision``: 0 a set of float32 operators closes the candidate's failure (and
+the real run of its policy passes), 1 none does (or that run fails), 2 it could not run.
 """
 
 from __future__ import annotations
