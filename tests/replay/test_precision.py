@@ -100,6 +100,18 @@ def test_a_wrong_eps_is_no_precision_defect_and_the_search_says_so_after_one_pro
     assert entry["probes"][1]["recaptured"] > 0 and entry["probes"][1]["first_failure"].startswith("vision.block.1")
     saved = yaml.safe_load((tmp_path / "run" / "report.json").read_text())["precision"]["mlx:f16-wrong-eps"]
     assert saved["closes"] is False
+    with pytest.raises(ParameterError, match="no runtime pair 'mlx:f16'") as err:
+        precision_search(report, "mlx:f16", log=lambda message: None)
+    assert "mlx:f16-wrong-eps" in err.value.fix
+
+
+def test_the_command_without_a_run_says_to_run_it_first(tmp_path, capsys):
+    from driftscope.cli import main
+
+    params = ROOT / "parameters" / "case_layer17.yaml"
+    code = main(["precision", str(params), "--candidate", "mlx:f16-manual-rmsnorm", "--run", str(tmp_path)])
+    assert code == 2
+    assert "run it first: driftscope run" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -108,12 +108,16 @@ class PrecisionSearch:
     # -- one probe ---------------------------------------------------------------------------------------------
 
     def _start(self, stage_ids: list[str]) -> int:
-        """The position of the first judged stage a widened operator changes (the block output holding it, or the
-        stage itself)."""
+        """The plan position from which a widened operator changes what the candidate computes: its stage's own
+        (a block's substage comes before that block's output), else the judged stage holding it (an operator that
+        is no stage, e.g. a fused projection: its block's output), else the start."""
         starts = []
         for stage_id in stage_ids:
-            holder = next((s for s in self.judged if stage_id == s or stage_id.startswith(s + ".")), None)
-            starts.append(self.position[holder] if holder else self.position.get(stage_id, 0))
+            if stage_id in self.position:
+                starts.append(self.position[stage_id])
+                continue
+            holder = next((s for s in self.judged if stage_id.startswith(s + ".")), None)
+            starts.append(self.position[holder] if holder else 0)
         return min(starts)
 
     def probe(self, stage_ids: list[str], phase: str) -> Probe:
