@@ -193,4 +193,9 @@ def video_time_shift(model, shift: int = 1, **_):
         return positions, deltas
 
     object.__setattr__(language, "get_rope_index", get_rope_index)
+
+
+def wrong_eps(model, block: int = 1, eps: float = 10.0, **_):
+    """Not a precision defect: vision block ``block``'s norm1 with a wrong epsilon (mlx-vlm's Qwen2.5-VL)."""
+    model.vision_tower.blocks[block].norm1.eps = eps
     return model

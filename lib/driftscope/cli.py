@@ -6,7 +6,8 @@ again to resume).
 Exit codes, for every command that judges (run, rejudge, show, diff, batch): 0 the verdict passes, 1 it
 fails (for diff: a run got worse), 2 something could not run (bad parameters, checkpoint, image,
 contract, runtime, policy or patch; an unreadable or unfinished report; a notebook error). ``trend``: 0 its
-notebook rendered, 2 it could not.
+notebook rendered, 2 it could not. ``precision``: 0 a set of float32 operators closes the candidate's failure (and
+the real run of its policy passes), 1 none does (or that run fails), 2 it could not run.
 """
 
 from __future__ import annotations
@@ -82,6 +83,30 @@ def _rejudge(args: argparse.Namespace) -> int:
     print(summary_markdown(report))
     print(f"\nwritten: {report.path}")
     return _exit_code(report)
+
+
+def _precision(args: argparse.Namespace) -> int:
+    from driftscope.run.investigation import default_out_dir, log
+    from driftscope.run.params import load_parameters
+    from driftscope.run.precision_run import precision_search
+    from driftscope.run.report import Report
+
+    from .errors import ParameterError
+
+    out = Path(args.run).resolve() if args.run else default_out_dir(load_parameters(args.params))
+    if not (out / "report.json").exists():
+        raise ParameterError(f"no run of {args.params} in {out}", f"run it first: driftscope run {args.params}")
+    entry = precision_search(Report.load(out / "report.json"), args.candidate, not args.no_verify, log)
+    if not args.no_render:
+        from driftscope.views.render import execute, to_html
+
+        parameters = {"params_path": args.params, "out_dir": str(out), "candidate": args.candidate}
+        html, _ = to_html(execute("07_precision_search", out, parameters, Path.cwd(), log_output=False))
+        log(f"rendered {html}")
+    verified = entry.get("verified") or {}
+    if verified:
+        log(f"verified by a real run: {verified['label']} {verified['verdict']} ({verified['report']})")
+    return 0 if entry["closes"] and verified.get("verdict", "pass") == "pass" else 1
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -215,6 +240,17 @@ def parser() -> argparse.ArgumentParser:
     again.add_argument("--contract", required=True, help="contract YAML")
     again.add_argument("--out", help="where to write the re-judged report (default: overwrite)")
     again.set_defaults(func=_rejudge)
+    precision = sub.add_parser(
+        "precision", help="search a failing half-precision candidate for the fewest operators to keep in float32"
+    )
+    precision.add_argument("params", help="the run's parameter YAML")
+    precision.add_argument("--candidate", required=True, help="the candidate's runtime label in the run")
+    precision.add_argument("--run", help="the run's directory (default: outputs/<commit>/<name>/)")
+    precision.add_argument("--no-verify", action="store_true", help="do not run the found policy for real")
+    precision.add_argument(
+        "--no-render", action="store_true", help="do not render notebook 07 into the run's directory"
+    )
+    precision.set_defaults(func=_precision)
     show = sub.add_parser("show", help="print a report's verdict and first divergences")
     show.add_argument("report", help="report.json or its directory")
     show.set_defaults(func=_show)

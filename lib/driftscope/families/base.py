@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from ..errors import RuntimeUnavailableError
+from ..errors import ParameterError, RuntimeUnavailableError
 
 if TYPE_CHECKING:
     from driftscope.core.registry import Registry
@@ -221,6 +221,9 @@ class Family:
     #: whether ``prepare_inputs`` takes ``video_paths=[...]`` (each video's frames become one grid with t > 1,
     #: packed after the images); False: the family refuses videos (``families.checkpoints.prepare_inputs``)
     videos: bool = False
+    #: module saying which operators each runtime can keep in float32 (``operators(runtime, plan)``: stage-id
+    #: templates, ``{b}`` a block) and where MLX holds them (``mlx_sites(model, stage_ids)``); None: none can
+    precision: str | None = None
 
     def supports(self, runtime: str) -> bool:
         return runtime in self.engines
@@ -255,6 +258,18 @@ class Family:
         if key not in PROSE_KEYS:
             raise KeyError(f"no page asks a family for {key!r}; the keys are {PROSE_KEYS}")
         return _module(self.prose).PROSE.get(key, "") if self.prose else ""
+
+    def precision_operators(self, runtime: str, plan: StagePlan) -> list[str]:
+        """What ``runtime`` can keep in float32 in this family (stage-id templates, ``{b}`` a block); [] if none."""
+        return list(_module(self.precision).operators(runtime, plan)) if self.precision else []
+
+    def precision_module(self) -> ModuleType:
+        if self.precision is None:
+            raise ParameterError(
+                f"the {self.name} family says of no operator that a runtime can keep it in float32",
+                "give the family a precision module (families/<family>/precision.py), or drop options.f32",
+            )
+        return _module(self.precision)
 
     def view_hooks(self) -> ModuleType:
         return _module(self.views)

@@ -26,8 +26,12 @@ class PrecisionPolicy:
     description: str = ""
     dot_inputs: str = ""
     state: str = ""
+    #: stage ids whose operators compute in float32 whatever the rest does (``model.mixed``: a precision search's
+    #: answer); empty for every registered policy
+    f32: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, str]:
+    def to_dict(self) -> dict:
+        extra = {"f32": list(self.f32)} if self.f32 else {}  # absent when empty: old digests stay as they were
         return {
             "name": self.name,
             "weights": self.weights,
@@ -38,6 +42,7 @@ class PrecisionPolicy:
             "description": self.description,
             "dot_inputs": self.dot_inputs or self.weights,
             "state": self.state or self.activations,
+            **extra,
         }
 
 

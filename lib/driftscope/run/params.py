@@ -22,6 +22,7 @@ from driftscope.core.names import safe_name
 from driftscope.core.storage import is_url, localize
 from driftscope.core.yamlfile import load_yaml
 from driftscope.errors import ParameterError
+from driftscope.model.mixed import parse_policy_entry
 from driftscope.run.param_sections import (
     attribution_section,
     checked,
@@ -67,7 +68,8 @@ REQUIRED_KEYS = ("checkpoint", "images", "runtimes")
 REQUIRED_OR = {"images": "videos"}  # a required key another key may stand in for
 RUNTIME_KEYS = {
     "runtime": "the engine: one of the registered runtimes (below); a string `runtime:policy` is the short form",
-    "policy": "precision policy (default f32); each runtime offers its own (below)",
+    "policy": "precision policy (default f32); each runtime offers its own (below); or a mixed one, "
+    "{base: f16, f32: [vision.block.17-31.norm2]}: those operators in float32 (what driftscope precision writes)",
     "patch": "a hypothesis patch: `module:callable`, `file.py:callable`, or {callable: ..., kwargs: {...}}",
     "label": "the runtime's name in the report and the pages (default `runtime:policy`)",
     "options": "the runtime's own options (below); an option it does not read is refused",
@@ -199,9 +201,12 @@ def _runtime(entry: Any, position: int, base: Path) -> RuntimeSpec:
     options = dict(options)
     if isinstance(options.get("path"), str):  # e.g. the tapfile runtime's TapSet
         options["path"] = str(_resolve(options["path"], base))
+    policy, f32 = parse_policy_entry(entry.get("policy", "f32"), f"{where}.policy")  # {base, f32}: model.mixed
+    if f32:
+        options["f32"] = [*options.get("f32", []), *f32]
     return RuntimeSpec(
         checked(entry["runtime"], str, f"{where}.runtime", "mlx"),
-        checked(entry.get("policy", "f32"), str, f"{where}.policy", "f16"),
+        policy,
         _patch_file(parse_patch(entry.get("patch")), base),
         label,
         options,

@@ -44,6 +44,15 @@ SCHEMA: dict[str, Any] = {
         "first_divergence": {"type": "object"},
         "coverage": {"type": "object"},
         "checks": {"type": "object"},
+        # driftscope precision's searches, by candidate label (added after the run; absent until one ran)
+        "precision": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "required": ["candidate", "closes", "probes"],
+                "properties": {"closes": {"type": "boolean"}, "probes": {"type": "array"}},
+            },
+        },
     },
     # a finished run has been judged: it has a verdict and rows
     "if": {"properties": {"status": {"const": "complete"}}},

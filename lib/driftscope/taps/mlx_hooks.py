@@ -127,3 +127,67 @@ def half_gather_experts(model: Any) -> list[str]:
         for path, module in model.named_modules()
         if type(module).__name__ == "SwitchLinear" and module.weight.dtype != mx.float32
     ]
+
+
+class Float32Call:
+    """Calls ``inner`` with its floating inputs and parameters in float32 and casts the result back to the input's
+    dtype: one operator kept in float32 under a half-precision policy (``options.f32``, a precision probe)."""
+
+    def __init__(self, inner: Any):
+        import copy
+
+        import mlx.core as mx
+        import mlx.nn as nn
+        from mlx.utils import tree_map
+
+        self.inner = inner
+        widen = lambda a: a.astype(mx.float32) if _floating(a) else a  # noqa: E731
+        if isinstance(inner, nn.Module):
+            self.wide = copy.deepcopy(inner)  # its children too: the original keeps its dtype
+            self.wide.update(tree_map(widen, inner.parameters()))
+        else:  # an operator object holding arrays (e.g. ManualRMSNorm)
+            self.wide = copy.copy(inner)
+            for name, value in vars(inner).items():
+                setattr(self.wide, name, widen(value))
+
+    def __call__(self, *args, **kwargs):
+        import mlx.core as mx
+
+        dtype = next((a.dtype for a in args if _floating(a)), None)
+        wide = [a.astype(mx.float32) if _floating(a) else a for a in args]
+        out = self.wide(*wide, **{k: v.astype(mx.float32) if _floating(v) else v for k, v in kwargs.items()})
+        return out if dtype is None else out.astype(dtype)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _floating(value: Any) -> bool:
+    import mlx.core as mx
+
+    return isinstance(value, mx.array) and mx.issubdtype(value.dtype, mx.floating)
+
+
+def keep_float32(sites: list[tuple[Any, str | int]]):
+    """Put a :class:`Float32Call` at each ``(owner, attribute)`` (a list and an index for a list item); returns
+    the function that puts back what was there (a precision probe undoes itself)."""
+    missing = object()
+    undo = []
+    for owner, name in sites:
+        if isinstance(owner, list):
+            undo.append((owner, name, owner[name]))
+            owner[name] = Float32Call(owner[name])
+        else:
+            undo.append((owner, name, owner.__dict__.get(name, missing)))
+            object.__setattr__(owner, name, Float32Call(getattr(owner, name)))
+
+    def restore() -> None:
+        for owner, name, previous in reversed(undo):
+            if isinstance(owner, list):
+                owner[name] = previous
+            elif previous is missing:
+                object.__delattr__(owner, name)
+            else:
+                object.__setattr__(owner, name, previous)
+
+    return restore

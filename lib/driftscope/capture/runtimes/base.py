@@ -121,6 +121,20 @@ class Runtime(ABC):
                 f"runtime {cls.name!r} does not offer policy {policy!r}", f"use one of: {', '.join(cls.policies)}"
             )
 
+    def mixed_policy(self) -> PrecisionPolicy:
+        """The policy with ``options.f32``'s operators in float32 (``model.mixed``; under f32 there is nothing to
+        widen)."""
+        from driftscope.model.mixed import expand, with_float32
+
+        if self.policy.activations == "float32" and (self.policy.dot_inputs or "float32") == "float32":
+            raise ParameterError(
+                f"options.f32 widens operators of a half-precision policy, and {self.policy.name} is float32 already",
+                "drop options.f32, or give a half-precision policy (f16, bf16, f16-contract, f16-state)",
+            )
+        return with_float32(
+            self.policy, expand(self.options["f32"], self.family.vision_plan(self.checkpoint.config).depth)
+        )
+
     @classmethod
     def known_options(cls) -> dict[str, str]:
         """Every option this runtime accepts, with what it does."""

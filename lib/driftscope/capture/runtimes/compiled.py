@@ -80,9 +80,16 @@ class CompiledRuntime(Runtime):
         "bucket": "the rows of a packed call (default: the inputs' own)",
         "taps": "final: return only the tower's output (a plain forward)",
         "decode": "false: run the text side's prefill only (default true: decode greedily where the family can)",
+        "f32": "stages whose operators compute in float32 under a half-precision policy (model.mixed; e.g. "
+        "[vision.block.17-31.norm2]): compiled into the StableHLO, whole-graph only",
     }
     OPTION_VALUES = {"graph": GRAPH_MODES, "decode": (True, False)}
     policies = (*COMPILED_POLICIES, *RUNTIME_POLICIES["jax"])  # q4-dequant: the dense dequantized checkpoint
+
+    def __init__(self, checkpoint, policy: str = "f32", patch=None, options: dict | None = None):
+        super().__init__(checkpoint, policy, patch, options)
+        if self.options.get("f32"):  # a mixed policy: those operators in float32 (model.mixed)
+            self.policy = self.mixed_policy()
 
     def _load(self) -> Any:
         require("jax", "jax", self.name)
@@ -179,6 +186,12 @@ class CompiledRuntime(Runtime):
             if mode == "auto" and graph.output_bytes > budget * 2**20:
                 self._say(f"tapped outputs exceed whole_taps_mib={budget:g}: running block by block")
                 mode = "blocks"
+        if mode == "blocks" and self.policy.f32:
+            raise ParameterError(
+                f"{self.label}: operators kept in float32 (options.f32) are compiled into the whole graph only, and "
+                "this one runs block by block (one compiled block shared by every block of a kind)",
+                "set options.graph: whole (and raise options.whole_taps_mib if auto chose blocks)",
+            )
         if mode == "blocks":
             self.timings["compile_s"] = 0.0
             self._capture_blocks(inputs, sink, bucket)
@@ -204,7 +217,10 @@ class CompiledRuntime(Runtime):
             "outputs": len(graph.output_names),
         }
 
-    can_replay = True
+    @property
+    def can_replay(self) -> bool:
+        """Not under a mixed policy: a replayed operator is compiled once per kind, for every block of it."""
+        return not self.policy.f32
 
     @classmethod
     def decodes_with(cls, family: str) -> bool:

@@ -49,8 +49,29 @@ class MLXRuntime(Runtime):
 
     name = "mlx"
     policies = ("f32", "f16", "bf16", *RUNTIME_POLICIES["mlx"])
-    OPTIONS = {"rmsnorm": "fused (mlx.nn.RMSNorm, default) or manual (written out in the activation dtype)"}
+    OPTIONS = {
+        "rmsnorm": "fused (mlx.nn.RMSNorm, default) or manual (written out in the activation dtype)",
+        "f32": "stages whose operators compute in float32 under a half-precision policy (model.mixed; e.g. "
+        "[vision.block.17-31.norm2]), after the hypothesis patch",
+    }
     OPTION_VALUES = {"rmsnorm": RMSNORM_FORMS}
+
+    def __init__(self, checkpoint, policy: str = "f32", patch=None, options: dict | None = None):
+        super().__init__(checkpoint, policy, patch, options)
+        if self.options.get("f32"):  # a mixed policy: those operators in float32 (model.mixed)
+            self.policy = self.mixed_policy()
+
+    def load(self) -> None:
+        fresh = self.model is None
+        super().load()
+        if fresh and self.policy.f32:
+            self.keep_float32(list(self.policy.f32))
+
+    def keep_float32(self, stage_ids: list[str]):
+        """Compute the operators of ``stage_ids`` in float32 (in place); returns what undoes it."""
+        from driftscope.taps.mlx_hooks import keep_float32
+
+        return keep_float32(self.family.precision_module().mlx_sites(self.model, stage_ids))
 
     def _load(self) -> Any:
         from driftscope.model.blas import mlx_blas

@@ -63,4 +63,5 @@ FAMILY = Family(
     text_weights=TEXT_WEIGHTS,
     check_config=check_config,
     videos=True,
+    precision=f"{__name__}.precision",
 )

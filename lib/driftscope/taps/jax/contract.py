@@ -18,6 +18,14 @@ if TYPE_CHECKING:
 class Contract:
     dot_inputs: str = "float32"
     state: str = "float32"
+    #: stage ids whose operators run in float32 (operands and state): a mixed policy's exceptions
+    f32: frozenset[str] = frozenset()
+
+    def at(self, stage_id: str) -> Contract:
+        """The contract of the operator computing ``stage_id``: all float32 when the policy keeps it there."""
+        if stage_id in self.f32:
+            return Contract()
+        return self
 
     def dot(self, x: jax.Array, w: jax.Array, contracting: tuple, batch: tuple = ((), ())) -> jax.Array:
         """``dot_general`` with operands in ``dot_inputs`` and a float32 result (F32 accumulation)."""

@@ -16,7 +16,9 @@ from driftscope.taps.jax.contract import Contract
 
 
 def contract_for(policy: PrecisionPolicy) -> Contract:
-    return Contract(dot_inputs=policy.dot_inputs or "float32", state=policy.state or "float32")
+    return Contract(
+        dot_inputs=policy.dot_inputs or "float32", state=policy.state or "float32", f32=frozenset(policy.f32)
+    )
 
 
 def policy_digest(policy: PrecisionPolicy) -> str:
@@ -81,6 +83,7 @@ def lower_graph(
         f"// precision policy: {policy.name}: {policy.description}",
         f"// policy contract: dot_inputs={policy.dot_inputs or 'float32'} state={policy.state or 'float32'} "
         "accumulate=float32 norm=float32 softmax=float32 rope=float32 outputs=float32",
+        *([f"// in float32: {' '.join(policy.f32)}"] if policy.f32 else []),
         *header[1:],
         f"// taps: {len(taps)} stages",
     ]

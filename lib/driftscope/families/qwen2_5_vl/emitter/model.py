@@ -58,30 +58,39 @@ def _block(
     s = f"vision.block.{b}." if s is None else s  # stage id prefix
     out_id = f"vision.block.{b}" if out_id is None else out_id
     rows = x.shape[0]
-    h = tap(s + "norm1", contract.round_state(rms_norm(x, w[p + "norm1.weight"], spec.eps)))
-    qkv = linear(contract, h, w[p + "attn.qkv.weight"], w[p + "attn.qkv.bias"])
+
+    def at(kind: str) -> Contract:  # the operator computing ``kind``'s contract: float32 where the policy keeps it
+        return contract.at(s + kind)
+
+    h = tap(s + "norm1", at("norm1").round_state(rms_norm(x, w[p + "norm1.weight"], spec.eps)))
+    qkv = linear(at("attn.qkv"), h, w[p + "attn.qkv.weight"], w[p + "attn.qkv.bias"])
     q, k, v = (qkv.reshape(rows, 3, spec.num_heads, spec.head_dim)[:, i] for i in range(3))
     q = tap(s + "attn.q", apply_rope(q, cos, sin))
     k = tap(s + "attn.k", apply_rope(k, cos, sin))
     v = tap(s + "attn.v", v)
-    context = tap(s + "attn.context", attention(contract, q, k, v, mask))
-    out = tap(s + "attn.out", linear(contract, context, w[p + "attn.proj.weight"], w[p + "attn.proj.bias"]))
-    x = tap(s + "residual1", contract.round_state(x + out))
-    h = tap(s + "norm2", contract.round_state(rms_norm(x, w[p + "norm2.weight"], spec.eps)))
-    gate = tap(s + "mlp.gate", linear(contract, h, w[p + "mlp.gate_proj.weight"], w[p + "mlp.gate_proj.bias"]))
+    context = tap(s + "attn.context", attention(at("attn.context"), q, k, v, mask))
+    out = tap(s + "attn.out", linear(at("attn.out"), context, w[p + "attn.proj.weight"], w[p + "attn.proj.bias"]))
+    x = tap(s + "residual1", at("residual1").round_state(x + out))
+    h = tap(s + "norm2", at("norm2").round_state(rms_norm(x, w[p + "norm2.weight"], spec.eps)))
+    gate = tap(s + "mlp.gate", linear(at("mlp.gate"), h, w[p + "mlp.gate_proj.weight"], w[p + "mlp.gate_proj.bias"]))
     act = tap(s + "mlp.act", jax.nn.silu(gate))
-    up = tap(s + "mlp.up", linear(contract, h, w[p + "mlp.up_proj.weight"], w[p + "mlp.up_proj.bias"]))
+    up = tap(s + "mlp.up", linear(at("mlp.up"), h, w[p + "mlp.up_proj.weight"], w[p + "mlp.up_proj.bias"]))
     product = tap(s + "mlp.product", act * up)
-    down = tap(s + "mlp.down", linear(contract, product, w[p + "mlp.down_proj.weight"], w[p + "mlp.down_proj.bias"]))
-    return tap(out_id, contract.round_state(x + down))
+    down = linear(at("mlp.down"), product, w[p + "mlp.down_proj.weight"], w[p + "mlp.down_proj.bias"])
+    down = tap(s + "mlp.down", down)
+    return tap(out_id, contract.at(out_id).round_state(x + down))
 
 
 def _merger(spec: VisionSpec, contract: Contract, weights: dict, x, merged_restore, tap: _Taps, p: str = "merger."):
-    h = tap("vision.merger.norm", contract.round_state(rms_norm(x, weights[p + "ln_q.weight"], spec.eps)))
+    at = contract.at
+    h = tap(
+        "vision.merger.norm", at("vision.merger.norm").round_state(rms_norm(x, weights[p + "ln_q.weight"], spec.eps))
+    )
     h = h.reshape(-1, spec.hidden_size * spec.merge_unit)
-    hidden = linear(contract, h, weights[p + "mlp.0.weight"], weights[p + "mlp.0.bias"])
+    hidden = linear(at("vision.merger.hidden"), h, weights[p + "mlp.0.weight"], weights[p + "mlp.0.bias"])
     h = tap("vision.merger.hidden", jax.nn.gelu(hidden, approximate=False))
-    merged = tap("vision.merger.window", linear(contract, h, weights[p + "mlp.2.weight"], weights[p + "mlp.2.bias"]))
+    merged = linear(at("vision.merger.window"), h, weights[p + "mlp.2.weight"], weights[p + "mlp.2.bias"])
+    merged = tap("vision.merger.window", merged)
     return tap(FINAL, jnp.take(merged, merged_restore, axis=0))  # inverse window permutation: raster order
 
 
@@ -148,7 +157,10 @@ def vision_tower(
 ) -> dict[str, jax.Array]:
     """Run the tower on one packed bucket; returns the requested stages (bucket rows)."""
     tap = _Taps(taps)
-    x = tap("vision.patch_embed", patch_embed(contract, pixel_values, weights["patch_embed.proj.weight"]))
+    x = tap(
+        "vision.patch_embed",
+        patch_embed(contract.at("vision.patch_embed"), pixel_values, weights["patch_embed.proj.weight"]),
+    )
     cos, sin = rotary_tables(positions, spec.head_dim, spec.rope_theta)
     tap("vision.rotary.cos", cos)
     tap("vision.rotary.sin", sin)

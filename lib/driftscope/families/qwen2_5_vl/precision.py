@@ -1,0 +1,91 @@
+"""Which of Qwen2.5-VL's operators a runtime can keep in float32, by the stage they compute, and where mlx-vlm's
+model holds them (``options.f32`` and ``driftscope precision``, see ``driftscope.model.mixed``).
+
+A block operator is named by its stage's substage name (``norm2``), except the fused q/k/v projection, which
+computes three stages and is named ``attn.qkv``; a tower operator by its stage id (``vision.merger.norm``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from driftscope.errors import ParameterError
+
+from .plan import parse_stage
+
+#: The operator computing each substage (the fused projection computes q, k and v).
+OPERATOR_OF = {"attn.q": "attn.qkv", "attn.k": "attn.qkv", "attn.v": "attn.qkv"}
+
+#: mlx-vlm's module for each operator kind: under a block, or under the vision tower.
+_MLX_BLOCK = {
+    "norm1": "norm1",
+    "attn.qkv": "attn.qkv",
+    "attn.out": "attn.proj",
+    "norm2": "norm2",
+    "mlp.gate": "mlp.gate_proj",
+    "mlp.up": "mlp.up_proj",
+    "mlp.down": "mlp.down_proj",
+}
+_MLX_TOWER = {
+    "patch_embed": "patch_embed",
+    "merger.norm": "merger.ln_q",
+    "merger.hidden": "merger.mlp.0",
+    "merger.window": "merger.mlp.2",
+}
+#: What the emitter's contract widens (``Contract.at``): every dot and every rounding of the state.
+_EMITTER_BLOCK = (
+    "norm1",
+    "attn.qkv",
+    "attn.context",
+    "attn.out",
+    "residual1",
+    "norm2",
+    "mlp.gate",
+    "mlp.up",
+    "mlp.down",
+)
+_EMITTER_TOWER = ("patch_embed", "merger.norm", "merger.hidden", "merger.window")
+
+BLOCK_KINDS = {"mlx": tuple(_MLX_BLOCK), "iree": _EMITTER_BLOCK, "jax": _EMITTER_BLOCK}
+TOWER_KINDS = {"mlx": tuple(_MLX_TOWER), "iree": _EMITTER_TOWER, "jax": _EMITTER_TOWER}
+
+
+def _child(owner: Any, path: str) -> tuple[Any, str | int]:
+    *parents, last = path.split(".")
+    for name in parents:
+        owner = owner[int(name)] if name.isdigit() else getattr(owner, name)
+    return owner, int(last) if last.isdigit() else last
+
+
+def mlx_sites(model: Any, stage_ids: list[str]) -> list[tuple[Any, str | int]]:
+    """(owner, attribute) of the mlx-vlm module computing each stage (a stage id, or a block's ``attn.qkv``)."""
+    tower = model.vision_tower
+    sites = []
+    for stage_id in stage_ids:
+        block, kind = parse_stage(stage_id)
+        table = _MLX_BLOCK if block is not None else _MLX_TOWER
+        if kind not in table:
+            raise ParameterError(
+                f"options.f32 names {stage_id!r}, which mlx-vlm's Qwen2.5-VL port cannot compute in float32 alone",
+                f"name a block's {', '.join(_MLX_BLOCK)} or the tower's {', '.join(_MLX_TOWER)}",
+            )
+        owner = tower.blocks[block] if block is not None else tower
+        sites.append(_child(owner, table[kind]))
+    return sites
+
+
+def operators(runtime: str, plan) -> list[str]:
+    """The operators ``runtime`` can keep in float32, in the plan's order, as stage-id templates (``{b}``: a block
+    index): the plan's block substages (the fused projection once), then its tower stages, where ``runtime`` can.
+    ``plan``: the family's full vision plan."""
+    block_kinds, tower_kinds = BLOCK_KINDS.get(runtime, ()), TOWER_KINDS.get(runtime, ())
+    found: list[str] = []
+    for stage in plan:
+        if stage.block == 0 and stage.substage is not None:
+            kind = OPERATOR_OF.get(stage.substage, stage.substage)
+            template = f"vision.block.{{b}}.{kind}"
+            if kind in block_kinds and template not in found:
+                found.append(template)
+        elif stage.block is None and parse_stage(stage.id)[1] in tower_kinds:
+            found.append(stage.id)
+    return found

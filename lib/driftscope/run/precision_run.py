@@ -1,0 +1,215 @@
+"""``driftscope precision``: search a failing half-precision candidate of a finished run for the fewest operators
+to keep in float32 (``replay.precision``), write the answer into the run's report (``precision``) and as a
+precision policy file, and verify it with a real run of that policy (the reference and the candidate again).
+
+Nothing of the run is captured again except the candidate's probes; the reference's taps are the run's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from driftscope.capture.patches import HypothesisPatch
+from driftscope.core.names import safe_name
+from driftscope.errors import ParameterError
+from driftscope.judge.contract import Contract
+from driftscope.replay.precision import Candidate, PrecisionSearch
+from driftscope.replay.recapture import RERUN
+from driftscope.run.params import parameter_root, parse_parameters
+from driftscope.run.patch_trial import _full_plan, _inputs, _pair
+from driftscope.run.report import Report
+
+FOLDER = "precision"
+
+
+def dump_yaml(data: dict) -> str:
+    import yaml
+
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120)
+
+
+def _runtime(report: Report, spec: dict, extra: dict | None = None):
+    from driftscope.capture.runtimes import get_runtime
+    from driftscope.families.checkpoints import open_checkpoint
+
+    checkpoint = open_checkpoint(report.data["checkpoint"], report.data.get("family"))
+    own = spec.get("patch")
+    patch = None if own is None else HypothesisPatch(own["callable"], dict(own.get("kwargs") or {}))
+    options = {**(spec.get("options") or {}), "label": spec["label"], **(extra or {})}
+    return get_runtime(spec["runtime"])(checkpoint, spec["policy"], patch, options)
+
+
+def _judged(report: Report, plan, pair: str) -> list[str]:
+    """The vision stages the run compared for ``pair`` that a probe changes: block outputs and the tower's float
+    stages (not the substages narrowing added, not the processor's or the index math)."""
+    compared = {row.stage for row in report.rows if (row.pair or row.candidate) == pair}
+    return [
+        stage.id
+        for stage in plan
+        if stage.id in compared
+        and stage.id.startswith("vision.")
+        and stage.substage is None
+        and not stage.integer
+        and not stage.data
+    ]
+
+
+def _candidate(report: Report, spec: dict, inputs, log) -> Candidate:
+    runtime = _runtime(report, spec)
+    own = report.tapset(spec["label"])
+    if (spec.get("options") or {}).get("f32"):
+        raise ParameterError(
+            f"{spec['label']} runs a mixed policy already (options.f32: {spec['options']['f32']})",
+            "search the candidate with its plain half-precision policy",
+        )
+    if getattr(runtime, "keep_float32", None) and runtime.can_replay:
+        runtime.load()
+        log(f"{spec['label']}: each probe widens operators in place and re-runs from the run's stored stages")
+        return Candidate(runtime, own, widen=runtime.keep_float32, inputs=inputs, way=RERUN)
+    log(f"{spec['label']}: each probe is a forward of a fresh runtime with those operators in float32")
+    return Candidate(
+        runtime, own, fresh=lambda ids: _runtime(report, spec, {"f32": list(ids)}), inputs=inputs, way="forward"
+    )
+
+
+def precision_search(
+    run: str | Path | Report, candidate: str, verify: bool = True, log: Callable[[str], None] = print
+) -> dict:
+    """Search ``candidate`` (a runtime label of the run) for the fewest operators to keep in float32; write
+    ``report.json``'s ``precision.<candidate>`` and ``precision/<candidate>.policy.yaml``; with ``verify``, run
+    the policy for real (``precision/<candidate>.verify/``). Returns the report's entry."""
+    from driftscope.families import get_family
+
+    start = time.perf_counter()
+    report = run if isinstance(run, Report) else Report.load(run)
+    if report.status != "complete":
+        raise ParameterError(f"the run in {report.directory} has not finished", "run it first: driftscope run PARAMS")
+    reference, label = _pair(report, candidate)
+    spec = report.runtime_spec(label)
+    verdict = (report.data.get("verdict") or {}).get("per_candidate", {}).get(label)
+    plan = _full_plan(report)
+    family = get_family(plan.family)
+    operators = family.precision_operators(spec["runtime"], plan)
+    if not operators:
+        raise ParameterError(
+            f"no operator of {spec['runtime']} can be kept in float32 for the {family.name} family",
+            "search a candidate on a runtime the family's precision module covers (mlx, iree, jax)",
+        )
+    inputs = _inputs(report)
+    out = report.directory / FOLDER / safe_name(label)
+    found = _candidate(report, spec, inputs, log)
+    judged = _judged(report, plan, candidate)
+    rows = {row.stage: row for row in report.rows if (row.pair or row.candidate) == candidate}
+    written = report.data["contract"]
+    contract = Contract.from_dict({k: v for k, v in written.items() if k != "source"}, written.get("source"))
+    log(f"precision search of {label} ({verdict}): {len(operators)} operator kinds, {plan.depth} blocks")
+    search = PrecisionSearch(found, report.tapset(reference), plan, judged, rows, contract, out / "probes", log)
+    try:
+        result = search.run(operators)
+    finally:
+        found.runtime.release()
+    entry = {
+        "candidate": label,
+        "reference": reference,
+        "runtime": spec["runtime"],
+        "policy": spec["policy"],
+        "verdict_before": verdict,
+        "way": found.way,
+        "judged": judged,
+        "operator_kinds": operators,
+        **result.to_dict(),
+        "run_seconds": _run_seconds(report),
+    }
+    entry["ratio"] = entry["seconds"] / entry["run_seconds"] if entry["run_seconds"] else None
+    if result.closes and result.answer:
+        policy = {"base": spec["policy"], "f32": result.answer}
+        entry["policy_file"] = str(_write_policy(report, spec, policy, entry).relative_to(report.directory))
+        entry["mixed_policy"] = policy
+        if verify:
+            entry["verified"] = _verify(report, reference, spec, policy, out, log)
+    entry["total_seconds"] = time.perf_counter() - start
+    report.data.setdefault("precision", {})[label] = entry
+    report.save()
+    log(f"precision: {result.message}")
+    return entry
+
+
+def _run_seconds(report: Report) -> float | None:
+    """The run's own wall time (created to its last step)."""
+    from datetime import datetime
+
+    done = [step["at"] for step in report.data.get("progress", []) if step.get("step") == "done"]
+    if not done or not report.data.get("created"):
+        return None
+    parse = lambda text: datetime.fromisoformat(text.replace("Z", "+00:00"))  # noqa: E731
+    return (parse(done[-1]) - parse(report.data["created"])).total_seconds()
+
+
+def _write_policy(report: Report, spec: dict, policy: dict, entry: dict) -> Path:
+    path = report.directory / FOLDER / f"{safe_name(spec['label'])}.policy.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {
+        "runtime": spec["runtime"],
+        "label": f"{spec['label']}+f32",
+        "policy": policy,
+        **({"options": spec["options"]} if spec.get("options") else {}),
+        **({"patch": spec["patch"]} if spec.get("patch") else {}),
+    }
+    header = (
+        f"# driftscope precision: the fewest operators of {spec['label']} to keep in float32 so it passes:\n"
+        f"# {entry['message']}\n# ({len(entry['probes']) - 1} probes in {entry['seconds']:.1f} s). A runtime entry: "
+        "paste it under `runtimes:` of a parameter file.\n"
+    )
+    path.write_text(header + dump_yaml(body))
+    return path
+
+
+def _absolute(data: dict, base: Path) -> dict:
+    def resolve(value):
+        return value if not isinstance(value, str) or Path(value).is_absolute() or "://" in value else str(base / value)
+
+    data = dict(data)
+    for key in ("checkpoint", "contract"):
+        if data.get(key):
+            data[key] = resolve(data[key])
+    data["images"] = [resolve(image) for image in data.get("images") or []]
+    return data
+
+
+def _verify(report: Report, reference: str, spec: dict, policy: dict, out: Path, log) -> dict:
+    """A real run of the reference and the candidate under the mixed policy: its verdict and worst stage."""
+    from driftscope.run.investigation import investigate
+
+    written = dict(report.data["parameters"])
+    source = report.data.get("parameters_file")
+    base = parameter_root(source) if source and Path(source).exists() else Path.cwd()
+    runtimes = {entry["label"]: entry for entry in written["runtimes"]}
+    mixed = {**runtimes[spec["label"]], "label": f"{spec['label']}+f32", "policy": policy}
+    mixed = {key: value for key, value in mixed.items() if value is not None}
+    data = {
+        **_absolute(written, base),
+        "name": f"{written['name']}-precision",
+        "runtimes": [{k: v for k, v in runtimes[reference].items() if v is not None}, mixed],
+        "reference": reference,
+        "pairs": [],
+        "notebooks": [],
+        "power": None,
+    }
+    params_path = out.with_suffix(".verify.yaml")
+    params_path.write_text(dump_yaml({k: v for k, v in data.items() if v is not None}))
+    log(f"verifying {mixed['label']}: a real run of {params_path.name}")
+    start = time.perf_counter()
+    verified = investigate(parse_parameters(data, str(params_path), base), out.with_suffix(".verify"))
+    per = (verified.data.get("verdict") or {}).get("per_candidate", {})
+    failing = [row for row in verified.rows if row.failed]
+    return {
+        "label": mixed["label"],
+        "verdict": per.get(mixed["label"], verified.verdict),
+        "report": str((verified.directory / "report.json").relative_to(report.directory)),
+        "parameters": str(params_path.relative_to(report.directory)),
+        "first_failure": failing[0].stage if failing else None,
+        "stages": len(verified.rows),
+        "seconds": time.perf_counter() - start,
+    }
