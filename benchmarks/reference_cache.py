@@ -50,9 +50,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     work = Path(args.work or tempfile.mkdtemp(prefix="driftscope-refcache-bench-"))
     os.environ.setdefault("DRIFTSCOPE_CACHE", str(work / "cache"))
-    print(
-        f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; DRIFTSCOPE_CACHE={os.environ['DRIFTSCOPE_CACHE']}"
-    )
+    cache = os.environ["DRIFTSCOPE_CACHE"]
+    print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; DRIFTSCOPE_CACHE={cache}", flush=True)
     if not args.no_warm:
         seconds, code = batch(args.commits[0], args.params, work / "warm", "off")
         print(f"warm-up (IREE artifacts): {seconds:.1f}s exit {code}", flush=True)
