@@ -223,4 +223,9 @@ def test_a_second_investigation_reuses_the_reference_and_the_power_captures(own_
     assert [c["status"] for c in second["power"]["reference_cache"]["captures"]] == ["hit"]
     assert [m["detected"] for m in second["power"]["mutations"]] == [m["detected"] for m in first["power"]["mutations"]]
     assert second["rows"] == first["rows"] and second["verdict"] == first["verdict"]
-    assert Report.load(tmp_path / "b" / "report.json").data["reference_cache"]["status"] == "hit"  # schema holds
+    from driftscope.views.parity import reference_cache_line
+
+    loaded = Report.load(tmp_path / "b" / "report.json")  # the report schema holds the new key
+    line = reference_cache_line(loaded)
+    assert "`transformers:f32`" in line and second["reference_cache"]["entry"] in line and "1 of the 1 mutated" in line
+    assert reference_cache_line(Report.load(tmp_path / "a" / "report.json")) is None  # captured, not reused
