@@ -239,7 +239,10 @@ class Entry:
         return record
 
     def lookup(self) -> dict | None:
-        """The entry's record when it can be reused; a stale or corrupt entry is refused and removed."""
+        """The entry's record when it can be reused; a stale or corrupt entry is refused and removed (and so are
+        the temporaries of a store that was killed: under the entry's lock nobody else is writing them)."""
+        for leftover in self.dir.glob(".*.tmp"):
+            leftover.unlink(missing_ok=True)
         try:
             return self._verified()
         except StaleEntry as err:
