@@ -41,13 +41,40 @@ def outcome(out_root: Path) -> str:
     return f"{data.get('status')}, reference {ref.get('status', 'off')}{mutations}"
 
 
+def _seconds(a: str, b: str) -> float:
+    parse = lambda t: time.mktime(time.strptime(t, "%Y-%m-%dT%H:%M:%SZ"))  # noqa: E731
+    return parse(b) - parse(a)
+
+
+def steps(work: Path) -> None:
+    """Where each batch's investigation spent its time, from its report's progress (whole seconds)."""
+    print("\n| batch | investigation s | reference capture s | power s | rest of the batch (notebooks, HTML) s |")
+    print("|---|---|---|---|---|")
+    for report in sorted(work.glob("*/*/*/report.json")):
+        data = json.loads(report.read_text())
+        progress = data.get("progress") or []
+        spans = {}
+        for here, after in zip(progress, progress[1:], strict=False):
+            spans[here["step"]] = spans.get(here["step"], 0.0) + _seconds(here["at"], after["at"])
+        total = _seconds(data["created"], data["updated"])
+        record = json.loads((report.parent / "run.json").read_text()) if (report.parent / "run.json").exists() else {}
+        rest = float(record.get("seconds") or 0.0) - total
+        reference = spans.get(f"capture:{data.get('reference')}", 0.0)
+        name = report.parts[-4]
+        print(f"| {name} | {total:.0f} | {reference:.0f} | {spans.get('power', 0.0):.0f} | {rest:.0f} |")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--commits", nargs="+", required=True)
+    parser.add_argument("--commits", nargs="+", default=[])
     parser.add_argument("--params", default="parameters/demo_shapes.yaml")
     parser.add_argument("--work", help="scratch directory (default: a new temporary one)")
     parser.add_argument("--no-warm", action="store_true", help="skip the warm-up batch (artifacts already cached)")
+    parser.add_argument("--steps", action="store_true", help="only print where the batches in --work spent their time")
     args = parser.parse_args(argv)
+    if args.steps:
+        steps(Path(args.work))
+        return
     work = Path(args.work or tempfile.mkdtemp(prefix="driftscope-refcache-bench-"))
     os.environ.setdefault("DRIFTSCOPE_CACHE", str(work / "cache"))
     cache = os.environ["DRIFTSCOPE_CACHE"]
@@ -75,6 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         f"\nbatch over {len(rows)} commits: {total_on:.1f}s with the cache, {total_off:.1f}s without: "
         f"{total_on / total_off:.2f}x; load at the end {os.getloadavg()[0]:.1f}"
     )
+    steps(work)
 
 
 if __name__ == "__main__":

@@ -161,8 +161,8 @@ def identity(runtime: Runtime, inputs: ModelInputs, plan: StagePlan, root: Path 
 
 
 def mutation_capture(log: Callable[[str], None], stored_by: dict, outcomes: list[dict]) -> Callable:
-    """A ``capture`` for ``replay.power.fixture_power``: each mutated reference capture through the cache, its
-    outcome appended to ``outcomes``."""
+    """A ``capture`` for ``replay.power.fixture_power``: each mutated capture (the family's mutation runtime with
+    a planted defect) through the cache, its outcome appended to ``outcomes``."""
 
     def capture(runtime: Runtime, inputs: ModelInputs, plan: StagePlan, base: Path, mutation: Any) -> TapSet:
         tapset, _, outcome = capture_cached(runtime, inputs, plan, base, log, stored_by, **mutation_identity(mutation))
