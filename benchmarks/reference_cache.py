@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--commits", nargs="+", default=[])
     parser.add_argument("--params", default="parameters/demo_shapes.yaml")
     parser.add_argument("--work", help="scratch directory (default: a new temporary one)")
+    parser.add_argument("--cache-first", action="store_true", help="per commit, the batch with the cache first")
     parser.add_argument("--no-warm", action="store_true", help="skip the warm-up batch (artifacts already cached)")
     parser.add_argument("--steps", action="store_true", help="only print where the batches in --work spent their time")
     args = parser.parse_args(argv)
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for index, commit in enumerate(args.commits):
         row = {"commit": commit}
-        for series, cache in (("off", "off"), ("on", str(work / "refcache"))):
+        order = (("off", "off"), ("on", str(work / "refcache")))
+        for series, cache in reversed(order) if args.cache_first else order:
             out_root = work / f"{series}-{index}"
             seconds, code = batch(commit, args.params, out_root, cache)
             row[series] = (seconds, code, outcome(out_root))
