@@ -16,16 +16,19 @@ SHAPES = ROOT / "fixtures" / "images" / "shapes_448.png"
 
 @pytest.fixture(scope="session", autouse=True)
 def private_artifact_cache(tmp_path_factory):
-    """Compiled IREE artifacts go to a per-session cache (notebook kernels inherit the variable)."""
+    """Compiled IREE artifacts go to a per-session cache (notebook kernels inherit the variable); the reference
+    cache is off (every test captures its reference; tests/run/test_refcache.py turns it on in its own folder)."""
     import os
 
-    previous = os.environ.get("DRIFTSCOPE_CACHE")
+    previous = {name: os.environ.get(name) for name in ("DRIFTSCOPE_CACHE", "DRIFTSCOPE_REFERENCE_CACHE")}
     os.environ["DRIFTSCOPE_CACHE"] = str(tmp_path_factory.mktemp("driftscope-cache"))
+    os.environ["DRIFTSCOPE_REFERENCE_CACHE"] = "off"
     yield
-    if previous is None:
-        os.environ.pop("DRIFTSCOPE_CACHE", None)
-    else:
-        os.environ["DRIFTSCOPE_CACHE"] = previous
+    for name, value in previous.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="session")

@@ -34,6 +34,7 @@ def _run(args: argparse.Namespace) -> int:
     from driftscope.run.report import Report
     from driftscope.views.render import investigate_and_render, rendered_current
 
+    _reference_cache(args)
     params = load_parameters(args.params)
     check_parameters(params)  # every parameter error before a kernel starts or a model loads
     out = Path(args.out).resolve() if args.out else default_out_dir(params)
@@ -59,6 +60,12 @@ def _run(args: argparse.Namespace) -> int:
             log(f"the investigation {report.stopped()}")
         return 2
     return 0 if args.no_gate else code
+
+
+def _reference_cache(args: argparse.Namespace) -> None:
+    from driftscope.run.refcache import set_cache_option
+
+    set_cache_option(args.reference_cache)
 
 
 def _output_directory(out: Path) -> None:
@@ -138,6 +145,7 @@ def _batch(args: argparse.Namespace) -> int:
     from driftscope.batch.runner import run_batch
     from driftscope.run.investigation import log
 
+    _reference_cache(args)
     result = run_batch(args.params, args.commit, args.jobs, args.scheduler, args.force, args.out_root, log=log)
     log(f"index: {result.index}; junit: {result.junit}; exit {result.code}")
     return result.code
@@ -220,6 +228,12 @@ def _trend(args: argparse.Namespace) -> int:
     return 2 if failed else 0
 
 
+REFERENCE_CACHE_HELP = (
+    "where the reference runtime's taps are cached and reused across commits, or off to capture them every run "
+    "(default: $DRIFTSCOPE_REFERENCE_CACHE, else $DRIFTSCOPE_CACHE/reference, else outputs/cache/reference)"
+)
+
+
 def parser() -> argparse.ArgumentParser:
     main = argparse.ArgumentParser(prog="driftscope", description="Where, and why, two runtimes of a VLM disagree.")
     main.add_argument(
@@ -234,6 +248,7 @@ def parser() -> argparse.ArgumentParser:
         "--render", action="store_true", help="execute and render the notebooks again even when they are current"
     )
     run.add_argument("--no-gate", action="store_true", help="exit 0 even when the verdict fails")
+    run.add_argument("--reference-cache", metavar="DIR|off", help=REFERENCE_CACHE_HELP)
     run.set_defaults(func=_run)
     again = sub.add_parser("rejudge", help="re-apply another contract to a saved run (no runtime is re-run)")
     again.add_argument("report", help="report.json or its directory")
@@ -262,6 +277,7 @@ def parser() -> argparse.ArgumentParser:
     )
     batch.add_argument("--scheduler", help="Dask distributed scheduler address (e.g. tcp://10.0.0.5:8786)")
     batch.add_argument("--force", action="store_true", help="re-run finished runs of the same commit and parameters")
+    batch.add_argument("--reference-cache", metavar="DIR|off", help=REFERENCE_CACHE_HELP)
     batch.add_argument(
         "--out-root", help="outputs root: a directory or a URL such as s3://bucket/runs (default: outputs/)"
     )

@@ -215,6 +215,19 @@ def test_a_second_compile_reuses_the_artifact_and_a_new_policy_recompiles(tiny_c
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([first.key, other.key])
 
 
+def test_a_host_tuned_artifact_is_keyed_by_the_host_cpu(tiny_checkpoint):
+    """``--iree-llvmcpu-target-cpu=host`` (the llvm-cpu default) builds for this CPU: the identity names it
+    (model and feature flags), so a cache shared with another machine never hands it this module."""
+    from driftscope.capture.iree import artifact_identity, artifact_key, host_cpu
+
+    graph = _lower(tiny_checkpoint, "f32", ())
+    host = artifact_identity(graph, "llvm-cpu")
+    assert "--iree-llvmcpu-target-cpu=host" in host["flags"] and host["host_cpu"] == host_cpu()
+    assert "features" in host["host_cpu"]
+    generic = artifact_identity(graph, "llvm-cpu", ("--iree-llvmcpu-target-cpu=generic",))
+    assert "host_cpu" not in generic and artifact_key(generic) != artifact_key(host)
+
+
 # bad input --------------------------------------------------------------------------------------
 
 

@@ -59,6 +59,26 @@ def iree_compile_binary() -> Path:
     return Path(found)
 
 
+def host_cpu() -> str:
+    """This machine's CPU as a host-tuned compile sees it: its model and a digest of its feature flags
+    (``/proc/cpuinfo`` on Linux, else what ``platform`` says)."""
+    import platform
+
+    model, flags = platform.processor() or platform.machine(), ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("model name", "CPU part") and model in (platform.processor(), platform.machine()):
+                model = value.strip()
+            elif key in ("flags", "Features") and not flags:
+                flags = value.strip()
+    except OSError:
+        pass
+    digest = hashlib.sha256(" ".join(sorted(flags.split())).encode()).hexdigest()[:12] if flags else "unknown"
+    return f"{platform.machine()} {model} (features {digest})"
+
+
 def compiler_version() -> str:
     try:
         import importlib.metadata
@@ -92,12 +112,16 @@ class Artifact:
 
 def artifact_identity(graph: LoweredGraph, target: str, extra_flags: tuple[str, ...] = ()) -> dict:
     flags, driver = target_flags(target)
+    flags = BASE_FLAGS + flags + tuple(extra_flags)
+    cpu = [flag.split("=", 1)[1] for flag in flags if flag.startswith("--iree-llvmcpu-target-cpu=")]
     return {
         "stablehlo_digest": graph.digest,
         "compiler": f"iree-base-compiler {compiler_version()}",
         "target": target,
         "driver": driver,
-        "flags": list(BASE_FLAGS + flags + tuple(extra_flags)),
+        "flags": list(flags),
+        # a host-tuned module runs only on a CPU like this one: a cache shared by other machines keeps them apart
+        **({"host_cpu": host_cpu()} if cpu and cpu[-1] == "host" else {}),
         "policy": graph.policy.name,
         "policy_digest": policy_digest(graph.policy),
         "taps": list(graph.taps),

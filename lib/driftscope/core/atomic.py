@@ -67,3 +67,31 @@ def _finite(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_finite(item) for item in value]
     return value
+
+
+def place_file_atomic(source: Path, path: Path) -> Path:
+    """``path`` becomes ``source``'s bytes at once: a hard link when both are on one filesystem (no copy),
+    else a copy, made under a temporary name in ``path``'s folder and renamed into place."""
+    import shutil
+
+    source, path = Path(source), Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        if not tmp.exists():
+            break
+    try:
+        try:
+            os.link(source, tmp)
+        except OSError:  # another filesystem, or one without hard links
+            shutil.copyfile(source, tmp)
+            with open(tmp, "rb+") as handle:
+                os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise output_error(err, path) from err
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path

@@ -79,8 +79,12 @@ def fixture_power(
     names: list[str] | None = None,
     policy: str = "f32",
     log=None,
+    capture=None,
 ) -> dict:
-    """Per mutation: detected, first divergence, the declared stage, whether they match, the margin, why blind."""
+    """Per mutation: detected, first divergence, the declared stage, whether they match, the margin, why blind.
+
+    ``capture(runtime, inputs, plan, base, mutation) -> TapSet``: how a mutated runtime captures (default its own
+    ``capture``; an investigation passes one that reuses cached captures, ``run.refcache``)."""
     family = get_family(checkpoint.family)
     mutations = family.mutation_registry()
     results = []
@@ -88,7 +92,10 @@ def fixture_power(
         mutation = mutations.get(name)
         runtime = mutated_runtime(checkpoint, policy, mutation)
         start = time.perf_counter()
-        tapset = runtime.capture(inputs, plan, Path(out_dir) / name)
+        base = Path(out_dir) / name
+        tapset = (
+            runtime.capture(inputs, plan, base) if capture is None else capture(runtime, inputs, plan, base, mutation)
+        )
         rows = compare_tapsets(reference, tapset, contract, plan)
         first = first_divergence(rows)
         declared = mutation.declared_stage(plan)

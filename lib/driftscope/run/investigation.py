@@ -15,17 +15,13 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from driftscope.capture.runtime_checks import apply_checks, capture_checks, failed, observed_dtypes, unreadable
+from driftscope.capture.runtime_checks import apply_checks
 from driftscope.capture.runtimes import get_runtime
 from driftscope.core.names import remove_partial_files, safe_name
 from driftscope.core.paths import REPO_ROOT
 from driftscope.errors import (
     DriftscopeError,
-    HypothesisPatchError,
-    OutputError,
-    ParameterError,
     ReportError,
-    TapFileError,
 )
 from driftscope.families import get_family
 from driftscope.families.checkpoints import open_checkpoint, prepare_inputs
@@ -33,8 +29,8 @@ from driftscope.judge.compare import compare_tapsets
 from driftscope.judge.verdict import judge
 from driftscope.model.checkpoint_storage import checkpoint_storage
 from driftscope.replay.narrowing import ReferenceCache
-from driftscope.replay.recapture import how
-from driftscope.run.candidates import Pairs, judge_candidate, teacher_force
+from driftscope.run.candidates import Pairs, teacher_force
+from driftscope.run.capture_step import capture_one
 from driftscope.run.environment import current_commit, fingerprint
 from driftscope.run.outdirs import interactive_out_dir
 from driftscope.run.params import Parameters, load_parameters
@@ -45,15 +41,9 @@ from driftscope.run.substitution import explain_answer
 from driftscope.taps.stages import StagePlan
 
 if TYPE_CHECKING:
-    from driftscope.capture.runtimes.base import Runtime
-    from driftscope.inputs.processor_output import ModelInputs
-    from driftscope.judge.contract import Contract
-    from driftscope.run.params import RuntimeSpec
-    from driftscope.taps.tapset import TapSet
+    pass
 
 LOG_NAME = "investigation.log"
-#: errors of a candidate that stop the whole run (any other one makes only that candidate's pairs "could not run")
-STOPS_THE_RUN = (OSError, OutputError, HypothesisPatchError, ParameterError)
 _log_files: list[TextIO] = []  # the running investigation's log file, which a waiting notebook prints
 
 
@@ -184,6 +174,7 @@ def _log_detail(text: str) -> None:
 def _power(params: Parameters, report: Report, out: Path, checkpoint, inputs, reference, contract, plan) -> None:
     """Run the mutation audit and gate the verdict on the mutations the parameters require."""
     from driftscope.replay.power import fixture_power, power_gate
+    from driftscope.run.refcache import mutation_capture
 
     report.step("power")
     names = params.power["mutations"]
@@ -191,6 +182,7 @@ def _power(params: Parameters, report: Report, out: Path, checkpoint, inputs, re
         names = get_family(checkpoint.family).mutation_registry().names()
         names += [name for name in params.power["require"] if name not in names]
     log(f"fixture power: {len(names)} mutations against {reference.label}")
+    cached: list[dict] = []
     power = fixture_power(
         reference,
         checkpoint,
@@ -201,7 +193,10 @@ def _power(params: Parameters, report: Report, out: Path, checkpoint, inputs, re
         names,
         params.power["policy"],
         log,
+        mutation_capture(log, {"commit": report.data.get("commit"), "out": str(out)}, cached),
     )
+    if cached:
+        power["reference_cache"] = {"hit": sum(c["status"] == "hit" for c in cached), "captures": cached}
     for entry in power["mutations"]:
         entry["tapset"] = str(Path(entry["tapset"]).relative_to(out))
     power["require"] = params.power["require"]
@@ -214,71 +209,6 @@ def _power(params: Parameters, report: Report, out: Path, checkpoint, inputs, re
         verdict["reasons"] = list(verdict.get("reasons", [])) + reasons
         verdict["per_candidate"]["fixture power"] = "fail"
     report.save()
-
-
-def _capture_one(
-    params: Parameters,
-    report: Report,
-    out: Path,
-    spec: RuntimeSpec,
-    runtime: Runtime,
-    inputs: ModelInputs,
-    plan: StagePlan,
-    contract: Contract,
-    tapsets: dict[str, TapSet],
-    compared: dict[tuple[str, str], list],
-    pairs: Pairs,
-) -> None:
-    """One runtime's capture (and narrowing and replay) into ``tapsets`` and the report; its model is released
-    after."""
-    report.step(f"capture:{spec.display}")
-    log(f"capture {spec.display}: {len(plan)} stages")
-    safe = safe_name(spec.display)
-    try:
-        tapset = runtime.capture(
-            inputs, plan, out / "taps" / safe, progress=lambda message, label=spec.display: log(f"  {label}: {message}")
-        )
-    except Exception as err:  # a candidate that cannot load or capture: its pairs could not run, the others still do
-        if spec.display == params.reference_label or isinstance(err, STOPS_THE_RUN):
-            raise  # nothing to compare without the reference; a full disk or a user's failing patch stops the run
-        unread = isinstance(err, TapFileError) and runtime.external
-        checks = unreadable(str(err)) if unread else failed(err, loaded=runtime.model is not None)
-        report.data["checks"][spec.display] = checks
-        report.save()
-        log(f"  {spec.display}: could not run: {checks[0]['detail']}")
-        _log_detail("".join(traceback.format_exception(err)))
-        runtime.release()
-        return
-    tapsets[spec.display] = tapset
-    external = runtime.external
-    report.data["checks"][spec.display] = capture_checks(tapset, inputs.digest, spec.policy if external else None)
-    report.data["runtimes"].append(
-        {
-            "label": spec.display,
-            "runtime": spec.runtime,
-            "policy": runtime.report_policy(tapset),
-            **({"policy_label": spec.policy} if external else {}),
-            "observed_dtypes": {"weights": runtime.weight_dtypes(), "activations": observed_dtypes(tapset)},
-            "patch": tapset.meta.get("patch"),
-            "versions": tapset.meta.get("versions"),
-            "options": spec.options,
-            "tapset": str(tapset.tensor_path.relative_to(out)),
-            "timings": tapset.meta.get("timings", {}),
-            "artifact": tapset.meta.get("artifact"),
-            "quantization": tapset.meta.get("quantization"),
-            "bucket": tapset.meta.get("bucket"),
-            "stages": len(tapset.stage_ids()),
-        }
-    )
-    report.save()
-    log(f"  {spec.display}: done in {runtime.timings.get('capture_s', 0.0):.1f}s")
-    narrows = params.narrow and how(runtime) is not None
-    if spec.display != params.reference_label and (narrows or (params.replays(spec.display) and runtime.can_replay)):
-        reference = tapsets[params.reference_label]
-        compared[(reference.label, tapset.label)] = judge_candidate(
-            report, out, runtime, inputs, plan, contract, tapsets, pairs, params.replays(spec.display), log
-        )
-    runtime.release()
 
 
 def _run(params: Parameters, report: Report, out: Path) -> None:
@@ -341,7 +271,9 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
     pending = {}
     try:
         for spec, runtime in runtimes:
-            _capture_one(params, report, out, spec, runtime, inputs, plan, contract, tapsets, compared, pairing)
+            capture_one(
+                params, report, out, spec, runtime, inputs, plan, contract, tapsets, compared, pairing, log, _log_detail
+            )
             teacher_force(inputs, tapsets.get(params.reference_label))  # the candidates are fed its tokens too
             for pair in pairs:
                 if pair not in pending and pair not in compared and all(label in tapsets for label in pair):

@@ -53,6 +53,19 @@ SCHEMA: dict[str, Any] = {
                 "properties": {"closes": {"type": "boolean"}, "probes": {"type": "array"}},
             },
         },
+        # the reference's taps came from (or went into) the reference cache: run.refcache
+        "reference_cache": {
+            "type": "object",
+            "required": ["status", "entry", "key"],
+            "properties": {
+                "label": {"type": "string"},
+                "status": {"enum": ["hit", "stored", "miss"]},
+                "entry": {"type": "string"},
+                "key": {"type": "string"},
+                "stored": {"type": ["object", "null"]},
+                "refused": {"type": "string"},
+            },
+        },
     },
     # a finished run has been judged: it has a verdict and rows
     "if": {"properties": {"status": {"const": "complete"}}},

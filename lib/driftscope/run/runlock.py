@@ -42,8 +42,11 @@ def holder(out: Path) -> str:
 
 
 @contextmanager
-def run_lock(out: Path, wait: bool = False, log: Callable[[str], None] | None = None) -> Iterator[RunLock]:
-    """Hold the directory's lock for the block; without ``wait``, raise :class:`BusyError` if it is taken."""
+def run_lock(
+    out: Path, wait: bool = False, log: Callable[[str], None] | None = None, what: str = "investigation"
+) -> Iterator[RunLock]:
+    """Hold the directory's lock for the block; without ``wait``, raise :class:`BusyError` if it is taken.
+    ``what`` the lock guards, in messages (e.g. a reference capture into a ``run.refcache`` entry)."""
     try:
         import fcntl
     except ImportError:  # no flock on this platform: no protection, as before locks existed
@@ -60,11 +63,11 @@ def run_lock(out: Path, wait: bool = False, log: Callable[[str], None] | None = 
             pid = holder(out)
             if not wait:
                 raise BusyError(
-                    f"another investigation (pid {pid}) is writing to {out}",
+                    f"another {what} (pid {pid}) is writing to {out}",
                     "wait for it to finish, or give this run another output directory (--out / out_dir)",
                 ) from None
             if log:
-                log(f"waiting for the investigation running in {out} (pid {pid})")
+                log(f"waiting for the {what} running in {out} (pid {pid})")
             fcntl.flock(handle, fcntl.LOCK_EX)
             lock.waited = True
         handle.seek(0)

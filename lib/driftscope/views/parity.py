@@ -187,11 +187,31 @@ def headline(report: Report):
     display(Markdown(verdict_markdown(report)))
     if report.status != "complete":
         return
+    cached = reference_cache_line(report)
+    if cached:
+        display(Markdown(cached))
     display(
         table(divergence_frame(report), highlight="verdict", wrap=HEADLINE_WRAP, fit=True, anywhere=("ready patch",))
     )
     if report.rows:
         display(error_curves(report, metrics=("tolerance_used",), height=1.5, title=False))  # above the fold
+
+
+def reference_cache_line(report: Report) -> str | None:
+    """One line saying the reference's taps came from the reference cache (``run.refcache``), and whose run stored
+    them; None when they were captured by this run."""
+    cached = report.data.get("reference_cache") or {}
+    if cached.get("status") != "hit":
+        return None
+    stored = cached.get("stored") or {}
+    source = f" (stored by commit {code(stored['commit'])})" if stored.get("commit") else ""
+    power = (report.data.get("power") or {}).get("reference_cache") or {}
+    mutations = f"; so were {power['hit']} of the {len(power['captures'])} mutated captures" if power.get("hit") else ""
+    label = cached.get("label") or report.data.get("reference")
+    return (
+        f"The reference {code(label)}'s taps were reused from the reference cache {code(cached['entry'])}{source}, "
+        f"not captured again{mutations}."
+    )
 
 
 def _element(row) -> tuple[object, float | None, float | None]:
