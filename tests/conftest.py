@@ -1,9 +1,34 @@
-"""Shared fixtures: the tiny checkpoint, the shapes image, and one capture per runtime (session-wide)."""
+"""Shared fixtures: the tiny checkpoint, the shapes image, and one capture per runtime (session-wide).
+
+What is computed once per test run, whichever xdist worker asks first (``make test`` runs two workers, each
+with its own pytest session, so a session fixture alone computes once per *worker*):
+
+- ``DRIFTSCOPE_CACHE`` (compiled IREE artifacts, dense copies of quantized checkpoints, fetched inputs) is one
+  folder for the whole run (``shared_root() / "driftscope-cache"``); ``compile_graph`` locks each artifact key,
+  so the second worker waits for the first one's compile and loads it.
+- :func:`shared_tapset` (``key``, a function that captures into the folder it is given) captures a TapSet the
+  first time any worker asks for ``key`` and opens the stored one afterwards (a file lock per key). The fixtures
+  ``runs`` and ``captures`` below use it, and so do ``qwen3_vl_support.capture`` and ``molmo2_support.capture``:
+  a new test that needs a family's whole-plan f32 TapSet asks ``runs(family, runtime)``; one that needs another
+  capture shared between files wraps it in ``shared_tapset("<file or support module>/<what>", capture)``.
+  The key names everything the capture depends on; the folder is read-only for the tests (copy before changing).
+- :func:`computed_once` is the same for any other result on disk (``compute(folder)`` then ``load(folder)``);
+  ``rendered`` (a whole ``driftscope run`` with three notebooks) uses it: tests read that run, and one that
+  writes into it (re-runs it, recaptures, touches its files) takes ``rendered_copy`` instead.
+
+Run-wide results live under ``shared_root()``: ``<basetemp>/../shared`` under xdist (in the run's ``pytest-N``,
+shared by its workers), ``<basetemp>/shared`` otherwise, or ``$DRIFTSCOPE_TEST_SHARED`` where that is set before
+the run (deliberate sharing between pytest processes, e.g. to measure; nothing there is invalidated when the code
+changes).
+"""
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -12,16 +37,71 @@ sys.path.insert(0, str(ROOT / "fixtures"))
 
 TINY = ROOT / "fixtures" / "checkpoints" / "tiny-qwen2_5-vl"
 SHAPES = ROOT / "fixtures" / "images" / "shapes_448.png"
+#: the run-wide folder, set by the session fixture below (so the ``*_support`` modules find it too)
+SHARED_ENV = "DRIFTSCOPE_TEST_SHARED"
+T = TypeVar("T")
+
+
+def shared_root() -> Path:
+    """The folder every worker of this test run shares (set up before the first test; a fresh temporary
+    folder when called outside a test run)."""
+    if SHARED_ENV not in os.environ:
+        import tempfile
+
+        os.environ[SHARED_ENV] = tempfile.mkdtemp(prefix="driftscope-tests-")
+    return Path(os.environ[SHARED_ENV])
+
+
+def family_run_key(name: str, runtime: str) -> str:
+    """The :func:`shared_tapset` key of ``runs(name, runtime)``: the family's tiny checkpoint on its tiny images,
+    the whole plan with four text tokens, f32, no patch and default options. A support module capturing exactly
+    that uses this key, so the capture is made once for both."""
+    return f"runs/{name}/{runtime}"
+
+
+def computed_once(key: str, compute: Callable[[Path], T], load: Callable[[Path], T]) -> T:
+    """``compute(folder)`` the first time any worker of this run asks for ``key``, ``load(folder)`` after that
+    (in every worker: keep the result in a session-scoped dict or ``functools.cache`` too). ``key`` is a relative
+    path naming everything the result depends on; a computation that raised is tried again by the next caller."""
+    import shutil
+
+    from filelock import FileLock
+
+    folder = shared_root() / key
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    done = folder / ".done"
+    with FileLock(str(folder) + ".lock"):
+        if done.exists():
+            return load(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir()
+        result = compute(folder)
+        done.touch()
+        return result
+
+
+def shared_tapset(key: str, capture: Callable[[Path], object]):
+    """The TapSet ``capture(out_base)`` writes, captured once per test run (see the module's docstring)."""
+    from driftscope.taps.tapset import TapSet
+
+    return computed_once(key, lambda folder: capture(folder / "taps"), lambda folder: TapSet(folder / "taps"))
 
 
 @pytest.fixture(scope="session", autouse=True)
 def private_artifact_cache(tmp_path_factory):
-    """Compiled IREE artifacts go to a per-session cache (notebook kernels inherit the variable); the reference
-    cache is off (every test captures its reference; tests/run/test_refcache.py turns it on in its own folder)."""
-    import os
-
-    previous = {name: os.environ.get(name) for name in ("DRIFTSCOPE_CACHE", "DRIFTSCOPE_REFERENCE_CACHE")}
-    os.environ["DRIFTSCOPE_CACHE"] = str(tmp_path_factory.mktemp("driftscope-cache"))
+    """One run-wide folder (``shared_root()``) and, in it, the artifact cache of the whole run: compiled IREE
+    modules are compiled once per run, not once per worker (notebook kernels and batch workers inherit it). The
+    reference cache is off (every test captures its reference; tests/run/test_refcache.py turns it on in its own
+    folder)."""
+    base = tmp_path_factory.getbasetemp()
+    previous = {name: os.environ.get(name) for name in ("DRIFTSCOPE_CACHE", "DRIFTSCOPE_REFERENCE_CACHE", SHARED_ENV)}
+    # set beforehand, it is used as it is (e.g. to compare one file's time with and without another's results);
+    # nothing in it is invalidated when the code changes
+    given = previous[SHARED_ENV]
+    root = Path(given) if given else (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
+    root.mkdir(parents=True, exist_ok=True)
+    os.environ[SHARED_ENV] = str(root)
+    os.environ["DRIFTSCOPE_CACHE"] = str(root / "driftscope-cache")
     os.environ["DRIFTSCOPE_REFERENCE_CACHE"] = "off"
     yield
     for name, value in previous.items():
@@ -63,16 +143,21 @@ def full_plan(tiny_checkpoint):
 
 
 @pytest.fixture(scope="session")
-def captures(tmp_path_factory, tiny_checkpoint, shapes_inputs, full_plan):
-    """TapSets of every stage: transformers f32, MLX f32 and MLX f16 on the 448x448 shapes image."""
+def captures(tiny_checkpoint, shapes_inputs, full_plan):
+    """TapSets of every stage: transformers f32, MLX f32 and MLX f16 on the 448x448 shapes image (once per run)."""
     from driftscope.capture.runtimes import get_runtime
 
-    out = tmp_path_factory.mktemp("captures")
-    taps = {}
-    for name, policy in (("transformers", "f32"), ("mlx", "f32"), ("mlx", "f16")):
-        runtime = get_runtime(name)(tiny_checkpoint, policy)
-        taps[f"{name}:{policy}"] = runtime.capture(shapes_inputs, full_plan, out / f"{name}-{policy}")
-    return taps
+    def capture(name: str, policy: str):
+        def into(out: Path):
+            return get_runtime(name)(tiny_checkpoint, policy).capture(shapes_inputs, full_plan, out)
+
+        return shared_tapset(f"captures/{name}-{policy}", into)
+
+    return {f"{name}:{policy}": capture(name, policy) for name, policy in CAPTURED}
+
+
+#: the ``captures`` fixture's runtimes and policies
+CAPTURED = (("transformers", "f32"), ("mlx", "f32"), ("mlx", "f16"))
 
 
 def write_params(path: Path, name: str, runtimes: list, **extra) -> Path:
@@ -94,32 +179,53 @@ def write_params(path: Path, name: str, runtimes: list, **extra) -> Path:
 
 
 @pytest.fixture(scope="session")
-def rendered(tmp_path_factory, tiny_checkpoint_dir):
+def rendered(tiny_checkpoint_dir):
     """``driftscope run`` of four runtimes (MLX bf16 diverges; IREE runs with ``decode: false``, so one side
-    lacks ``text.generate.*``) with notebooks 01, 02, 04: (exit code, output directory)."""
+    lacks ``text.generate.*``) with notebooks 01, 02, 04: (exit code, output directory), run once per test run
+    and shared by every worker: read it, and take ``rendered_copy`` to write into a run."""
     from driftscope.cli import main
 
-    base = tmp_path_factory.mktemp("cli")
-    params = write_params(
-        base / "p.yaml",
-        "cli-check",
-        ["transformers:f32", "mlx:f32", "mlx:bf16", {"runtime": "iree", "policy": "f32", "options": {"decode": False}}],
-        pairs=[["mlx:f32", "iree:f32"]],
-        replay=["mlx:bf16"],
-        notebooks=["01_stage_parity", "02_layer_drilldown", "04_negative_controls"],
-        power={
-            "mutations": [
-                "identity_window_permutation",
-                "cross_image_leak",
-                "manual_f16_rmsnorm",
-                "drop_rotary_block_1",
+    def run(base: Path):
+        params = write_params(
+            base / "p.yaml",
+            "cli-check",
+            [
+                "transformers:f32",
+                "mlx:f32",
+                "mlx:bf16",
+                {"runtime": "iree", "policy": "f32", "options": {"decode": False}},
             ],
-            "require": ["identity_window_permutation"],
-        },
-        text={"max_new_tokens": 4},
-    )
-    code = main(["run", str(params), "--out", str(base / "out")])
-    return code, base / "out"
+            pairs=[["mlx:f32", "iree:f32"]],
+            replay=["mlx:bf16"],
+            notebooks=["01_stage_parity", "02_layer_drilldown", "04_negative_controls"],
+            power={
+                "mutations": [
+                    "identity_window_permutation",
+                    "cross_image_leak",
+                    "manual_f16_rmsnorm",
+                    "drop_rotary_block_1",
+                ],
+                "require": ["identity_window_permutation"],
+            },
+            text={"max_new_tokens": 4},
+        )
+        code = main(["run", str(params), "--out", str(base / "out")])
+        (base / "exit_code").write_text(str(code))
+        return code, base / "out"
+
+    return computed_once("rendered", run, lambda base: (int((base / "exit_code").read_text()), base / "out"))
+
+
+@pytest.fixture
+def rendered_copy(rendered, tmp_path):
+    """``rendered`` copied into the test's own folder, its parameter file beside it (``out.parent / "p.yaml"``),
+    file times kept: for a test that writes into the run, re-runs it or changes its files' times. The copied
+    report still names the shared run's TapSets (read them, do not write them)."""
+    import shutil
+
+    code, out = rendered
+    shutil.copytree(out.parent, tmp_path / "rendered", ignore=shutil.ignore_patterns(".done"))
+    return code, tmp_path / "rendered" / "out"
 
 
 @pytest.fixture(scope="session")
@@ -146,20 +252,24 @@ def tiny(request):
 
 
 @pytest.fixture(scope="session")
-def runs(tiny, tmp_path_factory):
-    """(family, runtime) -> (runtime object, TapSet of the whole plan in f32), captured once per session."""
+def runs(tiny):
+    """(family, runtime) -> (runtime object, TapSet of the whole plan in f32), captured once per test run (the
+    runtime object is a fresh, unloaded one where another worker captured)."""
     from driftscope.capture.runtimes import get_runtime
 
-    out = tmp_path_factory.mktemp("family-runs")
     captured = {}
 
     def get(name: str, runtime_name: str):
         if (name, runtime_name) not in captured:
             checkpoint, inputs, plan = tiny(name)
             runtime = get_runtime(runtime_name)(checkpoint, "f32")
-            tapset = runtime.capture(inputs, plan, out / name / runtime_name)
-            runtime.release()
-            captured[(name, runtime_name)] = (runtime, tapset)
+
+            def capture(out: Path):
+                tapset = runtime.capture(inputs, plan, out)
+                runtime.release()
+                return tapset
+
+            captured[(name, runtime_name)] = (runtime, shared_tapset(family_run_key(name, runtime_name), capture))
         return captured[(name, runtime_name)]
 
     return get

@@ -1,6 +1,7 @@
 """Shared, cached pieces of the Molmo2 tests: the tiny checkpoints (hub and native layouts), the image cases,
 their inputs (processor output and prompt), the whole plan and each runtime's TapSet of it (captured once per
-process, whichever test file asks first), optionally with a hypothesis patch."""
+test run, whichever test file and xdist worker asks first: conftest's ``shared_tapset``), optionally with a
+hypothesis patch."""
 
 from __future__ import annotations
 
@@ -87,14 +88,21 @@ def fixes_patch(skip: tuple[str, ...] = ()):
 def capture(runtime: str, case: str, layout: str = "hub", skip: tuple[str, ...] | None = None, policy: str = "f32"):
     """``runtime``'s TapSet of the whole plan on ``case``; for mlx, ``skip`` not None applies every fix but
     those (``()``: all three)."""
+    from conftest import family_run_key, shared_tapset
     from driftscope.capture.runtimes import get_runtime
 
     patch = None if skip is None else fixes_patch(skip)
-    engine = get_runtime(runtime)(checkpoint(layout), policy, patch)
     name = f"{runtime}-{policy}" + ("" if skip is None else "-fixed-but-" + "-".join(skip or ("none",)))
-    tapset = engine.capture(inputs(case, layout), plan(layout), scratch() / layout / case / name)
-    engine.release()
-    return tapset
+
+    def into(out: Path):
+        engine = get_runtime(runtime)(checkpoint(layout), policy, patch)
+        tapset = engine.capture(inputs(case, layout), plan(layout), out)
+        engine.release()
+        return tapset
+
+    # the hub layout's 224 case unpatched in f32 is the shared family tests' run (conftest's ``runs``)
+    same_as_runs = (layout, case, skip, policy) == ("hub", "224", None, "f32")
+    return shared_tapset(family_run_key("molmo2", runtime) if same_as_runs else f"molmo2/{layout}/{case}/{name}", into)
 
 
 def max_abs(a, b) -> float:

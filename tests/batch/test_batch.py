@@ -183,20 +183,39 @@ def test_diff_lists_the_contract_first_and_stages_in_execution_order(two_commits
         assert "must be" in capsys.readouterr().err
 
 
-def test_runs_that_cannot_execute_never_show_green(tmp_path, tiny_checkpoint_dir):
+@pytest.fixture(scope="module")
+def good_run(tmp_path_factory, tiny_checkpoint_dir):
+    """``good``: a passing run, executed once by a batch of its own; (its parameter file, its directory). A
+    batch whose output root holds a copy reuses it (the tests below pair it with runs that cannot execute;
+    fresh passing runs execute in ``two_commits`` and in test_hostile_input's test 8)."""
+    base = tmp_path_factory.mktemp("good-run")
+    good = _write(base / "good.yaml", _params("good"))
+    result = run_batch([good], out_root=base / "out", log=lambda m: None)
+    assert result.summaries[0]["verdict"] == "pass" and not result.summaries[0]["reused"], result.summaries
+    return good, base / "out" / result.commit / result.summaries[0]["dir"]
+
+
+def _seeded(out_root: Path, good_run) -> Path:
+    """``good_run``'s parameter file, its finished run copied under ``out_root`` (reused by the next batch)."""
+    good, directory = good_run
+    shutil.copytree(directory, out_root / directory.parent.name / directory.name)
+    return good
+
+
+def test_runs_that_cannot_execute_never_show_green(tmp_path, good_run):
     """Items 4 and 11: a missing image and a missing notebook are 'could not run' in the summary, the
     index, the JUnit and the exit code alike; with --jobs each run says when it starts and ends."""
     from driftscope.batch.evidence import write_index
     from driftscope.core.storage import OutputRoot
     from driftscope.run.runrecord import commit_entries, exit_code
 
-    good = _write(tmp_path / "good.yaml", _params("good"))
+    good = _seeded(tmp_path / "out", good_run)
     bad = _write(tmp_path / "bad.yaml", _params("bad", image=tmp_path / "missing.png"))
     nobook = _write(tmp_path / "nobook.yaml", _params("nobook", notebooks=["99_no_such_notebook"]))
     lines = []
     result = run_batch([bad, good, nobook], jobs=2, out_root=tmp_path / "out", log=lines.append)
     by_name = {s["name"]: s for s in result.summaries}
-    assert by_name["good"]["verdict"] == "pass" and not by_name["good"]["error"]
+    assert by_name["good"]["verdict"] == "pass" and not by_name["good"]["error"] and by_name["good"]["reused"]
     assert by_name["bad"]["status"] == "error" and "missing.png" in by_name["bad"]["error"]
     assert by_name["nobook"]["verdict"] == "pass", by_name["nobook"]  # the run's error says why, if it ever is not
     assert "99_no_such_notebook" in by_name["nobook"]["error"]
@@ -235,12 +254,12 @@ def test_runs_that_cannot_execute_never_show_green(tmp_path, tiny_checkpoint_dir
     assert exit_code(entries) == 2
 
 
-def test_a_run_whose_process_died_is_dead_and_could_not_run(tmp_path, tiny_checkpoint_dir):
+def test_a_run_whose_process_died_is_dead_and_could_not_run(tmp_path, good_run):
     """Issue 30 item 6: a run killed by SIGSEGV was "0 could not run", "1 still running elsewhere", exit 1."""
     from driftscope.run.runrecord import exit_code
 
     crash = f"{ROOT / 'tests' / 'hostile_patches.py'}:segfault"
-    good = _write(tmp_path / "good.yaml", _params("good"))
+    good = _seeded(tmp_path / "out", good_run)
     crashed = _write(tmp_path / "crash.yaml", _params("crash", patch=crash))
     result = run_batch([good, crashed], jobs=2, out_root=tmp_path / "out", log=lambda message: None)
     by_name = {s["name"]: s for s in result.summaries}

@@ -228,6 +228,41 @@ def test_a_host_tuned_artifact_is_keyed_by_the_host_cpu(tiny_checkpoint):
     assert "host_cpu" not in generic and artifact_key(generic) != artifact_key(host)
 
 
+def test_callers_sharing_the_cache_compile_each_key_once(tmp_path):
+    """Processes sharing one artifact cache (batch workers, pytest-xdist workers) that ask for the same module
+    while it compiles wait on its key's lock: one compiles, the other loads it, no partial file is left."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from driftscope.capture.iree import _key_lock, artifact_identity, artifact_key
+
+    graph, _ = _picked_graph()
+    folder = tmp_path / artifact_key(artifact_identity(graph, "llvm-cpu"))
+    folder.mkdir()
+    with ThreadPoolExecutor(2) as pool:
+        with _key_lock(folder):  # another process is compiling this key
+            waiting = [pool.submit(compile_graph, graph, "llvm-cpu", tmp_path) for _ in range(2)]
+            time.sleep(0.3)
+            assert not any(future.done() for future in waiting)
+        artifacts = [future.result(timeout=120) for future in waiting]
+    assert sorted(artifact.cache_hit for artifact in artifacts) == [False, True]
+    assert len({artifact.path for artifact in artifacts}) == 1 and artifacts[0].path.exists()
+    assert not list(folder.glob("*.partial"))
+
+
+def _picked_graph():
+    """A tiny graph (return the second of three arrays) and its arguments."""
+    import jax
+    from driftscope.taps.jax.graph import lower_function
+
+    def pick(layers):
+        return layers[1]
+
+    rng = np.random.default_rng(0)
+    layers = [rng.standard_normal(4096).astype(np.float32) for _ in range(3)]
+    return lower_function(jax.jit(pick, keep_unused=True), (layers,), get_policy("f32")), layers
+
+
 # bad input --------------------------------------------------------------------------------------
 
 
@@ -386,17 +421,9 @@ def test_an_iree_output_that_is_its_argument_outlives_the_call(tmp_path):
     buffer, imported from a host array the caller drops: the output must keep that memory alive."""
     import gc
 
-    import jax
     from driftscope.capture.iree import IreeModule
-    from driftscope.taps.jax.graph import lower_function
 
-    def pick(layers):
-        return layers[1]
-
-    jitted = jax.jit(pick, keep_unused=True)
-    rng = np.random.default_rng(0)
-    layers = [rng.standard_normal(4096).astype(np.float32) for _ in range(3)]
-    graph = lower_function(jitted, (layers,), get_policy("f32"))
+    graph, layers = _picked_graph()
     module = IreeModule(compile_graph(graph, cache_dir=tmp_path), graph.output_names)
     out = module([layer.copy() for layer in layers])["output"]
     gc.collect()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from driftscope.judge.compare import compare_tapsets
-from qwen3_vl_support import F32, TOLERANCE, capture, inputs, max_errors, plan
+from qwen3_vl_support import F32, MAX_NEW_TOKENS, TOLERANCE, capture, inputs, max_errors, plan
 
 #: (runtime, case) pairs of the default suite; 448x448 (and IREE's compiles of the packed call) are slow checks.
 FAST = [(runtime, case) for runtime in ("mlx", "jax") for case in ("224", "two-256")] + [("iree", "224")]
@@ -50,7 +50,7 @@ def test_greedy_tokens_equal_transformers_and_the_margins_are_not_luck(runtime):
     """Every step's top-1 margin is far above the logit error (~5e-6), so equal tokens are not a coin toss."""
     reference, candidate = capture("transformers", "224"), capture(runtime, "224")
     tokens = np.asarray(reference["text.generate.tokens"])
-    assert len(tokens) == 8
+    assert len(tokens) == MAX_NEW_TOKENS
     np.testing.assert_array_equal(np.asarray(candidate["text.generate.tokens"]), tokens)
     assert np.asarray(reference["text.generate.margins"]).min() > 1e-3
 

@@ -53,12 +53,12 @@ def test_an_unreadable_report_is_left_alone_too(tmp_path):
     assert interactive_out_dir(params, tmp_path / "outputs" / "abc" / "new", log=said.append).name == "new"
 
 
-def test_a_rendered_run_is_not_executed_again_unless_asked(rendered, capsys):
+def test_a_rendered_run_is_not_executed_again_unless_asked(rendered_copy, capsys):
     """``driftscope run`` of a finished run whose notebooks rendered after its report reuses them untouched;
     a report newer than its pages (written again) makes them stale."""
     from driftscope.views.render import rendered_current
 
-    code, out = rendered
+    code, out = rendered_copy  # the run is executed again and its report's time changed: a copy of the shared one
     params_path = out.parent / "p.yaml"
     pages = sorted(out.glob("0*.*html")) + sorted(out.glob("0*.ipynb"))
     assert len(pages) == 9

@@ -9,12 +9,14 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from driftscope.core.atomic import write_json_atomic
+from driftscope.core.atomic import write_json_atomic, write_text_atomic
 from driftscope.core.paths import REPO_ROOT
 from driftscope.errors import CompileError, RegistryError, RuntimeUnavailableError
 from driftscope.model.weightfile import aligned_empty, is_aligned
@@ -136,29 +138,54 @@ def artifact_key(identity: dict) -> str:
 def compile_graph(
     graph: LoweredGraph, target: str = "llvm-cpu", cache_dir: Path | None = None, extra_flags: tuple[str, ...] = ()
 ) -> Artifact:
-    """The cached module for this graph/target/flags/policy/taps, compiling it only when absent."""
+    """The cached module for this graph/target/flags/policy/taps, compiling it only when absent. Processes that
+    share the cache (batch workers, pytest-xdist workers) compile a key once: the others wait on its lock."""
     identity = artifact_identity(graph, target, tuple(extra_flags))
     key = artifact_key(identity)
     folder = (cache_dir or default_cache_dir()) / key
     vmfb, mlir, meta = folder / "module.vmfb", folder / "stablehlo.mlir", folder / "artifact.json"
-    if vmfb.exists() and meta.exists() and json.loads(meta.read_text()).get("key") == key:
+    if _cached(vmfb, meta, key):
         return Artifact(key, vmfb, mlir, identity, True, 0.0)
     folder.mkdir(parents=True, exist_ok=True)
-    mlir.write_text(graph.text)
-    partial = folder / "module.vmfb.partial"
-    command = [str(iree_compile_binary()), str(mlir), *identity["flags"], "-o", str(partial)]
-    start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True)
-    elapsed = time.perf_counter() - start
-    if done.returncode != 0:
-        diagnostic = (done.stderr or done.stdout).strip()
-        raise CompileError(
-            f"iree-compile failed on {mlir} (exit {done.returncode}):\n{diagnostic[-4000:]}",
-            f"the StableHLO is kept at {mlir}; rerun `{' '.join(command)}` to reproduce",
-        )
-    os.replace(partial, vmfb)
-    write_json_atomic(meta, {"key": key, **identity, "compile_s": elapsed})
+    with _key_lock(folder):
+        if _cached(vmfb, meta, key):  # another process compiled it while this one waited
+            return Artifact(key, vmfb, mlir, identity, True, 0.0)
+        write_text_atomic(mlir, graph.text)
+        partial = folder / f"module.vmfb.{os.getpid()}.partial"
+        command = [str(iree_compile_binary()), str(mlir), *identity["flags"], "-o", str(partial)]
+        start = time.perf_counter()
+        done = subprocess.run(command, capture_output=True, text=True)
+        elapsed = time.perf_counter() - start
+        if done.returncode != 0:
+            partial.unlink(missing_ok=True)
+            diagnostic = (done.stderr or done.stdout).strip()
+            raise CompileError(
+                f"iree-compile failed on {mlir} (exit {done.returncode}):\n{diagnostic[-4000:]}",
+                f"the StableHLO is kept at {mlir}; rerun `{' '.join(command)}` to reproduce",
+            )
+        os.replace(partial, vmfb)
+        write_json_atomic(meta, {"key": key, **identity, "compile_s": elapsed})
     return Artifact(key, vmfb, mlir, identity, False, elapsed)
+
+
+def _cached(vmfb: Path, meta: Path, key: str) -> bool:
+    return vmfb.exists() and meta.exists() and json.loads(meta.read_text()).get("key") == key
+
+
+@contextmanager
+def _key_lock(folder: Path) -> Iterator[None]:
+    """An exclusive lock on ``folder/.lock`` (released when the process dies); no lock where fcntl is absent."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: concurrent compiles still write separate partial files
+        yield
+        return
+    with open(folder / ".lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 _CONFIGS: dict[str, object] = {}
