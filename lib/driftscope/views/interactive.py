@@ -19,7 +19,7 @@ import numpy as np
 from driftscope.core.markup import html_text
 from driftscope.run.report import Report
 
-from .axes import GROUPED_AT, log_range, stage_label
+from .axes import COMPARED, GROUPED_AT, UNCOMPARABLE, log_range, stage_label
 from .curves import COLORS, METRICS, error_curves, first_divergences, pair_series, plotted_stages, stage_blocks
 from .errormaps import StageDifference
 from .notebook import alt_text
@@ -83,8 +83,16 @@ def _element(row) -> str:
     return f"{where}: expected {_g(expected)}, actual {_g(actual)}"
 
 
+def _absent(stage: str, title: str, row) -> list[str]:
+    why = f" ({row.note or row.status})" if row is not None else ""
+    return [stage, title, "", "", "", f"not compared{why}"]
+
+
 def _hover(row, title: str) -> list[str]:
     from driftscope.judge.rows import share_of_tolerance
+
+    if row.status not in (*COMPARED, *UNCOMPARABLE):
+        return _absent(row.stage, title, row)
 
     return [row.stage, title, _g(row.max_abs), _g(share_of_tolerance(row)), str(row.failures), _element(row)]
 
@@ -114,9 +122,7 @@ def error_curves_figure(
     for index, key in enumerate(report.pair_keys()):
         title, color = report.pair_title(key), COLORS[index % len(COLORS)]
         by_stage = {r.stage: r for r in every if (r.pair or r.candidate) == key}
-        hover = [
-            _hover(by_stage[s], title) if s in by_stage else [s, title, "", "", "", "not compared"] for s in stages
-        ]
+        hover = [_hover(by_stage[s], title) if s in by_stage else _absent(s, title, None) for s in stages]
         for number, metric in enumerate(metrics, start=1):
             drawn = drawn_by[metric][key]
             values = [None if not np.isfinite(v) else float(v) for v in drawn.values]
@@ -251,7 +257,10 @@ def channel_map_figure(difference: StageDifference, fallback=None) -> Interactiv
     pooled = " (max-pooled: each cell its block's worst element)" if _steps(diff.shape) != (1, 1) else ""
     figure.update_layout(
         height=460,
-        title={"text": html_text(f"{difference.stage}: |a - e| per token and channel{pooled}; blank: exactly equal")},
+        title={
+            "text": html_text(f"{difference.stage}: |a - e| per token and channel{pooled}; blank: exactly equal"),
+            "font": {"size": 12},
+        },
         template="simple_white",
         margin={"l": 70, "r": 20, "t": 60, "b": 50},
     )
@@ -299,6 +308,7 @@ def page_ready(notebook) -> tuple[object, bool]:
     import copy
 
     shown = copy.deepcopy(notebook)
+    shown.metadata.pop("widgets", None)  # the widgets' saved state: the page would fetch their manager from a CDN
     outputs = [o for c in shown.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     for output in outputs:
         data = output.get("data", {})

@@ -170,12 +170,12 @@ def mutation_curves(report: Report) -> Figure:
             axis.axhline(1.0, color="black", linewidth=1)
         legend_markers(axis, [own, *real])
         axis.set_ylabel(label)
+        axis.set_xlabel("stage (execution order; a gap: not compared there)", fontsize=8)
         axis.set_title(f"{mutation['mutation']}: first divergence {first}", fontsize=9)
         axis.grid(True, alpha=0.3)
         axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), borderaxespad=0.0)
     stage_ticks(axes, stages, stage_blocks(report))
     axes[-1].set_xlim(-0.7, len(stages) - 0.3)
-    axes[-1].set_xlabel("stage (execution order; a gap: not compared there)", fontsize=8)
     tolerance = "; black line: the tolerance" if shared else ""
     figure.suptitle(
         f"each detected mutation (red) against the real runtime pairs (grey); ★: first divergence{tolerance}",
