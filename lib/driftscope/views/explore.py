@@ -101,14 +101,14 @@ class Explorer:
             figure.add_vline(x=self._stages.index(stage), line={"color": "#444444", "width": 2, "dash": "dot"})
 
     def _show(self, channel_only: bool) -> None:
-        from IPython.display import display
-
+        """Each figure into its output as the widget's own state (``outputs``), not by capturing a display in a
+        ``with output:`` block: papermill (nbclient) never has to route captured output, and a rendered run of
+        the notebook cannot wait on it."""
         for name, output in self.outputs.items():
             if (channel_only and name != "channel") or name not in self.figures:
                 continue
-            output.clear_output(wait=True)
-            with output:
-                display(_Plotly(self.figures[name]))
+            data, metadata = _Plotly(self.figures[name])._repr_mimebundle_(), {}
+            output.outputs = ({"output_type": "display_data", "data": data, "metadata": metadata},)
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         data = self.box._repr_mimebundle_(include=include, exclude=exclude) or {}
