@@ -6,7 +6,7 @@
 demo-shapes: docs/images/demo_error_curves.png (notebook 01's error curves: share of tolerance, max |a - e|,
 failures; the static form, which the README shows), docs/images/demo_first_screen.png (notebook 01's
 .nocode.html as headless Chromium shows it at 1400x900) and docs/images/demo_pictures.json (what the pictured run
-found: each failing pair's first divergence and failure count; tests/test_readme_pictures.py checks the README's
+found: each failing pair's first divergence and failure count; tests/views/test_readme_pictures.py checks the README's
 captions against it, and a slow test checks it against a fresh run of the demo).
 
 case-layer17: docs/images/case17_first_screen.png (the same screen) and, from the executed notebook 02,

@@ -117,7 +117,7 @@ def test_every_family_demos_headline_tables_fit_1400_px(demo):
 @pytest.mark.slow
 def test_the_readme_pictures_are_of_the_current_demo(demo):
     """Issue 34 item 7: what docs/images/demo_pictures.json says the README's pictures show (its captions are
-    checked against it in tests/test_readme_pictures.py) is what a fresh run of the demo finds."""
+    checked against it in tests/views/test_readme_pictures.py) is what a fresh run of the demo finds."""
     _, out = demo
     report = json.loads((out / "report.json").read_text())
     if report["name"] != "demo-shapes":
