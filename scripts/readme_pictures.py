@@ -4,9 +4,13 @@
     .venv/bin/python scripts/readme_pictures.py outputs/<commit>/case-layer17    # the layer-17 case
 
 demo-shapes: docs/images/demo_error_curves.png (notebook 01's error curves: share of tolerance, max |a - e|,
-failures) and docs/images/demo_first_screen.png (notebook 01's .nocode.html as headless Chromium shows it at
-1400x900). case-layer17: docs/images/case17_first_screen.png (the same screen) and, from the executed notebook 02,
-case17_blocks.png (accumulated vs op-local error per block), and case17_channels.png (the channel map).
+failures; the static form, which the README shows), docs/images/demo_first_screen.png (notebook 01's
+.nocode.html as headless Chromium shows it at 1400x900) and docs/images/demo_pictures.json (what the pictured run
+found: each failing pair's first divergence and failure count; tests/views/test_readme_pictures.py checks the README's
+captions against it, and a slow test checks it against a fresh run of the demo).
+
+case-layer17: docs/images/case17_first_screen.png (the same screen) and, from the executed notebook 02,
+case17_blocks.png (accumulated vs op-local error per block) and case17_channels.png (the channel map).
 """
 
 from __future__ import annotations
@@ -28,6 +32,25 @@ def curves(run: Path) -> Path:
     figure = error_curves(Report.load(run), metrics=("tolerance_used", "max_abs", "failures"), height=2.4)
     target = IMAGES / "demo_error_curves.png"
     figure.savefig(target, dpi=80, bbox_inches="tight")
+    return target
+
+
+def summary(run: Path) -> Path:
+    """docs/images/demo_pictures.json: the pictured run's verdict and each failing pair's first divergence."""
+    from driftscope.run.report import Report
+
+    report = Report.load(run)
+    failing = {}
+    for key, found in (report.data.get("first_divergence") or {}).items():
+        if found:
+            failing[key] = {
+                "stage": found["stage"],
+                "failures": found["failures"],
+                "atol_bound_failures": found.get("atol_bound_failures"),
+            }
+    target = IMAGES / "demo_pictures.json"
+    written = {"run": report.data.get("name"), "verdict": report.verdict, "first_divergence": failing}
+    target.write_text(json.dumps(written, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     return target
 
 
@@ -89,6 +112,6 @@ if __name__ == "__main__":
     if json.loads((run / "report.json").read_text())["name"] == "case-layer17":
         made_list = [first_screen(run, "case17_first_screen.png"), *case_figures(run)]
     else:
-        made_list = [curves(run), first_screen(run)]
+        made_list = [curves(run), first_screen(run), summary(run)]
     for made in made_list:
         print(f"wrote {made.relative_to(ROOT)} ({made.stat().st_size // 1024} KiB)")

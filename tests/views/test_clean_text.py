@@ -112,3 +112,22 @@ def test_every_family_demos_headline_tables_fit_1400_px(demo):
             assert box and box[0] <= box[1] and box[2] <= 1400, (page, box)
     finally:
         browser.quit()
+
+
+@pytest.mark.slow
+def test_the_readme_pictures_are_of_the_current_demo(demo):
+    """Issue 34 item 7: what docs/images/demo_pictures.json says the README's pictures show (its captions are
+    checked against it in tests/views/test_readme_pictures.py) is what a fresh run of the demo finds."""
+    _, out = demo
+    report = json.loads((out / "report.json").read_text())
+    if report["name"] != "demo-shapes":
+        pytest.skip("the README pictures the shapes demo")
+    pictured = json.loads((ROOT / "docs" / "images" / "demo_pictures.json").read_text())
+    found = {
+        key: {"stage": f["stage"], "failures": f["failures"], "atol_bound_failures": f.get("atol_bound_failures")}
+        for key, f in report["first_divergence"].items()
+        if f
+    }
+    assert pictured["first_divergence"] == found and pictured["verdict"] == report["verdict"]["status"], (
+        "the README's pictures are stale: run `make demo`, then scripts/readme_pictures.py on its run"
+    )

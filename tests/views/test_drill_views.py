@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from driftscope.run.report import Report
+from driftscope.views.axes import OVER_AT
 from driftscope.views.drill import magnitude_scatter, spatial_map
 from driftscope.views.errormaps import patch_error_grid, stage_difference
 
@@ -65,15 +66,59 @@ def test_every_power_panel_labels_its_axes_and_marks_the_first_divergence(render
     figure = mutation_curves(report)
     panels = [axis for axis in figure.axes if axis.get_title()]
     assert len(panels) == len(detected) > 0
-    stages = plotted_stages(report)
+    stages = [t.get_text() for t in panels[-1].get_xticklabels()]
+    plan = plotted_stages(report)
+    firsts = [m["first_divergence"] for m in detected if m["first_divergence"] not in plan]
+    axis_stages = [s["id"] for s in report.data["stage_plan"] if s["id"] in set(plan) | set(firsts)]
+    assert len(stages) == len(axis_stages)  # an exact stage that is a mutation's first divergence is on the axis
     for axis, mutation in zip(panels, detected, strict=True):
         assert axis.get_xlabel() and axis.get_ylabel()
         first = mutation["first_divergence"]
-        stars = [line for line in axis.get_lines() if line.get_marker() == "*"]
-        if first in stages:
-            (star,) = stars
-            row = next(r for r in mutation["rows"] if r["stage"] == first)
-            assert np.asarray(star.get_xdata()).ravel()[0] == stages.index(first)
-            assert np.asarray(star.get_ydata()).ravel()[0] == pytest.approx(row["tolerance_used"])
-        else:
-            assert not stars and any(f"first divergence: {first}" in t.get_text() for t in axis.texts)
+        (star,) = [line for line in axis.get_lines() if line.get_marker() == "*"]
+        row = next(r for r in mutation["rows"] if r["stage"] == first)
+        assert np.asarray(star.get_xdata()).ravel()[0] == axis_stages.index(first)
+        y = np.asarray(star.get_ydata()).ravel()[0]
+        if row["tolerance_used"] is not None and np.isfinite(row["tolerance_used"]):
+            assert y == pytest.approx(row["tolerance_used"])  # on the mutation's own value there
+        else:  # an exact stage (an index) has no share of a tolerance: on the "fails with no value" row, at the top
+            assert star.get_transform() == axis.get_xaxis_transform() and y == OVER_AT
+
+
+def test_the_spatial_map_ticks_whole_patches(rendered):
+    _, out = rendered
+    report = Report.load(out)
+    stage = report.data["first_divergence"]["mlx:bf16"]["stage"]
+    figure = spatial_map(report, stage, "mlx:bf16")
+    grid_axis = next(axis for axis in figure.axes if axis.get_xlabel() == "patch column")
+    for ticks in (grid_axis.get_xticks(), grid_axis.get_yticks()):
+        assert len(ticks) and np.all(np.asarray(ticks) == np.round(ticks))
+
+
+def test_the_explorer_recomputes_what_the_pickers_choose(rendered):
+    """Item 9 (JupyterLab): the pair, block, stage and channel pickers drive the curve, the channel map and the
+    channel's profile; each shows the TapSets' values (checked here with numpy), no cell edited."""
+    from driftscope.views.explore import STATIC, explore
+    from driftscope.views.interactive import WIDGET_MIME
+
+    _, out = rendered
+    report = Report.load(out)
+    first = report.data["first_divergence"]["mlx:bf16"]["stage"]
+    explorer = explore(report)
+    assert (explorer.pair.value, explorer.stage.value) == ("mlx:bf16", first)
+    bundle = explorer._repr_mimebundle_()
+    assert WIDGET_MIME in bundle and bundle["text/plain"] == STATIC
+    block = next(b for b in sorted(set(explorer._blocks.values())) if b != explorer.block.value)
+    explorer.block.value = block  # the stage list follows the block
+    assert explorer.stage.options and all(explorer._blocks[s] == block for s in explorer.stage.options)
+    explorer.pair.value = "mlx:f32"
+    stage = explorer.stage.value
+    reference, candidate = (np.asarray(side[stage], dtype=np.float64) for side in report.pair_tapsets("mlx:f32"))
+    diff = np.abs(candidate - reference).reshape(reference.shape[0], -1)
+    (heatmap,) = explorer.figures["map"].figure.data
+    cells = np.asarray(heatmap.customdata)
+    tokens, channels = cells[..., 0].astype(int), cells[..., 1].astype(int)
+    assert np.allclose(cells[..., 4], diff[tokens, channels], rtol=1e-3, atol=1e-12)
+    explorer.channel.value = 3
+    profile = explorer.figures["channel"].figure.data[2]  # |a - e| of channel 3 along the tokens
+    assert np.allclose(np.asarray(profile.y, dtype=np.float64), diff[:, 3], rtol=1e-5, atol=1e-12)
+    assert "mlx:f32" in explorer.note.value and stage in explorer.note.value

@@ -334,3 +334,58 @@ def test_every_stage_puts_the_failing_pair_first_and_the_power_table_fits(browse
         """
     )
     assert box["scroll"] <= box["client"] and box["right"] <= WIDTH, box
+
+
+HOVER = """
+const plots = Array.from(document.querySelectorAll('.driftscope-plotly .js-plotly-plot'));
+const gd = plots[arguments[0]];
+const trace = gd.data.findIndex(t => t.customdata && (t.type === 'heatmap' || t.customdata.length > arguments[1])
+  && (!arguments[2] || t.name.startsWith(arguments[2])));
+if (gd.data[trace].type === 'heatmap') Plotly.Fx.hover(gd, {xval: 0, yval: 0});  // the first cell
+else Plotly.Fx.hover(gd, [{curveNumber: trace, pointNumber: arguments[1]}]);
+const label = gd.querySelector('.hovertext');
+return {plots: plots.length, drawn: plots.map(p => !!p.querySelector('svg.main-svg')),
+  label: label && label.textContent, trace: gd.data[trace].name,
+  scripts: Array.from(document.scripts).map(s => s.src).filter(s => s)};
+"""
+
+
+def test_the_error_curves_and_channel_map_are_interactive_and_offline(browser, rendered):
+    """Item 9: in the rendered pages the error curves (01) and the channel map (02) are plotly figures drawn from
+    plotly.js inlined in the page (no script fetched from anywhere), with no console error; hovering a point
+    gives its stage, pair, max |a - e|, the tolerance used and the worst element, as the report says."""
+    from driftscope.judge.rows import share_of_tolerance
+    from driftscope.views.curves import plotted_stages
+    from driftscope.views.interactive import MARK, PAGE_BUDGET
+
+    _, out = rendered
+    report = Report.load(out)
+    stage = report.data["first_divergence"]["mlx:bf16"]["stage"]
+    stages = plotted_stages(report)
+    for page in ("01_stage_parity.nocode.html", "02_layer_drilldown.nocode.html"):
+        path = out / page
+        assert MARK in path.read_text() and path.stat().st_size <= PAGE_BUDGET, page
+        load(browser, path)
+        browser.get_log("browser")  # what loading logged so far is read below, after the hover
+        first = page.startswith("01")
+        shown = browser.execute_script(HOVER, 0, stages.index(stage) if first else 0, "mlx:bf16 vs" if first else "")
+        errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+        assert shown["plots"] >= 1 and all(shown["drawn"]) and not shown["scripts"] and not errors, (page, shown)
+        if first:
+            row = next(r for r in report.rows if r.pair == shown["trace"].split(" vs ")[0] and r.stage == stage)
+            label = shown["label"]
+            assert stage in label and shown["trace"] in label, label
+            assert (
+                f"max |a - e|: {row.max_abs:.4g}" in label and f"tolerance used: {share_of_tolerance(row):.4g}" in label
+            )
+            assert "worst element" in label
+        else:  # the first cell of the first divergence's map: its worst element's values, read here from the taps
+            from driftscope.views.errormaps import stage_difference
+
+            found = re.search(r"token (\d+), channel (\d+)expected (\S+)actual (\S+)\|a - e\| (\S+)", shown["label"])
+            assert found, shown["label"]
+            token, channel = int(found[1]), int(found[2])
+            difference = stage_difference(report, stage, "mlx:bf16")
+            assert float(found[3]) == pytest.approx(difference.expected[token, channel], rel=1e-3)
+            assert float(found[4]) == pytest.approx(difference.actual[token, channel], rel=1e-3)
+            assert float(found[5]) == pytest.approx(difference.diff[token, channel], rel=1e-3)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import matplotlib
 import numpy as np
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
@@ -220,7 +221,10 @@ def introduced_curve(report: Report, pair: str) -> Figure:
 
 
 def channel_map(difference: StageDifference) -> Figure:
-    """|difference| as tokens x channels, one panel per image, log colour scale."""
+    """|difference| as tokens x channels, one panel per image, log colour scale; exactly equal elements are
+    white (not the scale's lowest colour), the axes ticked at whole tokens and channels."""
+    from .axes import integer_ticks
+
     panels = difference.image_rows
     figure = Figure(figsize=(5.5 * len(panels), 4.2), layout="constrained")
     axes = figure.subplots(1, len(panels), squeeze=False)[0]
@@ -228,18 +232,23 @@ def channel_map(difference: StageDifference) -> Figure:
     positive = diff[np.isfinite(diff) & (diff > 0)]
     low = float(np.quantile(positive, 0.01)) if positive.size else 1e-9
     high = float(positive.max()) if positive.size else 1.0
+    colours = matplotlib.colormaps["magma"].with_extremes(bad="#ffffff")
+    exact = int((diff == 0).sum())
     for number, (axis, (start, stop)) in enumerate(zip(axes, panels, strict=True)):
+        part = diff[start:stop]
         shown = axis.imshow(
-            np.maximum(diff[start:stop], low),
+            np.where(part == 0, np.nan, np.maximum(part, low)),  # 0: exactly equal, drawn white
             aspect="auto",
             interpolation="nearest",
-            cmap="magma",
+            cmap=colours,
             norm=LogNorm(vmin=low, vmax=max(high, low * 10)),
         )
+        integer_ticks(axis)
         axis.set_xlabel("channel")
         axis.set_ylabel(f"token ({difference.token_order} order)")
         axis.set_title(f"{difference.stage}: image {number}", fontsize=9)
-    figure.colorbar(shown, ax=axes.tolist(), label="|actual - expected|")
+    equal = f"; white: exactly equal ({exact} elements)" if exact else ""
+    figure.colorbar(shown, ax=axes.tolist(), label=f"|actual - expected|{equal}")
     return figure
 
 
@@ -276,6 +285,8 @@ def spatial_map(report: Report, stage: str, pair: str, image: int = 0, replay: b
     """Per-patch RMS error over the resized input image, in raster order."""
     from PIL import Image
 
+    from .axes import integer_ticks
+
     grid = patch_error_grid(report, stage, pair, image, replay)
     if grid is None:
         figure = Figure(figsize=(10, 0.8), layout="constrained")
@@ -295,11 +306,14 @@ def spatial_map(report: Report, stage: str, pair: str, image: int = 0, replay: b
             left.imshow(np.asarray(picture.convert("RGB").resize((width, height))))
     from matplotlib.colors import Normalize
 
-    norm = Normalize(vmin=float(grid.min()), vmax=float(grid.max()))  # one scale for both panels and the bar
+    norm = Normalize(
+        vmin=float(np.nanmin(grid)), vmax=float(np.nanmax(grid))
+    )  # NaN: a cell with no patch  # one scale for both panels and the bar
     left.imshow(grid, extent=(0, width, height, 0), cmap="inferno", norm=norm, alpha=0.6, interpolation="nearest")
     left.set_title(f"{stage}: per-patch RMS error over the image", fontsize=9)
     left.set_axis_off()
     shown = right.imshow(grid, cmap="inferno", norm=norm, interpolation="nearest")
+    integer_ticks(right)  # whole patches
     right.set_title("the same grid alone (raster order; the colour bar's scale)", fontsize=9)
     right.set_xlabel("patch column")
     right.set_ylabel("patch row")

@@ -170,8 +170,9 @@ def magnitude_split(difference: StageDifference, quantile: float = 0.5) -> dict:
 
 
 def patch_error_grid(report: Report, stage: str, pair: str, image: int = 0, replay: bool = False) -> np.ndarray | None:
-    """Per-patch RMS error of ``stage`` for one image, as an [h, w] grid in raster (image) layout; None when the
-    stage's rows are not the image's patches (a text stage: one row per prompt token)."""
+    """Per-patch RMS error of ``stage`` for one image, as an [h, w] grid in raster (image) layout (NaN where no
+    patch is; 0 only where the patch is exactly equal); None when the stage's rows are not the image's patches
+    (a text stage: one row per prompt token)."""
     difference = stage_difference(report, stage, pair, replay)
     reference, _ = _pair_tapsets(report, pair)
     per_row = np.sqrt(np.mean(difference.diff**2, axis=1))
@@ -183,6 +184,6 @@ def patch_error_grid(report: Report, stage: str, pair: str, image: int = 0, repl
     if stage.startswith("text.") or len(per_row) < tokens.stop:
         return None
     values = per_row[tokens.start : tokens.stop]
-    grid = np.zeros(tokens.shape)
+    grid = np.full(tokens.shape, np.nan)  # a cell no patch covers: a gap, not an error of 0
     grid[tokens.cells[:, 0], tokens.cells[:, 1]] = values[: len(tokens.cells)]
     return grid

@@ -57,7 +57,7 @@ def _png(figure) -> tuple[bytes, dict]:
 
 def setup() -> None:
     """Figures display as PNG with their alt text (the HTML carries it); pandas shows every row and column;
-    progress-bar warnings (no ipywidgets here) are not printed; a driftscope error shows as its message and fix,
+    progress bars are text (never widgets), their warnings not printed; a driftscope error shows as its message and fix,
     the traceback folded below (:mod:`driftscope.views.failure`)."""
     import pandas as pd
     from matplotlib.figure import Figure
@@ -73,6 +73,18 @@ def setup() -> None:
     for option in ("display.max_rows", "display.max_columns", "display.max_colwidth", "display.width"):
         pd.set_option(option, None)
     warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm.auto in a kernel without widgets
+    _text_progress_bars()
+
+
+def _text_progress_bars() -> None:
+    """``tqdm.auto`` draws text bars here, not widgets: ipywidgets is installed (the lab's explorer), and a widget
+    bar would leave an empty widget in a rendered page instead of a line in the collapsed progress log."""
+    try:
+        import tqdm.auto
+        import tqdm.std
+    except ImportError:
+        return
+    tqdm.auto.tqdm, tqdm.auto.trange = tqdm.std.tqdm, tqdm.std.trange
 
 
 @dataclass

@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from driftscope.judge.rows import share_of_tolerance
 from driftscope.run.report import Report
 
 from .curves import error_curves  # noqa: F401 - the notebooks' import of it
@@ -133,44 +132,50 @@ def stage_table(report: Report, only_failing: bool = False):
 
 def mutation_curves(report: Report) -> Figure:
     """For each detected mutation, the share of its tolerance each stage uses (max_abs in older reports) against
-    the real runtime pairs' (grey), log scale; the line at 1 is the tolerance, ★ the mutation's first divergence."""
-    from .curves import plotted_stages, stage_label
+    the real runtime pairs' (grey), log scale; the line at 1 is the tolerance, ★ the mutation's first divergence.
+    As in :func:`~driftscope.views.curves.error_curves`: a stage not compared is a gap, "=" is exactly equal, a
+    failure with no finite value (an exact stage, shapes that differ) a marker along the top."""
+    from .axes import draw, legend_markers, log_range, series, stage_ticks, star
+    from .curves import pair_series, plotted_stages, stage_blocks
     from .notebook import describe
 
     power = report.data.get("power") or {}
     detected = [m for m in power.get("mutations", []) if m["detected"]]
     stages = plotted_stages(report)
-    position = {stage: index for index, stage in enumerate(stages)}
+    extra = [m["first_divergence"] for m in detected if m["first_divergence"] and m["first_divergence"] not in stages]
+    if extra:  # a mutation's first divergence at a stage no real pair diverges at (an exact stage): on the axis too
+        wanted = set(stages) | set(extra)
+        stages = [s["id"] for s in report.data.get("stage_plan", []) if s["id"] in wanted]
+    xs = np.arange(len(stages), dtype=float)
     shared = all("tolerance_used" in r for m in detected for r in m["rows"])
     metric, label = ("tolerance_used", "share of tolerance used") if shared else ("max_abs", "max |a - e|")
     figure = Figure(figsize=(14, 2.6 * max(len(detected), 1) + 1.2), layout="constrained")
     axes = figure.subplots(max(len(detected), 1), 1, sharex=True, squeeze=False)[:, 0]
-    real = [row for row in report.rows if row.stage in position and row.status in ("pass", "fail")]
+    every = report.rows
+    real = [pair_series(report, key, stages, metric, every) for key in report.pair_keys()]
     for axis, mutation in zip(axes, detected, strict=False):
-        for key in report.pair_keys():
-            pair = sorted((r for r in real if (r.pair or r.candidate) == key), key=lambda r: position[r.stage])
-            values = [share_of_tolerance(r) if shared else r.max_abs for r in pair]
-            axis.plot([position[r.stage] for r in pair], np.clip(values, 1e-9, 1e9), color="#aaaaaa", linewidth=0.8)
-        rows = sorted((r for r in mutation["rows"] if r["stage"] in position), key=lambda r: position[r["stage"]])
-        xs = [position[r["stage"]] for r in rows]
-        ys = np.clip(np.nan_to_num([r[metric] or 0.0 for r in rows], posinf=1e9), 1e-9, 1e9)
-        axis.plot(xs, ys, color="#d62728", linewidth=1.4, marker=".")
+        for index, pair in enumerate(real):
+            draw(axis, xs, pair, "#aaaaaa", "", 0, "real runtime pairs" if index == 0 else None)
+        rows = mutation["rows"]
+        own = series(stages, rows, lambda r: r.get(metric), lambda r: r.get("status", "pass"), lambda r: r["stage"])
+        draw(axis, xs, own, "#d62728", ".", 6, mutation["mutation"])
         first = mutation["first_divergence"]
-        if first in position:
-            axis.axvline(position[first], color="#d62728", linestyle="--", linewidth=1)
-            at = [y for x, y in zip(xs, ys, strict=True) if x == position[first]]
-            if at:
-                axis.plot(position[first], at[0], marker="*", markersize=15, color="#d62728", zorder=5)
-        elif first:  # an integer stage (e.g. an index) off the plotted axis
-            axis.text(0.01, 0.05, f"first divergence: {first} (exact stage)", transform=axis.transAxes, fontsize=8)
+        if first in stages:
+            at = stages.index(first)
+            axis.axvline(xs[at], color="#d62728", linestyle="--", linewidth=1)
+            star(axis, xs[at], own, at, "#d62728")
+        axis.set_yscale("log")
+        axis.set_ylim(*log_range([own.values, *(p.values for p in real)], 1.0 if shared else None))
         if shared:
             axis.axhline(1.0, color="black", linewidth=1)
-        axis.set_yscale("log")
+        legend_markers(axis, [own, *real])
         axis.set_ylabel(label)
-        axis.set_xlabel("stage (execution order)", fontsize=8)
+        axis.set_xlabel("stage (execution order; a gap: not compared there)", fontsize=8)
         axis.set_title(f"{mutation['mutation']}: first divergence {first}", fontsize=9)
         axis.grid(True, alpha=0.3)
-    axes[-1].set_xticks(range(len(stages)), [stage_label(s) for s in stages], rotation=90, fontsize=7)
+        axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), borderaxespad=0.0)
+    stage_ticks(axes, stages, stage_blocks(report))
+    axes[-1].set_xlim(-0.7, len(stages) - 0.3)
     tolerance = "; black line: the tolerance" if shared else ""
     figure.suptitle(
         f"each detected mutation (red) against the real runtime pairs (grey); ★: first divergence{tolerance}",

@@ -280,10 +280,13 @@ def to_html(executed: Path) -> tuple[Path, Path]:
     import nbformat
     from nbconvert import HTMLExporter
 
+    from .interactive import page_ready, page_with_plotly
+
     notebook = nbformat.read(str(executed), as_version=4)
     written = []
     for suffix, exclude in ((".html", False), (".nocode.html", True)):
         shown = fold_errors(without_code(notebook) if exclude else shorten_parameters(notebook, executed.parent))
+        shown, plotly = page_ready(shown)  # widgets in words; interactive figures, or their PNGs over the budget
         exporter = HTMLExporter(
             exclude_input=exclude,
             exclude_input_prompt=exclude,
@@ -292,6 +295,7 @@ def to_html(executed: Path) -> tuple[Path, Path]:
             extra_template_basedirs=[str(TEMPLATES)],
         )
         body, _ = exporter.from_notebook_node(shown)
+        body = page_with_plotly(body) if plotly else body  # plotly.js once, inlined: the page opens offline
         target = executed.with_name(executed.stem + suffix)
         write_text_atomic(target, body)
         written.append(target)
