@@ -120,17 +120,17 @@ def test_a_token_routed_to_another_expert_is_the_first_divergence(rerouted_run):
 
 
 def test_the_pages_router_section_names_the_rerouted_tokens_and_their_share_of_the_error(rerouted_run):
-    """Notebook 01's and 02's router section (``views/routing.py``): one row per rerouted layer, the first one the
+    """Notebook 01's and 02's router section (``views/choices.py``): one row per rerouted layer, the first one the
     shifted layer with its tokens, entries and the share of its error; words only (the clean-text checker); a
     model without a router gets no section."""
     from driftscope.families.qwen3_vl_moe.routing import rerouted
     from driftscope.run.report import Report
-    from driftscope.views.routing import routing_items, routing_rows
+    from driftscope.views.choices import choice_items, choice_rows
 
     run, layer, expected, moved, oracle = rerouted_run
     report = Report.load(run)
     found = rerouted(*report.pair_tapsets(report.pair_keys()[0]))
-    rows, lines = routing_rows(report)
+    rows, lines = choice_rows(report)
     assert lines == [] and len(rows) == len(found) >= 1
     first = rows[0]
     tokens = int(np.asarray(oracle[f"text.layer.{layer}.mlp.chosen"]).shape[0])
@@ -141,24 +141,24 @@ def test_the_pages_router_section_names_the_rerouted_tokens_and_their_share_of_t
     assert first["share of the layer's error"] == f"{found[0].explained:.0%}"
     assert first["positions"].startswith(str(found[0].tokens[0]))
     assert all(row["where"] == "inputs already moved" for row in rows[1:])
-    heading, frame = routing_items(report)
+    heading, frame = choice_items(report)
     page = f"<div>{heading.data}</div>{frame.data}"
     assert "## Router choices" in heading.data and not problems(page), problems(page)
 
     # the same pair against itself: the line says every token chose the reference's experts
     layers = sum(s.endswith(".mlp.chosen") for s in oracle.stage_ids())
     report.data["pairs"] = [{**report.data["pairs"][0], "candidate": report.data["pairs"][0]["reference"]}]
-    rows, lines = routing_rows(report)
+    rows, lines = choice_rows(report)
     assert rows == [] and lines[0].endswith(f"every token chose the reference's experts in {layers} sparse layers")
 
 
 def test_a_model_without_a_router_has_no_router_section():
     from types import SimpleNamespace
 
-    from driftscope.views.routing import routing_items
+    from driftscope.views.choices import choice_items
 
     for family in ("qwen2_5_vl", "qwen3_vl", "molmo2"):
-        assert routing_items(SimpleNamespace(data={"family": family})) == [], family
+        assert choice_items(SimpleNamespace(data={"family": family})) == [], family
 
 
 @pytest.mark.slow

@@ -40,7 +40,7 @@ def shapes_note(config: dict) -> str:
 
 
 def rerouted(reference, candidate) -> list:
-    """The view hook of the router section (``views/routing.py``): per sparse layer, the tokens routed to other
+    """The view hook of the router section (``views/choices.py``): per sparse layer, the tokens routed to other
     experts than the reference's and the share of the layer's expert-mixture error on them."""
     from .routing import rerouted as find
 

@@ -1,4 +1,4 @@
-"""Router choices on notebook 01's and 02's pages, for runs of a model with mixture-of-experts layers.
+"""Exact per-token choices (a router's, in a mixture-of-experts model) on notebook 01's and 02's pages.
 
 A token whose router picked other experts than the reference's is a finding of its own: from there on the two
 runtimes compute different functions of that token. The family finds them (its view hook ``rerouted(reference,
@@ -43,7 +43,7 @@ def _sparse_layers(reference, candidate) -> tuple[int, int]:
     return len(stages), tokens
 
 
-def routing_rows(report: Report, pairs: list[str] | None = None) -> tuple[list[dict], list[str]]:
+def choice_rows(report: Report, pairs: list[str] | None = None) -> tuple[list[dict], list[str]]:
     """The rerouted layers of each pair (table rows) and a line per pair routed like the reference throughout
     (or whose captures hold no router choice)."""
     finder = _finder(report)
@@ -84,7 +84,7 @@ def routing_rows(report: Report, pairs: list[str] | None = None) -> tuple[list[d
     return rows, lines
 
 
-def routing_items(report: Report, pairs: list[str] | None = None) -> list[Any]:
+def choice_items(report: Report, pairs: list[str] | None = None) -> list[Any]:
     """The page's router section (heading, what it shows, the per-pair lines, the table); empty for a model
     without a router."""
     if _finder(report) is None:
@@ -94,7 +94,7 @@ def routing_items(report: Report, pairs: list[str] | None = None) -> list[Any]:
 
     from .notebook import table
 
-    rows, lines = routing_rows(report, pairs)
+    rows, lines = choice_rows(report, pairs)
     items: list[Any] = [Markdown("## Router choices\n\n" + INTRO + ("\n\n" + "\n".join(lines) if lines else ""))]
     if rows:
         items.append(table(pd.DataFrame(rows), highlight=None))
