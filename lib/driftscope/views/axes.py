@@ -111,6 +111,22 @@ def draw(axis, xs: np.ndarray, drawn: Series, color: str, marker: str, size: flo
         markeredgewidth=1.1,
         label=label,
     )
+    markers(axis, xs, drawn, color)
+
+
+def from_numbers(numbers: Iterable[float | None]) -> Series:
+    """A metric read straight from numbers (one per x, every one compared): None or non-finite has no finite
+    value (a marker along the top), 0 is exactly equal (a marker along the bottom), the rest are the curve."""
+    raw = np.array([math.nan if n is None else float(n) for n in numbers], dtype=float)
+    exact = raw == 0
+    over = ~np.isfinite(raw)
+    values = np.where(exact | over, np.nan, raw)
+    return Series(values, exact, over, np.ones(raw.size, bool))
+
+
+def markers(axis, xs: np.ndarray, drawn: Series, color: str) -> None:
+    """A series' "exactly equal" markers (bottom of the panel) and "no finite value" markers (top)."""
+    xs = np.asarray(xs)
     along = axis.get_xaxis_transform()  # x in data, y in the panel's height
     if drawn.exact.any():
         axis.plot(xs[drawn.exact], np.full(drawn.exact.sum(), EXACT_AT), linestyle="none", marker=EXACT_MARKER,

@@ -3,6 +3,7 @@ L-inf, keys and values) and the sentence saying which layer's cache first differ
 
 from __future__ import annotations
 
+import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 
@@ -69,11 +70,14 @@ def cache_heatmap(report: Report, phase: str = "forced") -> Figure:
     pairs = [pair for pair in _cache_pairs(report) if _errors(pair["cache"], phase) is not None]
     figure = Figure(figsize=(4 + 2.2 * max(len(pairs), 1), 3.2), layout="constrained")
     axes = figure.subplots(1, max(len(pairs), 1), squeeze=False)[0]
-    image = None
+    image, exact = None, 0
+    colours = matplotlib.colormaps["magma"].with_extremes(bad="#ffffff")
     for axis, pair in zip(axes, pairs, strict=False):
         errors = _errors(pair["cache"], phase)
         heads = errors.shape[1] // 2
-        image = axis.imshow(np.log10(np.maximum(errors, 1e-9)), aspect="auto", cmap="magma", vmin=-8, vmax=0)
+        exact += int((errors == 0).sum())
+        shown = np.log10(np.where(errors == 0, np.nan, np.maximum(errors, 1e-8)))  # 0: exactly equal, white
+        image = axis.imshow(shown, aspect="auto", cmap=colours, vmin=-8, vmax=0)
         for kind_index, kind in enumerate(("keys", "values")):
             stage = pair["cache"]["stages"][f"text.cache.{phase}.{kind}"]
             for layer in stage["layers"]:
@@ -85,5 +89,6 @@ def cache_heatmap(report: Report, phase: str = "forced") -> Figure:
         axis.set_ylabel("layer")
         axis.set_title(f"{pair['candidate']}", fontsize=9)
     if image is not None:
-        figure.colorbar(image, ax=list(axes), label="log10 relative L-inf (x: breaks the contract)")
+        equal = f"; white: exactly equal ({exact} layer-heads)" if exact else ""
+        figure.colorbar(image, ax=list(axes), label=f"log10 relative L-inf, from 1e-8 (x: breaks the contract{equal})")
     return describe(figure, f"The {phase} KV cache's relative error per layer and head for {len(pairs)} pairs.")

@@ -203,15 +203,22 @@ def introduced_curve(report: Report, pair: str) -> Figure:
     if not labels:
         axis.text(0.5, 0.5, f"no replay for {pair}", ha="center", transform=axis.transAxes)
         return figure
+    from .axes import from_numbers, legend_markers, log_range, markers
+
     xs = np.arange(len(labels))
-    acc = np.maximum([x["accumulated_relative_rms"] for x in labels], 1e-9)
-    op = np.maximum([x["op_local_relative_rms"] for x in labels], 1e-9)
-    axis.plot(xs, acc, color="#444444", label="accumulated (normal run)", linewidth=1.2)
-    axis.plot(xs, op, color="#9467bd", linestyle="--", label="op-local (fed the reference's input)", linewidth=1.2)
-    axis.scatter(xs, op, c=[LABEL_COLORS[x["label"]] for x in labels], s=30, zorder=3)
+    acc = from_numbers(x["accumulated_relative_rms"] for x in labels)  # 0: exactly equal, a marker, not 1e-9
+    op = from_numbers(x["op_local_relative_rms"] for x in labels)
+    axis.plot(xs, acc.values, color="#444444", label="accumulated (normal run)", linewidth=1.2)
+    axis.plot(xs, op.values, color="#9467bd", linestyle="--", label="op-local (fed the reference's input)",
+              linewidth=1.2)  # fmt: skip
+    axis.scatter(xs, op.values, c=[LABEL_COLORS[x["label"]] for x in labels], s=30, zorder=3)
+    markers(axis, xs, acc, "#444444")
+    markers(axis, xs, op, "#9467bd")
     for name, color in LABEL_COLORS.items():
         axis.scatter([], [], c=color, label=name)
+    legend_markers(axis, [acc, op])
     axis.set_yscale("log")
+    axis.set_ylim(*log_range([acc.values, op.values]))
     axis.set_xticks(xs, [x["stage"].split(".", 1)[-1] for x in labels], rotation=90, fontsize=7)
     axis.set_ylabel("relative RMS error")
     axis.set_title(f"{pair}: accumulated vs op-local error per block (marker: label)")
@@ -261,8 +268,10 @@ def magnitude_scatter(difference: StageDifference, points: int = 20000) -> Figur
     failing = difference.failing.ravel()
     pick = np.random.default_rng(0).permutation(expected.size)[:points]
     pick = np.union1d(pick, np.flatnonzero(failing))  # every failing element, however many are sampled
+    equal = int((diff == 0).sum())
+    pick = pick[diff[pick] != 0]  # exactly equal elements have no place on a log axis: counted in the title
     x = np.maximum(expected[pick], 1e-6)
-    y = np.maximum(np.nan_to_num(diff[pick], nan=1e6), 1e-12)
+    y = np.nan_to_num(diff[pick], nan=1e6)
     bad = failing[pick]
     axis.scatter(x[~bad], y[~bad], s=2, c="#1f77b4", alpha=0.4, label="passing", rasterized=True)
     axis.scatter(x[bad], y[bad], s=18, c="#d62728", edgecolors="black", linewidths=0.4, zorder=3, label="failing")
@@ -272,7 +281,8 @@ def magnitude_scatter(difference: StageDifference, points: int = 20000) -> Figur
     axis.set_yscale("log")
     axis.set_xlabel("|expected|")
     axis.set_ylabel("|actual - expected|")
-    axis.set_title(f"{difference.stage}: {int(failing.sum())} failing elements (red, drawn on top)", fontsize=9)
+    exact = f"; {equal} exactly equal, not drawn" if equal else ""
+    axis.set_title(f"{difference.stage}: {int(failing.sum())} failing elements (red, drawn on top){exact}", fontsize=9)
     axis.legend(fontsize=8)
     return describe(
         figure,
@@ -352,17 +362,23 @@ def row_lineage(report: Report, pair: str) -> Figure:
         return figure
     stages = lineage["stages"]
     added = set(((report.data.get("narrowing") or {}).get(pair) or {}).get("added") or [])
+    from .axes import from_numbers, legend_markers, log_range, markers
+
     xs = np.arange(len(stages))
-    excess = np.maximum([s["max_excess"] if s["max_excess"] is not None else 1e9 for s in stages], 1e-6)
-    relative = np.maximum([s["relative_rms"] if s["relative_rms"] is not None else 1e9 for s in stages], 1e-9)
-    axis.plot(xs, excess, color="#d62728", linewidth=1.2, label="worst element: |a - e| / tolerance")
-    axis.plot(xs, relative, color="#444444", linestyle="--", linewidth=1.0, label="row relative RMS error")
+    # None (no finite value) is a marker along the top and 0 (exactly equal) one along the bottom, never a number
+    excess = from_numbers(s["max_excess"] for s in stages)
+    relative = from_numbers(s["relative_rms"] for s in stages)
+    axis.plot(xs, excess.values, color="#d62728", linewidth=1.2, label="worst element: |a - e| / tolerance")
+    axis.plot(xs, relative.values, color="#444444", linestyle="--", linewidth=1.0, label="row relative RMS error")
     hollow = [s["stage"] in added for s in stages]
-    for values, color in ((excess, "#d62728"), (relative, "#444444")):
+    for drawn, color in ((excess, "#d62728"), (relative, "#444444")):
         faces = ["none" if narrowed else color for narrowed in hollow]
-        axis.scatter(xs, values, s=22, zorder=3, edgecolors=color, facecolors=faces)
+        axis.scatter(xs, drawn.values, s=22, zorder=3, edgecolors=color, facecolors=faces)
+        markers(axis, xs, drawn, color)
     axis.axhline(1.0, color="black", linestyle=":", linewidth=1, label="tolerance")
+    legend_markers(axis, [excess, relative])
     axis.set_yscale("log")
+    axis.set_ylim(*log_range([excess.values, relative.values], 1.0))
     axis.set_xticks(xs, [s["stage"].split(".", 1)[-1] for s in stages], rotation=90, fontsize=7)
     axis.set_title(
         f"{pair}: token row {lineage['raster_row']} of {lineage['stage']} back through the tower "

@@ -86,24 +86,37 @@ def forced_margin_plot(report: Report) -> Figure:
     """Per pair: the reference's top-1 minus top-2 margin at each teacher-forced step, the error band the
     candidate's policy allows on it (shaded), the candidate's own error on that margin, and each flip marked
     with its label (near-tie: inside the band; confident: above it)."""
+    from .axes import EXACT_AT, from_numbers, legend_markers, log_range, markers
+
     pairs = _forced_pairs(report)
     figure = Figure(figsize=(10, 0.6 + 2.4 * max(len(pairs), 1)), layout="constrained")
     axes = figure.subplots(max(len(pairs), 1), 1, squeeze=False)[:, 0]
     for axis, pair in zip(axes, pairs, strict=False):
         steps = pair["forced"]["steps"]
         x = np.arange(len(steps))
-        floor = 1e-9  # an exact zero (a tie, an error-free step) drawn at the floor of the log axis
-        margin = np.maximum([s["reference_margin"] for s in steps], floor)
-        allowed = np.maximum([s["allowed"] for s in steps], floor)
-        error = np.maximum([abs(s["error_top1"] - s["error_top2"]) for s in steps], floor)
-        axis.fill_between(x, floor, allowed, color="#9ecae1", alpha=0.6, label="allowed error on the margin")
-        axis.plot(x, margin, marker="o", color="#08519c", label="reference margin (top-1 minus top-2)")
-        axis.plot(x, error, marker="x", linestyle=":", color="#636363", label="candidate's error on it")
+        # an exact zero (a tie, an error-free step) is a marker along the bottom, never a value at a floor
+        margin = from_numbers(s["reference_margin"] for s in steps)
+        error = from_numbers(abs(s["error_top1"] - s["error_top2"]) for s in steps)
+        allowed = np.array([s["allowed"] for s in steps], dtype=float)
+        bottom, top = log_range([margin.values, error.values, allowed])
+        axis.fill_between(x, bottom, np.maximum(allowed, bottom), color="#9ecae1", alpha=0.6,
+                          label="allowed error on the margin")  # fmt: skip
+        axis.plot(x, margin.values, marker="o", color="#08519c", label="reference margin (top-1 minus top-2)")
+        axis.plot(x, error.values, marker="x", linestyle=":", color="#636363", label="candidate's error on it")
+        markers(axis, x, margin, "#08519c")
+        markers(axis, x, error, "#636363")
+        legend_markers(axis, [margin, error])
         for flip in pair["forced"].get("flips", []):
             color = "#d62728" if flip["label"] == "confident" else "#ff7f0e"
             axis.axvline(flip["step"], color=color, linestyle="--", linewidth=1)
-            axis.annotate(flip["label"], (flip["step"], max(flip["reference_margin"], floor)), color=color, fontsize=8)
+            at = flip["reference_margin"]
+            if at > 0:
+                axis.annotate(flip["label"], (flip["step"], at), color=color, fontsize=8)
+            else:  # a tie: the label sits by its "exactly equal" marker
+                axis.annotate(flip["label"], (flip["step"], EXACT_AT), xycoords=axis.get_xaxis_transform(),
+                              color=color, fontsize=8)  # fmt: skip
         axis.set_yscale("log")  # round-off errors and logit margins are decades apart
+        axis.set_ylim(bottom, top)
         axis.set_title(f"{pair['candidate']} vs {pair['reference']}", fontsize=9)
         axis.set_xlabel("teacher-forced step")
         axis.set_ylabel("logit")

@@ -39,17 +39,24 @@ def attribution_figure(report: Report) -> Figure | None:
     blocks = block_outputs(report)
     figure = Figure(figsize=(12, 4.2), layout="constrained")
     axis = figure.subplots()
+    from .axes import from_numbers, legend_markers, log_range, markers
+
     xs = np.arange(len(rows))
+    shown = []
     for color, reference in zip(COLORS, references, strict=False):
-        values = np.array([row["errors"][reference] for row in rows], dtype=float)
-        axis.plot(xs, np.maximum(values, 1e-9), marker=".", linewidth=1, color=color, label=f"to {reference}")
+        drawn = from_numbers(row["errors"][reference] for row in rows)  # 0: exactly equal, a marker, not 1e-9
+        shown.append(drawn)
+        axis.plot(xs, drawn.values, marker=".", linewidth=1, color=color, label=f"to {reference}")
+        markers(axis, xs, drawn, color)
         nearer = [i for i, row in enumerate(rows) if row["closer"] == reference]
-        axis.scatter(nearer, np.maximum(values[nearer], 1e-9), s=30, facecolors="none", edgecolors=color, zorder=3)
+        axis.scatter(nearer, drawn.values[nearer], s=30, facecolors="none", edgecolors=color, zorder=3)
+    legend_markers(axis, shown)
     ticks = [i for i, row in enumerate(rows) if row["stage"] in blocks]
     for tick in ticks:
         axis.axvline(tick, color="#dddddd", linewidth=0.8, zorder=0)
     axis.set_xticks(ticks, [f"b{rows[i]['stage'].rsplit('.', 1)[-1]}" for i in ticks])
     axis.set_yscale("log")
+    axis.set_ylim(*log_range([d.values for d in shown]))
     axis.set_ylabel(f"relative RMS of {attribution['candidate']}")
     axis.set_xlabel("stages in execution order (circles: the nearer reference; grey lines: block outputs)")
     axis.legend(loc="upper left", fontsize=8)
