@@ -19,6 +19,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def tower_setup(checkpoint_dir: str, image: str):
+    """A Qwen2.5-VL tower's pieces for the emitter, on one image: (checkpoint, emitter spec, weights, processor
+    output, window packing)."""
+    from driftscope.families.checkpoints import open_checkpoint, prepare_inputs
+    from driftscope.families.qwen2_5_vl.emitter import VisionSpec, load_vision_weights
+    from driftscope.families.qwen2_5_vl.geometry import pack_images
+
+    checkpoint = open_checkpoint(checkpoint_dir)
+    spec = VisionSpec.from_config(checkpoint.config)
+    weights = load_vision_weights(checkpoint.path, spec)
+    inputs = prepare_inputs(checkpoint, [image])
+    bucket = pack_images(inputs["grid_thw"], None, spec.spatial_merge_size, spec.window_size, spec.patch_size)
+    return checkpoint, spec, weights, inputs, bucket
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", default=str(ROOT / "fixtures" / "checkpoints" / "tiny-qwen2_5-vl"))
@@ -29,18 +44,11 @@ def main(argv: list[str] | None = None) -> None:
 
     from driftscope.capture.iree import IreeModule, compile_graph
     from driftscope.families import stage_plan
-    from driftscope.families.checkpoints import open_checkpoint, prepare_inputs
-    from driftscope.families.qwen2_5_vl.emitter import VisionSpec, load_vision_weights
     from driftscope.families.qwen2_5_vl.emitter.program import HOST_STAGES, lower_vision_tower
-    from driftscope.families.qwen2_5_vl.geometry import pack_images
     from driftscope.model.policies import get_policy
     from driftscope.taps.stages import StageSelection
 
-    checkpoint = open_checkpoint(args.checkpoint)
-    spec = VisionSpec.from_config(checkpoint.config)
-    weights = load_vision_weights(checkpoint.path, spec)
-    inputs = prepare_inputs(checkpoint, [args.image])
-    bucket = pack_images(inputs["grid_thw"], None, spec.spatial_merge_size, spec.window_size, spec.patch_size)
+    checkpoint, spec, weights, inputs, bucket = tower_setup(args.checkpoint, args.image)
     plan = stage_plan(checkpoint.family, checkpoint.config).select(StageSelection.everything())
     every = tuple(stage.id for stage in plan if stage.id not in HOST_STAGES)
     policy = get_policy(args.policy)

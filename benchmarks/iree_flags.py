@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
 #: name -> iree-compile flags added after the target's own (a later --iree-llvmcpu-target-cpu wins)
 FLAG_SETS = {
     "default (target-cpu=host)": (),
@@ -37,19 +39,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     import numpy as np
+    from compiled_path import tower_setup
     from driftscope.capture.iree import IreeModule, compile_graph, host_cpu
     from driftscope.capture.runtimes import get_runtime
-    from driftscope.families.checkpoints import open_checkpoint, prepare_inputs
-    from driftscope.families.qwen2_5_vl.emitter import VisionSpec, load_vision_weights
     from driftscope.families.qwen2_5_vl.emitter.program import lower_vision_tower
-    from driftscope.families.qwen2_5_vl.geometry import pack_images
     from driftscope.model.policies import get_policy
 
-    checkpoint = open_checkpoint(args.checkpoint)
-    spec = VisionSpec.from_config(checkpoint.config)
-    weights = load_vision_weights(checkpoint.path, spec)
-    inputs = prepare_inputs(checkpoint, [args.image])
-    bucket = pack_images(inputs["grid_thw"], None, spec.spatial_merge_size, spec.window_size, spec.patch_size)
+    checkpoint, spec, weights, inputs, bucket = tower_setup(args.checkpoint, args.image)
     feeds = {"pixel_values": inputs["pixel_values"].astype("float32"), **bucket.graph_inputs()}
     graph = lower_vision_tower(spec, get_policy("f32"), weights, bucket.rows, ())
     arguments = graph.arguments(weights, feeds)
