@@ -16,7 +16,7 @@ demo-trend: setup
 
 test: setup
 	.venv/bin/lint-imports --no-cache
-	.venv/bin/python -m pytest -n 2 --dist loadfile
+	.venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 lab: setup
 	bash scripts/lab.sh

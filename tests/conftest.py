@@ -87,6 +87,23 @@ def shared_tapset(key: str, capture: Callable[[Path], object]):
     return computed_once(key, lambda folder: capture(folder / "taps"), lambda folder: TapSet(folder / "taps"))
 
 
+#: each test file's measured seconds (scripts/test_seconds.py writes it from a whole run's JUnit XML)
+FILE_SECONDS = Path(__file__).with_name("file_seconds.json")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Under xdist, the test files slowest first (``FILE_SECONDS``; files it does not name after them, in their
+    usual order). ``make test`` hands files to the two workers in collection order (``--dist loadfile
+    --no-loadscope-reorder``), so the long files start early and the short ones fill in at the end: neither
+    worker idles while the other finishes a long file. Only the order changes, and only of whole files."""
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not FILE_SECONDS.exists():
+        return
+    import json
+
+    seconds = json.loads(FILE_SECONDS.read_text())
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0.0))  # stable: a file stays in one piece
+
+
 @pytest.fixture(scope="session", autouse=True)
 def private_artifact_cache(tmp_path_factory):
     """One run-wide folder (``shared_root()``) and, in it, the artifact cache of the whole run: compiled IREE

@@ -5,7 +5,6 @@ hypothesis patch."""
 
 from __future__ import annotations
 
-import tempfile
 from functools import cache
 from pathlib import Path
 
@@ -55,7 +54,15 @@ def config(layout: str = "hub") -> dict:
 
 @cache
 def scratch() -> Path:
-    return Path(tempfile.mkdtemp(prefix="driftscope-molmo2-tests-"))
+    """This process's scratch folder, inside the test run's shared folder (removed with pytest's basetemp,
+    not left behind in /tmp): one per process, so two xdist workers never write the same file."""
+    import os
+
+    from conftest import shared_root
+
+    folder = shared_root() / "scratch" / f"molmo2-{os.getpid()}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 @cache

@@ -4,7 +4,6 @@ file and xdist worker asks first: conftest's ``shared_tapset``)."""
 
 from __future__ import annotations
 
-import tempfile
 from functools import cache
 from pathlib import Path
 
@@ -44,7 +43,15 @@ def config() -> dict:
 
 @cache
 def scratch() -> Path:
-    return Path(tempfile.mkdtemp(prefix="driftscope-qwen3-tests-"))
+    """This process's scratch folder, inside the test run's shared folder (removed with pytest's basetemp,
+    not left behind in /tmp): one per process, so two xdist workers never write the same file."""
+    import os
+
+    from conftest import shared_root
+
+    folder = shared_root() / "scratch" / f"qwen3-{os.getpid()}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 @cache

@@ -12,6 +12,7 @@ from xml.etree import ElementTree
 
 import pytest
 import yaml
+from chromium import chromium
 from conftest import ROOT, TINY
 from driftscope.batch.runner import run_batch
 from driftscope.cli import main
@@ -327,25 +328,10 @@ def test_an_unreachable_scheduler_still_replaces_the_index_and_junit(tmp_path):
 
 def test_reviewers_pages_in_headless_chromium(two_commits):
     """The index and a rendered notebook load their figures with no console errors; screenshots kept."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
     repo, out_root, _, b, _ = two_commits
-    options = webdriver.ChromeOptions()
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--window-size=1400,1000",
-    ):
-        options.add_argument(flag)
-    options.binary_location = "/usr/bin/chromium"
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     shots = ROOT / "outputs" / "screenshots"
     shots.mkdir(parents=True, exist_ok=True)
-    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
-    try:
+    with chromium(1400, 1000, window=True, console_log=True) as driver:
         for page, shot in (
             (out_root / b / "index.html", "index.png"),
             (out_root / b / "shapes" / "01_stage_parity.html", "01_stage_parity.png"),
@@ -356,8 +342,6 @@ def test_reviewers_pages_in_headless_chromium(two_commits):
             errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
             assert not errors, errors
             assert driver.save_screenshot(str(shots / shot))
-    finally:
-        driver.quit()
     assert (shots / "index.png").stat().st_size > 10_000
 
 

@@ -6,7 +6,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import ROOT, shared_tapset
 from driftscope.capture.iree import compile_graph
 from driftscope.capture.runtimes import get_runtime
 from driftscope.families.checkpoints import prepare_inputs
@@ -28,14 +28,18 @@ def iree_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def compiled_captures(tmp_path_factory, tiny_checkpoint, shapes_inputs, full_plan, iree_cache):
-    out = tmp_path_factory.mktemp("compiled")
-    taps = {}
-    for name, policy in RUNTIMES:
-        cache = {"cache_dir": str(iree_cache)} if name == "iree" else {}  # jax compiles nothing to cache
-        runtime = get_runtime(name)(tiny_checkpoint, policy, options=cache)
-        taps[f"{name}:{policy}"] = runtime.capture(shapes_inputs, full_plan, out / f"{name}-{policy}")
-    return taps
+def compiled_captures(tiny_checkpoint, shapes_inputs, full_plan):
+    """The compiled runtimes' TapSets of the whole vision plan on the shapes image, captured once per test run
+    with the run's artifact cache: the same captures (conftest's ``captures/<runtime>-<policy>`` keys) serve
+    tests/replay/test_replay.py."""
+
+    def capture(name: str, policy: str):
+        def into(out):
+            return get_runtime(name)(tiny_checkpoint, policy).capture(shapes_inputs, full_plan, out)
+
+        return shared_tapset(f"captures/{name}-{policy}", into)
+
+    return {f"{name}:{policy}": capture(name, policy) for name, policy in RUNTIMES}
 
 
 def _rows(captures, compiled_captures, label, plan):

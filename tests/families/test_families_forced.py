@@ -47,6 +47,25 @@ def forced_runs(tiny, runs, tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="module")
+def forced_candidates(tiny, forced_runs, tmp_path_factory):
+    """(family, runtime) -> that runtime's f32 TapSet on ``forced_runs``' inputs (its known-defect patch applied),
+    captured once for the two tests below that read it (forced logits, KV cache)."""
+    out, done = tmp_path_factory.mktemp("forced-candidates"), {}
+
+    def get(name: str, runtime_name: str):
+        if (name, runtime_name) not in done:
+            checkpoint, _, plan = tiny(name)
+            inputs, _ = forced_runs(name)
+            patch = get_family(name).known_defects.get(runtime_name)  # a port's known defects are not round-off
+            runtime = get_runtime(runtime_name)(checkpoint, "f32", parse_patch(patch))
+            done[(name, runtime_name)] = runtime.capture(inputs, plan, out / name / runtime_name)
+            runtime.release()
+        return done[(name, runtime_name)]
+
+    return get
+
+
 @pytest.mark.parametrize("name", FAMILIES.names())
 def test_the_oracles_forced_rows_are_a_prefill_of_the_prompt_and_the_forced_tokens(name, tiny, forced_runs, tmp_path):
     checkpoint, _, plan = tiny(name)
@@ -80,14 +99,10 @@ def _decoding_engines() -> list:
 
 @pytest.mark.parametrize("name,runtime_name", _decoding_engines())
 def test_an_f32_candidates_forced_logits_match_the_oracle_fed_the_same_tokens(
-    name, runtime_name, tiny, forced_runs, tmp_path
+    name, runtime_name, forced_runs, forced_candidates
 ):
-    checkpoint, _, plan = tiny(name)
     inputs, oracle = forced_runs(name)
-    patch = get_family(name).known_defects.get(runtime_name)  # a port's known defects are not round-off
-    runtime = get_runtime(runtime_name)(checkpoint, "f32", parse_patch(patch))
-    candidate = runtime.capture(inputs, plan, tmp_path / runtime_name)
-    runtime.release()
+    candidate = forced_candidates(name, runtime_name)
     np.testing.assert_array_equal(np.asarray(candidate["text.forced.tokens"]), inputs.text.forced)
     difference = np.abs(np.asarray(candidate[FORCED], np.float64) - np.asarray(oracle[FORCED], np.float64))
     prefill = np.abs(np.asarray(candidate["text.logits.last"], np.float64) - np.asarray(oracle["text.logits.last"]))
@@ -101,16 +116,12 @@ def test_an_f32_candidates_forced_logits_match_the_oracle_fed_the_same_tokens(
 
 @pytest.mark.parametrize("name,runtime_name", _decoding_engines())
 def test_an_f32_candidates_kv_cache_matches_the_oracles_per_layer_and_head(
-    name, runtime_name, tiny, forced_runs, tmp_path
+    name, runtime_name, forced_runs, forced_candidates
 ):
     """The cache at the end of the prefill and after the last forced step (prompt plus the forced tokens but the
     last): every layer and head of an f32 port within round-off of transformers', and within the strict contract."""
-    checkpoint, _, plan = tiny(name)
     inputs, oracle = forced_runs(name)
-    patch = get_family(name).known_defects.get(runtime_name)
-    runtime = get_runtime(runtime_name)(checkpoint, "f32", parse_patch(patch))
-    candidate = runtime.capture(inputs, plan, tmp_path / runtime_name)
-    runtime.release()
+    candidate = forced_candidates(name, runtime_name)
     prompt, fed = len(inputs.text.input_ids), len(inputs.text.forced) - 1
     for phase, positions in (("prefill", prompt), ("forced", prompt + fed)):
         for kind in ("keys", "values"):

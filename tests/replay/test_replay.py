@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import ROOT, SHAPES
+from conftest import ROOT, SHAPES, shared_tapset
 from driftscope.capture.patches import parse_patch
 from driftscope.capture.runtimes import get_runtime
 from driftscope.families import stage_plan
@@ -43,7 +43,9 @@ def test_replaying_the_oracle_on_its_own_taps_reproduces_them(tiny_checkpoint, o
 @pytest.mark.parametrize("name,policy", [("mlx", "f32"), ("jax", "f32"), ("iree", "f32"), ("mlx", "f16")])
 def test_op_local_errors_of_each_candidate(tiny_checkpoint, shapes_inputs, oracle, full_plan, tmp_path, name, policy):
     runtime = get_runtime(name)(tiny_checkpoint, policy)
-    candidate = runtime.capture(shapes_inputs, full_plan, tmp_path / "run")
+    # the same capture as conftest's ``captures`` (MLX) and test_compiled's ``compiled_captures`` (JAX, IREE): made
+    # once per test run; the replay below loads the runtime where another test captured
+    candidate = shared_tapset(f"captures/{name}-{policy}", lambda out: runtime.capture(shapes_inputs, full_plan, out))
     contract = load_contract(None)
     accumulated = compare_tapsets(oracle, candidate, contract, full_plan)
     drill = drill_down(oracle, runtime, accumulated, contract, full_plan, tmp_path / "replay", name)

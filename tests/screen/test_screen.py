@@ -5,11 +5,11 @@ it lacks when run again; the page, in headless Chromium, is self-contained and s
 
 from __future__ import annotations
 
-import shutil
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from chromium import chromium, needs_chromium
 from driftscope.screen.capture import tap_base
 from driftscope.screen.report import load_screen
 from driftscope.screen.runner import screen
@@ -119,20 +119,13 @@ def test_the_score_terms():
     assert worst["score"] == pytest.approx(3.75)
 
 
-@pytest.mark.skipif(not (shutil.which("chromium") and shutil.which("chromedriver")), reason="needs chromium")
+@needs_chromium
 def test_the_page_in_chromium_is_self_contained_and_sorts(planted):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
 
     html = (planted.out / "index.html").read_text()
     assert "http://" not in html and "https://" not in html  # nothing to fetch
-    options = webdriver.ChromeOptions()
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
-        options.add_argument(flag)
-    options.binary_location = shutil.which("chromium")
-    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
-    try:
+    with chromium() as driver:
         driver.get((planted.out / "index.html").as_uri())
         labels = "return Array.from(document.querySelectorAll('#screen tbody tr')).map(r => r.dataset.key);"
         ranking = [e["key"] for e in planted.result.ranking]
@@ -154,5 +147,3 @@ def test_the_page_in_chromium_is_self_contained_and_sorts(planted):
         assert (
             int(top[1][5].split(" / ")[0]) == planted.result.ranking[0]["candidates"]["mlx-planted"]["tower_failures"]
         )
-    finally:
-        driver.quit()

@@ -7,9 +7,9 @@ notebook of each family demo (``parameters/demo_*.yaml`` of the four families) a
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
+from chromium import chromium, needs_chromium
 from clean_text import problems
 from conftest import ROOT
 
@@ -81,24 +81,12 @@ def test_every_page_of_every_family_demo_says_words(demo):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (shutil.which("chromium") and shutil.which("chromedriver")), reason="needs chromium")
+@needs_chromium
 def test_every_family_demos_headline_tables_fit_1400_px(demo):
     """Issue 34 item 2 on each family's demo: notebook 01's headline table and notebook 04's power table (its
     "why it is not detected" column included) need no sideways scroll at 1400 px."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
     _, out = demo
-    options = webdriver.ChromeOptions()
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
-        options.add_argument(flag)
-    options.binary_location = shutil.which("chromium")
-    browser = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
-    try:
-        browser.execute_cdp_cmd(
-            "Emulation.setDeviceMetricsOverride",
-            {"width": 1400, "height": 900, "deviceScaleFactor": 1, "mobile": False},
-        )
+    with chromium(1400, 900) as browser:
         for page, header in (
             ("01_stage_parity", "suspected cause"),
             ("04_negative_controls", "why it is not detected"),
@@ -110,8 +98,6 @@ def test_every_family_demos_headline_tables_fit_1400_px(demo):
                 return box && [box.scrollWidth, box.clientWidth, box.getBoundingClientRect().right];"""
             )
             assert box and box[0] <= box[1] and box[2] <= 1400, (page, box)
-    finally:
-        browser.quit()
 
 
 @pytest.mark.slow

@@ -87,7 +87,10 @@ def test_a_forced_run_of_several_notebooks_investigates_once(tmp_path, tiny_chec
     """``reuse=False`` (batch --force) re-runs the investigation in the first notebook; the next one reuses it."""
     from driftscope.views.render import run_notebooks
 
-    params = write_params(tmp_path / "p.yaml", "forced", ["transformers:f32", "mlx:f32"])
+    # the block outputs alone and no replay: the claim is how often the investigation runs, not what it finds
+    params = write_params(
+        tmp_path / "p.yaml", "forced", ["transformers:f32", "mlx:f32"], stages={"blocks": True}, replay=False
+    )
     out = tmp_path / "out"
     names = ["01_stage_parity", "04_negative_controls"]
     assert run_notebooks(names, out, params, False, ROOT) == {}

@@ -5,14 +5,12 @@ prose about a run that never happened), and in the command line's summary (one `
 from __future__ import annotations
 
 import re
-import shutil
 
 import nbformat
 import pytest
+from chromium import chromium, needs_chromium
 from conftest import ROOT, write_params
 from driftscope.views.failure import NOT_RUN, fold_errors, split, summary_lines
-
-BROWSER, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 
 
 def _run_cells(sources: list[str], cwd) -> list:
@@ -127,23 +125,11 @@ def test_the_command_line_says_the_error_and_its_fix_once(crashed):
     assert "notebooks: 01_stage_parity rendered with the investigation's error; 02_layer_drilldown not run" in printed
 
 
-@pytest.mark.skipif(not (BROWSER and DRIVER), reason="needs chromium and chromedriver (scripts/setup.sh)")
+@needs_chromium
 @pytest.mark.parametrize("kind", ["html", "nocode.html"])
 def test_a_failed_runs_page_opens_with_the_message_and_its_fix(crashed, kind):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
     _, _, out = crashed
-    options = webdriver.ChromeOptions()
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
-        options.add_argument(flag)
-    options.binary_location = BROWSER
-    browser = webdriver.Chrome(service=Service(DRIVER), options=options)
-    try:
-        browser.execute_cdp_cmd(
-            "Emulation.setDeviceMetricsOverride",
-            {"width": 1400, "height": 900, "deviceScaleFactor": 1, "mobile": False},
-        )
+    with chromium(1400, 900) as browser:
         browser.get((out / f"01_stage_parity.{kind}").as_uri())
         shown = browser.execute_script(
             """
@@ -155,8 +141,6 @@ def test_a_failed_runs_page_opens_with_the_message_and_its_fix(crashed, kind):
               foldedTop: folded.length && folded[0].getBoundingClientRect().top};
             """
         )
-    finally:
-        browser.quit()
     text = shown["text"]
     assert shown["errorText"].startswith("InvestigationFailed: the investigation this run waited for stopped")
     assert "planted crash" in shown["errorText"] and shown["errorText"].count("fix:") == 1

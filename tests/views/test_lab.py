@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from chromium import chromium, needs_chromium
 from conftest import ROOT
 from driftscope.run.report import Report
 
@@ -198,30 +199,17 @@ def test_notebooks_run_top_to_bottom_in_the_lab_kernel(lab, rendered_copy, noteb
         assert len(widgets) == 1 and plotted
 
 
-@pytest.mark.skipif(not (shutil.which("chromium") and shutil.which("chromedriver")), reason="needs chromium")
+@needs_chromium
 def test_opening_a_notebook_in_the_lab_leaves_it_unmodified(lab):
     """In headless Chromium: the lab opens notebook 01 with the project kernel, and the notebook's tab is not
     marked modified (nothing rewritten on open); the file on disk is untouched."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as seen
     from selenium.webdriver.support.ui import WebDriverWait
 
     path = ROOT / "notebooks" / "01_stage_parity.ipynb"
     before = path.read_bytes()
-    options = webdriver.ChromeOptions()
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--window-size=1400,900",
-    ):
-        options.add_argument(flag)
-    options.binary_location = shutil.which("chromium")
-    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
-    try:
+    with chromium(1400, 900, window=True) as driver:
         driver.get(f"{lab.base}/lab/tree/notebooks/01_stage_parity.ipynb?token={TOKEN}&reset")
         wait = WebDriverWait(driver, 180)
         wait.until(seen.presence_of_element_located((By.CSS_SELECTOR, ".jp-NotebookPanel .jp-Cell")))
@@ -236,6 +224,4 @@ def test_opening_a_notebook_in_the_lab_leaves_it_unmodified(lab):
         assert "jp-mod-dirty" not in opened[0].get_attribute("class")
         cells = driver.find_elements(By.CSS_SELECTOR, ".jp-NotebookPanel .jp-Cell")
         assert len(cells) == len(json.loads(before)["cells"])
-    finally:
-        driver.quit()
     assert path.read_bytes() == before

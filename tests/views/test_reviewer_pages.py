@@ -8,35 +8,20 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 
 import numpy as np
 import pytest
+from chromium import HEIGHT, WIDTH, chromium, needs_chromium
 from driftscope.run.report import Report
 
-WIDTH, HEIGHT = 1400, 900
-BROWSER, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-pytestmark = pytest.mark.skipif(not (BROWSER and DRIVER), reason="needs chromium and chromedriver (scripts/setup.sh)")
+pytestmark = needs_chromium
 
 
 @pytest.fixture(scope="module")
 def browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
-        options.add_argument(flag)
-    options.binary_location = BROWSER
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
     # the viewport itself is 1400x900 (a window of that size has less room: its frame)
-    driver.execute_cdp_cmd(
-        "Emulation.setDeviceMetricsOverride",
-        {"width": WIDTH, "height": HEIGHT, "deviceScaleFactor": 1, "mobile": False},
-    )
-    yield driver
-    driver.quit()
+    with chromium(WIDTH, HEIGHT, console_log=True) as driver:
+        yield driver
 
 
 BOXES = """

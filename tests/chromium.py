@@ -1,0 +1,58 @@
+"""The headless Chromium of the tests that look at rendered pages (one place for its flags and its viewport).
+
+``needs_chromium`` skips a test (or, as ``pytestmark``, a file) where chromium or chromedriver is missing;
+``chromium()`` is a context manager that starts a driver and quits it afterwards; ``start()`` returns one for a
+fixture that quits it itself.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+BROWSER, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+AVAILABLE = bool(BROWSER and DRIVER)
+needs_chromium = pytest.mark.skipif(not AVAILABLE, reason="needs chromium and chromedriver (scripts/setup.sh)")
+#: the width reviewers read the pages at, and a laptop screen's height
+WIDTH, HEIGHT = 1400, 900
+
+
+def start(width: int = WIDTH, height: int = HEIGHT, *, window: bool = False, console_log: bool = False):
+    """A headless Chromium driver whose viewport is ``width`` x ``height`` (set through the DevTools protocol, so
+    the page itself has that room); ``window=True`` sizes the window instead (what a screenshot or the lab sees,
+    frame included). ``console_log`` keeps the page's console for ``driver.get_log("browser")``."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(flag)
+    if window:
+        options.add_argument(f"--window-size={width},{height}")
+    options.binary_location = BROWSER
+    if console_log:
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
+    if not window:
+        try:
+            driver.execute_cdp_cmd(
+                "Emulation.setDeviceMetricsOverride",
+                {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+            )
+        except BaseException:
+            driver.quit()
+            raise
+    return driver
+
+
+@contextmanager
+def chromium(width: int = WIDTH, height: int = HEIGHT, *, window: bool = False, console_log: bool = False) -> Iterator:
+    """``start(...)``'s driver, quit when the block ends (whether it passed or failed)."""
+    driver = start(width, height, window=window, console_log=console_log)
+    try:
+        yield driver
+    finally:
+        driver.quit()
