@@ -80,6 +80,17 @@ def model_inputs(job: Job, item: ScreenInput):
     return inputs
 
 
+def screen_options(spec) -> dict:
+    """A runtime's options on the screen: its own, plus ``buckets: pow2`` where it pads (a compiled runtime), so
+    inputs of many sizes share a few compiled graphs (one per power-of-two bucket) instead of one per size;
+    the padding is never read back (tests/screen/test_buckets.py holds each input's numbers to the unpadded
+    call's). An explicit ``bucket``/``buckets`` in the parameter file wins."""
+    options = {**spec.options, "label": spec.display}
+    if "buckets" in get_runtime(spec.runtime).known_options() and not {"bucket", "buckets"} & set(spec.options):
+        options["buckets"] = "pow2"
+    return options
+
+
 def capture_all(
     job: Job, items: list[ScreenInput], advance: Callable[[str, ScreenInput], None], log: Callable[[str], None]
 ) -> int:
@@ -91,9 +102,7 @@ def capture_all(
         pending = todo[spec.display]
         if not pending:
             continue
-        runtime = get_runtime(spec.runtime)(
-            job.checkpoint, spec.policy, spec.patch, {**spec.options, "label": spec.display}
-        )
+        runtime = get_runtime(spec.runtime)(job.checkpoint, spec.policy, spec.patch, screen_options(spec))
         try:
             for item in pending:
                 _capture_one(job, runtime, spec.display, item, log)
