@@ -1,10 +1,10 @@
 """Runtimes that run our own lowered JAX graph: ``jax`` (XLA CPU) and ``iree`` (iree-compile + iree.runtime).
 
-Both lower the same function, the checkpoint family's JAX emitter (its ``emitter.program`` module,
-:class:`~driftscope.capture.runtimes.compiled_taps.CompiledTaps`), for a packed bucket, so a ``jax`` vs ``transformers`` divergence is an emitter
-effect and an ``iree`` vs ``jax`` one a compiler/runtime effect. The whole tower is one graph whose
-outputs are the selected taps: the production-like graph is the same function lowered with only the
-tower's output as output (``taps: final``).
+Both lower the same function, the checkpoint family's JAX emitter (its ``emitter.program`` module, a
+:class:`~driftscope.capture.runtimes.compiled_taps.CompiledTaps`), for a packed bucket, so a ``jax`` vs
+``transformers`` divergence is an emitter effect and an ``iree`` vs ``jax`` one a compiler/runtime effect. The
+whole tower is one graph whose outputs are the selected taps: the production-like graph is the same function
+lowered with only the tower's output as output (``taps: final``).
 """
 
 from __future__ import annotations
