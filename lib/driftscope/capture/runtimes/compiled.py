@@ -1,30 +1,28 @@
 """Runtimes that run our own lowered JAX graph: ``jax`` (XLA CPU) and ``iree`` (iree-compile + iree.runtime).
 
-Both lower the same function, the checkpoint family's JAX emitter (its ``emitter.program`` module,
-:class:`CompiledTaps`), for a packed bucket, so a ``jax`` vs ``transformers`` divergence is an emitter
-effect and an ``iree`` vs ``jax`` one a compiler/runtime effect. The whole tower is one graph whose
-outputs are the selected taps: the production-like graph is the same function lowered with only the
-tower's output as output (``taps: final``).
+Both lower the same function, the checkpoint family's JAX emitter (its ``emitter.program`` module, a
+:class:`~driftscope.capture.runtimes.compiled_taps.CompiledTaps`), for a packed bucket, so a ``jax`` vs
+``transformers`` divergence is an emitter effect and an ``iree`` vs ``jax`` one a compiler/runtime effect. The
+whole tower is one graph whose outputs are the selected taps: the production-like graph is the same function
+lowered with only the tower's output as output (``taps: final``).
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 
 from driftscope.capture.runtimes.base import Runtime, package_versions, require
+from driftscope.capture.runtimes.compiled_taps import Bucket, padded_length
 from driftscope.errors import ParameterError
 from driftscope.inputs.processor_output import ModelInputs
-from driftscope.model.precision import PrecisionPolicy
 from driftscope.model.quant.policy import RUNTIME_POLICIES
 from driftscope.taps.jax.contract import Contract
-from driftscope.taps.jax.emitted import EmittedModel
 from driftscope.taps.jax.graph import LoweredGraph, contract_for
 from driftscope.taps.sink import StageSink
-from driftscope.taps.stages import Stage
 
 COMPILED_POLICIES = ("f32", "f16-contract", "f16-state")
 #: "whole": the tower as one graph whose outputs are the selected taps; "blocks": the family's pieces (e.g. a
@@ -38,41 +36,6 @@ GRAPH_MODES = ("auto", "whole", "blocks")
 WHOLE_TAPS_MIB = 512
 
 
-class Bucket(Protocol):
-    """A family's host-side plan of one packed call: ``rows`` in the bucket, which of them are real."""
-
-    rows: int
-    active_rows: list[list[int]]
-
-
-@runtime_checkable
-class CompiledTaps(Protocol):
-    """What a family tells this engine (module-level names of ``families/<family>/emitter/program.py``)."""
-
-    HOST_STAGES: tuple[str, ...]  # stages computed on the host (inputs, index math), not by the graph
-    FINAL: str  # the tower's output: what the production graph returns
-    TOWER_OUTPUTS: tuple[str, ...]  # graph outputs the text side reads (every lowering returns them), unless
-    # the family's plan names them in ``meta["tower_outputs"]`` (when they depend on the config)
-
-    def load(self, checkpoint: Any) -> EmittedModel: ...
-
-    def bucket(self, model: EmittedModel, inputs: ModelInputs, rows: int | None) -> Bucket: ...
-
-    def put_host_stages(self, bucket: Bucket, sink: StageSink) -> None: ...
-
-    def lower(self, model: EmittedModel, policy: PrecisionPolicy, bucket: Bucket, taps: tuple) -> LoweredGraph: ...
-
-    def arguments(self, graph: LoweredGraph, model: EmittedModel, bucket: Bucket, inputs: ModelInputs) -> list: ...
-
-    def output_rows(self, bucket: Bucket, stage: Stage) -> int: ...
-
-    def capture_pieces(self, runtime: CompiledRuntime, bucket: Bucket, inputs: ModelInputs, sink: StageSink): ...
-
-    def capture_text(self, runtime: CompiledRuntime, inputs: ModelInputs, sink: StageSink, tower: dict): ...
-
-    def replay_call(self, model: EmittedModel, stage_id: str, inputs: list, ctx: Any, contract: Contract): ...
-
-
 class CompiledRuntime(Runtime):
     OPTIONS = {
         "graph": "auto (default), whole or blocks: how the tower is lowered",
@@ -80,10 +43,13 @@ class CompiledRuntime(Runtime):
         "bucket": "the rows of a packed call (default: the inputs' own)",
         "taps": "final: return only the tower's output (a plain forward)",
         "decode": "false: run the text side's prefill only (default true: decode greedily where the family can)",
+        "buckets": "pow2: pad the tower's rows and the text prefill to the next power of two where the family's "
+        "emitter can (its BUCKETS), so one compiled graph serves every input of a bucket (the screen sets it); "
+        "exact (default): each input's own sizes",
         "f32": "stages whose operators compute in float32 under a half-precision policy (model.mixed; e.g. "
         "[vision.block.17-31.norm2]): compiled into the StableHLO, whole-graph only",
     }
-    OPTION_VALUES = {"graph": GRAPH_MODES, "decode": (True, False)}
+    OPTION_VALUES = {"graph": GRAPH_MODES, "decode": (True, False), "buckets": ("exact", "pow2")}
     policies = (*COMPILED_POLICIES, *RUNTIME_POLICIES["jax"])  # q4-dequant: the dense dequantized checkpoint
 
     def __init__(self, checkpoint, policy: str = "f32", patch=None, options: dict | None = None):
@@ -129,7 +95,20 @@ class CompiledRuntime(Runtime):
         rows = self.options.get("bucket")
         if rows is not None and not isinstance(rows, int):
             raise ParameterError(f"options.bucket must be an integer row count, got {rows!r}", "write e.g. bucket: 256")
+        if rows is None and self.pads:
+            exact = self.taps.bucket(self.model, inputs, None)
+            rows = padded_length(exact.rows, getattr(exact, "merge_unit", 1))
         return self.taps.bucket(self.model, inputs, rows)
+
+    @property
+    def pads(self) -> bool:
+        """Whether inputs are padded to power-of-two buckets (``options.buckets: pow2`` and a family emitter whose
+        ``BUCKETS`` says its tower and text prefill read only their real rows of a padded call)."""
+        return self.options.get("buckets") == "pow2" and bool(getattr(self.taps, "BUCKETS", False))
+
+    def text_length(self, length: int) -> int:
+        """The text prefill's sequence length for a prompt of ``length`` tokens (padded under :attr:`pads`)."""
+        return padded_length(length) if self.pads else length
 
     def graph_taps(self, wanted: list[str]) -> tuple[str, ...]:
         if self.options.get("taps") == "final":

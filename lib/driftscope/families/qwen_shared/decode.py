@@ -10,19 +10,33 @@ import numpy as np
 from driftscope.taps.sink import compiled_cache
 
 
-def greedy_decoder(runtime, decode: Callable, weights: dict, cache: tuple, rope_delta: int, max_new_tokens: int):
+def greedy_decoder(
+    runtime,
+    decode: Callable,
+    weights: dict,
+    cache: tuple,
+    rope_delta: int,
+    max_new_tokens: int,
+    length: int | None = None,
+):
     """``step(token) -> logits`` for greedy decoding after the prefill, or None when no step is ever taken (a
     single token, or no cache). ``decode(w, k, v, token, position, at)`` is the family's step; its one compiled
     graph serves every step: the cache holds the prompt and every generated token (capacity fixed up front), and
     the token written at sequence index ``at`` sits at M-RoPE position ``at + rope_delta`` on all three axes, as
-    transformers places generated tokens."""
+    transformers places generated tokens. ``length`` (default: the cache's own) is the prompt's real length when
+    the prefill ran padded past it: the entries past it are masked (the graph sees entries up to ``at``) and
+    overwritten as the steps write theirs."""
     import jax
 
     keys, values = cache
     if keys is None:
         return None
     grow = ((0, 0), (0, max_new_tokens - 1), (0, 0), (0, 0))
-    state = {"keys": np.pad(keys, grow), "values": np.pad(values, grow), "length": keys.shape[1]}
+    state = {
+        "keys": np.pad(keys, grow),
+        "values": np.pad(values, grow),
+        "length": keys.shape[1] if length is None else length,
+    }
     function = jax.jit(decode, keep_unused=True)
 
     def step(token: int) -> np.ndarray:

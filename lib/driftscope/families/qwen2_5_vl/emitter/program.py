@@ -32,6 +32,9 @@ from .weights import load_vision_weights
 DECODES = True
 #: The text prefill can read another runtime's merged image embeddings (``TextInputs.image_embeds``).
 SUBSTITUTES = True
+#: The tower and the text prefill read only their real rows of a call padded past them (the tower's padding
+#: rows are segments of their own, the prefill is causal), so ``options.buckets: pow2`` pads both.
+BUCKETS = True
 #: Stages computed on the host (inputs and index math), not by the graph.
 HOST_STAGES = (
     "inputs.pixel_values",
@@ -167,22 +170,37 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
     contract = runtime.contract
     decode = runtime.options.get("decode", True) is not False and sink.wants("text.generate.tokens")
 
-    def prefill(w, e, p):
-        return text_prefill(w, e, p, spec=spec, contract=contract, cache=decode and text.max_new_tokens > 1)
+    keep = decode and text.max_new_tokens > 1
 
-    args = (weights, embeds.astype(np.float32), positions.astype(np.int32))
+    def prefill(w, e, p, *last):
+        return text_prefill(w, e, p, *last, spec=spec, contract=contract, cache=keep)
+
+    length = len(embeds)
+    padded = runtime.text_length(length)  # a power of two under ``options.buckets: pow2`` (BUCKETS above)
+    args = (weights, _pad(embeds.astype(np.float32), padded, 0), _pad(positions.astype(np.int32), padded, 1))
+    if padded > length:
+        args += (np.array([length - 1], np.int32),)
     out = runtime.run_text(jax.jit(prefill, keep_unused=True), args)
     cache = (out.pop("cache.keys", None), out.pop("cache.values", None))
     for stage_id, value in out.items():
-        sink.put(stage_id, np.asarray(value, dtype=np.float32))
+        value = np.asarray(value, dtype=np.float32)
+        sink.put(stage_id, value[:length] if value.ndim == 2 and value.shape[0] == padded else value)
     if decode:
-        step = _decoder(runtime, spec, weights, cache, int(delta), text.max_new_tokens)
+        step = _decoder(runtime, spec, weights, cache, int(delta), text.max_new_tokens, length)
         put_greedy(sink, np.asarray(out["text.logits.last"]), step, text.max_new_tokens, forced=text.forced)
         put_decode_delta(sink, getattr(step, "rope_delta", None))
 
 
-def _decoder(runtime, spec, weights: dict, cache: tuple, rope_delta: int, max_new_tokens: int):
-    """``step(token) -> logits`` after the prefill: Qwen2.5-VL's decode step on the shared greedy decoder."""
+def _pad(array: np.ndarray, length: int, axis: int) -> np.ndarray:
+    """``array`` zero-padded along ``axis`` to ``length`` (the prefill's padded positions, never read back)."""
+    widths = [(0, 0)] * array.ndim
+    widths[axis] = (0, length - array.shape[axis])
+    return np.pad(array, widths) if length > array.shape[axis] else array
+
+
+def _decoder(runtime, spec, weights: dict, cache: tuple, rope_delta: int, max_new_tokens: int, length: int):
+    """``step(token) -> logits`` after the prefill of ``length`` real positions (the cache may hold padding past
+    them, masked and overwritten step by step): Qwen2.5-VL's decode step on the shared greedy decoder."""
     from .text import text_decode_step
 
     contract = runtime.contract
@@ -190,7 +208,7 @@ def _decoder(runtime, spec, weights: dict, cache: tuple, rope_delta: int, max_ne
     def decode(w, k, v, token, position, at):
         return text_decode_step(w, k, v, token, position, at, spec=spec, contract=contract)
 
-    return greedy_decoder(runtime, decode, weights, cache, rope_delta, max_new_tokens)
+    return greedy_decoder(runtime, decode, weights, cache, rope_delta, max_new_tokens, length)
 
 
 def replay_call(model: EmittedModel, stage_id: str, inputs: list[np.ndarray], ctx: Any, contract: Contract):

@@ -140,22 +140,35 @@ def decoder_layer(w: dict, x: jax.Array, cos, sin, *, spec: TextSpec, contract: 
 
 
 def text_prefill(
-    weights: dict, embeds: jax.Array, positions: jax.Array, *, spec: TextSpec, contract: Contract, cache: bool = False
+    weights: dict,
+    embeds: jax.Array,
+    positions: jax.Array,
+    last: jax.Array | None = None,
+    *,
+    spec: TextSpec,
+    contract: Contract,
+    cache: bool = False,
 ) -> dict[str, jax.Array]:
     """Prefill of one sequence: each layer's output (every position and the last), the final norm and the logits
     at the last position; with ``cache``, also every layer's rotated keys and values (``cache.keys``,
-    ``cache.values``: [layers, seq, kv_heads, head_dim]) for :func:`text_decode_step`."""
+    ``cache.values``: [layers, seq, kv_heads, head_dim]) for :func:`text_decode_step`. ``last`` ([1] int32), when
+    given, is the prompt's last position in a sequence padded past it: attention is causal, so the positions up
+    to it do not see the padding, and "last" reads that position instead of the sequence's end."""
     cos, sin = mrope_tables(positions, spec)
     out: dict[str, jax.Array] = {}
     keys, values = [], []
     x = embeds.astype(jnp.float32)
+
+    def at_last(h):  # [1, hidden]
+        return h[-1:] if last is None else jax.lax.dynamic_slice_in_dim(h, last[0], 1)
+
     for i in range(spec.layers):
         x, k, v = _decoder_layer_kv(layer_weights(weights, i), x, cos, sin, spec=spec, contract=contract)
         out[f"text.layer.{i}"] = x
-        out[f"text.layer.{i}.last"] = x[-1]
+        out[f"text.layer.{i}.last"] = at_last(x)[0]
         keys.append(k)
         values.append(v)
-    normed = rms_norm(x[-1:], weights["norm.weight"], spec.eps)
+    normed = rms_norm(at_last(x), weights["norm.weight"], spec.eps)
     out["text.norm.last"] = normed[0]
     out["text.logits.last"] = linear(contract, normed, weights["lm_head.weight"])[0]
     if cache:
