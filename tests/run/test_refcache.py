@@ -229,3 +229,19 @@ def test_a_second_investigation_reuses_the_reference_and_the_power_captures(own_
     line = reference_cache_line(loaded)
     assert "`transformers:f32`" in line and second["reference_cache"]["entry"] in line and "1 of the 1 mutated" in line
     assert reference_cache_line(Report.load(tmp_path / "a" / "report.json")) is None  # captured, not reused
+
+
+def test_without_the_variable_the_cache_is_in_its_default_place(monkeypatch, tmp_path):
+    """``$DRIFTSCOPE_REFERENCE_CACHE`` unset (as for a user who never heard of it) or empty: the cache under
+    ``$DRIFTSCOPE_CACHE``; ``off``: none (an unset variable used to crash every ``driftscope run``)."""
+    from driftscope.run.refcache import cache_root
+
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setenv("DRIFTSCOPE_CACHE", str(tmp_path))
+    assert cache_root() == tmp_path / "reference"
+    monkeypatch.setenv(ENV, "")
+    assert cache_root() == tmp_path / "reference"
+    monkeypatch.setenv(ENV, "OFF")
+    assert cache_root() is None
+    monkeypatch.setenv(ENV, str(tmp_path / "mine"))
+    assert cache_root() == tmp_path / "mine"
