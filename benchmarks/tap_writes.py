@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-WAYS = ("inline", "background", "background, no copy")
+WAYS = ("inline", "background", "background-no-copy")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
             plains.append(plain_forward(runtime, inputs, out))
             for way in ways:
                 runtime.options["tap_writes"] = "inline" if way == "inline" else "background"
-                tapset.owned = (lambda array, source: array) if way.endswith("no copy") else owned
+                tapset.owned = (lambda array, source: array) if way.endswith("no-copy") else owned
                 handed["s"] = 0.0
                 tapset_ = runtime.capture(inputs, plan, out / f"{rep}")
                 seconds = runtime.timings["capture_s"]  # every runtime's whole capture, its writes included

@@ -32,6 +32,9 @@ from .weights import load_vision_weights
 DECODES = True
 #: The text prefill can read another runtime's merged image embeddings (``TextInputs.image_embeds``).
 SUBSTITUTES = True
+#: The text decoder holds its own weights (``model.text``) and never reads the tower's: the compiled runtimes
+#: drop the tower's while the text side runs (``capture.runtimes.compiled_weights``).
+TOWER_WEIGHTS_APART = True
 #: Stages computed on the host (inputs and index math), not by the graph.
 HOST_STAGES = (
     "inputs.pixel_values",
