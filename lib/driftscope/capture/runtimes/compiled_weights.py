@@ -14,6 +14,8 @@ import gc
 import time
 from typing import Any
 
+import numpy as np
+
 
 def refuse_unread(runtime: Any, text: bool) -> None:
     """The emitter reads each tensor it uses by name, so a tensor it never read is one the checkpoint holds
@@ -39,6 +41,11 @@ def drop_tower(runtime: Any) -> bool:
         return False
     for name in ("_device_weights", "_block_weights"):  # device buffers of the tower's (and text's) weights
         runtime.__dict__.pop(name, None)
+    # the tower's outputs the text side reads: copies of their own, because an IREE output maps a device buffer
+    # and holds its call's arguments, i.e. every tower weight (``capture.iree._host``)
+    tower = runtime.__dict__.get("_tower")
+    if isinstance(tower, dict):
+        runtime._tower = {k: np.array(v) if isinstance(v, np.ndarray) else v for k, v in tower.items()}
     model.weights = None
     runtime.tower_dropped = True
     gc.collect()
