@@ -22,6 +22,7 @@ from safetensors import safe_open
 from driftscope.core.atomic import write_json_atomic
 from driftscope.errors import OutputError, TapFileError, output_error
 from driftscope.model.weightfile import read_header, unique_keys
+from driftscope.taps.background import BackgroundWrites, owned
 from driftscope.taps.sidecar import FORMAT, FORMAT_VERSION, HALF, STORED, check_tensors, validate_sidecar
 from driftscope.taps.stages import Stage
 
@@ -36,6 +37,9 @@ _DTYPES = {
     np.dtype("bool"): "BOOL",
 }
 _ALIGN = 8
+#: how a TapWriter writes stage bytes: "background" (one writer thread, bounded; see ``taps.background``) or
+#: "inline" (in the capture's thread, as each stage arrives); the file is byte-identical either way
+WRITES = ("background", "inline")
 
 
 def tap_paths(base: Path) -> tuple[Path, Path]:
@@ -66,10 +70,15 @@ class TapWriter:
     """Streams stage arrays into ``<base>.safetensors``; writes the sidecar on ``close``.
 
     Data goes to disk as each stage arrives, after a reserved header region. If the final header
-    outgrows the reservation, the file is rewritten once with a larger header (chunked copy).
+    outgrows the reservation, the file is rewritten once with a larger header (chunked copy). ``writes``
+    (see :data:`WRITES`): "background" hands each stage's bytes to a writer thread (offsets are fixed when the
+    stage arrives, so the file is the same as "inline" writes it); a failed write is raised by the next
+    ``add``/``add_rows``/``drain``/``close``, after the partial file is removed.
     """
 
-    def __init__(self, base: Path, meta: dict, reserve_header: int = 1 << 16):
+    def __init__(self, base: Path, meta: dict, reserve_header: int = 1 << 16, writes: str = "background"):
+        if writes not in WRITES:
+            raise TapFileError(f"unknown tap writes {writes!r}", f"use one of {', '.join(WRITES)}")
         self.tensor_path, self.sidecar_path = tap_paths(base)
         self.tensor_path.parent.mkdir(parents=True, exist_ok=True)
         self.meta = dict(meta)
@@ -81,6 +90,35 @@ class TapWriter:
         self._handle.write(b"\0" * (8 + reserve_header))
         self._offset = 0
         self.closed = False
+        self._background = BackgroundWrites(self._handle) if writes == "background" else None
+
+    def _write(self, array: np.ndarray, source: np.ndarray) -> None:
+        """Write (or hand the writer thread) ``array``, ``source`` in its stored dtype; a failed write removes
+        the partial file and raises what the user reads (:func:`output_error` for the disk's refusal)."""
+        try:
+            if self._background is None:
+                self._handle.write(memoryview(array.reshape(-1)).cast("B"))  # no copy of the array's bytes
+            else:
+                self._background.submit(owned(array, source))
+        except OSError as err:
+            self.abandon()
+            raise output_error(err, self.tensor_path) from err
+        except BaseException:
+            self.abandon()
+            raise
+
+    def drain(self) -> None:
+        """Wait until every stage handed over is on its way to disk (raises a failed write's error)."""
+        if self._background is None or self.closed:
+            return
+        try:
+            self._background.drain()
+        except OSError as err:
+            self.abandon()
+            raise output_error(err, self.tensor_path) from err
+        except BaseException:
+            self.abandon()
+            raise
 
     def __contains__(self, stage_id: str) -> bool:
         return stage_id in self._entries
@@ -90,12 +128,9 @@ class TapWriter:
         stage_id = stage if isinstance(stage, str) else stage.id
         if stage_id in self._entries:
             raise TapFileError(f"stage {stage_id!r} captured twice", "capture each stage once per run")
-        array, native = storage_array(value)
-        try:
-            self._handle.write(memoryview(array.reshape(-1)).cast("B"))  # no copy of the array's bytes
-        except OSError as err:
-            self.abandon()
-            raise output_error(err, self.tensor_path) from err
+        source = np.asarray(value)
+        array, native = storage_array(source)
+        self._write(array, source)
         self._entries[stage_id] = {
             "dtype": _DTYPES[array.dtype],
             "shape": list(array.shape),
@@ -117,7 +152,8 @@ class TapWriter:
         start, count, shape, dtype, native = self._offset, 0, None, None, None
         try:
             for row in rows:
-                array, native = storage_array(row)
+                source = np.asarray(row)
+                array, native = storage_array(source)
                 if shape is None:
                     shape, dtype = array.shape, array.dtype
                 elif array.shape != shape or array.dtype != dtype:
@@ -126,11 +162,7 @@ class TapWriter:
                         f"the first {dtype}{list(shape)}",
                         "yield rows of one shape and dtype",
                     )
-                try:
-                    self._handle.write(memoryview(array.reshape(-1)).cast("B"))
-                except OSError as err:
-                    self.abandon()
-                    raise output_error(err, self.tensor_path) from err
+                self._write(array, source)
                 self._offset += array.nbytes
                 count += 1
         finally:  # the rows written so far are a stage (a decode that raised midway leaves no hole in the file)
@@ -152,6 +184,9 @@ class TapWriter:
         """Finish the tensor file, write the sidecar atomically, return the TapSet."""
         if self.closed:
             return TapSet(self.tensor_path)
+        if self._background is not None:
+            self.drain()
+            self._background.stop()
         try:
             self._handle.flush()
             header = self._header()
@@ -201,6 +236,8 @@ class TapWriter:
 
     def abandon(self) -> None:
         """Remove what was written (the ``.partial`` file): a write failed, so no file takes the final name."""
+        if self._background is not None:
+            self._background.discard()
         with contextlib.suppress(OSError):
             self._handle.close()
         for leftover in (self._partial, self._partial.with_name(self._partial.name + ".old")):

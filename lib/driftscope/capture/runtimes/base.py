@@ -27,7 +27,7 @@ from driftscope.model.precision import PrecisionPolicy
 from driftscope.model.quant.policy import OPTION_KEYS, QuantizedPolicy
 from driftscope.taps.sink import Progress, StageSink
 from driftscope.taps.stages import StagePlan
-from driftscope.taps.tapset import TapSet, TapWriter
+from driftscope.taps.tapset import WRITES, TapSet, TapWriter
 
 if TYPE_CHECKING:
     from driftscope.families.base import Family
@@ -138,7 +138,12 @@ class Runtime(ABC):
     @classmethod
     def known_options(cls) -> dict[str, str]:
         """Every option this runtime accepts, with what it does."""
-        known = {"label": "the runtime's label in the report (default runtime:policy)", **cls.OPTIONS}
+        known = {
+            "label": "the runtime's label in the report (default runtime:policy)",
+            "tap_writes": "background (default: a writer thread, next to the forward) or inline: how the captured "
+            "stages reach the tap file (the same file either way)",
+            **cls.OPTIONS,
+        }
         if not getattr(cls, "external", False) and any(name.startswith("q") for name in cls.policies):
             known.update(dict.fromkeys(OPTION_KEYS, "quantization setting of a quantized policy"))
         return known
@@ -154,7 +159,7 @@ class Runtime(ABC):
                 f"runtime {cls.name!r} has no option {', '.join(map(repr, unknown))} ({where})",
                 f"the options {cls.name!r} knows: {', '.join(sorted(known))}",
             )
-        for key, allowed in cls.OPTION_VALUES.items():
+        for key, allowed in {"tap_writes": WRITES, **cls.OPTION_VALUES}.items():
             if key in options and options[key] not in allowed:
                 raise ParameterError(
                     f"{where}.{key}={options[key]!r} is not a value runtime {cls.name!r} accepts",
@@ -241,13 +246,14 @@ class Runtime(ABC):
         """Run the vision tower once on ``inputs``, streaming the planned stages to ``out_base``."""
         self.load()
         self.check_capture(inputs, plan)
-        writer = TapWriter(out_base, self.metadata(inputs))
+        writer = TapWriter(out_base, self.metadata(inputs), writes=str(self.options.get("tap_writes", "background")))
         sink = StageSink(writer, plan, progress)
         start = time.perf_counter()
         try:
             self._capture(inputs, sink)
             if inputs.text is not None and any(stage.id.startswith("text.") for stage in plan):
                 self._capture_text(inputs, sink)
+            writer.drain()  # the capture's time includes its last bytes' writes (a failed write raises here)
         except BaseException as err:
             if isinstance(err, OSError | OutputError):
                 writer.abandon()  # the disk refused a write: nothing is kept under the TapSet's name

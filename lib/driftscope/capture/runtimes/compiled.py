@@ -17,6 +17,7 @@ import numpy as np
 
 from driftscope.capture.runtimes.base import Runtime, package_versions, require
 from driftscope.capture.runtimes.compiled_taps import Bucket, padded_length
+from driftscope.capture.runtimes.compiled_weights import drop_tower, refuse_unread, restore_tower
 from driftscope.errors import ParameterError
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.model.quant.policy import RUNTIME_POLICIES
@@ -68,23 +69,12 @@ class CompiledRuntime(Runtime):
         return model
 
     def refuse_unread(self, text: bool) -> None:
-        """The emitter reads each tensor it uses by name, so a tensor it never read is one the checkpoint holds
-        and the model does not use: a checkpoint error naming it (the family's derived tensors aside, and, before
-        the text capture, ``text=False``, the text side's, unless the family does not say which those are)."""
-        from driftscope.capture.runtimes.base import refuse_weights
-        from driftscope.model.weightfile import TensorFiles, matching
-
-        if not text and not self.family.text_weights:
-            return
-        unread = set(TensorFiles(self.checkpoint.path).names()) - self._read
-        if not text:
-            unread -= matching(unread, self.family.text_weights)
-        derived = self.family.derived_weights(self.checkpoint.config)
-        refuse_weights(self.checkpoint.path, f"{self.name}'s emitter", {"unexpected": unread}, derived)
+        refuse_unread(self, text)
 
     def weight_dtypes(self) -> dict[str, int]:
         from collections import Counter
 
+        restore_tower(self)
         return dict(Counter(str(array.dtype) for array in self.model.weights.values()))
 
     @property
@@ -128,7 +118,7 @@ class CompiledRuntime(Runtime):
         raise NotImplementedError
 
     def release(self) -> None:
-        for name in ("_pieces", "_device_weights", "_block_weights", "_text_weights", "_tower"):
+        for name in ("_pieces", "_device_weights", "_block_weights", "_text_weights", "_tower", "tower_dropped"):
             self.__dict__.pop(name, None)
         super().release()
 
@@ -149,6 +139,7 @@ class CompiledRuntime(Runtime):
         sink.writer.meta["graph"] = {"mode": "blocks", "requested": self.graph_mode}
 
     def _capture(self, inputs: ModelInputs, sink: StageSink) -> None:
+        restore_tower(self)  # dropped by an earlier capture's text side
         bucket = self.bucket(inputs)
         self.put_inputs(inputs, sink)
         self.taps.put_host_stages(bucket, sink)
@@ -219,6 +210,7 @@ class CompiledRuntime(Runtime):
         tensor of the checkpoint must have been read."""
         from driftscope.model.weightfile import recording_reads
 
+        drop_tower(self)  # the text side never reads the tower's weights (where the family keeps them apart)
         with recording_reads(self.checkpoint.path, self._read):
             self.taps.capture_text(self, inputs, sink, self._tower)
         self.refuse_unread(text=True)
@@ -231,6 +223,8 @@ class CompiledRuntime(Runtime):
         """(jitted function, arguments) of one stage, for the jax and iree runtimes: one function per stage
         kind, so the blocks of a kind share one jit and one compiled artifact."""
         self.load()
+        if not stage_id.startswith("text."):
+            restore_tower(self)
         kind, function, args = self.taps.replay_call(self.model, stage_id, inputs, ctx, self.contract)
         cache = self.__dict__.setdefault("_replay_functions", {})
         if kind not in cache:

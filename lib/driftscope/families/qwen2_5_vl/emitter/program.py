@@ -35,6 +35,9 @@ SUBSTITUTES = True
 #: The tower and the text prefill read only their real rows of a call padded past them (the tower's padding
 #: rows are segments of their own, the prefill is causal), so ``options.buckets: pow2`` pads both.
 BUCKETS = True
+#: The text decoder holds its own weights (``model.text``) and never reads the tower's: the compiled runtimes
+#: drop the tower's while the text side runs (``capture.runtimes.compiled_weights``).
+TOWER_WEIGHTS_APART = True
 #: Stages computed on the host (inputs and index math), not by the graph.
 HOST_STAGES = (
     "inputs.pixel_values",

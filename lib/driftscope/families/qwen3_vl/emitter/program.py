@@ -33,6 +33,9 @@ DECODES = True
 #: The text prefill can read another runtime's merged image embeddings (``TextInputs.image_embeds``; the
 #: DeepStack features stay this runtime's own).
 SUBSTITUTES = True
+#: The text decoder holds its own weights (``model.text``) and never reads the tower's: the compiled runtimes
+#: drop the tower's while the text side runs (``capture.runtimes.compiled_weights``).
+TOWER_WEIGHTS_APART = True
 #: Stages computed on the host (inputs and index math), not by the graph.
 HOST_STAGES = ("inputs.pixel_values", "inputs.grid_thw", "inputs.image_tokens", "vision.cu_seqlens")
 #: What the text side reads of the tower besides the DeepStack branches (the plan's ``meta["tower_outputs"]``

@@ -1,0 +1,63 @@
+"""What the compiled runtimes (``jax``, ``iree``) hold of a checkpoint's weights: every tensor must be read (one
+the emitter never read is a checkpoint error), and the tower's weights are dropped while the text side runs.
+
+The text decoder of a family whose program module says ``TOWER_WEIGHTS_APART = True`` holds its own weights
+(``EmittedModel.text``) and never reads the tower's: those (and their device buffers) are dropped before the
+text prefill, so the process never holds both, and read back from the checkpoint by the next tower capture or
+vision replay (:func:`restore_tower`). Not under a hypothesis patch: a patch may have changed the loaded
+weights, and what is read back would be the checkpoint's.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import Any
+
+import numpy as np
+
+
+def refuse_unread(runtime: Any, text: bool) -> None:
+    """The emitter reads each tensor it uses by name, so a tensor it never read is one the checkpoint holds
+    and the model does not use: a checkpoint error naming it (the family's derived tensors aside, and, before
+    the text capture, ``text=False``, the text side's, unless the family does not say which those are)."""
+    from driftscope.capture.runtimes.base import refuse_weights
+    from driftscope.model.weightfile import TensorFiles, matching
+
+    if not text and not runtime.family.text_weights:
+        return
+    unread = set(TensorFiles(runtime.checkpoint.path).names()) - runtime._read
+    if not text:
+        unread -= matching(unread, runtime.family.text_weights)
+    derived = runtime.family.derived_weights(runtime.checkpoint.config)
+    refuse_weights(runtime.checkpoint.path, f"{runtime.name}'s emitter", {"unexpected": unread}, derived)
+
+
+def drop_tower(runtime: Any) -> bool:
+    """Drop the tower's weights before the text side where the family keeps the text weights apart and no patch
+    is applied; whether they were dropped."""
+    model = runtime.model
+    if model is None or runtime.patch is not None or not getattr(runtime.taps, "TOWER_WEIGHTS_APART", False):
+        return False
+    for name in ("_device_weights", "_block_weights"):  # device buffers of the tower's (and text's) weights
+        runtime.__dict__.pop(name, None)
+    # the tower's outputs the text side reads: copies of their own, because an IREE output maps a device buffer
+    # and holds its call's arguments, i.e. every tower weight (``capture.iree._host``)
+    tower = runtime.__dict__.get("_tower")
+    if isinstance(tower, dict):
+        runtime._tower = {k: np.array(v) if isinstance(v, np.ndarray) else v for k, v in tower.items()}
+    model.weights = None
+    runtime.tower_dropped = True
+    gc.collect()
+    return True
+
+
+def restore_tower(runtime: Any) -> None:
+    """Read the tower's weights back from the checkpoint if :func:`drop_tower` dropped them (the timing goes
+    into ``timings["reload_tower_s"]``)."""
+    if not getattr(runtime, "tower_dropped", False) or runtime.model is None:
+        return
+    start = time.perf_counter()
+    runtime.model.weights = runtime.taps.load(runtime.checkpoint).weights
+    runtime.tower_dropped = False
+    runtime.timings["reload_tower_s"] = runtime.timings.get("reload_tower_s", 0.0) + time.perf_counter() - start
