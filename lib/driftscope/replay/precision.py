@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -96,8 +96,12 @@ class PrecisionSearch:
         contract: Contract,
         out: Path,
         log: Callable[[str], None] = lambda message: None,
+        fixed: Iterable[str] = (),
     ):
+        """``fixed``: judged stages no operator changes (no function of earlier stages, e.g. rotary tables): a
+        probe keeps the run's rows for them."""
         self.candidate, self.reference, self.plan, self.contract = candidate, reference, plan, contract
+        self.fixed = set(fixed)
         self.judged = plan.ordered(judged)
         self.run_rows, self.out, self.log = run_rows, out, log
         self.position = {stage.id: index for index, stage in enumerate(plan)}
@@ -156,8 +160,12 @@ class PrecisionSearch:
 
     def _rows(self, stage_ids: list[str], out_base: Path) -> tuple[list[ComparisonRow], int]:
         begin = self._start(stage_ids)
-        again = [s for s in self.judged if self.position[s] >= begin]
-        before = [self.run_rows[s] for s in self.judged if self.position[s] < begin and s in self.run_rows]
+        again = [s for s in self.judged if self.position[s] >= begin and s not in self.fixed]
+        before = [
+            self.run_rows[s]
+            for s in self.judged
+            if (self.position[s] < begin or s in self.fixed) and s in self.run_rows
+        ]
         candidate = self.candidate
         if candidate.widen is not None:
             undo = candidate.widen(stage_ids)

@@ -42,14 +42,14 @@ def _runtime(report: Report, spec: dict, extra: dict | None = None):
 
 
 def _judged(report: Report, plan, pair: str) -> list[str]:
-    """The vision stages the run compared for ``pair`` that a probe changes: block outputs and the tower's float
-    stages (not the substages narrowing added, not the processor's or the index math)."""
+    """The image-path stages the run compared for ``pair`` that a probe changes: block outputs and the tower's
+    float stages (not the substages narrowing added, not the processor's, the index math or the text side)."""
     compared = {row.stage for row in report.rows if (row.pair or row.candidate) == pair}
     return [
         stage.id
         for stage in plan
         if stage.id in compared
-        and stage.id.startswith("vision.")
+        and not stage.id.startswith(("inputs.", "text."))
         and stage.substage is None
         and not stage.integer
         and not stage.data
@@ -105,7 +105,8 @@ def precision_search(
     written = report.data["contract"]
     contract = Contract.from_dict({k: v for k, v in written.items() if k != "source"}, written.get("source"))
     log(f"precision search of {label} ({verdict}): {len(operators)} operator kinds, {plan.depth} blocks")
-    search = PrecisionSearch(found, report.tapset(reference), plan, judged, rows, contract, out / "probes", log)
+    fixed = [stage for stage in judged if not family.replay_inputs(stage, plan)]  # no operator changes them
+    search = PrecisionSearch(found, report.tapset(reference), plan, judged, rows, contract, out / "probes", log, fixed)
     try:
         result = search.run(operators)
     finally:
@@ -119,6 +120,7 @@ def precision_search(
         "way": found.way,
         "judged": judged,
         "operator_kinds": operators,
+        "text": getattr(family.precision_module(), "TEXT", None),
         **result.to_dict(),
         "run_seconds": _run_seconds(report),
     }
