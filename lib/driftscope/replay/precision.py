@@ -10,8 +10,9 @@ under the run's contract. The search:
 2. each operator kind alone across the model (one norm of every block, a tower projection, ...): what each buys;
 3. for the kinds kept, bisection over block ranges: the first block they are needed from, then the last one.
 
-At most ``2 + kinds + 2 * ceil(log2(blocks))`` probes, when one kind alone closes it (more kinds added one at a
-time otherwise, each one probe). The bisection assumes that widening more blocks never hurts.
+At most ``2 + kinds + 2 * ceil(log2(blocks))`` probes, when one kind alone closes it; otherwise kinds are added
+one at a time until the set passes, then each dropped again if the set passes without it (at most ``2 * kinds``
+probes more). The bisection assumes that widening more blocks never hurts.
 """
 
 from __future__ import annotations
@@ -253,17 +254,26 @@ class PrecisionSearch:
 
     def _choose(self, operators: list[str], kinds: list[dict], ids) -> list[str]:
         """One kind that closes it alone (the fewest operators, then the least tolerance used), else kinds added
-        by what each buys alone until the probe passes."""
+        by what each buys alone until the probe passes (a kind whose probe changed nothing added last: it
+        changes stages the worst one does not reach, if any), then each added kind but the last dropped again
+        when the set passes without it (one probe each): no kind of the answer can go."""
         alone = [entry for entry in kinds if entry["passed"]]
         if alone:
             best = min(alone, key=lambda e: (len(ids([e["kind"]])), e["tolerance_used"]))
             return [best["kind"]]
+        unchanged = lambda e: e["tolerance_used"] == e["before"]  # noqa: E731
         chosen: list[str] = []
-        for entry in sorted(kinds, key=lambda e: e["tolerance_used"]):
+        for entry in sorted(kinds, key=lambda e: (unchanged(e), e["tolerance_used"])):
             chosen.append(entry["kind"])
             if self.probe(ids(chosen), "kinds").passed:
-                return [op for op in operators if op in chosen]
-        return list(operators)
+                break
+        else:
+            chosen = list(operators)  # the kinds' union is every operator, which passes
+        for kind in chosen[:-1]:
+            trial = [op for op in chosen if op != kind]
+            if self.probe(ids(trial), "drop kind").passed:
+                chosen = trial
+        return [op for op in operators if op in chosen]
 
     def _bisect(self, chosen: list[str], ids, depth: int) -> tuple[int, int]:
         """The latest first block, then the earliest last block, the chosen kinds are needed over."""

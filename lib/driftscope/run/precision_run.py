@@ -125,6 +125,10 @@ def precision_search(
         "run_seconds": _run_seconds(report),
     }
     entry["ratio"] = entry["seconds"] / entry["run_seconds"] if entry["run_seconds"] else None
+    if not result.closes:
+        entry["defect_patches"] = _defect_patches(family, spec, result)
+        if entry["defect_patches"]:
+            entry["message"] += f"; patches the family declares for it: {', '.join(entry['defect_patches'])}"
     if result.closes and result.answer:
         policy = {"base": spec["policy"], "f32": result.answer}
         entry["policy_file"] = str(_write_policy(report, spec, policy, entry).relative_to(report.directory))
@@ -136,6 +140,19 @@ def precision_search(
     report.save()
     log(f"precision: {result.message}")
     return entry
+
+
+def _defect_patches(family, spec: dict, result) -> list[str]:
+    """When no float32 set closes it: the ready patches the family declares for the stage still failing with every
+    operator in float32, and its known-defect fixes for the runtime, unless the candidate runs that patch already."""
+    failing = result.probes[-1].first_failure if result.probes else None
+    found = family.ready_patches(failing, spec["runtime"]) if failing else []
+    known = family.known_defects.get(spec["runtime"])
+    if known and known not in found:
+        found.append(known)
+    applied = spec.get("patch") or {}
+    applied = applied.get("callable") if isinstance(applied, dict) else applied
+    return [name for name in found if name != applied]
 
 
 def _run_seconds(report: Report) -> float | None:
