@@ -196,6 +196,7 @@ def video_time_shift(model, shift: int = 1, **_):
 
 
 def wrong_eps(model, block: int = 1, eps: float = 10.0, **_):
-    """Not a precision defect: vision block ``block``'s norm1 with a wrong epsilon (mlx-vlm's Qwen2.5-VL)."""
+    """Not a precision defect: vision block ``block``'s norm1 with a wrong epsilon (mlx-vlm's Qwen2.5-VL RMSNorm or
+    Qwen3-VL LayerNorm: both keep it in ``eps``)."""
     model.vision_tower.blocks[block].norm1.eps = eps
     return model

@@ -10,15 +10,16 @@ under the run's contract. The search:
 2. each operator kind alone across the model (one norm of every block, a tower projection, ...): what each buys;
 3. for the kinds kept, bisection over block ranges: the first block they are needed from, then the last one.
 
-At most ``2 + kinds + 2 * ceil(log2(blocks))`` probes, when one kind alone closes it (more kinds added one at a
-time otherwise, each one probe). The bisection assumes that widening more blocks never hurts.
+At most ``2 + kinds + 2 * ceil(log2(blocks))`` probes, when one kind alone closes it; otherwise kinds are added
+one at a time until the set passes, then each dropped again if the set passes without it (at most ``2 * kinds``
+probes more). The bisection assumes that widening more blocks never hurts.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -96,8 +97,12 @@ class PrecisionSearch:
         contract: Contract,
         out: Path,
         log: Callable[[str], None] = lambda message: None,
+        fixed: Iterable[str] = (),
     ):
+        """``fixed``: judged stages no operator changes (no function of earlier stages, e.g. rotary tables): a
+        probe keeps the run's rows for them."""
         self.candidate, self.reference, self.plan, self.contract = candidate, reference, plan, contract
+        self.fixed = set(fixed)
         self.judged = plan.ordered(judged)
         self.run_rows, self.out, self.log = run_rows, out, log
         self.position = {stage.id: index for index, stage in enumerate(plan)}
@@ -156,8 +161,12 @@ class PrecisionSearch:
 
     def _rows(self, stage_ids: list[str], out_base: Path) -> tuple[list[ComparisonRow], int]:
         begin = self._start(stage_ids)
-        again = [s for s in self.judged if self.position[s] >= begin]
-        before = [self.run_rows[s] for s in self.judged if self.position[s] < begin and s in self.run_rows]
+        again = [s for s in self.judged if self.position[s] >= begin and s not in self.fixed]
+        before = [
+            self.run_rows[s]
+            for s in self.judged
+            if (self.position[s] < begin or s in self.fixed) and s in self.run_rows
+        ]
         candidate = self.candidate
         if candidate.widen is not None:
             undo = candidate.widen(stage_ids)
@@ -245,17 +254,26 @@ class PrecisionSearch:
 
     def _choose(self, operators: list[str], kinds: list[dict], ids) -> list[str]:
         """One kind that closes it alone (the fewest operators, then the least tolerance used), else kinds added
-        by what each buys alone until the probe passes."""
+        by what each buys alone until the probe passes (a kind whose probe changed nothing added last: it
+        changes stages the worst one does not reach, if any), then each added kind but the last dropped again
+        when the set passes without it (one probe each): no kind of the answer can go."""
         alone = [entry for entry in kinds if entry["passed"]]
         if alone:
             best = min(alone, key=lambda e: (len(ids([e["kind"]])), e["tolerance_used"]))
             return [best["kind"]]
+        unchanged = lambda e: e["tolerance_used"] == e["before"]  # noqa: E731
         chosen: list[str] = []
-        for entry in sorted(kinds, key=lambda e: e["tolerance_used"]):
+        for entry in sorted(kinds, key=lambda e: (unchanged(e), e["tolerance_used"])):
             chosen.append(entry["kind"])
             if self.probe(ids(chosen), "kinds").passed:
-                return [op for op in operators if op in chosen]
-        return list(operators)
+                break
+        else:
+            chosen = list(operators)  # the kinds' union is every operator, which passes
+        for kind in chosen[:-1]:
+            trial = [op for op in chosen if op != kind]
+            if self.probe(ids(trial), "drop kind").passed:
+                chosen = trial
+        return [op for op in operators if op in chosen]
 
     def _bisect(self, chosen: list[str], ids, depth: int) -> tuple[int, int]:
         """The latest first block, then the earliest last block, the chosen kinds are needed over."""

@@ -42,14 +42,14 @@ def _runtime(report: Report, spec: dict, extra: dict | None = None):
 
 
 def _judged(report: Report, plan, pair: str) -> list[str]:
-    """The vision stages the run compared for ``pair`` that a probe changes: block outputs and the tower's float
-    stages (not the substages narrowing added, not the processor's or the index math)."""
+    """The image-path stages the run compared for ``pair`` that a probe changes: block outputs and the tower's
+    float stages (not the substages narrowing added, not the processor's, the index math or the text side)."""
     compared = {row.stage for row in report.rows if (row.pair or row.candidate) == pair}
     return [
         stage.id
         for stage in plan
         if stage.id in compared
-        and stage.id.startswith("vision.")
+        and not stage.id.startswith(("inputs.", "text."))
         and stage.substage is None
         and not stage.integer
         and not stage.data
@@ -105,7 +105,8 @@ def precision_search(
     written = report.data["contract"]
     contract = Contract.from_dict({k: v for k, v in written.items() if k != "source"}, written.get("source"))
     log(f"precision search of {label} ({verdict}): {len(operators)} operator kinds, {plan.depth} blocks")
-    search = PrecisionSearch(found, report.tapset(reference), plan, judged, rows, contract, out / "probes", log)
+    fixed = [stage for stage in judged if not family.replay_inputs(stage, plan)]  # no operator changes them
+    search = PrecisionSearch(found, report.tapset(reference), plan, judged, rows, contract, out / "probes", log, fixed)
     try:
         result = search.run(operators)
     finally:
@@ -119,10 +120,15 @@ def precision_search(
         "way": found.way,
         "judged": judged,
         "operator_kinds": operators,
+        "text": getattr(family.precision_module(), "TEXT", None),
         **result.to_dict(),
         "run_seconds": _run_seconds(report),
     }
     entry["ratio"] = entry["seconds"] / entry["run_seconds"] if entry["run_seconds"] else None
+    if not result.closes:
+        entry["defect_patches"] = _defect_patches(family, spec, result)
+        if entry["defect_patches"]:
+            entry["message"] += f"; patches the family declares for it: {', '.join(entry['defect_patches'])}"
     if result.closes and result.answer:
         policy = {"base": spec["policy"], "f32": result.answer}
         entry["policy_file"] = str(_write_policy(report, spec, policy, entry).relative_to(report.directory))
@@ -134,6 +140,19 @@ def precision_search(
     report.save()
     log(f"precision: {result.message}")
     return entry
+
+
+def _defect_patches(family, spec: dict, result) -> list[str]:
+    """When no float32 set closes it: the ready patches the family declares for the stage still failing with every
+    operator in float32, and its known-defect fixes for the runtime, unless the candidate runs that patch already."""
+    failing = result.probes[-1].first_failure if result.probes else None
+    found = family.ready_patches(failing, spec["runtime"]) if failing else []
+    known = family.known_defects.get(spec["runtime"])
+    if known and known not in found:
+        found.append(known)
+    applied = spec.get("patch") or {}
+    applied = applied.get("callable") if isinstance(applied, dict) else applied
+    return [name for name in found if name != applied]
 
 
 def _run_seconds(report: Report) -> float | None:

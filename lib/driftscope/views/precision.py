@@ -58,7 +58,7 @@ def answer_markdown(entry: dict) -> str:
         kept = ", ".join(code(pattern) for pattern in entry["answer"])
         lines.append(
             f"keep {kept} in float32 ({entry['operators']} operators), everything else {entry['policy']}. "
-            f"Tolerance used over the vision stages: {entry['probes'][0]['tolerance_used']:.3g} -> "
+            f"Tolerance used over the image-path stages: {entry['probes'][0]['tolerance_used']:.3g} -> "
             f"{_final(entry)['tolerance_used']:.3g}."
         )
     probes = len(entry["probes"]) - 1  # the baseline is the run's own rows
@@ -69,6 +69,8 @@ def answer_markdown(entry: dict) -> str:
         f" Cost: {probes} probes (at most {entry['bound']}) in {entry['seconds']:.1f} s{ratio}; each probe "
         f"{entry['way']}."
     )
+    if entry.get("text"):  # the family's precision module: why the text side has no operator kinds
+        lines.append(f" Text side: {entry['text']}.")
     verified = entry.get("verified")
     if verified:
         lines.append(

@@ -66,6 +66,7 @@ FAMILY = Family(
         q4_group_size=32,  # the tiny ViT is 32 wide; group size 64 would leave its attention dense
     ),
     quantization=f"{__name__}.quantization",
+    precision=f"{__name__}.precision",
     known_defects={"mlx": "driftscope.hypotheses:mlx_vlm_fixes"},  # mlx-vlm 0.7.10's three (hypotheses.py)
     text_weights=("model.transformer.*", "lm_head.weight"),  # the decoder (both layouts)
 )

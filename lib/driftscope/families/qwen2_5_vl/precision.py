@@ -3,6 +3,9 @@ model holds them (``options.f32`` and ``driftscope precision``, see ``driftscope
 
 A block operator is named by its stage's substage name (``norm2``), except the fused q/k/v projection, which
 computes three stages and is named ``attn.qkv``; a tower operator by its stage id (``vision.merger.norm``).
+
+The text side: the plan taps each decoder layer's output only (``text.layer.N``), no substage inside a layer, so
+the search has no text operator kinds to name (``TEXT``); a text failure is reported, not searched.
 """
 
 from __future__ import annotations
@@ -12,6 +15,12 @@ from typing import Any
 from driftscope.errors import ParameterError
 
 from .plan import parse_stage
+
+#: Why no text operator is searched (the report's ``precision.<candidate>.text``).
+TEXT = (
+    "the Qwen2.5-VL plan taps each text decoder layer's output only (text.layer.N), no substage inside a layer: "
+    "the search names no text operator kinds"
+)
 
 #: The operator computing each substage (the fused projection computes q, k and v).
 OPERATOR_OF = {"attn.q": "attn.qkv", "attn.k": "attn.qkv", "attn.v": "attn.qkv"}

@@ -62,6 +62,7 @@ FAMILY = Family(
         images=(_ROOT / "fixtures" / "images" / "shapes_224.png",),
     ),
     quantization=f"{__name__}.quantization",
+    precision=f"{__name__}.precision",
     derived_weights=tied_head,
     text_weights=TEXT_WEIGHTS,
     videos=True,

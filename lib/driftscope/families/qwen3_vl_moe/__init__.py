@@ -67,5 +67,6 @@ FAMILY = Family(
         q4_source=TinyFixture(_ROOT / "fixtures" / "checkpoints" / "tiny-qwen3-vl-moe-wide", _build_q4_source, _IMAGES),
     ),
     quantization=f"{__name__}.quantization",
+    precision="driftscope.families.qwen3_vl.precision",  # the tower is Qwen3-VL's
     videos=True,
 )

@@ -56,19 +56,25 @@ def _lin(contract: Contract, w: dict, name: str, x: jax.Array) -> jax.Array:
 
 
 def vit_block(spec: Molmo2Spec, contract: Contract, w: dict, x: jax.Array, tap: Taps, s: str) -> jax.Array:
-    """One pre-LN ViT block over [crops, patches, hidden]; ``w`` without its ``vit.layers.N.`` prefix."""
+    """One pre-LN ViT block over [crops, patches, hidden]; ``w`` without its ``vit.layers.N.`` prefix. Each
+    operator runs under ``contract.at`` its stage (float32 where a mixed policy keeps it there)."""
     vit = spec.vit
     crops, patches, _ = x.shape
     heads = (crops, patches, vit.num_heads, vit.head_dim)
-    h = tap(s + "norm1", contract.round_state(layer_norm(x, w["norm1.weight"], w["norm1.bias"], vit.eps)))
-    q = tap(s + "attn.q", _lin(contract, w, "attn.q", h).reshape(heads))
-    k = tap(s + "attn.k", _lin(contract, w, "attn.k", h).reshape(heads))
-    v = tap(s + "attn.v", _lin(contract, w, "attn.v", h).reshape(heads))
-    context = tap(s + "attn.context", multi_head_attention(contract, q, k, v))
-    x = tap(s + "residual1", contract.round_state(x + tap(s + "attn.out", _lin(contract, w, "attn.o", context))))
-    h = tap(s + "norm2", contract.round_state(layer_norm(x, w["norm2.weight"], w["norm2.bias"], vit.eps)))
-    act = tap(s + "mlp.act", gelu_tanh(tap(s + "mlp.fc1", _lin(contract, w, "mlp.fc1", h))))
-    return contract.round_state(x + tap(s + "mlp.fc2", _lin(contract, w, "mlp.fc2", act)))
+
+    def at(kind: str) -> Contract:
+        return contract.at(s + kind)
+
+    h = tap(s + "norm1", at("norm1").round_state(layer_norm(x, w["norm1.weight"], w["norm1.bias"], vit.eps)))
+    q = tap(s + "attn.q", _lin(at("attn.q"), w, "attn.q", h).reshape(heads))
+    k = tap(s + "attn.k", _lin(at("attn.k"), w, "attn.k", h).reshape(heads))
+    v = tap(s + "attn.v", _lin(at("attn.v"), w, "attn.v", h).reshape(heads))
+    context = tap(s + "attn.context", multi_head_attention(at("attn.context"), q, k, v))
+    out = tap(s + "attn.out", _lin(at("attn.out"), w, "attn.o", context))
+    x = tap(s + "residual1", at("residual1").round_state(x + out))
+    h = tap(s + "norm2", at("norm2").round_state(layer_norm(x, w["norm2.weight"], w["norm2.bias"], vit.eps)))
+    act = tap(s + "mlp.act", gelu_tanh(tap(s + "mlp.fc1", _lin(at("mlp.fc1"), w, "mlp.fc1", h))))
+    return contract.at(s[:-1]).round_state(x + tap(s + "mlp.fc2", _lin(at("mlp.fc2"), w, "mlp.fc2", act)))
 
 
 def layer_weights(weights: dict, prefix: str) -> dict:
@@ -78,9 +84,9 @@ def layer_weights(weights: dict, prefix: str) -> dict:
 def stem(spec: Molmo2Spec, contract: Contract, weights: dict, pixel_values: jax.Array, tap: Taps) -> jax.Array:
     """Patch embedding plus the learned positions (resized when a crop's grid is not the table's): block 0's input."""
     side = int(round(pixel_values.shape[1] ** 0.5))
-    x = tap("vision.patch_embed", _lin(contract, weights, "vit.patch_embed", pixel_values))
+    x = tap("vision.patch_embed", _lin(contract.at("vision.patch_embed"), weights, "vit.patch_embed", pixel_values))
     pos = tap("vision.pos_embed", resize_positions(weights["vit.pos_embed"], spec.vit.position_grid, (side, side)))
-    return tap("vision.positioned", contract.round_state(x + pos[None]))
+    return tap("vision.positioned", contract.at("vision.positioned").round_state(x + pos[None]))
 
 
 def vit(spec: Molmo2Spec, contract: Contract, weights: dict, pixel_values: jax.Array, tap: Taps) -> list[jax.Array]:
@@ -108,9 +114,11 @@ def query(gathered: jax.Array, valid: jax.Array) -> jax.Array:
 
 
 def attend(spec: Molmo2Spec, contract: Contract, weights: dict, q_in: jax.Array, gathered: jax.Array, valid):
-    """The pooler's attention: one query per token over its patches (padding slots masked), output projection."""
+    """The pooler's attention: one query per token over its patches (padding slots masked), output projection
+    (every operator of it under ``contract.at("pool.output")``: a mixed policy keeps the pooler whole)."""
     adapter = spec.adapter
     tokens, slots = valid.shape
+    contract = contract.at("pool.output")
     q = _lin(contract, weights, "pool.q", q_in).reshape(tokens, 1, adapter.num_heads, adapter.head_dim)
     k = _lin(contract, weights, "pool.k", gathered).reshape(tokens, slots, adapter.num_heads, adapter.head_dim)
     v = _lin(contract, weights, "pool.v", gathered).reshape(tokens, slots, adapter.num_heads, adapter.head_dim)
@@ -128,9 +136,11 @@ def pool(spec: Molmo2Spec, contract: Contract, weights: dict, features: jax.Arra
 
 def projector(contract: Contract, weights: dict, x: jax.Array, tap: Taps) -> jax.Array:
     """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
-    act = tap("projector.act", jax.nn.silu(tap("projector.gate", _lin(contract, weights, "projector.gate", x))))
-    product = tap("projector.product", act * tap("projector.up", _lin(contract, weights, "projector.up", x)))
-    return tap(FINAL, _lin(contract, weights, "projector.down", product))
+    at = contract.at
+    gate = tap("projector.gate", _lin(at("projector.gate"), weights, "projector.gate", x))
+    act = tap("projector.act", jax.nn.silu(gate))
+    product = tap("projector.product", act * tap("projector.up", _lin(at("projector.up"), weights, "projector.up", x)))
+    return tap(FINAL, _lin(at(FINAL), weights, "projector.down", product))
 
 
 def vision_features(

@@ -70,34 +70,45 @@ class _Taps:
 
 
 def block(spec: VisionSpec, contract: Contract, w: dict, x, cos, sin, mask, tap, p: str, s: str, out_id: str):
-    """One vision block: weights under prefix ``p``, substage ids under prefix ``s``, output ``out_id``."""
+    """One vision block: weights under prefix ``p``, substage ids under prefix ``s``, output ``out_id``. Each
+    operator runs under ``contract.at`` its stage (float32 where a mixed policy keeps it there)."""
     rows = x.shape[0]
-    h = tap(s + "norm1", contract.round_state(layer_norm(x, w[p + "norm1.weight"], w[p + "norm1.bias"], spec.eps)))
-    qkv = linear(contract, h, w[p + "attn.qkv.weight"], w[p + "attn.qkv.bias"])
+
+    def at(kind: str) -> Contract:
+        return contract.at(s + kind)
+
+    h = layer_norm(x, w[p + "norm1.weight"], w[p + "norm1.bias"], spec.eps)
+    h = tap(s + "norm1", at("norm1").round_state(h))
+    qkv = linear(at("attn.qkv"), h, w[p + "attn.qkv.weight"], w[p + "attn.qkv.bias"])
     q, k, v = (qkv.reshape(rows, 3, spec.num_heads, spec.head_dim)[:, i] for i in range(3))
     q = tap(s + "attn.q", apply_rope(q, cos, sin))
     k = tap(s + "attn.k", apply_rope(k, cos, sin))
     v = tap(s + "attn.v", v)
-    context = tap(s + "attn.context", attention(contract, q, k, v, mask))
-    out = tap(s + "attn.out", linear(contract, context, w[p + "attn.proj.weight"], w[p + "attn.proj.bias"]))
-    x = tap(s + "residual1", contract.round_state(x + out))
-    h = tap(s + "norm2", contract.round_state(layer_norm(x, w[p + "norm2.weight"], w[p + "norm2.bias"], spec.eps)))
-    fc1 = tap(s + "mlp.fc1", linear(contract, h, w[p + "mlp.linear_fc1.weight"], w[p + "mlp.linear_fc1.bias"]))
+    context = tap(s + "attn.context", attention(at("attn.context"), q, k, v, mask))
+    out = tap(s + "attn.out", linear(at("attn.out"), context, w[p + "attn.proj.weight"], w[p + "attn.proj.bias"]))
+    x = tap(s + "residual1", at("residual1").round_state(x + out))
+    h = layer_norm(x, w[p + "norm2.weight"], w[p + "norm2.bias"], spec.eps)
+    h = tap(s + "norm2", at("norm2").round_state(h))
+    fc1 = linear(at("mlp.fc1"), h, w[p + "mlp.linear_fc1.weight"], w[p + "mlp.linear_fc1.bias"])
+    fc1 = tap(s + "mlp.fc1", fc1)
     act = tap(s + "mlp.act", gelu(fc1, spec.tanh_gelu))
-    fc2 = tap(s + "mlp.fc2", linear(contract, act, w[p + "mlp.linear_fc2.weight"], w[p + "mlp.linear_fc2.bias"]))
-    return tap(out_id, contract.round_state(x + fc2))
+    fc2 = linear(at("mlp.fc2"), act, w[p + "mlp.linear_fc2.weight"], w[p + "mlp.linear_fc2.bias"])
+    fc2 = tap(s + "mlp.fc2", fc2)
+    return tap(out_id, contract.at(out_id).round_state(x + fc2))
 
 
 def merger(spec: VisionSpec, contract: Contract, w: dict, x, tap, p: str, s: str, postshuffle: bool):
     """A patch merger: LayerNorm (over hidden before the 2x2 regroup, or over 4x hidden after it for a
-    DeepStack branch), fc1, exact GELU, fc2. ``s`` is the output's stage id and its substages' prefix."""
+    DeepStack branch), fc1, exact GELU, fc2. ``s`` is the output's stage id and its substages' prefix; the second
+    projection's operator is ``<s>.fc2`` (``contract.at``)."""
     if postshuffle:
         x = x.reshape(-1, spec.merged_hidden)
-    h = tap(s + ".norm", contract.round_state(layer_norm(x, w[p + "norm.weight"], w[p + "norm.bias"], spec.eps)))
+    h = layer_norm(x, w[p + "norm.weight"], w[p + "norm.bias"], spec.eps)
+    h = tap(s + ".norm", contract.at(s + ".norm").round_state(h))
     h = h.reshape(-1, spec.merged_hidden)
-    fc1 = tap(s + ".fc1", linear(contract, h, w[p + "linear_fc1.weight"], w[p + "linear_fc1.bias"]))
+    fc1 = tap(s + ".fc1", linear(contract.at(s + ".fc1"), h, w[p + "linear_fc1.weight"], w[p + "linear_fc1.bias"]))
     act = tap(s + ".act", gelu(fc1, tanh=False))
-    return tap(s, linear(contract, act, w[p + "linear_fc2.weight"], w[p + "linear_fc2.bias"]))
+    return tap(s, linear(contract.at(s + ".fc2"), act, w[p + "linear_fc2.weight"], w[p + "linear_fc2.bias"]))
 
 
 def vision_tower(
@@ -117,10 +128,12 @@ def vision_tower(
     w = weights
     x = tap(
         "vision.patch_embed",
-        patch_embed(contract, pixel_values, w["patch_embed.proj.weight"], w["patch_embed.proj.bias"]),
+        patch_embed(
+            contract.at("vision.patch_embed"), pixel_values, w["patch_embed.proj.weight"], w["patch_embed.proj.bias"]
+        ),
     )
     pos = tap("vision.pos_embed", interpolate_pos_embed(w["pos_embed.weight"], interp_indices, interp_weights))
-    x = tap("vision.positioned", contract.round_state(x + pos))
+    x = tap("vision.positioned", contract.at("vision.positioned").round_state(x + pos))
     cos, sin = rotary_tables(positions, spec.head_dim, spec.rope_theta)
     tap("vision.rotary.cos", cos)
     tap("vision.rotary.sin", sin)
