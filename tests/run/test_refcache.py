@@ -229,3 +229,19 @@ def test_a_second_investigation_reuses_the_reference_and_the_power_captures(own_
     line = reference_cache_line(loaded)
     assert "`transformers:f32`" in line and second["reference_cache"]["entry"] in line and "1 of the 1 mutated" in line
     assert reference_cache_line(Report.load(tmp_path / "a" / "report.json")) is None  # captured, not reused
+
+
+def test_without_the_variable_the_cache_is_under_driftscope_cache_or_the_outputs(monkeypatch, tmp_path):
+    """``make demo`` sets neither variable: it stopped at the reference's capture with "AttributeError: 'NoneType'
+    object has no attribute 'strip'"."""
+    from driftscope.core.paths import REPO_ROOT
+    from driftscope.run.refcache import cache_root
+
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.delenv("DRIFTSCOPE_CACHE", raising=False)
+    assert cache_root() == REPO_ROOT / "outputs" / "cache" / "reference"
+    monkeypatch.setenv("DRIFTSCOPE_CACHE", str(tmp_path))
+    assert cache_root() == tmp_path / "reference"
+    for off in ("off", "OFF", " none "):
+        monkeypatch.setenv(ENV, off)
+        assert cache_root() is None
