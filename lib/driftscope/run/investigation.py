@@ -36,7 +36,7 @@ from driftscope.run.outdirs import interactive_out_dir
 from driftscope.run.params import Parameters, load_parameters
 from driftscope.run.preflight import check_parameters
 from driftscope.run.report import Report
-from driftscope.run.runlock import RunLock, held_by_parent, run_lock, wait_for_result
+from driftscope.run.runlock import RunLock, held_by_parent, run_lock, run_pid, wait_for_result
 from driftscope.run.substitution import explain_answer
 from driftscope.taps.stages import StagePlan
 
@@ -116,7 +116,7 @@ def _finished(params: Parameters, out: Path, waited: bool, parent: bool = False)
     if previous is None or previous.data.get("parameters_digest") != params.digest:
         if parent:
             raise InvestigationFailed(
-                f"the run that started this notebook (pid {os.getppid()}) wrote no report of these parameters",
+                f"the run that started this notebook (pid {run_pid()}) wrote no report of these parameters",
                 f"see {out / LOG_NAME} and the run's own output",
             )
         return None

@@ -96,14 +96,24 @@ def result_lock(out: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+#: The ``driftscope run`` whose notebooks a process renders: the render process sets it to its parent's pid for
+#: its kernels, whose own parent is the render process.
+RUN_PID = "DRIFTSCOPE_RUN_PID"
+
+
+def run_pid() -> str:
+    """The pid of the ``driftscope run`` this process belongs to: :data:`RUN_PID`, else the parent's."""
+    return os.environ.get(RUN_PID) or str(os.getppid())
+
+
 def held_by_parent(out: Path) -> bool:
-    """Whether the directory's lock is held by this process's parent (a ``driftscope run`` whose notebook this is)."""
+    """Whether the directory's lock is held by the ``driftscope run`` whose notebook this is (:func:`run_pid`)."""
     try:
         import fcntl
     except ImportError:
         return False
     path = Path(out) / LOCK_NAME
-    if holder(out) != str(os.getppid()) or not path.exists():
+    if holder(out) not in (str(os.getppid()), run_pid()) or not path.exists():
         return False
     with open(path, "a+") as handle:
         try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import threading
+import logging
 import time
 from pathlib import Path
 
@@ -42,30 +42,51 @@ def notebook_path(name: str, notebook_dir: Path | None = None) -> Path:
     return path
 
 
-def execute(
-    name: str, out_dir: Path, parameters: dict, cwd: Path, log_output: bool = True, notebook_dir: Path | None = None
-) -> Path:
-    """Run one notebook into ``out_dir/<name>.ipynb``; the executed copy is written even if it fails."""
-    import papermill
+def kernel_config():
+    """The kernel manager's configuration: CurveZMQ keys where the kernel supports them."""
     from traitlets.config import Config
+
+    config = Config()
+    config.KernelManager.transport_encryption = "auto"
+    return config
+
+
+def execute(
+    name: str,
+    out_dir: Path,
+    parameters: dict,
+    cwd: Path,
+    log_output: bool = True,
+    notebook_dir: Path | None = None,
+    kernel=None,
+) -> Path:
+    """Run one notebook into ``out_dir/<name>.ipynb``; the executed copy is written even if it fails.
+
+    ``kernel``: a :class:`driftscope.views.warm.WarmKernel` started for it in ``cwd`` (shut down afterwards);
+    without one papermill starts a kernel of its own."""
+    import papermill
 
     out_dir.mkdir(parents=True, exist_ok=True)
     source = notebook_path(name, notebook_dir)
     target = out_dir / source.name
-    config = Config()
-    config.KernelManager.transport_encryption = "auto"  # CurveZMQ keys where the kernel supports them
-    papermill.execute_notebook(
-        str(source),
-        str(target),
-        parameters=parameters,
-        kernel_name=kernel_name(),
-        cwd=str(cwd),
-        log_output=log_output,
-        progress_bar=False,
-        report_mode=False,
-        shutdown_kernel="immediate",  # every output is in by then; a graceful shutdown waited ~2 s for the kernel
-        config=config,
-    )
+    given = {"km": kernel.ready()} if kernel is not None else {}
+    try:
+        papermill.execute_notebook(
+            str(source),
+            str(target),
+            parameters=parameters,
+            kernel_name=kernel_name(),
+            cwd=str(cwd),
+            log_output=log_output,
+            progress_bar=False,
+            report_mode=False,
+            shutdown_kernel="immediate",  # every output is in by then; a graceful shutdown waited ~2 s
+            config=kernel_config(),
+            **given,
+        )
+    finally:
+        if kernel is not None:
+            kernel.shutdown()
     return target
 
 
@@ -78,12 +99,16 @@ def run_notebooks(
     log=None,
     notebook_dir: Path | None = None,
     echo: bool | None = None,
+    kernels=None,
+    pages=None,
 ) -> dict[str, str]:
     """Execute each notebook on one parameter file and render its HTML (also when it failed).
 
     Returns ``{notebook: error}`` for the notebooks that raised; the others still run, unless the
     investigation itself stopped with an error: then the rest are not run (each would run it again).
     ``echo``: stream the notebooks' output to this process's log (default: when ``log`` is given).
+    ``kernels``: a :class:`driftscope.views.render_process.KernelQueue` of warm kernels; ``pages``: reused
+    :class:`driftscope.views.warm.Exporters`.
     """
     errors = {}
     started = time.time()
@@ -104,6 +129,7 @@ def run_notebooks(
                 cwd=cwd,
                 log_output=log is not None if echo is None else echo,
                 notebook_dir=notebook_dir,
+                kernel=kernels.take(name) if kernels is not None else None,
             )
         except Exception as err:  # noqa: BLE001 - papermill raises PapermillExecutionError with the cell's error
             error = f"{getattr(err, 'ename', type(err).__name__)}: {getattr(err, 'evalue', err)}".strip()
@@ -112,7 +138,7 @@ def run_notebooks(
                 log(f"notebook {name} failed: {errors[name]}")
         executed = out_dir / f"{Path(name).stem}.ipynb"
         if executed.exists():
-            html, nocode = to_html(executed)
+            html, nocode = to_html(executed, pages)
             if log:
                 log(f"rendered {html.name} and {nocode.name}")
     return errors
@@ -172,10 +198,9 @@ def _stopped_at(report_path: Path) -> str | None:
     return _stop_cause(report_path)[0]
 
 
-#: What the notebook thread imports and compiles on its way (papermill, nbclient, the kernel client, nbformat's
-#: validator, nbconvert and its Jinja templates), done here first: CPython 3.11's AST state is not safe when two
-#: threads compile at once ("SystemError: AST constructor recursion depth mismatch"), and the investigation
-#: imports transformers, MLX and JAX in this thread meanwhile.
+#: What the render process imports before it starts a kernel (papermill, nbclient, the kernel client, nbformat's
+#: validator, nbconvert and its Jinja templates): all of it before its kernel thread starts, so the two threads
+#: never compile at once (CPython 3.11's AST state is not thread-safe: "AST constructor recursion depth mismatch").
 NOTEBOOK_STACK = (
     "papermill",
     "papermill.execute",
@@ -197,9 +222,8 @@ NOTEBOOK_STACK = (
 )
 
 
-def prepare_notebook_thread(names) -> None:
-    """Import the notebook thread's stack and read each notebook once (nbformat builds its schema validator), in
-    this thread, before the investigation starts beside it."""
+def prepare_notebook_stack(names) -> None:
+    """Import the notebook stack and read each notebook once (nbformat builds its schema validator)."""
     import importlib
 
     from driftscope.core.validation import draft_2020_12
@@ -212,7 +236,7 @@ def prepare_notebook_thread(names) -> None:
     for name in names:
         try:
             nbformat.validate(nbformat.read(str(notebook_path(name)), as_version=4))
-        except Exception:  # noqa: BLE001 - a missing or broken notebook is the thread's to report, with its name
+        except Exception:  # noqa: BLE001 - a missing or broken notebook is the run's to report, with its name
             continue
     kernel_name()  # jupyter_client's kernel spec lookup (entry points, paths)
 
@@ -236,65 +260,56 @@ def drilldown_for_failing(names: list[str], out_dir: Path) -> list[str]:
 
 
 def investigate_and_render(params, params_path: Path, out_dir: Path, reuse: bool, cwd: Path, log) -> dict[str, str]:
-    """Run the investigation in this process while papermill starts the notebooks' kernel, then render.
+    """Run the investigation in this process while a render process warms the notebooks' kernels, then render.
 
-    The kernel's start-up and the notebook's imports overlap the investigation's own; each notebook's
-    ``investigate(..., reuse=True)`` waits for this run (the output directory's lock) and reads its report.
-    Returns ``{notebook: error}`` like :func:`run_notebooks` (``"investigation"``: the investigation's own
-    error); a failed investigation shows in the notebooks. The output directory stays locked until the last
-    notebook is rendered, so no other run can replace the report under them.
+    The render process (:mod:`driftscope.views.render_process`) starts each notebook's kernel and imports its
+    modules while the investigation runs; each notebook's ``investigate(..., reuse=True)`` waits for this run
+    (the output directory's lock) and reads its report. Returns ``{notebook: error}`` like :func:`run_notebooks`
+    (``"investigation"``: the investigation's own error); a failed investigation shows in the notebooks. The
+    output directory stays locked until the last notebook is rendered, so no other run can replace the report
+    under them.
     """
     from driftscope.run.investigation import investigate
     from driftscope.run.runlock import result_lock, run_lock
 
+    from .render_process import RenderProcess
+
     errors: dict[str, str] = {}
-
-    def notebooks() -> None:
-        try:
-            errors.update(run_notebooks(params.notebooks, out_dir, params_path, True, cwd, log, echo=False))
-            added = drilldown_for_failing(params.notebooks, out_dir)
-            if added:
-                log(f"the run fails: rendering {added[0]} too (the drill-down of its first divergence)")
-                errors.update(run_notebooks(added, out_dir, params_path, True, cwd, log, echo=False))
-        except Exception as err:  # noqa: BLE001 - a thread that dies would leave no error: the run must not pass
-            errors["notebooks"] = f"{type(err).__name__}: {err}"
-            log(f"the notebooks could not render: {errors['notebooks']}")
-
-    prepare_notebook_thread(params.notebooks)
+    verbose = logging.getLogger("papermill").getEffectiveLevel() <= logging.INFO
     with run_lock(out_dir) as lock:  # held before the kernel can ask for it, until the last notebook is rendered
-        thread = threading.Thread(target=notebooks, name="driftscope-notebooks", daemon=True)
         with result_lock(out_dir):  # this run's kernels wait on this one for the report
-            thread.start()
+            names = list(params.notebooks)
+            process = RenderProcess.start(names, out_dir, params_path, cwd, log, verbose) if names else None
             try:
                 investigate(params, out_dir, reuse=reuse, lock=lock)
             except Exception as err:  # noqa: BLE001 - the report records where it stopped; the notebooks show it
                 errors["investigation"] = f"{type(err).__name__}: {err}"
                 if not _stopped_at(out_dir / "report.json"):  # it failed before its report could say so
                     log(f"the investigation could not start: {type(err).__name__}: {err}")
-        thread.join()
+            except BaseException:
+                if process is not None:
+                    process.stop()
+                raise
+        errors.update(process.wait() if process is not None else {})
     return errors
 
 
-def to_html(executed: Path) -> tuple[Path, Path]:
-    """``<name>.html`` (with code) and ``<name>.nocode.html`` next to the executed notebook."""
+def to_html(executed: Path, pages=None) -> tuple[Path, Path]:
+    """``<name>.html`` (with code) and ``<name>.nocode.html`` next to the executed notebook (``pages``: reused
+    :class:`driftscope.views.warm.Exporters`, else two made here)."""
     import nbformat
-    from nbconvert import HTMLExporter
 
     from .interactive import page_ready, page_with_plotly
+    from .warm import Exporters
+
+    pages = pages or Exporters(TEMPLATES)
 
     notebook = nbformat.read(str(executed), as_version=4)
     written = []
     for suffix, exclude in ((".html", False), (".nocode.html", True)):
         shown = fold_errors(without_code(notebook) if exclude else shorten_parameters(notebook, executed.parent))
         shown, plotly = page_ready(shown)  # widgets in words; interactive figures, or their PNGs over the budget
-        exporter = HTMLExporter(
-            exclude_input=exclude,
-            exclude_input_prompt=exclude,
-            exclude_output_prompt=exclude,
-            template_name="offline",
-            extra_template_basedirs=[str(TEMPLATES)],
-        )
-        body, _ = exporter.from_notebook_node(shown)
+        body, _ = pages.pages[exclude].from_notebook_node(shown)
         body = page_with_plotly(body) if plotly else body  # plotly.js once, inlined: the page opens offline
         target = executed.with_name(executed.stem + suffix)
         write_text_atomic(target, body)

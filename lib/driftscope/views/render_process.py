@@ -1,0 +1,202 @@
+"""The notebooks of ``driftscope run`` render in a process of their own, started beside the investigation.
+
+The process (``python -m driftscope.views.render_process SPEC``) imports papermill, nbclient and nbconvert, starts
+the first notebook's kernel and runs its warm-up (:mod:`driftscope.views.warm`), compiles the HTML templates,
+then executes the notebooks through papermill as before: each notebook's ``investigate(..., reuse=True)`` waits
+for the run's lock and reads the report. The next notebook's kernel warms while one executes. What is left
+after the verdict is the cells that read the report and the two HTML pages.
+
+A process, not a thread: CPython 3.11 is not safe when two threads compile at once ("SystemError: AST
+constructor recursion depth mismatch"), and the investigation imports transformers, MLX and JAX meanwhile; the
+CLI's own process no longer imports the notebook stack at all. The process talks back on its stdout, one JSON
+object a line: ``{"log": message}`` for each progress line, then ``{"errors": {notebook: error}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+
+class RenderProcess:
+    """The parent's handle: :meth:`start` it, then :meth:`wait` for ``{notebook: error}``."""
+
+    def __init__(self, process: subprocess.Popen, log):
+        self.process, self.log = process, log
+        self.errors: dict[str, str] | None = None
+        self._reader = threading.Thread(target=self._read, name="driftscope-render-reader", daemon=True)
+        self._reader.start()
+
+    @classmethod
+    def start(cls, names, out_dir: Path, params_path: Path, cwd: Path, log, verbose: bool = False) -> RenderProcess:
+        spec = {
+            "notebooks": list(names),
+            "out_dir": str(out_dir),
+            "params_path": str(params_path),
+            "cwd": str(cwd),
+            "verbose": verbose,
+        }
+        process = subprocess.Popen(
+            [sys.executable, "-m", "driftscope.views.render_process", json.dumps(spec)],
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            cwd=str(cwd),
+        )
+        return cls(process, log)
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            if "log" in message:
+                self.log(message["log"])
+            elif "errors" in message:
+                self.errors = dict(message["errors"])
+
+    def wait(self) -> dict[str, str]:
+        """``{notebook: error}`` once the process has ended; a process that ended without saying is an error."""
+        code = self.process.wait()
+        self._reader.join()
+        if self.errors is None:
+            error = f"the render process exited with code {code} before its notebooks were rendered"
+            self.log(f"the notebooks could not render: {error}")
+            return {"notebooks": error}
+        return self.errors
+
+    def stop(self) -> None:
+        """End the process (and, through its handler, its kernels) if it still runs."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        self._reader.join(timeout=5)
+
+
+class KernelQueue:
+    """Warm kernels for the notebooks in order: the first started at once (in the calling thread, so every code
+    path the background thread uses has run once, imports included), each next one when the notebook before it
+    is taken; :meth:`take` waits for a notebook's kernel (None: it could not start, papermill starts one)."""
+
+    def __init__(self, names, cwd: Path):
+        self.names, self.cwd = list(names), cwd
+        self._kernels: dict[str, object] = {}
+        self._taken = 0
+        self._closed = False
+        self._condition = threading.Condition()
+        self._ready = {name: threading.Event() for name in self.names}
+        self._thread: threading.Thread | None = None
+        if self.names:
+            self._start(self.names[0])
+            first = self._kernels.get(self.names[0])
+            if first is not None:
+                first.ready()
+
+    def start_rest(self) -> None:
+        if len(self.names) > 1:
+            self._thread = threading.Thread(target=self._warm_rest, name="driftscope-kernels", daemon=True)
+            self._thread.start()
+
+    def _start(self, name: str) -> None:
+        from .render import kernel_config, kernel_name, notebook_path
+        from .warm import WarmKernel
+
+        try:
+            self._kernels[name] = WarmKernel(notebook_path(name), kernel_name(), self.cwd, kernel_config())
+        except Exception:  # noqa: BLE001 - no warm kernel: papermill starts one the usual way and reports why
+            self._kernels[name] = None
+        self._ready[name].set()
+
+    def _warm_rest(self) -> None:
+        for index, name in enumerate(self.names[1:], start=1):
+            with self._condition:
+                self._condition.wait_for(lambda i=index: self._closed or self._taken >= i)
+                if self._closed:
+                    return
+            self._start(name)
+            kernel = self._kernels.get(name)
+            if kernel is not None:
+                kernel.ready()
+
+    def take(self, name: str):
+        if name not in self._ready:
+            return None
+        with self._condition:
+            self._taken += 1
+            self._condition.notify_all()
+        self._ready[name].wait()
+        return self._kernels.pop(name, None)
+
+    def close(self) -> None:
+        with self._condition:
+            self._closed = True
+            self._condition.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+        for kernel in self._kernels.values():
+            if kernel is not None:
+                kernel.shutdown()
+        self._kernels.clear()
+
+
+def serve(spec: dict, emit) -> dict[str, str]:
+    """Warm the kernels and exporters, then execute and render the notebooks of ``spec``; ``{notebook: error}``."""
+    from .render import TEMPLATES, drilldown_for_failing, prepare_notebook_stack, run_notebooks
+    from .warm import Exporters
+
+    names = list(spec["notebooks"])
+    out, params_path, cwd = Path(spec["out_dir"]), Path(spec["params_path"]), Path(spec["cwd"])
+    prepare_notebook_stack(names)
+    kernels = KernelQueue(names, cwd)
+    try:
+        exporters = Exporters(TEMPLATES)
+        exporters.warm()
+        kernels.start_rest()
+        errors = run_notebooks(names, out, params_path, True, cwd, emit, echo=False, kernels=kernels, pages=exporters)
+        added = drilldown_for_failing(names, out)
+        if added:
+            emit(f"the run fails: rendering {added[0]} too (the drill-down of its first divergence)")
+            errors.update(run_notebooks(added, out, params_path, True, cwd, emit, echo=False, pages=exporters))
+    finally:
+        kernels.close()
+    return errors
+
+
+def main(argv: list[str]) -> int:
+    import logging
+    import signal
+
+    channel = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # anything else printed goes to stderr: stdout carries only the messages below
+    spec = json.loads(argv[0])
+    from driftscope.run.runlock import RUN_PID
+
+    os.environ[RUN_PID] = str(os.getppid())  # the kernels' notebooks belong to the run that started this process
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    for name in ("papermill", "traitlets", "nbconvert"):
+        logging.getLogger(name).setLevel(logging.INFO if spec.get("verbose") else logging.ERROR)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the kernels are shut down on the way out
+
+    def emit(message: str) -> None:
+        channel.write(json.dumps({"log": message}) + "\n")
+
+    try:
+        errors = serve(spec, emit)
+    except Exception as err:  # noqa: BLE001 - the parent reports it: the run must not pass without its pages
+        errors = {"notebooks": f"{type(err).__name__}: {err}"}
+        emit(f"the notebooks could not render: {errors['notebooks']}")
+    channel.write(json.dumps({"errors": errors}) + "\n")
+    channel.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

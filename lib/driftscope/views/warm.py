@@ -1,0 +1,186 @@
+"""Kernels and HTML exporters made ready before the report exists (issue 38, item 3).
+
+A notebook's kernel is started, and the modules its cells import are imported in it, while the investigation is
+still capturing; nbconvert's two exporters (with and without code) compile their templates then too. What is left
+once the report exists is the cells that read it and the two HTML pages.
+
+The warm-up runs in the kernel as a *silent* request that stores no history: it sends no output, does not count
+as a cell (the first cell is still ``In [1]``) and leaves no name in the notebook's namespace, so the executed
+notebook is the one a cold kernel would give. Only imports (each allowed to fail: the cell that needs it shows
+the error, as before), a first figure drawn off-screen and a first table styled are done early.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+#: What the warm-up runs in the kernel, in a namespace of its own, after ``IMPORTS = [statement, ...]``.
+WARM_UP = """
+import io
+for statement in IMPORTS:
+    try:
+        exec(statement, {})
+    except BaseException:
+        pass
+try:
+    from matplotlib.figure import Figure
+    figure = Figure(figsize=(1, 1))
+    figure.add_subplot().plot([0, 1], label="x")
+    figure.savefig(io.BytesIO(), format="png")
+except BaseException:
+    pass
+try:
+    import pandas
+    pandas.DataFrame({"a": [1.0]}).style.format(precision=2).to_html()
+except BaseException:
+    pass
+try:  # plotly loads a validator module per property on first use: a figure with the properties the views set
+    import plotly.graph_objects as go
+    import plotly.io
+    from plotly.subplots import make_subplots
+    figure = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.04, subplot_titles=["a", "b"])
+    figure.add_trace(
+        go.Scatter(x=[0, 1], y=[1.0, None], mode="lines+markers", name="a", legendgroup="a", showlegend=True,
+                   line={"color": "#000000", "width": 1}, connectgaps=False, customdata=[["a"], ["b"]],
+                   hovertemplate="%{customdata[0]}<extra></extra>", marker={"symbol": "circle", "size": 8}),
+        row=1, col=1,
+    )
+    figure.add_trace(go.Heatmap(z=[[0.0, 1.0]], x=[0, 1], colorscale="Viridis", zmin=0, zmax=1, hoverongaps=False,
+                                colorbar={"title": {"text": "c"}}), row=2, col=1)
+    figure.update_layout(height=200, width=300, legend={"orientation": "h"}, margin={"l": 10, "r": 10, "t": 10},
+                         hovermode="closest", title={"text": "t"}, showlegend=True)
+    figure.update_yaxes(type="log", range=[0, 1], exponentformat="power", showgrid=True, title_text="y", row=1, col=1)
+    figure.update_yaxes(tickformat=",d", rangemode="tozero", autorange="reversed", row=2, col=1)
+    figure.update_xaxes(tickmode="array", tickvals=[0, 1], ticktext=["a", "b"], tickangle=-90, title_text="x")
+    plotly.io.to_html(figure, include_plotlyjs=False, full_html=False)
+except BaseException:
+    pass
+"""
+
+
+#: Modules the views import inside their functions (in no notebook cell), imported by the warm-up too.
+VIEW_IMPORTS = (
+    "import pandas",
+    "from matplotlib.colors import Normalize",
+    "from PIL import Image",
+    "import plotly.graph_objects",
+    "import plotly.io",
+    "from plotly.subplots import make_subplots",
+    "from plotly.offline import get_plotlyjs",
+    "from transformers.image_transforms import convert_to_rgb",
+)
+
+
+def notebook_imports(path: Path) -> list[str]:
+    """The import statements of a notebook's code cells (any nesting level), in order, each once.
+
+    Read as the JSON it is: nbformat's validator (jsonschema) is not needed to list a notebook's imports."""
+    statements: list[str] = []
+    for cell in json.loads(Path(path).read_text(encoding="utf-8")).get("cells", []):
+        if cell.get("cell_type") != "code":
+            continue
+        source = cell.get("source", "")
+        try:
+            tree = ast.parse("".join(source) if isinstance(source, list) else source)
+        except SyntaxError:  # a cell with IPython magics: its imports are the cell's own business
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import | ast.ImportFrom) and getattr(node, "level", 0) == 0:
+                statement = ast.unparse(node)
+                if statement not in statements:
+                    statements.append(statement)
+    return statements
+
+
+def warm_up_code(path: Path, extra: tuple[str, ...] = VIEW_IMPORTS) -> str:
+    """The kernel request: :data:`WARM_UP` run by ``exec`` in a fresh namespace (the notebook's stays empty), on
+    the notebook's imports and ``extra``."""
+    source = f"IMPORTS = {json.dumps(notebook_imports(path) + list(extra))}\n{WARM_UP}"
+    return f"exec({source!r}, {{}})"
+
+
+class WarmKernel:
+    """A notebook's kernel, started in ``cwd`` with the warm-up sent: :meth:`ready` waits for it and hands
+    the kernel manager to papermill; :meth:`shutdown` stops it (papermill does not own it, so it never does)."""
+
+    def __init__(self, notebook: Path, kernel_name: str, cwd: Path, config):
+        from jupyter_client.manager import AsyncKernelManager
+        from jupyter_core.utils import run_sync
+
+        self.notebook = notebook
+        self.km = AsyncKernelManager(kernel_name=kernel_name, config=config)
+        run_sync(self.km.start_kernel)(cwd=str(cwd))
+        self._client = self.km.client()
+        self._client.start_channels()
+        self._msg_id = self._client.execute(warm_up_code(notebook), silent=True, store_history=False)
+        self._waited = False
+
+    def ready(self, timeout: float = 300.0):
+        """Wait until the warm-up is done (its reply), close this side's channels; the kernel manager."""
+        from jupyter_core.utils import run_sync
+
+        if not self._waited:
+            self._waited = True
+            try:
+                run_sync(self._reply)(timeout)
+            finally:
+                self._client.stop_channels()
+        return self.km
+
+    async def _reply(self, timeout: float) -> None:
+        import time
+
+        end = time.monotonic() + timeout
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                return  # the kernel still works on it: papermill's cells queue behind it
+            try:
+                message = await self._client.get_shell_msg(timeout=left)
+            except Exception:  # noqa: BLE001 - queue.Empty when it times out, a closed channel
+                return
+            if message.get("parent_header", {}).get("msg_id") == self._msg_id:
+                return
+
+    def shutdown(self) -> None:
+        from jupyter_core.utils import run_sync
+
+        try:
+            if not self._waited:
+                self._waited = True
+                self._client.stop_channels()
+            run_sync(self.km.shutdown_kernel)(now=True)
+        except Exception:  # noqa: BLE001 - a kernel that is already gone needs no shutdown
+            pass
+
+
+class Exporters:
+    """nbconvert's two HTML exporters (with code, without), made once and reused for every page: a new exporter
+    builds a new Jinja environment and compiles the templates again."""
+
+    def __init__(self, templates: Path):
+        from nbconvert import HTMLExporter
+
+        self.pages = {
+            False: HTMLExporter(template_name="offline", extra_template_basedirs=[str(templates)]),
+            True: HTMLExporter(
+                exclude_input=True,
+                exclude_input_prompt=True,
+                exclude_output_prompt=True,
+                template_name="offline",
+                extra_template_basedirs=[str(templates)],
+            ),
+        }
+
+    def warm(self) -> None:
+        """Render a one-cell notebook with each: templates compiled, the highlighter and Markdown parser loaded."""
+        import nbformat
+
+        notebook = nbformat.v4.new_notebook(
+            cells=[nbformat.v4.new_markdown_cell("# warm-up *page*"), nbformat.v4.new_code_cell("x = 1")],
+            metadata={"language_info": {"name": "python", "pygments_lexer": "ipython3"}},
+        )
+        for exporter in self.pages.values():
+            exporter.from_notebook_node(notebook)

@@ -1,0 +1,37 @@
+"""The warm-up a notebook's kernel runs before its report exists (issue 38 item 3): the notebook's own imports
+and the views' in-function ones, in a namespace of its own."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+
+from conftest import ROOT
+
+
+def test_the_warm_up_imports_each_import_of_the_notebook_once():
+    from driftscope.views.warm import notebook_imports
+
+    statements = notebook_imports(ROOT / "notebooks" / "01_stage_parity.ipynb")
+    assert statements[0] == "from driftscope.views import notebook, parity"
+    assert "from driftscope.views.interactive import error_curves_figure" in statements
+    assert len(statements) == len(set(statements))
+    assert all(isinstance(ast.parse(s).body[0], ast.Import | ast.ImportFrom) for s in statements)
+
+
+def test_the_warm_up_leaves_the_notebooks_namespace_as_it_was():
+    from driftscope.views.warm import warm_up_code
+
+    namespace: dict = {}
+    exec(warm_up_code(ROOT / "notebooks" / "04_negative_controls.ipynb", extra=()), namespace)  # noqa: S102 - what the kernel runs
+    assert set(namespace) == {"__builtins__"}
+
+
+def test_every_view_import_names_a_module_that_exists():
+    """A stale entry would only cost time, silently: each names an installed module."""
+    from driftscope.views.warm import VIEW_IMPORTS
+
+    for statement in VIEW_IMPORTS:
+        node = ast.parse(statement).body[0]
+        module = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+        assert importlib.util.find_spec(module) is not None, statement
