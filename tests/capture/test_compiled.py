@@ -207,14 +207,18 @@ def test_stablehlo_shows_the_policy(tiny_checkpoint):
     assert rounds["f16-state"] > rounds["f16-contract"]  # the state is rounded through F16 as well
 
 
-def test_a_second_compile_reuses_the_artifact_and_a_new_policy_recompiles(tiny_checkpoint, tmp_path):
-    graph = _lower(tiny_checkpoint, "f32", ())
+def test_a_second_compile_reuses_the_artifact_and_a_new_policy_recompiles(tmp_path):
+    """The cache's rule on a tiny graph (two fresh compiles of the tower took ~30 s here; the tower compiles in
+    f32 and f16-contract in compiled_captures, and test_stablehlo_shows_the_policy shows the policy in its
+    StableHLO): the same graph lowered again is the same key, loaded, its file untouched; another policy is
+    another key, compiled."""
+    graph, _ = _picked_graph()
     first = compile_graph(graph, cache_dir=tmp_path)
     assert not first.cache_hit and first.compile_s > 0 and first.path.exists()
     stamp = first.path.stat().st_mtime_ns
-    again = compile_graph(_lower(tiny_checkpoint, "f32", ()), cache_dir=tmp_path)
+    again = compile_graph(_picked_graph()[0], cache_dir=tmp_path)
     assert again.cache_hit and again.key == first.key and again.path.stat().st_mtime_ns == stamp
-    other = compile_graph(_lower(tiny_checkpoint, "f16-contract", ()), cache_dir=tmp_path)
+    other = compile_graph(_picked_graph("f16-contract")[0], cache_dir=tmp_path)
     assert not other.cache_hit and other.key != first.key
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([first.key, other.key])
 
@@ -254,8 +258,8 @@ def test_callers_sharing_the_cache_compile_each_key_once(tmp_path):
     assert not list(folder.glob("*.partial"))
 
 
-def _picked_graph():
-    """A tiny graph (return the second of three arrays) and its arguments."""
+def _picked_graph(policy: str = "f32"):
+    """A tiny graph (return the second of three arrays) and its arguments, lowered under ``policy``."""
     import jax
     from driftscope.taps.jax.graph import lower_function
 
@@ -264,7 +268,7 @@ def _picked_graph():
 
     rng = np.random.default_rng(0)
     layers = [rng.standard_normal(4096).astype(np.float32) for _ in range(3)]
-    return lower_function(jax.jit(pick, keep_unused=True), (layers,), get_policy("f32")), layers
+    return lower_function(jax.jit(pick, keep_unused=True), (layers,), get_policy(policy)), layers
 
 
 # bad input --------------------------------------------------------------------------------------
