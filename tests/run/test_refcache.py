@@ -229,23 +229,3 @@ def test_a_second_investigation_reuses_the_reference_and_the_power_captures(own_
     line = reference_cache_line(loaded)
     assert "`transformers:f32`" in line and second["reference_cache"]["entry"] in line and "1 of the 1 mutated" in line
     assert reference_cache_line(Report.load(tmp_path / "a" / "report.json")) is None  # captured, not reused
-
-
-def test_the_cache_root_with_the_variable_unset_set_or_off(monkeypatch, tmp_path):
-    """A plain run on a fresh clone has no $DRIFTSCOPE_REFERENCE_CACHE: the default folder, not a crash (the suite
-    sets it, so only this test sees the unset case)."""
-    from driftscope.core.paths import REPO_ROOT
-    from driftscope.run.refcache import cache_root
-
-    monkeypatch.delenv(ENV, raising=False)
-    monkeypatch.delenv("DRIFTSCOPE_CACHE", raising=False)
-    assert cache_root() == REPO_ROOT / "outputs" / "cache" / "reference"
-    monkeypatch.setenv("DRIFTSCOPE_CACHE", str(tmp_path))
-    assert cache_root() == tmp_path / "reference"
-    for value in ("off", " OFF ", "0"):
-        monkeypatch.setenv(ENV, value)
-        assert cache_root() is None
-    monkeypatch.setenv(ENV, str(tmp_path / "mine"))
-    assert cache_root() == tmp_path / "mine"
-    monkeypatch.setenv(ENV, "  ")
-    assert cache_root() == tmp_path / "reference"

@@ -56,8 +56,8 @@ TAPS = "taps"
 
 def cache_root() -> Path | None:
     """The cache's directory, or None when it is turned off (``$DRIFTSCOPE_REFERENCE_CACHE=off``)."""
-    value = (os.environ.get(ENV) or "").strip()  # unset (a plain run on a fresh clone): the default below
-    if value and value.lower() in OFF:
+    value = os.environ.get(ENV).strip()
+    if value.lower() in OFF and value:
         return None
     if value:
         return Path(value).expanduser()
