@@ -68,7 +68,7 @@ def jax_taps(tmp_path_factory):
     return _captures(tmp_path_factory.mktemp("buckets"), "jax", ("screen_168x168.png",))
 
 
-@pytest.mark.slow  # ~75 s on the shared machine: XLA compiles the tower, prefill and decode twice
+@pytest.mark.slow  # 17-75 s on the shared machine: XLA compiles the tower, prefill and decode twice
 def test_a_padded_bucket_gives_the_unpadded_numbers(jax_taps):
     _assert_padding_unread(jax_taps, "screen_168x168.png")
 
