@@ -4,7 +4,7 @@ one compiled graph serve every input of a bucket (``options.buckets: pow2``)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.model.precision import PrecisionPolicy
@@ -13,9 +13,6 @@ from driftscope.taps.jax.emitted import EmittedModel
 from driftscope.taps.jax.graph import LoweredGraph
 from driftscope.taps.sink import StageSink
 from driftscope.taps.stages import Stage
-
-if TYPE_CHECKING:
-    from driftscope.capture.runtimes.compiled import CompiledRuntime
 
 
 def padded_length(length: int, unit: int = 1) -> int:
@@ -52,8 +49,10 @@ class CompiledTaps(Protocol):
 
     def output_rows(self, bucket: Bucket, stage: Stage) -> int: ...
 
-    def capture_pieces(self, runtime: CompiledRuntime, bucket: Bucket, inputs: ModelInputs, sink: StageSink): ...
+    # ``runtime``: the calling :class:`~driftscope.capture.runtimes.compiled.CompiledRuntime` (not imported: it
+    # imports this module)
+    def capture_pieces(self, runtime: Any, bucket: Bucket, inputs: ModelInputs, sink: StageSink): ...
 
-    def capture_text(self, runtime: CompiledRuntime, inputs: ModelInputs, sink: StageSink, tower: dict): ...
+    def capture_text(self, runtime: Any, inputs: ModelInputs, sink: StageSink, tower: dict): ...
 
     def replay_call(self, model: EmittedModel, stage_id: str, inputs: list, ctx: Any, contract: Contract): ...
