@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -17,6 +18,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from render import copy_run, differences, notebook_text, render  # noqa: E402
 
 
+@pytest.mark.slow  # two renders of notebook 01: 34 s at load 1-2
 def test_a_warm_kernel_renders_what_a_cold_one_renders(rendered_copy, tmp_path):
     """The same finished run rendered both ways while the run's lock is held, then released (the verdict): the
     way ``driftscope run`` rendered before (papermill's own kernel started in a thread of the run's process, every

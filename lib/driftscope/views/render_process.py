@@ -163,10 +163,7 @@ class KernelQueue:
                 self._condition.wait_for(lambda i=index: self._closed or self._taken >= i)
                 if self._closed:
                     return
-            self._start(name)
-            kernel = self._kernels.get(name)
-            if kernel is not None:
-                kernel.ready()
+            self._start(name)  # its warm-up reply is waited for by whoever takes it (one thread per client)
 
     def take(self, name: str):
         if name not in self._ready:
