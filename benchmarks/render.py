@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import statistics
@@ -106,6 +107,34 @@ def copy_run(run: Path, base: Path, name: str) -> Path:
     return target
 
 
+def tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` and every live descendant, with the children they reaped
+    (a kernel shut down before the pages are written counts in its parent's): a figure the machine's load from
+    other processes changes little, unlike the wall time."""
+    import os
+
+    parents, times = {}, {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry.name)] = int(fields[1])
+        times[int(entry.name)] = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [p for p, pp in parents.items() if pp == parent and p not in tree]
+        tree.update(children)
+        frontier += children
+    return sum(times.get(p, 0) for p in tree) / os.sysconf("SC_CLK_TCK")
+
+
+CPU: dict[str, list[float]] = {"before": [], "after": []}
+
+
 def render(run: Path, params: Path, notebook: str, hold: float, kind: str) -> float:
     """Seconds from releasing the run's result lock (the report exists: the verdict) to the notebook's last page.
 
@@ -129,11 +158,12 @@ def render(run: Path, params: Path, notebook: str, hold: float, kind: str) -> fl
                 )
                 thread.start()
             time.sleep(hold)
-            released = time.perf_counter()
+            released, cpu = time.perf_counter(), tree_cpu(os.getpid())
         page = run / f"{notebook}.nocode.html"
         while not page.exists():
             time.sleep(0.02)
         seconds = time.perf_counter() - released
+        CPU[kind].append(tree_cpu(os.getpid()) - cpu)
         if kind == "after":
             errors.update(process.wait())
         else:
@@ -170,7 +200,11 @@ def main(argv: list[str] | None = None) -> int:
                 seconds = render(runs[kind], params, args.notebook, args.hold, kind)
                 times[kind].append(seconds)
                 cells = cell_seconds(runs[kind] / f"{args.notebook}.ipynb")
-                print(f"repeat {repeat} {kind}: {seconds:.2f}s after the verdict (cells after it: {cells})", flush=True)
+                print(
+                    f"repeat {repeat} {kind}: {seconds:.2f}s after the verdict, {CPU[kind][-1]:.2f} CPU s "
+                    f"(cells after it: {cells})",
+                    flush=True,
+                )
             found += differences(runs["before"], runs["after"], args.notebook)
     before, after = statistics.median(times["before"]), statistics.median(times["after"])
     print()
@@ -179,6 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"| {args.notebook} | {before:.2f} ({', '.join(f'{t:.2f}' for t in times['before'])}) | "
         f"{after:.2f} ({', '.join(f'{t:.2f}' for t in times['after'])}) | {after / before:.2f}x |"
+    )
+    cpu_before, cpu_after = statistics.median(CPU["before"]), statistics.median(CPU["after"])
+    print(
+        f"| CPU seconds after the verdict (this process and its descendants) | {cpu_before:.2f} | {cpu_after:.2f} "
+        f"| {cpu_after / cpu_before:.2f}x |"
     )
     print()
     print("content: identical" if not found else "content differs:\n" + "\n".join(found))

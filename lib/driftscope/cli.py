@@ -32,7 +32,8 @@ def _run(args: argparse.Namespace) -> int:
     from driftscope.run.params import load_parameters
     from driftscope.run.preflight import check_parameters
     from driftscope.run.report import Report
-    from driftscope.views.render import investigate_and_render, rendered_current
+    from driftscope.views.render import rendered_current
+    from driftscope.views.render_process import investigate_and_render
 
     _reference_cache(args)
     params = load_parameters(args.params)

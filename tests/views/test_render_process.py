@@ -8,7 +8,9 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+import pytest
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -16,6 +18,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from render import copy_run, differences, notebook_text, render  # noqa: E402
 
 
+@pytest.mark.slow  # two renders of notebook 01: 34 s at load 1-2
 def test_a_warm_kernel_renders_what_a_cold_one_renders(rendered_copy, tmp_path):
     """The same finished run rendered both ways while the run's lock is held, then released (the verdict): the
     way ``driftscope run`` rendered before (papermill's own kernel started in a thread of the run's process, every
@@ -77,3 +80,46 @@ def test_the_run_process_imports_no_notebook_stack(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) == {"imported": []}
+
+
+ORPHANED = """
+import os, sys, time
+from pathlib import Path
+from driftscope.run.runlock import result_lock, run_lock
+from driftscope.views.render_process import RenderProcess
+out = Path(sys.argv[1])
+with run_lock(out), result_lock(out):
+    process = RenderProcess.start(["01_stage_parity"], out, Path(sys.argv[2]), Path.cwd(), print)
+    print(process.process.pid, flush=True)
+    time.sleep(float(sys.argv[3]))
+    os._exit(9)  # killed: no handler runs, the locks go with the process
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_killed_run_leaves_no_render_process_to_run_it_again(tmp_path):
+    """The run dies while its notebook's kernel waits for the lock: the render process ends with it (else the
+    kernel, its parent alive, would take the freed lock and run the whole investigation again)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    params = ROOT / "parameters" / "demo_shapes.yaml"
+    done = subprocess.run(
+        [sys.executable, "-c", ORPHANED, str(out), str(params), "3"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    pid = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 60
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(pid)
+    time.sleep(2)
+    assert not (out / "report.json").exists()  # nobody ran the investigation

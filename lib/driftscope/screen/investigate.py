@@ -70,7 +70,7 @@ def investigate_top(
         errors: dict = {}
         try:
             if render:
-                from driftscope.views.render import investigate_and_render
+                from driftscope.views.render_process import investigate_and_render
 
                 errors = investigate_and_render(run_params, path, run_dir, True, Path.cwd(), log)
             else:

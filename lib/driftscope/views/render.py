@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from pathlib import Path
 
@@ -257,41 +256,6 @@ def drilldown_for_failing(names: list[str], out_dir: Path) -> list[str]:
         return []
     failed = report.status == "complete" and (report.data.get("verdict") or {}).get("status") == "fail"
     return [DRILLDOWN] if failed else []
-
-
-def investigate_and_render(params, params_path: Path, out_dir: Path, reuse: bool, cwd: Path, log) -> dict[str, str]:
-    """Run the investigation in this process while a render process warms the notebooks' kernels, then render.
-
-    The render process (:mod:`driftscope.views.render_process`) starts each notebook's kernel and imports its
-    modules while the investigation runs; each notebook's ``investigate(..., reuse=True)`` waits for this run
-    (the output directory's lock) and reads its report. Returns ``{notebook: error}`` like :func:`run_notebooks`
-    (``"investigation"``: the investigation's own error); a failed investigation shows in the notebooks. The
-    output directory stays locked until the last notebook is rendered, so no other run can replace the report
-    under them.
-    """
-    from driftscope.run.investigation import investigate
-    from driftscope.run.runlock import result_lock, run_lock
-
-    from .render_process import RenderProcess
-
-    errors: dict[str, str] = {}
-    verbose = logging.getLogger("papermill").getEffectiveLevel() <= logging.INFO
-    with run_lock(out_dir) as lock:  # held before the kernel can ask for it, until the last notebook is rendered
-        with result_lock(out_dir):  # this run's kernels wait on this one for the report
-            names = list(params.notebooks)
-            process = RenderProcess.start(names, out_dir, params_path, cwd, log, verbose) if names else None
-            try:
-                investigate(params, out_dir, reuse=reuse, lock=lock)
-            except Exception as err:  # noqa: BLE001 - the report records where it stopped; the notebooks show it
-                errors["investigation"] = f"{type(err).__name__}: {err}"
-                if not _stopped_at(out_dir / "report.json"):  # it failed before its report could say so
-                    log(f"the investigation could not start: {type(err).__name__}: {err}")
-            except BaseException:
-                if process is not None:
-                    process.stop()
-                raise
-        errors.update(process.wait() if process is not None else {})
-    return errors
 
 
 def to_html(executed: Path, pages=None) -> tuple[Path, Path]:

@@ -14,12 +14,19 @@ object a line: ``{"log": message}`` for each progress line, then ``{"errors": {n
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import subprocess
 import sys
 import threading
 from pathlib import Path
+
+#: The render process and its kernels yield the cores to the investigation while both run: warming a kernel beside
+#: the investigation's own start-up made its first capture 5 s later on the loaded 2-core machine. Once the
+#: report exists nothing else of the run competes, so on a machine of its own the niceness costs nothing.
+NICE = 10
 
 
 class RenderProcess:
@@ -81,6 +88,41 @@ class RenderProcess:
         self._reader.join(timeout=5)
 
 
+def investigate_and_render(params, params_path: Path, out_dir: Path, reuse: bool, cwd: Path, log) -> dict[str, str]:
+    """Run the investigation in this process while a render process warms the notebooks' kernels, then render.
+
+    The render process (:mod:`driftscope.views.render_process`) starts each notebook's kernel and imports its
+    modules while the investigation runs; each notebook's ``investigate(..., reuse=True)`` waits for this run
+    (the output directory's lock) and reads its report. Returns ``{notebook: error}`` like :func:`run_notebooks`
+    (``"investigation"``: the investigation's own error); a failed investigation shows in the notebooks. The
+    output directory stays locked until the last notebook is rendered, so no other run can replace the report
+    under them.
+    """
+    from driftscope.run.investigation import investigate
+    from driftscope.run.runlock import result_lock, run_lock
+
+    from .render import _stopped_at
+
+    errors: dict[str, str] = {}
+    verbose = logging.getLogger("papermill").getEffectiveLevel() <= logging.INFO
+    with run_lock(out_dir) as lock:  # held before the kernel can ask for it, until the last notebook is rendered
+        with result_lock(out_dir):  # this run's kernels wait on this one for the report
+            names = list(params.notebooks)
+            process = RenderProcess.start(names, out_dir, params_path, cwd, log, verbose) if names else None
+            try:
+                investigate(params, out_dir, reuse=reuse, lock=lock)
+            except Exception as err:  # noqa: BLE001 - the report records where it stopped; the notebooks show it
+                errors["investigation"] = f"{type(err).__name__}: {err}"
+                if not _stopped_at(out_dir / "report.json"):  # it failed before its report could say so
+                    log(f"the investigation could not start: {type(err).__name__}: {err}")
+            except BaseException:
+                if process is not None:
+                    process.stop()
+                raise
+        errors.update(process.wait() if process is not None else {})
+    return errors
+
+
 class KernelQueue:
     """Warm kernels for the notebooks in order: the first started at once (in the calling thread, so every code
     path the background thread uses has run once, imports included), each next one when the notebook before it
@@ -121,10 +163,7 @@ class KernelQueue:
                 self._condition.wait_for(lambda i=index: self._closed or self._taken >= i)
                 if self._closed:
                     return
-            self._start(name)
-            kernel = self._kernels.get(name)
-            if kernel is not None:
-                kernel.ready()
+            self._start(name)  # its warm-up reply is waited for by whoever takes it (one thread per client)
 
     def take(self, name: str):
         if name not in self._ready:
@@ -170,10 +209,28 @@ def serve(spec: dict, emit) -> dict[str, str]:
     return errors
 
 
+def _end_with_parent() -> None:
+    """A run that is killed leaves no render process behind: its kernels would take the freed lock and run the
+    investigation again. (A kernel ends with its own parent; this process is that parent now.)"""
+    import signal
+    import time
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="driftscope-parent-watch", daemon=True).start()
+
+
 def main(argv: list[str]) -> int:
     import logging
     import signal
 
+    with contextlib.suppress(OSError):
+        os.nice(NICE)  # its kernels inherit it
     channel = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything else printed goes to stderr: stdout carries only the messages below
     spec = json.loads(argv[0])
@@ -184,6 +241,7 @@ def main(argv: list[str]) -> int:
     for name in ("papermill", "traitlets", "nbconvert"):
         logging.getLogger(name).setLevel(logging.INFO if spec.get("verbose") else logging.ERROR)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the kernels are shut down on the way out
+    _end_with_parent()
 
     def emit(message: str) -> None:
         channel.write(json.dumps({"log": message}) + "\n")

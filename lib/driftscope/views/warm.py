@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import json
+import threading
 from pathlib import Path
 
 #: What the warm-up runs in the kernel, in a namespace of its own, after ``IMPORTS = [statement, ...]``.
@@ -116,17 +117,19 @@ class WarmKernel:
         self._client.start_channels()
         self._msg_id = self._client.execute(warm_up_code(notebook), silent=True, store_history=False)
         self._waited = False
+        self._lock = threading.Lock()
 
     def ready(self, timeout: float = 300.0):
         """Wait until the warm-up is done (its reply), close this side's channels; the kernel manager."""
         from jupyter_core.utils import run_sync
 
-        if not self._waited:
-            self._waited = True
-            try:
-                run_sync(self._reply)(timeout)
-            finally:
-                self._client.stop_channels()
+        with self._lock:  # one waiter per client: a second one would wait for a reply the first took
+            if not self._waited:
+                self._waited = True
+                try:
+                    run_sync(self._reply)(timeout)
+                finally:
+                    self._client.stop_channels()
         return self.km
 
     async def _reply(self, timeout: float) -> None:
@@ -148,9 +151,10 @@ class WarmKernel:
         from jupyter_core.utils import run_sync
 
         try:
-            if not self._waited:
-                self._waited = True
-                self._client.stop_channels()
+            with self._lock:
+                if not self._waited:
+                    self._waited = True
+                    self._client.stop_channels()
             run_sync(self.km.shutdown_kernel)(now=True)
         except Exception:  # noqa: BLE001 - a kernel that is already gone needs no shutdown
             pass
