@@ -93,34 +93,30 @@ def test_13_a_patch_that_raises_is_named_and_its_traceback_kept_in_the_log(tmp_p
     assert "Traceback (most recent call last)" in logged and 'raise RuntimeError("planted crash")' in logged
 
 
-def test_17_the_directory_stays_locked_until_the_last_notebook_is_rendered(tmp_path, tiny_checkpoint_dir, monkeypatch):
+def test_17_the_directory_stays_locked_until_the_last_notebook_is_rendered(tmp_path, tiny_checkpoint_dir):
+    """A run renders its notebooks in a process of its own after the verdict; while the second one is still to
+    come (the first one's pages written), the directory is the run's: the lock is taken, naming the run's pid, and
+    a second ``driftscope run --force`` into it stops (exit 2) without replacing the report."""
     from driftscope.run.runlock import BusyError, run_lock
-    from driftscope.views import render
 
-    params = write(tmp_path / "locked.yaml", notebooks=["01_stage_parity"])
+    params = write(tmp_path / "locked.yaml", notebooks=["01_stage_parity", "02_layer_drilldown"])
     out = tmp_path / "out"
-    seen: dict[str, object] = {}
-    real_to_html = render.to_html
-
-    def to_html_then_probe(executed: Path):
-        """Render for real, then try the directory as another run would (the notebook is already rendered)."""
-        rendered = real_to_html(executed)
-        try:
-            with run_lock(out):
-                seen["lock"] = "free"
-        except BusyError as err:
-            seen["lock"] = str(err)
-        second = driftscope("run", params, "--out", out, "--force")
-        seen["second"] = (second.communicate()[1], second.returncode)[::-1]
-        return rendered
-
-    monkeypatch.setattr(render, "to_html", to_html_then_probe)
-    assert main(["run", str(params), "--out", str(out)]) == 0
-    assert f"(pid {os.getpid()}) is writing to" in str(seen["lock"])
-    code, err = seen["second"]
-    assert code == 2 and "is writing to" in err, err
-    # the notebook rendered this run's report: the second run did not replace it under the first one's notebook
-    assert json.loads((out / "report.json").read_text())["pid"] == os.getpid()
+    first = driftscope("run", params, "--out", out)
+    wait_for(lambda: (out / "01_stage_parity.nocode.html").exists(), "the first notebook's pages", first)
+    assert not (out / "02_layer_drilldown.nocode.html").exists()
+    with pytest.raises(BusyError) as taken:
+        with run_lock(out):
+            pass
+    second = driftscope("run", params, "--out", out, "--force")
+    err = second.communicate(timeout=120)[1]
+    still_rendering = first.poll() is None
+    assert first.wait(timeout=300) == 0, first.communicate()
+    assert f"(pid {first.pid}) is writing to" in str(taken.value)
+    assert second.returncode == 2 and "is writing to" in err, err
+    assert still_rendering, "the run ended before the second one asked for the directory: the probe proved nothing"
+    # the notebooks rendered the first run's report: the second run did not replace it under them
+    assert json.loads((out / "report.json").read_text())["pid"] == first.pid
+    assert (out / "02_layer_drilldown.nocode.html").exists()
 
 
 def test_18_a_killed_run_is_recognised_as_dead_and_its_partial_files_are_removed(tmp_path, tiny_checkpoint_dir, capsys):
