@@ -168,6 +168,15 @@ def _floating(value: Any) -> bool:
     return isinstance(value, mx.array) and mx.issubdtype(value.dtype, mx.floating)
 
 
+def attribute_site(owner: Any, path: str) -> tuple[Any, str | int]:
+    """The ``(owner, attribute)`` that :func:`keep_float32` wraps for the module at the dotted ``path`` under
+    ``owner`` (a number is a list index: ``blocks.3.norm2``)."""
+    *parents, last = path.split(".")
+    for name in parents:
+        owner = owner[int(name)] if name.isdigit() else getattr(owner, name)
+    return owner, int(last) if last.isdigit() else last
+
+
 def keep_float32(sites: list[tuple[Any, str | int]]):
     """Put a :class:`Float32Call` at each ``(owner, attribute)`` (a list and an index for a list item); returns
     the function that puts back what was there (a precision probe undoes itself)."""

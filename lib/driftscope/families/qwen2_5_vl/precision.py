@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from driftscope.errors import ParameterError
+from driftscope.taps.mlx_hooks import attribute_site
 
 from .plan import parse_stage
 
@@ -59,13 +60,6 @@ BLOCK_KINDS = {"mlx": tuple(_MLX_BLOCK), "iree": _EMITTER_BLOCK, "jax": _EMITTER
 TOWER_KINDS = {"mlx": tuple(_MLX_TOWER), "iree": _EMITTER_TOWER, "jax": _EMITTER_TOWER}
 
 
-def _child(owner: Any, path: str) -> tuple[Any, str | int]:
-    *parents, last = path.split(".")
-    for name in parents:
-        owner = owner[int(name)] if name.isdigit() else getattr(owner, name)
-    return owner, int(last) if last.isdigit() else last
-
-
 def mlx_sites(model: Any, stage_ids: list[str]) -> list[tuple[Any, str | int]]:
     """(owner, attribute) of the mlx-vlm module computing each stage (a stage id, or a block's ``attn.qkv``)."""
     tower = model.vision_tower
@@ -79,7 +73,7 @@ def mlx_sites(model: Any, stage_ids: list[str]) -> list[tuple[Any, str | int]]:
                 f"name a block's {', '.join(_MLX_BLOCK)} or the tower's {', '.join(_MLX_TOWER)}",
             )
         owner = tower.blocks[block] if block is not None else tower
-        sites.append(_child(owner, table[kind]))
+        sites.append(attribute_site(owner, table[kind]))
     return sites
 
 

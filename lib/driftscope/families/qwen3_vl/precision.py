@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from driftscope.errors import ParameterError
+from driftscope.taps.mlx_hooks import attribute_site
 
 from .plan import parse_stage
 
@@ -58,13 +59,6 @@ TOWER_KINDS = {"mlx": ("patch_embed",), "iree": ("patch_embed", "positioned"), "
 MERGER_KINDS = {"mlx": tuple(_MLX_MERGER), "iree": tuple(_MLX_MERGER), "jax": tuple(_MLX_MERGER)}
 
 
-def _child(owner: Any, path: str) -> tuple[Any, str | int]:
-    *parents, last = path.split(".")
-    for name in parents:
-        owner = owner[int(name)] if name.isdigit() else getattr(owner, name)
-    return owner, int(last) if last.isdigit() else last
-
-
 def _refuse(stage_id: str) -> ParameterError:
     return ParameterError(
         f"options.f32 names {stage_id!r}, which mlx-vlm's Qwen3-VL port cannot compute in float32 alone",
@@ -86,7 +80,7 @@ def mlx_sites(model: Any, stage_ids: list[str]) -> list[tuple[Any, str | int]]:
         if block is not None:
             if kind not in _MLX_BLOCK:
                 raise _refuse(stage_id)
-            sites.append(_child(tower.blocks[block], _MLX_BLOCK[kind]))
+            sites.append(attribute_site(tower.blocks[block], _MLX_BLOCK[kind]))
         elif kind == "patch_embed":
             sites.append((tower, "patch_embed"))
         else:
