@@ -95,24 +95,24 @@ class TapWriter:
     def _write(self, array: np.ndarray, source: np.ndarray) -> None:
         """Write (or hand the writer thread) ``array``, ``source`` in its stored dtype; a failed write removes
         the partial file and raises what the user reads (:func:`output_error` for the disk's refusal)."""
-        try:
+        with self._abandoned_on_failure():
             if self._background is None:
                 self._handle.write(memoryview(array.reshape(-1)).cast("B"))  # no copy of the array's bytes
             else:
                 self._background.submit(owned(array, source))
-        except OSError as err:
-            self.abandon()
-            raise output_error(err, self.tensor_path) from err
-        except BaseException:
-            self.abandon()
-            raise
 
     def drain(self) -> None:
         """Wait until every stage handed over is on its way to disk (raises a failed write's error)."""
         if self._background is None or self.closed:
             return
-        try:
+        with self._abandoned_on_failure():
             self._background.drain()
+
+    @contextlib.contextmanager
+    def _abandoned_on_failure(self) -> Iterator[None]:
+        """Remove the partial file when the block fails; the disk's refusal becomes :func:`output_error`."""
+        try:
+            yield
         except OSError as err:
             self.abandon()
             raise output_error(err, self.tensor_path) from err
