@@ -190,8 +190,7 @@ def forced_only(args, checkpoint, inputs, plan, out: Path, labels: list[str]) ->
     from driftscope.capture.runtimes import get_runtime
 
     print(f"checkpoint {checkpoint.path}, {TOKENS} tokens, {args.repeats} pairs per kind (medians, range)")
-    print("| runtime | plain greedy s | forced, agreeing s | ratio (range) | forced, differing s | ratio (range) |")
-    print("|---|---|---|---|---|---|")
+    print(FORCED_HEADER)
     for label in labels:
         name, policy = label.split(":")
         options = iree_options(args.iree_target) if name == "iree" else {}
@@ -204,12 +203,22 @@ def forced_only(args, checkpoint, inputs, plan, out: Path, labels: list[str]) ->
         gc.collect()
         for file in out.glob("**/*.safetensors"):
             file.unlink()
-        spread = {k: "{:.2f}-{:.2f}".format(*f[f"{k}_ratio_range"]) for k in ("agree", "differ")}
-        print(
-            f"| {label} | {f['plain_s']:.2f} | {f['agree_s']:.2f} | {f['agree_ratio']:.2f} ({spread['agree']}) "
-            f"| {f['differ_s']:.2f} | {f['differ_ratio']:.2f} ({spread['differ']}) |",
-            flush=True,
-        )
+        print(forced_row(label, f), flush=True)
+
+
+FORCED_HEADER = (
+    "| runtime | plain greedy s | forced, agreeing s | ratio (range) | forced, differing s | ratio (range) |\n"
+    "|---|---|---|---|---|---|"
+)
+
+
+def forced_row(label: str, f: dict) -> str:
+    """One Markdown row of ``forced_cost``'s figures."""
+    spread = {k: "{:.2f}-{:.2f}".format(*f[f"{k}_ratio_range"]) for k in ("agree", "differ")}
+    return (
+        f"| {label} | {f['plain_s']:.2f} | {f['agree_s']:.2f} | {f['agree_ratio']:.2f} ({spread['agree']}) "
+        f"| {f['differ_s']:.2f} | {f['differ_ratio']:.2f} ({spread['differ']}) |"
+    )
 
 
 def text_compile(runtime, inputs, cache: Path) -> dict:
@@ -330,6 +339,18 @@ def run_investigation(params: dict, out: Path, tag: str, attempts: tuple[str, ..
     return result
 
 
+def investigation_samples(params: dict, out: Path, tag: str, samples: int) -> dict:
+    """``samples`` warm runs of the investigation, one after the other: the median run as ``warm`` (its seconds,
+    memory), every sample's seconds and VmHWM, and the median run's report."""
+    attempts = ("warm",) if samples == 1 else tuple(f"warm{i + 1}" for i in range(samples))
+    result = run_investigation(params, out, tag, attempts)
+    runs = [result[a] for a in attempts]
+    median = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
+    result["warm"] = median
+    result["samples"] = [{"seconds": r["seconds"], "hwm": r["hwm"]} for r in runs]
+    return result
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=int, default=1, help="divide every width by this (1: the real 3B shape)")
@@ -345,6 +366,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--forced-only", action="store_true", help="only the teacher-forced cost of the f32 runtimes (--repeats pairs)"
+    )
+    parser.add_argument(
+        "--investigation-repeats", type=int, default=1, help="warm runs of the whole investigation (median, spread)"
+    )
+    parser.add_argument(
+        "--skip-tapped", action="store_true", help="plain whole forwards only (no tapped capture beside each)"
+    )
+    parser.add_argument("--forced-repeats", type=int, help="pairs per kind for --forced (default: --repeats)")
+    parser.add_argument(
+        "--skip-substages", action="store_true", help="without the every-substage tower pairs (target 3)"
     )
     parser.add_argument("--iree-target", default="llvm-cpu", help="IREE target (cuda on a GPU machine)")
     parser.add_argument("--one", nargs=3, metavar=("RUNTIME", "KIND", "LENGTH"), help=argparse.SUPPRESS)
@@ -399,15 +430,22 @@ def main(argv: list[str] | None = None) -> None:
             checkpoint, policy, options=iree_options(args.iree_target) if name == "iree" else {}
         )
         rss.reset()
+        start = time.perf_counter()
         runtime.load()
+        load_s = time.perf_counter() - start
         if label != "mlx:bf16":  # warm-up (and the cold IREE compiles); MLX bf16 (no BLAS) is too slow to repeat
             plain_whole(runtime, inputs, out)
         pairs = []
         repeats = args.repeats if label in F32 else 1  # MLX bf16 has no BLAS on the CPU: one pair
         for rep in range(repeats):  # plain and tapped alternate, so drift in machine speed hits both alike
-            pairs.append((plain_whole(runtime, inputs, out), tapped_whole(runtime, inputs, plan, out / f"t-{rep}")))
-        row = {"plain_s": statistics.median(p for p, _ in pairs), "tapped_s": statistics.median(t for _, t in pairs)}
-        if label in F32:  # target 3: the tower alone, plain and with every substage of every block tapped
+            plain = plain_whole(runtime, inputs, out)
+            pairs.append((plain, None if args.skip_tapped else tapped_whole(runtime, inputs, plan, out / f"t-{rep}")))
+        tapped = None if args.skip_tapped else statistics.median(t for _, t in pairs)
+        row = {"plain_s": statistics.median(p for p, _ in pairs), "tapped_s": tapped}
+        row.update(load_s=load_s, plain_samples=[p for p, _ in pairs])
+        if (
+            label in F32 and not args.skip_substages
+        ):  # target 3: the tower alone, plain and with every substage of every block tapped
             tower = [
                 (plain_forward(runtime, inputs, out), tapped_capture(runtime, inputs, substages, out / "s")[1])
                 for _ in range(args.repeats)
@@ -415,7 +453,7 @@ def main(argv: list[str] | None = None) -> None:
             row["tower_plain_s"] = statistics.median(p for p, _ in tower)
             row["substages_ratio"] = statistics.median(t / p for p, t in tower)
         if args.forced and label in F32:  # issue 33: teacher-forced decoding with all taps vs plain greedy
-            row["forced"] = forced_cost(runtime, inputs, plan, out, args.repeats)
+            row["forced"] = forced_cost(runtime, inputs, plan, out, args.forced_repeats or args.repeats)
         if label == "iree:f32":
             compile_row = text_compile(runtime, inputs, out / "compile-cache")
         row["peak_rss"] = rss.peak
@@ -428,7 +466,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  {label}: {row}", flush=True)
 
     # the captures above compiled every IREE graph the investigation needs into $DRIFTSCOPE_CACHE: it runs warm
-    whole = run_investigation(whole_params(path, IMAGE, runtimes, target=args.iree_target), out, "whole", ("warm",))
+    whole_yaml = whole_params(path, IMAGE, runtimes, target=args.iree_target)
+    whole = investigation_samples(whole_yaml, out, "whole", args.investigation_repeats)
     tower = None
     if args.tower_investigation:
         tower_params = {**whole_params(path, IMAGE, F32), "name": "bench-tower", "notebooks": ["01_stage_parity"]}
@@ -458,10 +497,8 @@ def report(args, checkpoint, inputs, weights_bytes, bf16_path, rows, compile_row
     print("|---|---|---|---|---|---|---|")
     for label, r in rows.items():
         tower_cols = f"{r['tower_plain_s']:.2f} | {r['substages_ratio']:.2f}x" if "tower_plain_s" in r else " | "
-        print(
-            f"| {label} | {r['plain_s']:.2f} | {r['tapped_s']:.2f} | {r['tapped_s'] / r['plain_s']:.2f}x | "
-            f"{tower_cols} | {gib(r['peak_rss'])} |"
-        )
+        tapped = "| " if r["tapped_s"] is None else f"{r['tapped_s']:.2f} | {r['tapped_s'] / r['plain_s']:.2f}x"
+        print(f"| {label} | {r['plain_s']:.2f} | {tapped} | {tower_cols} | {gib(r['peak_rss'])} |")
     forwards = sum(r["plain_s"] for r in rows.values())
     f32_forwards = sum(rows[label]["plain_s"] for label in F32)
     warm = whole["warm"]
@@ -472,26 +509,48 @@ def report(args, checkpoint, inputs, weights_bytes, bf16_path, rows, compile_row
         f"{warm['seconds'] / f32_forwards:.2f}x the three f32 runtimes' ({f32_forwards:.1f}s); "
         f"verdict {data['verdict']['status']}; " + phases(whole["report"])
     )
+    if len(whole.get("samples", ())) > 1:
+        ratios = sorted(s["seconds"] / forwards for s in whole["samples"])
+        print(
+            f"   {len(ratios)} samples: "
+            + ", ".join(f"{s['seconds']:.1f}s" for s in whole["samples"])
+            + f"; ratio median {statistics.median(ratios):.2f}x, spread {ratios[0]:.2f}-{ratios[-1]:.2f}x; "
+            "plain whole forwards per runtime (median of "
+            + ", ".join(f"{k} {' / '.join(f'{p:.1f}' for p in r['plain_samples'])}" for k, r in rows.items())
+            + ")"
+        )
+    print("   each runtime's load in this process: " + ", ".join(f"{k} {r['load_s']:.1f}s" for k, r in rows.items()))
     largest = max(r["peak_rss"] for r in rows.values())
     print(
         f"2. peak RSS of the run process: {gib(warm['hwm'])} GiB (its VmHWM; sampled {gib(warm['sampled_peak'])}; "
         f"wait4's ru_maxrss {gib(warm['maxrss'])} carries this benchmark's own peak across the spawn);"
-        f" bound: largest runtime's weights {gib(weights_bytes)} + 2 = {gib(weights_bytes + 2**31)} GiB; RSS when "
+        f" bound: largest runtime's weights {gib(weights_bytes)} + 1.5 = {gib(weights_bytes + 3 * 2**29)} GiB; "
+        + (
+            f"every sample's VmHWM {', '.join(gib(s['hwm']) for s in whole['samples'])} GiB; "
+            if "samples" in whole
+            else ""
+        )
+        + "RSS when "
         "each capture started: "
         + ", ".join(f"{k} {gib(v)}" for k, v in warm["rss_at_capture"].items())
         + f"; largest per-runtime peak in this process {gib(largest)} GiB"
     )
-    f32_tower = sum(rows[label]["tower_plain_s"] for label in F32)
+    if args.skip_substages:
+        print("3. (every-substage tower pairs skipped: --skip-substages)")
+        f32_tower = None
+    else:
+        f32_tower = sum(rows[label]["tower_plain_s"] for label in F32)
     investigation = (
         f"tower investigation (warm, 3 f32 runtimes, blocks + substages of 2 blocks): {tower['warm']['seconds']:.1f}s"
         f" = {tower['warm']['seconds'] / f32_tower:.2f}x the three plain tower forwards ({f32_tower:.1f}s); "
         if tower
         else ""
     )
-    print(
-        f"3. {investigation}every substage / plain tower: "
-        + ", ".join(f"{label} {rows[label]['substages_ratio']:.2f}x" for label in F32)
-    )
+    if f32_tower is not None:
+        print(
+            f"3. {investigation}every substage / plain tower: "
+            + ", ".join(f"{label} {rows[label]['substages_ratio']:.2f}x" for label in F32)
+        )
     c = compile_row
     print(
         f"4. IREE text decoder ({c['layers']} layers, {c['tokens']} tokens): lowering {c['lower_s']:.1f}s, "
@@ -500,6 +559,12 @@ def report(args, checkpoint, inputs, weights_bytes, bf16_path, rows, compile_row
         f"largest constant {c['largest_constant_elements']} elements, vmfb {c['vmfb_bytes'] / 2**20:.1f} MiB for "
         f"{c['weight_bytes'] / 2**30:.2f} GiB of weights"
     )
+    forced = {label: r["forced"] for label, r in rows.items() if "forced" in r}
+    if forced:
+        print("\nteacher-forced decoding (issue 33), every tap, against a plain greedy decode of the same length:")
+        print(FORCED_HEADER)
+        for label, f in forced.items():
+            print(forced_row(label, f))
     answer = data.get("answer", {}).get("runtimes", {})
     print("greedy tokens: " + "; ".join(f"{k} {v.get('tokens')}" for k, v in answer.items()))
     worst = {}
