@@ -24,7 +24,7 @@ from driftscope.errors import (
     ReportError,
 )
 from driftscope.families import get_family
-from driftscope.families.checkpoints import open_checkpoint, prepare_inputs
+from driftscope.families.checkpoints import open_checkpoint
 from driftscope.judge.compare import compare_tapsets
 from driftscope.judge.verdict import judge
 from driftscope.model.checkpoint_storage import checkpoint_storage
@@ -32,6 +32,7 @@ from driftscope.replay.narrowing import ReferenceCache
 from driftscope.run.candidates import Pairs, teacher_force
 from driftscope.run.capture_step import capture_one
 from driftscope.run.environment import current_commit, fingerprint
+from driftscope.run.inputcache import cached_inputs
 from driftscope.run.outdirs import interactive_out_dir
 from driftscope.run.params import Parameters, load_parameters
 from driftscope.run.preflight import check_parameters
@@ -243,10 +244,9 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
             )
         )
     report.step("inputs")
-    inputs = prepare_inputs(checkpoint, params.images, params.videos)
-    if params.text:
-        inputs.text = family.text_inputs(checkpoint, inputs, **params.text)
-    report.data["inputs"] = inputs.summary()
+    stored_by = {"commit": report.data.get("commit"), "out": str(out)}
+    inputs, cached = cached_inputs(checkpoint, params.images, params.videos, params.text, log, stored_by)
+    report.data["inputs"] = {**inputs.summary(), **({"cache": cached} if cached is not None else {})}
     log(f"inputs: {len(params.images)} image(s), {len(params.videos)} video(s), {inputs.headline}")
 
     tapsets = {}

@@ -66,6 +66,28 @@ SCHEMA: dict[str, Any] = {
                 "refused": {"type": "string"},
             },
         },
+        # the processor output every runtime was fed; ``cache``: whether it came from (or went into) the inputs
+        # cache (run.inputcache), absent when that cache is off
+        "inputs": {
+            "type": "object",
+            "properties": {
+                "digest": {"type": "string"},
+                "cache": {
+                    "type": "object",
+                    "required": ["status", "entry", "key"],
+                    "properties": {
+                        "status": {"enum": ["hit", "stored", "miss"]},
+                        "entry": {"type": "string"},
+                        "key": {"type": "string"},
+                        "stored": {"type": ["object", "null"]},
+                        "refused": {"type": "string"},
+                        "reused_s": {"type": "number"},
+                        "prepared_s": {"type": "number"},
+                        "store_error": {"type": "string"},
+                    },
+                },
+            },
+        },
     },
     # a finished run has been judged: it has a verdict and rows
     "if": {"properties": {"status": {"const": "complete"}}},
