@@ -6,10 +6,15 @@
 Each repeat starts ``driftscope run PARAMS --force --out <temporary directory>`` in a fresh process, as a user
 does, and stamps every line it prints with the seconds since the process was started (``time.perf_counter``
 around ``subprocess.Popen``). "first capture" is the line ``capture <reference>: N stages``, printed right
-before the reference runtime loads its model; "reference captured" its ``done in`` line. The run is stopped
-there (its process group killed, notebook kernels included): later steps are timed by the run's own report.
-Then ``driftscope --help`` and ``driftscope show`` of the finished run are timed the same way. Prints a
-Markdown table (medians) for docs/benchmarks.md.
+before the reference runtime loads its model; "reference captured" its ``done in`` line (or, when its taps come
+from the reference cache, the ``reused the cached reference taps`` line). The run is stopped there (its process
+group killed, notebook kernels included): later steps are timed by the run's own report. Then ``driftscope
+--help`` and ``driftscope show`` of the finished run are timed the same way. Prints a Markdown table for
+docs/benchmarks.md: the first repeat ("cold") and the median of the later ones ("warm").
+
+Each checkout gets an empty cache of its own (``$DRIFTSCOPE_REFERENCE_CACHE``, which holds the reference's taps
+and the prepared inputs, ``run.refcache`` and ``run.inputcache``), so its first repeat is cold and the later
+ones find what the first stored; ``--cache off`` runs every repeat without the caches.
 
 ``python benchmarks/startup.py --probe -- ARGS...`` runs ``driftscope ARGS`` in this process and prints, after
 every log line and at exit, which of :data:`FRAMEWORKS` are imported (``tests/run/test_lazy_imports.py`` reads it).
@@ -64,9 +69,10 @@ def probe_command(argv: list[str]) -> list[str]:
     return [sys.executable, str(Path(__file__).resolve()), "--probe", "--", *argv]
 
 
-def stamped(command: list[str], stop: str | None = None, env: dict | None = None) -> tuple[list, float]:
+def stamped(command: list[str], stop: str | tuple = (), env: dict | None = None) -> tuple[list, float]:
     """Run ``command``; its stdout lines with the seconds since start, stopping (killing its process group) after
-    the first line containing ``stop``. Returns (lines, seconds until exit or stop)."""
+    the first line containing ``stop`` (or one of them). Returns (lines, seconds until exit or stop)."""
+    stops = (stop,) if isinstance(stop, str) else tuple(stop)
     start = time.perf_counter()
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env
@@ -75,7 +81,7 @@ def stamped(command: list[str], stop: str | None = None, env: dict | None = None
     try:
         for line in process.stdout:
             lines.append((time.perf_counter() - start, line.rstrip()))
-            if stop and stop in line:
+            if any(text in line for text in stops):
                 break
     finally:
         if process.poll() is None:
@@ -84,12 +90,13 @@ def stamped(command: list[str], stop: str | None = None, env: dict | None = None
     return lines, time.perf_counter() - start
 
 
-def first(lines, text: str) -> float:
-    """Seconds until the first line containing ``text``."""
+def first(lines, text: str | tuple) -> float:
+    """Seconds until the first line containing ``text`` (or one of them)."""
+    texts = (text,) if isinstance(text, str) else tuple(text)
     for at, line in lines:
-        if text in line:
+        if any(t in line for t in texts):
             return at
-    raise SystemExit(f"no line contains {text!r}:\n" + "\n".join(line for _, line in lines[-20:]))
+    raise SystemExit(f"no line contains {texts!r}:\n" + "\n".join(line for _, line in lines[-20:]))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -102,6 +109,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--lib", action="append", help="the driftscope package to time (a checkout's lib/; repeat to compare)"
     )
+    parser.add_argument(
+        "--cache",
+        choices=("fresh", "off"),
+        default="fresh",
+        help="fresh (default): an empty cache per checkout, so the first repeat is cold and the later ones warm; "
+        "off: no reference or inputs cache",
+    )
     args = parser.parse_args(argv)
 
     from driftscope.run.params import load_parameters
@@ -109,30 +123,34 @@ def main(argv: list[str] | None = None) -> None:
     reference = load_parameters(args.params).reference_label
     libs = [str(Path(lib).resolve()) for lib in args.lib or [ROOT / "lib"]]
     samples = {lib: {"first capture": [], "reference captured": [], "--help": [], "show": []} for lib in libs}
-    frameworks = {}
+    frameworks: dict[str, list[str]] = {lib: [] for lib in libs}
+    captured = (f"{reference}: done in", f"{reference}: reused the cached reference taps")
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.repeats):
             for lib in libs:  # alternating, so a busy moment of the machine falls on both
-                env = {**os.environ, "PYTHONPATH": lib}
+                cache = "off" if args.cache == "off" else str(Path(tmp) / f"cache-{libs.index(lib)}")
+                env = {**os.environ, "PYTHONPATH": lib, "DRIFTSCOPE_REFERENCE_CACHE": cache}
                 out = Path(tmp) / f"run-{libs.index(lib)}"
                 command = probe_command(["run", args.params, "--force", "--out", str(out)])
-                lines, _ = stamped(command, f"{reference}: done in", env)
+                lines, _ = stamped(command, captured, env)
                 samples[lib]["first capture"].append(first(lines, f"capture {reference}:"))
-                samples[lib]["reference captured"].append(first(lines, f"{reference}: done in"))
+                samples[lib]["reference captured"].append(first(lines, captured))
                 at = next(line for _, line in lines if line.startswith(PROBE) and f"capture {reference}:" in line)
-                frameworks[lib] = at.split("|")[0].removeprefix(PROBE).strip()
+                frameworks[lib].append(at.split("|")[0].removeprefix(PROBE).strip())
                 cli = [sys.executable, "-m", "driftscope.cli"]
                 samples[lib]["--help"].append(stamped([*cli, "--help"], env=env)[1])
                 samples[lib]["show"].append(stamped([*cli, "show", str(out)], env=env)[1])  # the stopped run's report
-    print(f"`driftscope run {args.params}`, median of {args.repeats} (seconds since process start)\n")
-    print("| driftscope | step | median s | samples |")
-    print("|---|---|---|---|")
+    print(f"`driftscope run {args.params}`, {args.repeats} repeats, cache {args.cache} (seconds since process start)")
+    print("cold: the first repeat; warm: the median of the later ones (their caches hold what the first stored)\n")
+    print("| driftscope | step | cold s | warm s | samples |")
+    print("|---|---|---|---|---|")
     for lib in libs:
         for name, values in samples[lib].items():
             cells = ", ".join(f"{v:.2f}" for v in values)
-            print(f"| {lib} | {name} | {statistics.median(values):.2f} | {cells} |")
+            warm = f"{statistics.median(values[1:]):.2f}" if values[1:] else "-"
+            print(f"| {lib} | {name} | {values[0]:.2f} | {warm} | {cells} |")
     for lib in libs:
-        print(f"\n{lib}: frameworks imported at the first capture: {frameworks[lib]}")
+        print(f"\n{lib}: frameworks imported at the first capture, by repeat: {frameworks[lib]}")
 
 
 if __name__ == "__main__":

@@ -230,7 +230,8 @@ def _trend(args: argparse.Namespace) -> int:
 
 
 REFERENCE_CACHE_HELP = (
-    "where the reference runtime's taps are cached and reused across commits, or off to capture them every run "
+    "where the reference runtime's taps (and, in its inputs/ folder, the prepared inputs) are cached and reused "
+    "across runs and commits, or off to compute them every run "
     "(default: $DRIFTSCOPE_REFERENCE_CACHE, else $DRIFTSCOPE_CACHE/reference, else outputs/cache/reference)"
 )
 
