@@ -85,6 +85,24 @@ def test_a_miss_then_a_hit_gives_what_the_processor_gives(name, tiny, cache):
     reused.arrays[next(iter(reused.arrays))][...] = 0  # a run may change its copy: the arrays are its own
 
 
+def test_videos_are_cached_with_the_images(tiny, cache):
+    """A video (a folder of frames) packed after an image, in every family that takes videos."""
+    video = ROOT / "fixtures" / "videos" / "shapes_4f"
+    names = [name for name in sorted(FAMILIES.names()) if get_family(name).videos]
+    assert names
+    for name in names:
+        checkpoint = tiny(name)[0]
+        expected = prepare_inputs(checkpoint, [CHECKER], [video])
+        expected.text = get_family(name).text_inputs(checkpoint, expected, **TEXT)
+        _, outcome = cached_inputs(checkpoint, [CHECKER], [video], TEXT, print)
+        reused, again = cached_inputs(checkpoint, [CHECKER], [video], TEXT, print)
+        assert (outcome["status"], again["status"]) == ("stored", "hit"), name
+        assert reused.video_paths == [str(video)] and reused.text.video_token_id is not None
+        assert_same(reused, expected)
+        for field in ("time_intervals", "second_per_grid_ts"):
+            assert getattr(reused.text, field) == getattr(expected.text, field), field
+
+
 def test_a_changed_image_byte_prompt_or_processor_file_misses(tiny_checkpoint_dir, tmp_path, cache):
     from PIL import Image
 

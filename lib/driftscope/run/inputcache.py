@@ -6,13 +6,13 @@ Every runtime of a run is fed the oracle's processor output (``Family.prepare_in
 reads them from this cache and imports neither before its first capture (with the reference's taps from
 ``run.refcache`` too, not until a runtime that needs them runs).
 
-An entry is content-addressed: its key is the SHA-256 of :func:`identity`: the family, each image's and
-video's path and SHA-256, the SHA-256 of every file of the checkpoint directory but its weights (config.json,
-preprocessor and processor configs, tokenizer files, chat template: whatever the processor and tokenizer
-read), the ``text`` parameters (prompt, max_new_tokens, expect, ...), the versions of the packages that
-compute inputs (read with ``importlib.metadata``, importing none of them), Python and the platform, and the
-source of driftscope's code that computes them (``inputs/``, ``families/``, ``model/checkpoint.py`` and this
-module), so a code change misses.
+An entry is content-addressed: its key is the SHA-256 of :func:`identity`: the family, each image's and video's
+path and SHA-256 (a folder of frames: each frame's), the SHA-256 of every file of the checkpoint directory but
+its weights (config.json, preprocessor and processor configs, tokenizer files, chat template: whatever the
+processor and tokenizer read), the ``text`` parameters (prompt, max_new_tokens, expect, ...), the versions of
+the packages that compute inputs (read with ``importlib.metadata``, importing none of them), Python and the
+platform, and the source of driftscope's code that computes them (``inputs/``, ``families/``,
+``model/checkpoint.py`` and this module), so a code change misses.
 
 Where: ``<reference cache>/inputs/`` (``run.refcache.cache_root``): ``$DRIFTSCOPE_REFERENCE_CACHE``, else
 ``$DRIFTSCOPE_CACHE/reference``, else ``outputs/cache/reference``; ``off`` (or ``--reference-cache off``)
@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from driftscope.core.atomic import write_bytes_atomic, write_text_atomic
-from driftscope.core.digests import file_sha256
+from driftscope.core.digests import file_sha256, tree_digest
 from driftscope.errors import DriftscopeError
 from driftscope.families import get_family
 from driftscope.families.checkpoints import prepare_inputs
@@ -103,13 +103,21 @@ def processor_files(path: Path) -> dict[str, str]:
     }
 
 
+def _content(path: str | Path) -> str:
+    """SHA-256 of an image's or video's bytes (a video given as a folder of frames: every frame's name and bytes)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist")
+    return tree_digest(path)
+
+
 def identity(checkpoint: Checkpoint, images: list, videos: list, text: dict | None) -> dict:
     """Everything the prepared inputs depend on (raises ``OSError`` when a file cannot be read)."""
     return {
         "cache_version": CACHE_VERSION,
         "family": checkpoint.family,
-        "images": [{"path": str(p), "sha256": file_sha256(Path(p))} for p in images],
-        "videos": [{"path": str(p), "sha256": file_sha256(Path(p))} for p in videos],
+        "images": [{"path": str(p), "sha256": _content(p)} for p in images],
+        "videos": [{"path": str(p), "sha256": _content(p)} for p in videos],
         "checkpoint_files": processor_files(checkpoint.path),
         "text": json.loads(json.dumps(text, sort_keys=True, default=str)) if text else None,
         "versions": {name: _version(name) for name in PACKAGES},
@@ -283,7 +291,9 @@ def cached_inputs(
     try:
         ident = identity(checkpoint, list(images), list(videos), text)
         root.mkdir(parents=True, exist_ok=True)
-    except OSError as err:  # e.g. a missing image: preparing the inputs says so clearly
+    except FileNotFoundError:  # a missing image or video: preparing the inputs says so, naming the fix
+        return prepare(), None
+    except OSError as err:
         log(f"the inputs cache {root} cannot be used ({err.strerror or err}): preparing the inputs")
         return prepare(), None
     entry = InputsEntry(root, ident, log)
