@@ -246,6 +246,12 @@ def test_a_second_run_reaches_its_first_capture_without_torch_or_transformers(tm
         k: v for k, v in cold["inputs"].items() if k != "cache"
     }
     assert warm["verdict"]["status"] == cold["verdict"]["status"] == "pass"
+    from driftscope.run.report_schema import schema_problem
+
+    assert schema_problem(warm) is None and schema_problem(cold) is None
+    damaged = json.loads(json.dumps(warm))
+    damaged["inputs"]["cache"]["status"] = "maybe"
+    assert "['inputs']['cache']['status']" in schema_problem(damaged)
 
     def imported_at(lines, prefix):
         return next(names for names, message in lines if message.startswith(prefix))
