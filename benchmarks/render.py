@@ -159,8 +159,8 @@ def render(run: Path, params: Path, notebook: str, hold: float, kind: str) -> fl
                 thread.start()
             time.sleep(hold)
             released, cpu = time.perf_counter(), tree_cpu(os.getpid())
-        page = run / f"{notebook}.nocode.html"
-        while not page.exists():
+        pages = [run / f"{notebook}.html", run / f"{notebook}.nocode.html"]  # written in either order
+        while not all(page.exists() for page in pages):
             time.sleep(0.02)
         seconds = time.perf_counter() - released
         CPU[kind].append(tree_cpu(os.getpid()) - cpu)

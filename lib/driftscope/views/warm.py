@@ -37,6 +37,11 @@ try:
     pandas.DataFrame({"a": [1.0]}).style.format(precision=2).to_html()
 except BaseException:
     pass
+try:  # the report's schema check: jsonschema imported (0.5 s, its format module's patterns), the validator built
+    from driftscope.run.report_schema import schema_problem
+    schema_problem({})
+except BaseException:
+    pass
 try:  # plotly loads a validator module per property on first use: a figure with the properties the views set
     import plotly.graph_objects as go
     import plotly.io
