@@ -287,13 +287,29 @@ def to_html(executed: Path, pages=None) -> tuple[Path, Path]:
 
 def _page(notebook, executed: Path, pages, exclude: bool, target: Path) -> None:
     """One page of the executed ``notebook``: with its code, or without (``exclude``)."""
+    write_text_atomic(target, page_body(notebook, executed.parent, pages, exclude))
+
+
+def page_body(notebook, out_dir: Path, pages, exclude: bool) -> str:
+    """The HTML of one page of an executed notebook of ``out_dir``: with its code, or without (``exclude``)."""
     from .interactive import page_ready, page_with_plotly
 
-    shown = fold_errors(without_code(notebook) if exclude else shorten_parameters(notebook, executed.parent))
+    shown = fold_errors(without_code(notebook) if exclude else shorten_parameters(notebook, out_dir))
     shown, plotly = page_ready(shown)  # widgets in words; interactive figures, or their PNGs over the budget
     body, _ = pages.pages[exclude].from_notebook_node(shown)
-    body = page_with_plotly(body) if plotly else body  # plotly.js once, inlined: the page opens offline
-    write_text_atomic(target, body)
+    return page_with_plotly(body) if plotly else body  # plotly.js once, inlined: the page opens offline
+
+
+def warm_pages(pages) -> None:
+    """Render both pages of :func:`driftscope.views.warm.page_warm_up` (not written): what a page needs beyond
+    the exporters' templates is imported and made once (the views' page helpers and what they import, matplotlib
+    and plotly among them, the highlighter, the Markdown parser's table and code paths, BeautifulSoup's selectors):
+    ~1 s of the first real page's time, paid by both pages when they render at once, each in its process."""
+    from .warm import page_warm_up
+
+    notebook = page_warm_up()
+    for exclude in (False, True):
+        page_body(notebook, NOTEBOOK_DIR, pages, exclude)
 
 
 def _fork(work) -> int | None:

@@ -225,3 +225,44 @@ class Exporters:
         )
         for exporter in self.pages.values():
             exporter.from_notebook_node(notebook)
+
+
+#: A 1x1 PNG: the warm page's picture.
+PIXEL = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+
+
+def page_warm_up():
+    """An executed notebook with a cell of each kind the pages show: a heading, text with a table, list and code,
+    papermill's injected parameters, printed text, a picture with its alternative text, a table as HTML, an
+    interactive figure's division, a value; rendered by :func:`driftscope.views.render.warm_pages`."""
+    import nbformat
+
+    from .interactive import MARK
+
+    v4 = nbformat.v4
+    parameters = v4.new_code_cell('params_path = "p.yaml"\nreuse = True', execution_count=1)
+    parameters.metadata["tags"] = ["injected-parameters"]
+    figure = f'<div class="{MARK}" role="figure" aria-label="a"><div id="x"></div><script>var x = 1;</script></div>'
+    table = "<style>#T_x td {color: red}</style><table id='T_x'><thead><tr><th>a</th></tr></thead>"
+    table += "<tbody><tr><td>1</td></tr></tbody></table>"
+    outputs = [
+        v4.new_output("stream", name="stdout", text="printed\n"),
+        v4.new_output(
+            "display_data", data={"image/png": PIXEL, "text/plain": "a"}, metadata={"image/png": {"alt": "a"}}
+        ),
+        v4.new_output("display_data", data={"text/html": f'<div class="driftscope-table">{table}</div>'}),
+        v4.new_output("display_data", data={"text/html": figure, "image/png": PIXEL, "text/plain": "a"}),
+        v4.new_output("execute_result", data={"text/plain": "'a value'"}, execution_count=2),
+    ]
+    cells = [
+        v4.new_markdown_cell(
+            "# Warm-up\n\nText with `code`, *emphasis* and a [link](#x).\n\n- one\n- two\n\n"
+            "| a | b |\n|---|---|\n| 1 | 2 |\n\n## A section"
+        ),  # fmt: skip
+        parameters,
+        v4.new_code_cell(
+            "from driftscope.views import notebook\nnotebook.table(frame)", execution_count=2, outputs=outputs
+        ),
+    ]
+    metadata = {"language_info": {"name": "python", "pygments_lexer": "ipython3"}}
+    return v4.new_notebook(cells=cells, metadata=metadata)
