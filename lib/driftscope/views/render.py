@@ -279,8 +279,11 @@ def to_html(executed: Path, pages=None) -> tuple[Path, Path]:
     notebook = nbformat.read(str(executed), as_version=4)
     targets = [executed.with_name(executed.stem + suffix) for suffix in (".html", ".nocode.html")]
     child = _fork(lambda: _page(notebook, executed, pages, True, targets[1]))
-    _page(notebook, executed, pages, False, targets[0])
-    if child is None or not _succeeded(child):
+    try:
+        _page(notebook, executed, pages, False, targets[0])
+    finally:
+        rendered = child is not None and _succeeded(child)  # waited for even when this page raised: no zombie
+    if not rendered:
         _page(notebook, executed, pages, True, targets[1])
     return targets[0], targets[1]
 
