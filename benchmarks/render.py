@@ -15,7 +15,9 @@ after ``--hold`` seconds (the report is written: the verdict), and the time from
 what is left after the verdict.
 
 Then the two renders' executed notebooks and pages are compared as text, cell by cell (:func:`notebook_text`,
-:func:`page_text`: timings, ids and the run's own directory aside), and a Markdown table is printed.
+:func:`page_text`: timings, ids and the run's own directory aside), and with ``--against DIR`` each "after" render
+with the pages another checkout rendered into ``DIR`` (give ``--params`` as that run was given it: papermill's
+parameters cell holds the path); then a Markdown table is printed.
 """
 
 from __future__ import annotations
@@ -159,8 +161,8 @@ def render(run: Path, params: Path, notebook: str, hold: float, kind: str) -> fl
                 thread.start()
             time.sleep(hold)
             released, cpu = time.perf_counter(), tree_cpu(os.getpid())
-        page = run / f"{notebook}.nocode.html"
-        while not page.exists():
+        pages = [run / f"{notebook}.html", run / f"{notebook}.nocode.html"]  # written in either order
+        while not all(page.exists() for page in pages):
             time.sleep(0.02)
         seconds = time.perf_counter() - released
         CPU[kind].append(tree_cpu(os.getpid()) - cpu)
@@ -187,6 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--notebook", default="01_stage_parity")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--hold", type=float, default=20.0, help="seconds the lock is held (the investigation)")
+    parser.add_argument(
+        "--against",
+        type=Path,
+        help="a run directory this notebook was rendered in by another checkout (RUN_DIR itself, rendered by its "
+        "`driftscope run`): each render is compared with it too (this change's pages against the ones before it)",
+    )
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT / "lib"))
     params = args.params or ROOT / "parameters" / "demo_shapes.yaml"
@@ -206,6 +214,10 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
             found += differences(runs["before"], runs["after"], args.notebook)
+            if args.against:
+                found += [
+                    f"against {args.against}: {d}" for d in differences(args.against, runs["after"], args.notebook)
+                ]
     before, after = statistics.median(times["before"]), statistics.median(times["after"])
     print()
     print("| notebook | before: every cell and page after the verdict s | after s | after / before |")

@@ -65,6 +65,8 @@ def execute(
     without one papermill starts a kernel of its own."""
     import papermill
 
+    from .engine import register
+
     out_dir.mkdir(parents=True, exist_ok=True)
     source = notebook_path(name, notebook_dir)
     target = out_dir / source.name
@@ -75,6 +77,7 @@ def execute(
             str(target),
             parameters=parameters,
             kernel_name=kernel_name(),
+            engine_name=register(),  # papermill's nbclient engine, without its writes before and after each cell
             cwd=str(cwd),
             log_output=log_output,
             progress_bar=False,
@@ -238,6 +241,9 @@ def prepare_notebook_stack(names) -> None:
         except Exception:  # noqa: BLE001 - a missing or broken notebook is the run's to report, with its name
             continue
     kernel_name()  # jupyter_client's kernel spec lookup (entry points, paths)
+    from .engine import register
+
+    register()
 
 
 DRILLDOWN = "02_layer_drilldown"
@@ -260,25 +266,82 @@ def drilldown_for_failing(names: list[str], out_dir: Path) -> list[str]:
 
 def to_html(executed: Path, pages=None) -> tuple[Path, Path]:
     """``<name>.html`` (with code) and ``<name>.nocode.html`` next to the executed notebook (``pages``: reused
-    :class:`driftscope.views.warm.Exporters`, else two made here)."""
+    :class:`driftscope.views.warm.Exporters`, else two made here).
+
+    On Linux the no-code page is rendered in a forked child while this process renders the other (nbconvert is
+    pure Python: one core each; ~1 s of the time after the verdict, issue 38 item 3); a child that fails leaves
+    its page to this process, which renders it as before (and raises what it raises)."""
     import nbformat
 
-    from .interactive import page_ready, page_with_plotly
     from .warm import Exporters
 
     pages = pages or Exporters(TEMPLATES)
-
     notebook = nbformat.read(str(executed), as_version=4)
-    written = []
-    for suffix, exclude in ((".html", False), (".nocode.html", True)):
-        shown = fold_errors(without_code(notebook) if exclude else shorten_parameters(notebook, executed.parent))
-        shown, plotly = page_ready(shown)  # widgets in words; interactive figures, or their PNGs over the budget
-        body, _ = pages.pages[exclude].from_notebook_node(shown)
-        body = page_with_plotly(body) if plotly else body  # plotly.js once, inlined: the page opens offline
-        target = executed.with_name(executed.stem + suffix)
-        write_text_atomic(target, body)
-        written.append(target)
-    return written[0], written[1]
+    targets = [executed.with_name(executed.stem + suffix) for suffix in (".html", ".nocode.html")]
+    child = _fork(lambda: _page(notebook, executed, pages, True, targets[1]))
+    try:
+        _page(notebook, executed, pages, False, targets[0])
+    finally:
+        rendered = child is not None and _succeeded(child)  # waited for even when this page raised: no zombie
+    if not rendered:
+        _page(notebook, executed, pages, True, targets[1])
+    return targets[0], targets[1]
+
+
+def _page(notebook, executed: Path, pages, exclude: bool, target: Path) -> None:
+    """One page of the executed ``notebook``: with its code, or without (``exclude``)."""
+    write_text_atomic(target, page_body(notebook, executed.parent, pages, exclude))
+
+
+def page_body(notebook, out_dir: Path, pages, exclude: bool) -> str:
+    """The HTML of one page of an executed notebook of ``out_dir``: with its code, or without (``exclude``)."""
+    from .interactive import page_ready, page_with_plotly
+
+    shown = fold_errors(without_code(notebook) if exclude else shorten_parameters(notebook, out_dir))
+    shown, plotly = page_ready(shown)  # widgets in words; interactive figures, or their PNGs over the budget
+    body, _ = pages.pages[exclude].from_notebook_node(shown)
+    return page_with_plotly(body) if plotly else body  # plotly.js once, inlined: the page opens offline
+
+
+def warm_pages(pages) -> None:
+    """Render both pages of :func:`driftscope.views.warm.page_warm_up` (not written): what a page needs beyond
+    the exporters' templates is imported and made once (the views' page helpers and what they import, matplotlib
+    and plotly among them, the highlighter, the Markdown parser's table and code paths, BeautifulSoup's selectors):
+    ~1 s of the first real page's time, paid by both pages when they render at once, each in its process."""
+    from .warm import page_warm_up
+
+    notebook = page_warm_up()
+    for exclude in (False, True):
+        page_body(notebook, NOTEBOOK_DIR, pages, exclude)
+
+
+def _fork(work) -> int | None:
+    """Run ``work`` in a forked child; the child's pid, or None where this does not fork: off Linux (a macOS
+    process that has loaded Apple's frameworks must not fork without exec) and in a process that imported JAX or
+    MLX (their threads; JAX warns of a deadlock at every fork). The render process imports neither."""
+    import os
+    import sys
+
+    if sys.platform != "linux" or not hasattr(os, "fork") or {"jax", "mlx"} & set(sys.modules):
+        return None
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        work()
+        code = 0
+    except BaseException:  # noqa: BLE001 - the parent renders the page again and reports the error itself
+        pass
+    finally:
+        os._exit(code)  # no atexit handler, no buffer of the parent's flushed twice
+
+
+def _succeeded(pid: int) -> bool:
+    import os
+
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
 
 
 def _injected(cell) -> bool:

@@ -188,7 +188,7 @@ class KernelQueue:
 
 def serve(spec: dict, emit) -> dict[str, str]:
     """Warm the kernels and exporters, then execute and render the notebooks of ``spec``; ``{notebook: error}``."""
-    from .render import TEMPLATES, drilldown_for_failing, prepare_notebook_stack, run_notebooks
+    from .render import TEMPLATES, drilldown_for_failing, prepare_notebook_stack, run_notebooks, warm_pages
     from .warm import Exporters
 
     names = list(spec["notebooks"])
@@ -198,6 +198,7 @@ def serve(spec: dict, emit) -> dict[str, str]:
     try:
         exporters = Exporters(TEMPLATES)
         exporters.warm()
+        warm_pages(exporters)  # before any page is rendered in a forked child: imported once, not in each
         kernels.start_rest()
         errors = run_notebooks(names, out, params_path, True, cwd, emit, echo=False, kernels=kernels, pages=exporters)
         added = drilldown_for_failing(names, out)

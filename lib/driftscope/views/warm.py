@@ -25,16 +25,46 @@ for statement in IMPORTS:
         exec(statement, {})
     except BaseException:
         pass
-try:
+try:  # a figure like the error curves: constrained layout, shared x, log and symlog panels, rotated labels, a
+    # legend, markers of several kinds, a tight PNG (the first of each costs the views' first figure ~0.1-0.3 s)
     from matplotlib.figure import Figure
-    figure = Figure(figsize=(1, 1))
-    figure.add_subplot().plot([0, 1], label="x")
-    figure.savefig(io.BytesIO(), format="png")
+    from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator
+    figure = Figure(figsize=(4, 3), layout="constrained")
+    axes = figure.subplots(3, 1, sharex=True, squeeze=False)[:, 0]
+    for axis, marker in zip(axes, ["o", "s", "^"]):
+        axis.plot([0, 1, 2], [1e-3, None, 1e-1], color="#d62728", linewidth=1.0, alpha=0.85, marker=marker,
+                  markersize=8, markerfacecolor="none", markeredgewidth=1.1, label="x")
+        axis.plot([1], [0.0], linestyle="none", marker="_", transform=axis.get_xaxis_transform(), clip_on=False)
+        axis.plot([1], [1e-2], marker="*", markersize=14, color="#1f77b4", zorder=5)
+        axis.axvline(1, color="#1f77b4", linestyle="--", linewidth=1)
+        axis.axvspan(-0.5, 0.5, color="#000000", alpha=0.05, linewidth=0, zorder=0)
+        axis.grid(True, which="major", alpha=0.3)
+        axis.set_ylabel("y")
+    axes[0].set_yscale("log")
+    axes[0].axhline(1.0, color="black", linewidth=1.2, label="line")
+    axes[0].set_title("t", fontsize=9)
+    axes[0].text(0.5, 1.01, "b0", transform=axes[0].get_xaxis_transform(), ha="center", va="bottom", fontsize=6.5)
+    axes[0].legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, borderaxespad=0.0)
+    axes[1].set_yscale("symlog", linthresh=1.0, linscale=0.4)
+    axes[1].yaxis.set_major_locator(FixedLocator([0.0, 1.0, 10.0]))
+    axes[1].yaxis.set_minor_locator(NullLocator())
+    axes[2].yaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=2))
+    axes[2].yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{int(round(value)):,}"))
+    axes[-1].set_xticks(range(3), ["a.b", "c", "d.e"], rotation=90, fontsize=7)
+    axes[-1].set_xlabel("x (★)")
+    figure.suptitle("s", fontsize=11)
+    from IPython.core.pylabtools import print_figure
+    print_figure(figure, "png", bbox_inches="tight")
 except BaseException:
     pass
 try:
     import pandas
     pandas.DataFrame({"a": [1.0]}).style.format(precision=2).to_html()
+except BaseException:
+    pass
+try:  # the report's schema check: jsonschema imported (0.5 s, its format module's patterns), the validator built
+    from driftscope.run.report_schema import schema_problem
+    schema_problem({})
 except BaseException:
     pass
 try:  # plotly loads a validator module per property on first use: a figure with the properties the views set
@@ -55,7 +85,14 @@ try:  # plotly loads a validator module per property on first use: a figure with
     figure.update_yaxes(type="log", range=[0, 1], exponentformat="power", showgrid=True, title_text="y", row=1, col=1)
     figure.update_yaxes(tickformat=",d", rangemode="tozero", autorange="reversed", row=2, col=1)
     figure.update_xaxes(tickmode="array", tickvals=[0, 1], ticktext=["a", "b"], tickangle=-90, title_text="x")
+    figure.add_hline(y=1.0, line={"color": "black", "width": 1.2}, row=1, col=1, annotation_text="t",
+                     annotation_position="top left")
+    figure.add_vrect(x0=-0.5, x1=0.5, fillcolor="#000000", opacity=0.06, line_width=0)
+    figure.add_annotation(x=0.5, y=1.0, xref="x", yref="y domain", text="b0", showarrow=False, yanchor="bottom",
+                          font={"size": 9})
+    figure.update_layout(template="simple_white")
     plotly.io.to_html(figure, include_plotlyjs=False, full_html=False)
+    figure.to_json()
 except BaseException:
     pass
 """
@@ -188,3 +225,44 @@ class Exporters:
         )
         for exporter in self.pages.values():
             exporter.from_notebook_node(notebook)
+
+
+#: A 1x1 PNG: the warm page's picture.
+PIXEL = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+
+
+def page_warm_up():
+    """An executed notebook with a cell of each kind the pages show: a heading, text with a table, list and code,
+    papermill's injected parameters, printed text, a picture with its alternative text, a table as HTML, an
+    interactive figure's division, a value; rendered by :func:`driftscope.views.render.warm_pages`."""
+    import nbformat
+
+    from .interactive import MARK
+
+    v4 = nbformat.v4
+    parameters = v4.new_code_cell('params_path = "p.yaml"\nreuse = True', execution_count=1)
+    parameters.metadata["tags"] = ["injected-parameters"]
+    figure = f'<div class="{MARK}" role="figure" aria-label="a"><div id="x"></div><script>var x = 1;</script></div>'
+    table = "<style>#T_x td {color: red}</style><table id='T_x'><thead><tr><th>a</th></tr></thead>"
+    table += "<tbody><tr><td>1</td></tr></tbody></table>"
+    outputs = [
+        v4.new_output("stream", name="stdout", text="printed\n"),
+        v4.new_output(
+            "display_data", data={"image/png": PIXEL, "text/plain": "a"}, metadata={"image/png": {"alt": "a"}}
+        ),
+        v4.new_output("display_data", data={"text/html": f'<div class="driftscope-table">{table}</div>'}),
+        v4.new_output("display_data", data={"text/html": figure, "image/png": PIXEL, "text/plain": "a"}),
+        v4.new_output("execute_result", data={"text/plain": "'a value'"}, execution_count=2),
+    ]
+    cells = [
+        v4.new_markdown_cell(
+            "# Warm-up\n\nText with `code`, *emphasis* and a [link](#x).\n\n- one\n- two\n\n"
+            "| a | b |\n|---|---|\n| 1 | 2 |\n\n## A section"
+        ),  # fmt: skip
+        parameters,
+        v4.new_code_cell(
+            "from driftscope.views import notebook\nnotebook.table(frame)", execution_count=2, outputs=outputs
+        ),
+    ]
+    metadata = {"language_info": {"name": "python", "pygments_lexer": "ipython3"}}
+    return v4.new_notebook(cells=cells, metadata=metadata)
