@@ -68,6 +68,17 @@ def family_run_key(name: str, runtime: str) -> str:
     return f"runs/{name}/{runtime}"
 
 
+def family_power_capture(name: str, policy: str = "f32"):
+    """``fixture_power``'s ``capture`` for ``runs(name, ...)``'s inputs and plan (the family's tiny images, the whole
+    plan, four text tokens): each mutation's capture made once per test run, whichever file asks first (the
+    shared family tests judge them under the default contract, a family's own power tests under its f32 one)."""
+
+    def capture(runtime, inputs, plan, base, mutation):
+        return shared_tapset(f"power/{name}/{policy}/{mutation.name}", lambda out: runtime.capture(inputs, plan, out))
+
+    return capture
+
+
 def computed_once(key: str, compute: Callable[[Path], T], load: Callable[[Path], T]) -> T:
     """``compute(folder)`` the first time any worker of this run asks for ``key``, ``load(folder)`` after that
     (in every worker: keep the result in a session-scoped dict or ``functools.cache`` too). ``key`` is a relative

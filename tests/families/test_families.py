@@ -12,7 +12,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import ROOT, family_power_capture
 from driftscope.capture.patches import parse_patch
 from driftscope.capture.runtimes import get_runtime
 from driftscope.families import FAMILIES, detect_family, get_family
@@ -199,7 +199,10 @@ def test_mutations_first_disturb_the_stages_they_declare(name, tiny, runs, tmp_p
     checkpoint, inputs, plan = tiny(name)  # the full plan: a defect of the decoder is seen at a text stage
     family = get_family(name)
     _, oracle = runs(name, ORACLE)
-    power = fixture_power(oracle, checkpoint, inputs, plan, Contract(), tmp_path, policy="f32")
+    # the mutated captures are shared with the family's own power tests (the same inputs, judged under f32 there)
+    power = fixture_power(
+        oracle, checkpoint, inputs, plan, Contract(), tmp_path, policy="f32", capture=family_power_capture(name)
+    )
     assert power["runtime"] == f"{family.mutation_runtime}:f32"
     results = {entry["mutation"]: entry for entry in power["mutations"]}
     assert sorted(results) == family.mutation_registry().names()

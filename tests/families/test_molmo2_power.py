@@ -26,9 +26,19 @@ BLIND_AT_224 = {"crops_reversed": "one high-resolution crop"}
 
 @pytest.mark.slow  # eight mutated captures of the whole plan; the default contract's audit is test_families'
 def test_every_mutation_is_first_seen_at_its_declared_stage_under_the_f32_contract():
+    from conftest import family_power_capture
     from driftscope.replay.power import fixture_power
 
-    power = fixture_power(capture("transformers", "224"), checkpoint(), inputs("224"), plan(), F32, scratch() / "power")
+    # the 224 case is ``runs``' inputs: the mutated captures are test_families' (judged there by the default contract)
+    power = fixture_power(
+        capture("transformers", "224"),
+        checkpoint(),
+        inputs("224"),
+        plan(),
+        F32,
+        scratch() / "power",
+        capture=family_power_capture("molmo2"),
+    )
     found = {entry["mutation"]: entry for entry in power["mutations"]}
     assert sorted(found) == sorted([*EXPECTED, *BLIND_AT_224]) == MUTATIONS.names()
     for name, reason in BLIND_AT_224.items():

@@ -25,9 +25,19 @@ BLIND_HERE = {"cross_image_leak": "one image of one frame"}
 
 
 def test_every_mutation_is_first_seen_at_its_declared_stage_under_the_f32_contract():
+    from conftest import family_power_capture
     from driftscope.replay.power import fixture_power
 
-    power = fixture_power(capture("transformers", "224"), checkpoint(), inputs("224"), plan(), F32, scratch() / "power")
+    # the 224 case is ``runs``' inputs: the mutated captures are test_families' (judged there by the default contract)
+    power = fixture_power(
+        capture("transformers", "224"),
+        checkpoint(),
+        inputs("224"),
+        plan(),
+        F32,
+        scratch() / "power",
+        capture=family_power_capture("qwen3_vl"),
+    )
     found = {entry["mutation"]: entry for entry in power["mutations"]}
     assert sorted(found) == sorted([*EXPECTED, *BLIND_HERE]) == MUTATIONS.names()
     for name, reason in BLIND_HERE.items():
