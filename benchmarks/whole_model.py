@@ -172,7 +172,7 @@ def forced_cost(runtime, inputs, plan, out: Path, repeats: int = 1) -> dict:
         own.text.forced = tokens
         pairs = []
         for rep in range(repeats):
-            plain = plain_whole(runtime, own, out)
+            plain = plain_whole(runtime, inputs, out)  # free-running greedy: not fed the forced tokens
             runtime.capture(own, plan, out / f"forced-{kind}-{rep}")
             timings = runtime.timings
             pairs.append((plain, timings["capture_s"] - timings.get("lower_s", 0.0) - timings.get("compile_s", 0)))
