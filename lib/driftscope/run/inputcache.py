@@ -47,7 +47,7 @@ from driftscope.families import get_family
 from driftscope.families.checkpoints import prepare_inputs
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.inputs.text_inputs import TextInputs
-from driftscope.run.refcache import cache_root
+from driftscope.run.refcache import StaleEntry, cache_root, entry_record
 from driftscope.run.runlock import run_lock
 
 if TYPE_CHECKING:
@@ -177,10 +177,6 @@ def _normal(data: Any) -> Any:
     return json.loads(json.dumps(data, sort_keys=True, default=str))
 
 
-class StaleEntry(DriftscopeError):
-    """An inputs cache entry that does not hold what its ``entry.json`` says."""
-
-
 class InputsEntry:
     """One inputs cache entry, held under its lock: :meth:`lookup` its inputs, or :meth:`store` prepared ones."""
 
@@ -193,17 +189,9 @@ class InputsEntry:
 
     def _verified(self) -> ModelInputs | None:
         """The entry's inputs (None: there is no entry); raises :class:`StaleEntry` when it does not hold."""
-        path = self.dir / ENTRY
-        if not path.exists():
+        record = entry_record(self.dir, self.key, self.identity, "these inputs'")
+        if record is None:
             return None
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError) as err:
-            raise StaleEntry(f"{ENTRY} is unreadable ({err})") from None
-        if not isinstance(record, dict) or record.get("key") != self.key:
-            raise StaleEntry("its record names another key")
-        if record.get("identity") != self.identity:
-            raise StaleEntry("its recorded identity is not these inputs'")
         try:
             data = (self.dir / TENSORS).read_bytes()
         except OSError:

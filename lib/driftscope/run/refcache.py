@@ -192,6 +192,23 @@ class StaleEntry(DriftscopeError):
     """A cache entry that does not hold what its ``entry.json`` says."""
 
 
+def entry_record(folder: Path, key: str, identity: Any, whose: str) -> dict | None:
+    """A cache entry's ``entry.json`` (None: there is none), checked against its key and identity (``whose``: what
+    the identity is, for the message); raises :class:`StaleEntry` when it does not hold."""
+    path = folder / ENTRY
+    if not path.exists():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise StaleEntry(f"{ENTRY} is unreadable ({err})") from None
+    if not isinstance(record, dict) or record.get("key") != key:
+        raise StaleEntry("its record names another key")
+    if record.get("identity") != identity:
+        raise StaleEntry(f"its recorded identity is not {whose}")
+    return record
+
+
 class Entry:
     """One cache entry, held under its lock: :meth:`reuse` it into a run's directory, or :meth:`store` a capture."""
 
@@ -212,17 +229,9 @@ class Entry:
 
     def _verified(self) -> dict | None:
         """The entry's record when the entry holds (None: there is none); raises :class:`StaleEntry`."""
-        path = self.dir / ENTRY
-        if not path.exists():
+        record = entry_record(self.dir, self.key, json.loads(json.dumps(self.identity, default=str)), "this capture's")
+        if record is None:
             return None
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError) as err:
-            raise StaleEntry(f"{ENTRY} is unreadable ({err})") from None
-        if not isinstance(record, dict) or record.get("key") != self.key:
-            raise StaleEntry("its record names another key")
-        if record.get("identity") != json.loads(json.dumps(self.identity, default=str)):
-            raise StaleEntry("its recorded identity is not this capture's")
         for what, file, field in (("tensor", self.tensor_path, "tensor"), ("sidecar", self.sidecar_path, "sidecar")):
             if not file.exists():
                 raise StaleEntry(f"its {what} file is missing")
