@@ -236,6 +236,24 @@ def test_a_host_tuned_artifact_is_keyed_by_the_host_cpu(tiny_checkpoint):
     assert "host_cpu" not in generic and artifact_key(generic) != artifact_key(host)
 
 
+def test_a_large_graph_is_compiled_with_data_tiling_and_its_identity_says_so(tiny_checkpoint, monkeypatch):
+    """``--iree-opt-data-tiling`` from ``DATA_TILING_FROM`` bytes of arguments on (llvm-cpu only): the tiny tower is
+    below it; with the bound under its size the flag is in the identity, and so in the key."""
+    import driftscope.capture.iree as iree
+    from driftscope.model.weightfile import TensorFiles
+
+    graph = _lower(tiny_checkpoint, "f32", ())
+    tensors = TensorFiles(tiny_checkpoint.path)
+    tower = sum(e.nbytes for name, e in tensors.entries.items() if name.startswith("model.visual."))
+    assert tower <= graph.argument_bytes < tower + 2**22  # the tower's f32 weights plus its inputs
+    small = iree.artifact_identity(graph, "llvm-cpu")
+    assert "--iree-opt-data-tiling" not in small["flags"]
+    monkeypatch.setattr(iree, "DATA_TILING_FROM", graph.argument_bytes)
+    large = iree.artifact_identity(graph, "llvm-cpu")
+    assert "--iree-opt-data-tiling" in large["flags"] and iree.artifact_key(large) != iree.artifact_key(small)
+    assert "--iree-opt-data-tiling" not in iree.artifact_identity(graph, "cuda")["flags"]
+
+
 def test_callers_sharing_the_cache_compile_each_key_once(tmp_path):
     """Processes sharing one artifact cache (batch workers, pytest-xdist workers) that ask for the same module
     while it compiles wait on its key's lock: one compiles, the other loads it, no partial file is left."""

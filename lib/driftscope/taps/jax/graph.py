@@ -47,6 +47,18 @@ class LoweredGraph:
             int(np.prod(leaf.shape)) * leaf.dtype.itemsize for leaf in jax.tree_util.tree_leaves(self.lowered.out_info)
         )
 
+    @property
+    def argument_bytes(self) -> int:
+        """Bytes of all arguments of one call (weights and inputs): how large the compiled module's work is."""
+        import jax
+
+        if self.lowered is None:
+            return 0
+        return sum(
+            int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize
+            for leaf in jax.tree_util.tree_leaves(self.lowered.args_info)
+        )
+
     def arguments(self, weights: dict, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
         """Flat argument list in the order the compiled function takes them (weights first, by name)."""
         return [weights[name] for name in sorted(weights)] + [inputs[name] for name in self.input_names]
