@@ -25,6 +25,13 @@ def policy_digest(policy: PrecisionPolicy) -> str:
     return hashlib.sha256(json.dumps(policy.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _tree_bytes(tree) -> int:
+    """Bytes of every array described in a JAX pytree of shapes and dtypes."""
+    import jax
+
+    return sum(int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree_util.tree_leaves(tree))
+
+
 @dataclass
 class LoweredGraph:
     """StableHLO text (with a header naming the policy), its digest, and how to call it."""
@@ -41,23 +48,12 @@ class LoweredGraph:
     @property
     def output_bytes(self) -> int:
         """Bytes of all outputs together: what one call of the graph holds at once."""
-        import jax
-
-        return sum(
-            int(np.prod(leaf.shape)) * leaf.dtype.itemsize for leaf in jax.tree_util.tree_leaves(self.lowered.out_info)
-        )
+        return _tree_bytes(self.lowered.out_info)
 
     @property
     def argument_bytes(self) -> int:
         """Bytes of all arguments of one call (weights and inputs): how large the compiled module's work is."""
-        import jax
-
-        if self.lowered is None:
-            return 0
-        return sum(
-            int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize
-            for leaf in jax.tree_util.tree_leaves(self.lowered.args_info)
-        )
+        return 0 if self.lowered is None else _tree_bytes(self.lowered.args_info)
 
     def arguments(self, weights: dict, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
         """Flat argument list in the order the compiled function takes them (weights first, by name)."""
