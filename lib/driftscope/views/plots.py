@@ -52,9 +52,9 @@ def input_images(report: Report) -> Figure:
     """The input images as the processor resized them, with the family's overlay (e.g. its attention-window
     grid) drawn over and its caption."""
     from PIL import Image
-    from transformers.image_transforms import convert_to_rgb
 
     from ..families import get_family
+    from ..inputs.rgb import to_rgb
 
     inputs = report.data.get("inputs", {})
     paths = inputs.get("images", [])
@@ -64,8 +64,7 @@ def input_images(report: Report) -> Figure:
     for index, (axis, path, size) in enumerate(zip(axes, paths, inputs.get("resized", []), strict=False)):
         height, width = size
         with Image.open(path) as image:  # RGB as the processor made it (transparency onto white)
-            rgb = Image.fromarray(convert_to_rgb(image, return_numpy=True))
-            axis.imshow(np.asarray(rgb.resize((width, height))))
+            axis.imshow(np.asarray(to_rgb(image).resize((width, height))))
         step, caption = overlay(inputs, index)
         for x in range(step, width, step) if step else ():
             axis.axvline(x, color="white", linewidth=0.8)

@@ -107,7 +107,7 @@ VIEW_IMPORTS = (
     "import plotly.io",
     "from plotly.subplots import make_subplots",
     "from plotly.offline import get_plotlyjs",
-    "from transformers.image_transforms import convert_to_rgb",
+    "from driftscope.inputs.rgb import to_rgb",
 )
 
 

@@ -1,0 +1,25 @@
+"""An image in RGB as Hugging Face image processors make it, without importing transformers.
+
+The notebooks draw the run's inputs as the processor saw them; importing ``transformers.image_transforms`` for that
+imports torch and transformers into every notebook kernel (~4.7 CPU-seconds a kernel on the CI machine). The
+investigation itself keeps transformers' own function (``processor_output.as_processor_sees``);
+tests/inputs/test_rgb.py holds this one equal to it on every PIL mode.
+"""
+
+from __future__ import annotations
+
+from PIL import Image
+
+
+def has_transparency(image: Image.Image) -> bool:
+    """An alpha band, or a transparent colour (palette and grayscale images carry it in ``info``)."""
+    return "A" in image.getbands() or image.info.get("transparency") is not None
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """``transformers.image_transforms.convert_to_rgb`` of a PIL image: transparency composited onto white, any
+    other mode converted by PIL."""
+    if has_transparency(image):
+        rgba = image.convert("RGBA")
+        return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
+    return image.convert("RGB")
