@@ -456,3 +456,36 @@ def test_an_iree_output_that_is_its_argument_outlives_the_call(tmp_path):
     junk = [np.full(4096, 7.0, np.float32) for _ in range(200)]  # reuse any memory freed too early
     np.testing.assert_array_equal(out, layers[1])
     assert len(junk) == 200
+
+
+def test_the_jax_runtime_compiles_an_executable_once_per_cache(tiny_checkpoint):
+    """The jax runtime turns on JAX's persistent compilation cache in driftscope's (``$DRIFTSCOPE_CACHE/jax``; the
+    test run's own folder): a second jit of the same computation, a new function object as each new runtime
+    object makes, is a cache hit, not a compile; an executable under a second of compiling is kept too."""
+    import os
+    import uuid
+    from pathlib import Path
+
+    import jax
+    import jax.numpy as jnp
+    from driftscope.capture.runtimes.jax_cache import JAX_CACHE_BYTES
+
+    get_runtime("jax")(tiny_checkpoint, "f32").load()
+    assert Path(jax.config.jax_compilation_cache_dir) == Path(os.environ["DRIFTSCOPE_CACHE"]) / "jax"
+    assert jax.config.jax_compilation_cache_max_size == JAX_CACHE_BYTES  # JAX then locks each read and write
+    scale = float(uuid.uuid4().int % 10_000) + 0.5  # a computation no other test compiled into this run's cache
+    events: list[str] = []
+
+    def listen(event: str, **kwargs) -> None:
+        events.append(event)
+
+    jax.monitoring.register_event_listener(listen)
+    try:
+        first = jax.jit(lambda x: jnp.tanh(x) * scale)(np.arange(5, dtype=np.float32))
+        misses = events.count("/jax/compilation_cache/cache_misses")
+        second = jax.jit(lambda x: jnp.tanh(x) * scale)(np.arange(5, dtype=np.float32))
+    finally:
+        jax.monitoring.unregister_event_listener(listen)
+    assert misses == 1 and events.count("/jax/compilation_cache/cache_hits") == 1, events
+    np.testing.assert_array_equal(np.asarray(first), np.asarray(second))
+    np.testing.assert_allclose(np.asarray(second), np.tanh(np.arange(5, dtype=np.float32)) * scale, rtol=1e-6)

@@ -18,6 +18,7 @@ import numpy as np
 from driftscope.capture.runtimes.base import Runtime, package_versions, require
 from driftscope.capture.runtimes.compiled_taps import Bucket, padded_length
 from driftscope.capture.runtimes.compiled_weights import drop_tower, refuse_unread, restore_tower
+from driftscope.capture.runtimes.jax_cache import use_persistent_cache
 from driftscope.errors import ParameterError
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.model.quant.policy import RUNTIME_POLICIES
@@ -242,6 +243,11 @@ class JaxRuntime(CompiledRuntime):
     """The lowered graph on JAX's own XLA CPU backend."""
 
     name = "jax"
+
+    def _load(self) -> Any:
+        model = super()._load()
+        use_persistent_cache(self.options.get("cache_dir"))
+        return model
 
     def call(self, name: str, function, args: tuple) -> dict[str, np.ndarray]:
         import jax
