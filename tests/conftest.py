@@ -51,6 +51,17 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
         os.environ.setdefault(_name, _share)
 
 
+def _jsonschema_without_iri_grammar() -> None:
+    """Test modules import nbformat, which imports jsonschema: first imported through driftscope's own door,
+    without the optional IRI grammar that costs each worker 2-4 s of its collection (core/validation.py)."""
+    from driftscope.core.validation import draft_2020_12
+
+    draft_2020_12()
+
+
+_jsonschema_without_iri_grammar()
+
+
 def shared_root() -> Path:
     """The folder every worker of this test run shares (set up before the first test; a fresh temporary
     folder when called outside a test run)."""

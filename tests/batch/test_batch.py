@@ -188,9 +188,10 @@ def test_diff_lists_the_contract_first_and_stages_in_execution_order(two_commits
 def good_run(tmp_path_factory, tiny_checkpoint_dir):
     """``good``: a passing run, executed once by a batch of its own; (its parameter file, its directory). A
     batch whose output root holds a copy reuses it (the tests below pair it with runs that cannot execute;
-    fresh passing runs execute in ``two_commits`` and in test_hostile_input's test 8)."""
+    fresh passing runs execute in ``two_commits`` and in test_hostile_input's test 8). No notebook: the tests
+    read its verdict and reuse, and every page of a batch run is rendered in ``two_commits``."""
     base = tmp_path_factory.mktemp("good-run")
-    good = _write(base / "good.yaml", _params("good"))
+    good = _write(base / "good.yaml", _params("good", notebooks=[]))
     result = run_batch([good], out_root=base / "out", log=lambda m: None)
     assert result.summaries[0]["verdict"] == "pass" and not result.summaries[0]["reused"], result.summaries
     return good, base / "out" / result.commit / result.summaries[0]["dir"]

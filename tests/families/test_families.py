@@ -120,18 +120,12 @@ def test_every_runtime_captures_the_whole_plan(name, runtime_name, tiny, runs):
             assert np.issubdtype(np.asarray(tapset[stage.id]).dtype, np.integer) == stage.integer, stage.id
 
 
-#: The family whose IREE replay runs in the default suite: Qwen2.5-VL's tiny fixture is the shapes image through the
-#: vision plan tests/replay/test_replay.py drills down in IREE, so its vision stages' per-kind modules are compiled
-#: once for both (the run's artifact cache); Molmo2's (until 2026-12-01 the default, the first name) compiles
-#: ~75 s of its own and is under ``-m slow`` with the others. Molmo2's replay functions still run by default in
-#: jax (the same functions, not compiled) and its IREE capture in test_every_runtime_captures_the_whole_plan.
-IREE_REPLAY_FAMILY = "qwen2_5_vl"
-
-
 def _replaying(name: str, runtime: str):
-    """IREE replays the jax runtime's per-kind functions, compiled: one family's compiles in the default suite
-    (``IREE_REPLAY_FAMILY``), every family's under ``-m slow``."""
-    slow = runtime == "iree" and name != IREE_REPLAY_FAMILY
+    """IREE replays the jax runtime's per-kind functions, compiled: every family's IREE replay is ``-m slow``
+    (~50 s of compiles each). The default suite replays through IREE in tests/replay/test_replay.py
+    (``test_op_local_errors_of_each_candidate[iree-f32]``: every vision stage kind of Qwen2.5-VL's tiny tower,
+    compiled and run by iree.runtime), and every family's replay functions here on XLA (``[<family>-jax]``)."""
+    slow = runtime == "iree"
     return pytest.param(name, runtime, marks=[pytest.mark.slow] if slow else [])
 
 

@@ -99,11 +99,13 @@ def test_17_the_directory_stays_locked_until_the_last_notebook_is_rendered(tmp_p
     a second ``driftscope run --force`` into it stops (exit 2) without replacing the report."""
     from driftscope.run.runlock import BusyError, run_lock
 
-    params = write(tmp_path / "locked.yaml", notebooks=["01_stage_parity", "02_layer_drilldown"])
+    # the second notebook is 03 (the geometry reads the run's images): 02 would first capture a block's substages in
+    # its kernel, importing torch and MLX there (~10 CPU-seconds), for a claim about the lock alone
+    params = write(tmp_path / "locked.yaml", notebooks=["01_stage_parity", "03_window_geometry"])
     out = tmp_path / "out"
     first = driftscope("run", params, "--out", out)
     wait_for(lambda: (out / "01_stage_parity.nocode.html").exists(), "the first notebook's pages", first)
-    assert not (out / "02_layer_drilldown.nocode.html").exists()
+    assert not (out / "03_window_geometry.nocode.html").exists()
     with pytest.raises(BusyError) as taken:
         with run_lock(out):
             pass
@@ -116,7 +118,7 @@ def test_17_the_directory_stays_locked_until_the_last_notebook_is_rendered(tmp_p
     assert still_rendering, "the run ended before the second one asked for the directory: the probe proved nothing"
     # the notebooks rendered the first run's report: the second run did not replace it under them
     assert json.loads((out / "report.json").read_text())["pid"] == first.pid
-    assert (out / "02_layer_drilldown.nocode.html").exists()
+    assert (out / "03_window_geometry.nocode.html").exists()
 
 
 def test_18_a_killed_run_is_recognised_as_dead_and_its_partial_files_are_removed(tmp_path, tiny_checkpoint_dir, capsys):

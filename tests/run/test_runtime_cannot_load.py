@@ -91,7 +91,15 @@ def test_a_runtime_that_cannot_capture_leaves_the_other_pairs_compared(tmp_path,
     from driftscope.cli import main
 
     iree = {"runtime": "iree", "policy": "f32", "options": {"flags": ["--iree-no-such-flag"]}}
-    params = write_params(tmp_path / "p.yaml", "iree-cannot-compile", ["transformers:f32", iree, "mlx:f32"])
+    # the block outputs, no replay and no notebook: the claim is which captures run and which pairs are compared
+    params = write_params(
+        tmp_path / "p.yaml",
+        "iree-cannot-compile",
+        ["transformers:f32", iree, "mlx:f32"],
+        stages={"blocks": True},
+        replay=False,
+        notebooks=[],
+    )
     assert main(["run", str(params), "--out", str(tmp_path / "out")]) == 2
     data = json.loads((tmp_path / "out" / "report.json").read_text())
     (check,) = data["checks"]["iree:f32"]
