@@ -264,6 +264,37 @@ def rendered(tiny_checkpoint_dir):
     return computed_once("rendered", run, lambda base: (int((base / "exit_code").read_text()), base / "out"))
 
 
+@pytest.fixture(scope="session")
+def crashed(tiny_checkpoint_dir):
+    """``driftscope run`` of a run whose MLX candidate's patch raises while it loads, with notebooks 01 and 02:
+    (exit code, everything it printed, output directory), run once per test run and shared by every worker."""
+
+    def load(base: Path):
+        return int((base / "exit_code").read_text()), (base / "printed.txt").read_text(), base / "out"
+
+    def run(base: Path):
+        import contextlib
+        import io
+
+        from driftscope.cli import main
+
+        patch = f"{ROOT / 'tests' / 'hostile_patches.py'}:boom"
+        params = write_params(
+            base / "crash.yaml",
+            "crash",
+            ["transformers:f32", {"runtime": "mlx", "policy": "f32", "patch": patch}],
+            notebooks=["01_stage_parity", "02_layer_drilldown"],
+        )
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            code = main(["run", str(params), "--out", str(base / "out")])
+        (base / "printed.txt").write_text(printed.getvalue())
+        (base / "exit_code").write_text(str(code))
+        return load(base)
+
+    return computed_once("crashed", run, load)
+
+
 @pytest.fixture
 def rendered_copy(rendered, tmp_path):
     """``rendered`` copied into the test's own folder, its parameter file beside it (``out.parent / "p.yaml"``),

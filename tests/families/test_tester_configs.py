@@ -1,7 +1,7 @@
 """Other projects' model-tester configs (issue 32 item 10), built as tiny checkpoints by
 ``fixtures/make_tester_configs.py`` (their settings, our seeded weights), run through every runtime that can load
-them under the strict f32 contract (IREE by default on one config, on the others under ``-m slow``: see
-``IREE_DEFAULT``). A runtime that cannot represent a config is skipped with the reason below.
+them under the strict f32 contract (IREE under ``-m slow``: see ``_pairs``). A runtime that cannot represent a
+config is skipped with the reason below.
 
 Each config is captured once per module and runtime, on the 56x56 shapes image, with a two-token answer; mlx-vlm's
 Molmo2 runs with the family's known-defect patch, as in the shared family tests.
@@ -33,20 +33,17 @@ KNOWN_LIMITS = {
 }
 
 
-#: The one tester config whose IREE case runs by default: its 1x1 merge is a shape no other runtime but the
-#: compiled path runs (mlx-vlm cannot load it). The other configs' IREE cases (~15 s of compiles each) are under
-#: ``-m slow``: by default the same emitted StableHLO runs on XLA (``[<config>-jax]``, the same config) and each
-#: family's emitter goes through iree-compile and iree.runtime in tests/families/test_families.py
-#: (``test_every_runtime_captures_the_whole_plan[<family>-iree]``).
-IREE_DEFAULT = "tester-qwen2_5-vl-transformers"
-
-
 def _pairs() -> list:
+    """Every config with every runtime its family supports but the oracle. The IREE cases (~15-28 s of compiles
+    each) are ``-m slow``: by default the same emitted StableHLO runs on XLA (``[<config>-jax]``, the same config,
+    the 1x1-merge Qwen2.5-VL one included, whose merge only the compiled path runs) and each family's emitter goes
+    through iree-compile and iree.runtime in tests/families/test_families.py
+    (``test_every_runtime_captures_the_whole_plan[<family>-iree]``)."""
     return [
         pytest.param(
             config.name,
             runtime,
-            marks=[pytest.mark.slow] if runtime == "iree" and config.name != IREE_DEFAULT else [],
+            marks=[pytest.mark.slow] if runtime == "iree" else [],
             id=f"{config.name}-{runtime}",
         )
         for config in TESTER_CONFIGS

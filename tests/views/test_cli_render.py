@@ -63,17 +63,10 @@ def test_bad_parameter_file_exits_2_with_the_fix(tmp_path, capsys):
     assert "unknown keys ['colour']" in err and "valid keys" in err
 
 
-def test_a_crashed_investigation_shows_in_the_notebook_and_the_rest_are_not_run(tmp_path, tiny_checkpoint_dir):
+def test_a_crashed_investigation_shows_in_the_notebook_and_the_rest_are_not_run(crashed):
     """The CLI runs the investigation next to the notebook's kernel: its error is what the notebook shows."""
-    patch = f"{ROOT / 'tests' / 'run' / 'test_investigation.py'}:boom"  # raises "planted crash" while MLX loads
-    params = write_params(
-        tmp_path / "crash.yaml",
-        "crash",
-        ["transformers:f32", {"runtime": "mlx", "policy": "f32", "patch": patch}],
-        notebooks=["01_stage_parity", "02_layer_drilldown"],
-    )
-    out = tmp_path / "out"
-    assert main(["run", str(params), "--out", str(out)]) == 2
+    code, _, out = crashed  # conftest's run: MLX's patch raises "planted crash" while it loads; notebooks 01, 02
+    assert code == 2
     report = json.loads((out / "report.json").read_text())
     assert report["status"] == "error" and report["stopped_at"] == "capture:mlx:f32"
     notebook = json.loads((out / "01_stage_parity.ipynb").read_text())

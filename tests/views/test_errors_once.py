@@ -9,7 +9,7 @@ import re
 import nbformat
 import pytest
 from chromium import chromium, needs_chromium
-from conftest import ROOT, write_params
+from conftest import ROOT
 from driftscope.views.failure import NOT_RUN, fold_errors, split, summary_lines
 
 
@@ -91,29 +91,6 @@ def test_fixes_are_said_once():
         "could not run: 04_negative_controls: KeyError: 'x'",
         "notebooks: 01_stage_parity rendered with the investigation's error; 02_layer_drilldown not run",
     ]
-
-
-@pytest.fixture(scope="module")
-def crashed(tmp_path_factory, tiny_checkpoint_dir):
-    """``driftscope run`` of a run whose candidate's patch raises while it loads, with notebooks 01 and 02:
-    (exit code, everything it printed, output directory)."""
-    import contextlib
-    import io
-
-    from driftscope.cli import main
-
-    base = tmp_path_factory.mktemp("crash")
-    patch = f"{ROOT / 'tests' / 'hostile_patches.py'}:boom"
-    params = write_params(
-        base / "crash.yaml",
-        "crash",
-        ["transformers:f32", {"runtime": "mlx", "policy": "f32", "patch": patch}],
-        notebooks=["01_stage_parity", "02_layer_drilldown"],
-    )
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
-        code = main(["run", str(params), "--out", str(base / "out")])
-    return code, printed.getvalue(), base / "out"
 
 
 def test_the_command_line_says_the_error_and_its_fix_once(crashed):
