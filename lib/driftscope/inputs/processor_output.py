@@ -98,6 +98,8 @@ def as_processor_sees(image, processor, path: str | Path) -> tuple[Any, str | No
     from PIL import Image
     from transformers.image_transforms import convert_to_rgb
 
+    from driftscope.inputs.rgb import has_transparency
+
     if image.mode == "RGB":
         return image, None
     if not getattr(processor, "do_convert_rgb", True):
@@ -105,7 +107,6 @@ def as_processor_sees(image, processor, path: str | Path) -> tuple[Any, str | No
             f"image {path} is {image.mode}, and the checkpoint's processor does not convert images to RGB",
             "save the image as RGB, or set do_convert_rgb: true in the checkpoint's preprocessor_config.json",
         )
-    alpha = "A" in image.getbands() or image.info.get("transparency") is not None
-    done = "transparency composited onto white" if alpha else "converted to RGB"
+    done = "transparency composited onto white" if has_transparency(image) else "converted to RGB"
     converted = Image.fromarray(convert_to_rgb(image, return_numpy=True))
     return converted, f"{image.mode}: {done} (as the processor's convert_to_rgb does)"
