@@ -25,8 +25,9 @@ import json, resource, sys, time
 from pathlib import Path
 start = time.perf_counter()
 from driftscope.views.warm import VIEW_IMPORTS, warm_up_code
-extra = tuple(s for s in VIEW_IMPORTS if "driftscope.inputs.rgb" not in s) + ((sys.argv[2],) if sys.argv[2] else ())
-exec(warm_up_code(Path(sys.argv[1]), extra if sys.argv[2] else VIEW_IMPORTS))
+former = sys.argv[2]  # the import that replaces driftscope.inputs.rgb's, or "" for the warm-up as it is
+extra = tuple(s for s in VIEW_IMPORTS if "driftscope.inputs.rgb" not in s) + (former,) if former else VIEW_IMPORTS
+exec(warm_up_code(Path(sys.argv[1]), extra))
 usage = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({"cpu": usage.ru_utime + usage.ru_stime, "wall": time.perf_counter() - start,
                   "torch": "torch" in sys.modules}))
