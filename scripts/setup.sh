@@ -38,6 +38,11 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null || [
     fi
 fi
 
+# The package byte-compiled, as pip compiles a regular (not editable) install: where PYTHONDONTWRITEBYTECODE is
+# set, every `driftscope` process, render process and notebook kernel would otherwise compile it from source
+# again (only what changed is compiled; an edited module is recompiled when imported, as always).
+"$VENV/bin/python" -m compileall -q lib >/dev/null
+
 # The notebook kernel papermill runs (inside the venv, so it sees the same packages).
 "$VENV/bin/python" -m ipykernel install --sys-prefix --name driftscope --display-name "driftscope (.venv)" >/dev/null
 

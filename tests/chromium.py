@@ -2,7 +2,7 @@
 
 ``needs_chromium`` skips a test (or, as ``pytestmark``, a file) where chromium or chromedriver is missing;
 ``chromium()`` is a context manager that starts a driver and quits it afterwards; ``start()`` returns one for a
-fixture that quits it itself.
+fixture that quits it itself; ``open_page()`` opens a page and waits until it is whole.
 """
 
 from __future__ import annotations
@@ -56,3 +56,15 @@ def chromium(width: int = WIDTH, height: int = HEIGHT, *, window: bool = False, 
         yield driver
     finally:
         driver.quit()
+
+
+def open_page(driver, uri: str, ready: str = "true", timeout: float = 60) -> None:
+    """Open ``uri`` and wait until it is the loaded document and the JavaScript expression ``ready`` holds.
+
+    ``driver.get`` alone can return before a large page (a notebook's HTML, megabytes of inlined figures) is the
+    document: on a busy machine a script run right after it found no images on a page that has two."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(uri)
+    script = f"return document.URL === new URL({uri!r}).href && document.readyState === 'complete' && !!({ready});"
+    WebDriverWait(driver, timeout).until(lambda d: d.execute_script(script))

@@ -12,7 +12,7 @@ from xml.etree import ElementTree
 
 import pytest
 import yaml
-from chromium import chromium
+from chromium import chromium, open_page
 from conftest import ROOT, TINY
 from driftscope.batch.runner import run_batch
 from driftscope.cli import main
@@ -337,7 +337,7 @@ def test_reviewers_pages_in_headless_chromium(two_commits):
             (out_root / b / "index.html", "index.png"),
             (out_root / b / "shapes" / "01_stage_parity.html", "01_stage_parity.png"),
         ):
-            driver.get(page.as_uri())
+            open_page(driver, page.as_uri())
             images = driver.execute_script("return Array.from(document.images).map(i => [i.complete, i.naturalWidth]);")
             assert images and all(done and width > 0 for done, width in images), (page, images)
             errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]

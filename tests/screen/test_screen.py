@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from chromium import chromium, needs_chromium
+from chromium import chromium, needs_chromium, open_page
 from driftscope.screen.capture import tap_base
 from driftscope.screen.report import load_screen
 from driftscope.screen.runner import screen
@@ -126,7 +126,7 @@ def test_the_page_in_chromium_is_self_contained_and_sorts(planted):
     html = (planted.out / "index.html").read_text()
     assert "http://" not in html and "https://" not in html  # nothing to fetch
     with chromium() as driver:
-        driver.get((planted.out / "index.html").as_uri())
+        open_page(driver, (planted.out / "index.html").as_uri())
         labels = "return Array.from(document.querySelectorAll('#screen tbody tr')).map(r => r.dataset.key);"
         ranking = [e["key"] for e in planted.result.ranking]
         assert driver.execute_script(labels) == ranking

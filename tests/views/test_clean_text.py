@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from chromium import chromium, needs_chromium
+from chromium import chromium, needs_chromium, open_page
 from clean_text import problems
 from conftest import ROOT
 
@@ -91,7 +91,7 @@ def test_every_family_demos_headline_tables_fit_1400_px(demo):
             ("01_stage_parity", "suspected cause"),
             ("04_negative_controls", "why it is not detected"),
         ):
-            browser.get((out / f"{page}.nocode.html").as_uri())
+            open_page(browser, (out / f"{page}.nocode.html").as_uri())
             box = browser.execute_script(
                 f"""const box = Array.from(document.querySelectorAll('div.driftscope-table'))
                   .find(b => b.querySelector('thead') && b.querySelector('thead').innerText.includes({header!r}));

@@ -8,7 +8,7 @@ import re
 
 import nbformat
 import pytest
-from chromium import chromium, needs_chromium
+from chromium import chromium, needs_chromium, open_page
 from conftest import ROOT
 from driftscope.views.failure import NOT_RUN, fold_errors, split, summary_lines
 
@@ -107,7 +107,7 @@ def test_the_command_line_says_the_error_and_its_fix_once(crashed):
 def test_a_failed_runs_page_opens_with_the_message_and_its_fix(crashed, kind):
     _, _, out = crashed
     with chromium(1400, 900) as browser:
-        browser.get((out / f"01_stage_parity.{kind}").as_uri())
+        open_page(browser, (out / f"01_stage_parity.{kind}").as_uri())
         shown = browser.execute_script(
             """
             const error = document.querySelector('.jp-RenderedText[data-mime-type="application/vnd.jupyter.stderr"]')

@@ -11,7 +11,7 @@ import re
 
 import numpy as np
 import pytest
-from chromium import HEIGHT, WIDTH, chromium, needs_chromium
+from chromium import HEIGHT, WIDTH, chromium, needs_chromium, open_page
 from driftscope.run.report import Report
 
 pytestmark = needs_chromium
@@ -43,12 +43,7 @@ return {verdict: verdict && box(verdict), divergence: divergence && box(divergen
 
 def load(browser, path) -> None:
     """Open ``path`` and wait until the whole document (its last section, the progress log, included) is in."""
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    browser.get(path.as_uri())
-    WebDriverWait(browser, 60).until(
-        lambda d: d.execute_script("return document.readyState === 'complete' && !!document.querySelector('details')")
-    )
+    open_page(browser, path.as_uri(), "document.querySelector('details')")
 
 
 def page(browser, path) -> dict:
