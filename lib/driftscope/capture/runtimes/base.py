@@ -192,11 +192,13 @@ class Runtime(ABC):
         self.timings["load_s"] = time.perf_counter() - start
 
     def release(self) -> None:
-        """Drop the loaded model (its memory); a later capture or replay loads it again."""
-        self.model = None
-        import gc
+        """Drop the loaded model (its memory, by a full collection where reference counting did not free it, as
+        under a hypothesis patch); a later capture or replay loads it again."""
+        from driftscope.core.memory import free, watch
 
-        gc.collect()
+        watched = watch(self.model) if self.model is not None and self.patch is None else None
+        self.model = None
+        free(watched)
 
     @abstractmethod
     def _load(self) -> Any: ...

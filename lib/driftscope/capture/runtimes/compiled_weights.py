@@ -10,11 +10,12 @@ weights, and what is read back would be the checkpoint's.
 
 from __future__ import annotations
 
-import gc
 import time
 from typing import Any
 
 import numpy as np
+
+from driftscope.core.memory import free, watch
 
 
 def refuse_unread(runtime: Any, text: bool) -> None:
@@ -46,9 +47,11 @@ def drop_tower(runtime: Any) -> bool:
     tower = runtime.__dict__.get("_tower")
     if isinstance(tower, dict):
         runtime._tower = {k: np.array(v) if isinstance(v, np.ndarray) else v for k, v in tower.items()}
-    model.weights = None
+    weights = model.weights
+    watched = watch(*weights.values()) if isinstance(weights, dict) else None
+    model.weights = weights = None
     runtime.tower_dropped = True
-    gc.collect()
+    free(watched)
     return True
 
 
