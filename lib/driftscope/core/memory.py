@@ -2,9 +2,10 @@
 
 A full ``gc.collect()`` walks every object of the process: ~0.25 s once torch and transformers are imported
 (docs/benchmarks.md, "Releasing a model"), paid at every model release. Reference counting frees an object the
-moment its last reference goes, unless it sits in a reference cycle (Molmo2's models do; a hypothesis patch that
-binds a method to its module makes one): so the collection runs only when a watched object outlived its
-reference, and what a runtime releases is freed before the next model loads either way.
+moment its last reference goes, unless it sits in a reference cycle (a family's loading code may leave one
+behind; a hypothesis patch that binds a method to its module makes one): so the collection runs only when a
+watched object outlived its reference, and what a runtime releases is freed before the next model loads either
+way.
 """
 
 from __future__ import annotations
