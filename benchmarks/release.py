@@ -1,11 +1,13 @@
 """What releasing the runtimes' models costs an investigation: a full collection at every release, or only where
 reference counting did not free the model (``core.memory``).
 
-    .venv/bin/python benchmarks/release.py [--params parameters/demo_shapes.yaml] [--repeats 3]
+    .venv/bin/python benchmarks/release.py [--params FILE] [--repeats 3]
 
-In one process (torch, transformers, MLX imported by a first, unmeasured run), alternating: the investigation as
-it is, and with ``core.memory.free`` collecting at every release (the former ``gc.collect()`` in
-``Runtime.release``). Prints each way's median wall seconds, its full collections, and their ratio.
+``--params`` defaults to the tiny Qwen2.5-VL fixture on the shapes image: transformers f32 against MLX f32 and
+bf16 (bf16 replayed and narrowed), four text tokens, no notebooks. In one process (torch, transformers, MLX
+imported by a first, unmeasured run), alternating: the investigation as it is, and with ``core.memory.free``
+collecting at every release (the former ``gc.collect()`` in ``Runtime.release``). Prints each way's median wall
+seconds, its full collections, and their ratio.
 """
 
 from __future__ import annotations
@@ -19,6 +21,15 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+DEFAULT = {
+    "name": "release",
+    "checkpoint": str(ROOT / "fixtures" / "checkpoints" / "tiny-qwen2_5-vl"),
+    "images": [str(ROOT / "fixtures" / "images" / "shapes_448.png")],
+    "runtimes": ["transformers:f32", "mlx:f32", "mlx:bf16"],
+    "replay": ["mlx:bf16"],
+    "text": {"max_new_tokens": 4},
+    "notebooks": [],
+}
 
 
 def measure(params: Path, out: Path, always: bool) -> tuple[float, int]:
@@ -47,10 +58,15 @@ def measure(params: Path, out: Path, always: bool) -> tuple[float, int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", type=Path, default=ROOT / "parameters" / "demo_shapes.yaml")
+    parser.add_argument("--params", type=Path)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
     base = Path(tempfile.mkdtemp(prefix="driftscope-release-"))
+    if args.params is None:
+        import yaml
+
+        args.params = base / "release.yaml"
+        args.params.write_text(yaml.safe_dump(DEFAULT))
     measure(args.params, base / "warm", False)  # imports and first loads, not measured
     runs: dict[str, list[tuple[float, int]]] = {"now": [], "former": []}
     for _ in range(args.repeats):

@@ -142,7 +142,7 @@ def pytest_runtest_teardown(item, nextitem):
     fixtures and caches live as long as the worker, and every later full collection (an automatic one, or a
     runtime's release that has a cycle to free) walks only what the tests made since. A worker's full collection
     took ~0.45 s, 300 of them ~140 worker-seconds of a run (docs/benchmarks.md, "Releasing a model")."""
-    if nextitem is None or nextitem.path != item.path:
+    if nextitem is not None and nextitem.path != item.path:  # not after the last: nothing runs after it
         import gc
 
         gc.collect()

@@ -196,7 +196,9 @@ class Runtime(ABC):
         under a hypothesis patch); a later capture or replay loads it again."""
         from driftscope.core.memory import free, watch
 
-        watched = watch(self.model) if self.model is not None and self.patch is None else None
+        if self.model is None:
+            return  # nothing was loaded since the last release, which freed what it dropped
+        watched = watch(self.model) if self.patch is None else None
         self.model = None
         free(watched)
 
