@@ -141,7 +141,8 @@ def pytest_runtest_teardown(item, nextitem):
     walks (``gc.freeze``, after one collection so that no garbage is frozen): the imported frameworks, session
     fixtures and caches live as long as the worker, and every later full collection (an automatic one, or a
     runtime's release that has a cycle to free) walks only what the tests made since. A worker's full collection
-    took ~0.45 s, 300 of them ~140 worker-seconds of a run (docs/benchmarks.md, "Releasing a model")."""
+    took ~0.45 s, ~300 of them ~140 worker-seconds of a run (docs/benchmarks.md, "The default suite's time",
+    session 8)."""
     if nextitem is not None and nextitem.path != item.path:  # not after the last: nothing runs after it
         import gc
 

@@ -47,9 +47,8 @@ def drop_tower(runtime: Any) -> bool:
     tower = runtime.__dict__.get("_tower")
     if isinstance(tower, dict):
         runtime._tower = {k: np.array(v) if isinstance(v, np.ndarray) else v for k, v in tower.items()}
-    weights = model.weights
-    watched = watch(*weights.values()) if isinstance(weights, dict) else None
-    model.weights = weights = None
+    watched = watch(*model.weights.values()) if isinstance(model.weights, dict) else None
+    model.weights = None
     runtime.tower_dropped = True
     free(watched)
     return True
