@@ -37,6 +37,9 @@ class TextInputs:
     time_intervals: list | None = None
     #: seconds one temporal patch of each video spans (temporal_patch_size / fps), for a model that reads it
     second_per_grid_ts: list | None = None
+    #: the processor's other per-token outputs the model call takes, [seq] each (``token_type_ids``,
+    #: ``mm_token_type_ids``), by the processor's names
+    token_arrays: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def vision_slots(self) -> np.ndarray:

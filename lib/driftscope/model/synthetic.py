@@ -17,10 +17,18 @@ CORPUS = [
 
 
 def train_tokenizer(
-    vocab_size: int, special_tokens: list[str], eos_token: str, pad_token: str, corpus: list[str] = CORPUS
+    vocab_size: int,
+    special_tokens: list[str],
+    eos_token: str,
+    pad_token: str,
+    corpus: list[str] = CORPUS,
+    *,
+    bos_token: str | None = None,
+    extra_special_tokens: dict[str, str] | None = None,
 ):
-    """A byte-level BPE tokenizer with ``special_tokens`` (the first is not an additional special token),
-    trained on ``corpus``."""
+    """A byte-level BPE tokenizer with ``special_tokens`` (ids 0, 1, ... in order; the first is not an additional
+    special token), trained on ``corpus``; ``extra_special_tokens`` names some of them as tokenizer attributes
+    (``image_token``, ...) the way transformers 5 checkpoints declare them."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -34,11 +42,14 @@ def train_tokenizer(
         show_progress=False,
     )
     tokenizer.train_from_iterator(corpus * 4, trainer=trainer)
+    named = {"extra_special_tokens": dict(extra_special_tokens)} if extra_special_tokens else {}
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         eos_token=eos_token,
         pad_token=pad_token,
         additional_special_tokens=special_tokens[1:],
+        **({"bos_token": bos_token} if bos_token is not None else {}),
+        **named,
     )
 
 
