@@ -54,6 +54,7 @@ fi
 "$VENV/bin/python" fixtures/make_tiny_qwen25vl_deep.py
 "$VENV/bin/python" fixtures/make_tiny_molmo2.py  # the hub layout (the family's tiny fixture) and the native one
 "$VENV/bin/python" fixtures/make_family_tinies.py  # every family's tiny fixture (Qwen3-VL's, Qwen3-VL-MoE's, ...)
+"$VENV/bin/python" fixtures/make_generic_tinies.py >/dev/null  # the generic family's tester-config checkpoints
 "$VENV/bin/python" fixtures/make_tiny_q4.py  # each family's tiny fixture in 4 bits
 "$VENV/bin/python" fixtures/make_tiny_qwen25vl_wide.py  # parameters/demo_q4.yaml
 "$VENV/bin/python" fixtures/make_tester_configs.py  # settings of transformers' and mlx-vlm's model testers
