@@ -49,6 +49,7 @@ def test_mlx_config_moves_settings_where_mlx_vlm_reads_them():
     adapted = mlx_config(config)
     text = adapted["text_config"]
     assert text["rope_theta"] == 10000.0
+    assert text["partial_rotary_factor"] == 1.0  # what transformers uses where rope_parameters does not say
     assert text["rope_scaling"] == {"rope_type": "default", "mrope_section": [2, 1, 1], "type": "mrope"}
     assert adapted["hidden_size"] == 32 and adapted["rope_scaling"] == text["rope_scaling"]  # copied up
     assert text["mm_tokens_per_image"] == 1 and text["image_token_index"] == 7  # copied down, both spellings

@@ -84,7 +84,8 @@ def mlx_prefill(model, inputs: ModelInputs) -> Any:
 
 
 def _rope(section: dict) -> None:
-    """transformers 5's ``rope_parameters`` under the names mlx-vlm 0.7.10 reads: ``rope_theta`` and ``rope_scaling``
+    """transformers 5's ``rope_parameters`` under the names mlx-vlm 0.7.10 reads: ``rope_theta``,
+    ``partial_rotary_factor`` and ``rope_scaling``
     (``{type, mrope_section, ...}``, type ``mrope`` where a section is given), and for per-layer-type parameters
     (``{full_attention: {...}, sliding_attention: {...}}``) the global and local base frequencies."""
     rope = section.get("rope_parameters")
@@ -100,6 +101,9 @@ def _rope(section: dict) -> None:
         return
     if "rope_theta" in rope:
         section.setdefault("rope_theta", rope["rope_theta"])
+        # transformers 5 reads it from rope_parameters, 1.0 where absent; mlx-vlm from the section, with defaults of its
+        # own (glm4v/config.py: 0.5)
+        section.setdefault("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
     beyond_default = set(rope) - {"rope_theta", "rope_type"} or rope.get("rope_type", "default") != "default"
     if section.get("rope_scaling") is None and beyond_default:
         scaling = {key: value for key, value in rope.items() if key != "rope_theta"}
