@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     from driftscope.model.blas import mlx_blas
 
     mlx_blas()  # before the first `import mlx.core`
-    from driftscope.families.generic.probe import probe
     from driftscope.families.generic.testers import model_types
+    from driftscope.families.generic.tiny_probe import probe
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_types", nargs="*", default=model_types())

@@ -337,8 +337,9 @@ def tiny(request):
             checkpoint = open_checkpoint(family.tiny.ensure())
             inputs = family.prepare_inputs(checkpoint, list(family.tiny.images))
             inputs.text = family.text_inputs(checkpoint, inputs, max_new_tokens=4)
-            plan = family.vision_plan(checkpoint.config).select(StageSelection.everything())
-            plan = StagePlan(plan.family, plan.stages + family.text_stages(checkpoint.config, 4), plan.depth, plan.meta)
+            plan = family.plan_for(checkpoint).select(StageSelection.everything())
+            text = family.text_stages_for(checkpoint, 4)
+            plan = StagePlan(plan.family, plan.stages + text, plan.depth, plan.meta)
             built[name] = (checkpoint, inputs, plan)
         return built[name]
 

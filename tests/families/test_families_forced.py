@@ -79,6 +79,8 @@ def test_the_oracles_forced_rows_are_a_prefill_of_the_prompt_and_the_forced_toke
     one.text.input_ids = np.concatenate([inputs.text.input_ids, forced[:last]]).astype(np.int64)
     if one.text.token_types is not None:
         one.text.token_types = np.concatenate([inputs.text.token_types, np.zeros(last, inputs.text.token_types.dtype)])
+    for name, values in inputs.text.token_arrays.items():  # a processor's per-token arrays: text tokens are 0
+        one.text.token_arrays[name] = np.concatenate([values, np.zeros(last, values.dtype)])
     one.text.max_new_tokens, one.text.forced = 1, None
     runtime = get_runtime(ORACLE)(checkpoint, "f32")
     prefill = runtime.capture(one, plan, tmp_path / "prefill")

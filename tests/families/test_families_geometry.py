@@ -15,7 +15,7 @@ from driftscope.families.base import BLOCKED_COLOUR, MASK_GID, MAY_ATTEND_COLOUR
 from driftscope.taps.stages import StageSelection
 from driftscope.views.geometry import geometry_sections
 
-FAMILY_NAMES = FAMILIES.names()
+FAMILY_NAMES = [name for name in FAMILIES.names() if get_family(name).geometry]
 #: Sizes (HxW) whose geometry differs across the families: one or several windows or crops, grids on and off the
 #: position table's rows, resized or not, a window permutation that is or is not an involution.
 SIZES = ("224x224", "336x336", "448x448", "448x84", "448x672", "768x768", "112x112")

@@ -21,6 +21,7 @@ OWN_WORDS = {
     "qwen3_vl": [],
     "qwen3_vl_moe": [r"\bexperts?\b", r"\brout(er|ed|ing)\b"],
     "molmo2": [r"\bcrops?\b", r"pool(er|ing)"],
+    "generic": [],
 }
 SHARED_WORDS = {
     ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"): [r"M-RoPE"],

@@ -139,7 +139,7 @@ def test_inputs_go_through_the_familys_processor():
 
 @pytest.mark.parametrize("model_type", model_types())
 def test_both_libraries_load_and_run_the_prefill(model_type, tmp_path):
-    from driftscope.families.generic.probe import probe
+    from driftscope.families.generic.tiny_probe import probe
 
     row = probe(model_type, tmp_path / model_type, [IMAGE])
     assert row.error == "", row.error

@@ -101,7 +101,7 @@ def list_stages(
 
     checkpoint = open_checkpoint(checkpoint_path)
     family = get_family(checkpoint.family)
-    plan = family.vision_plan(checkpoint.config).select(StageSelection.everything())
+    plan = family.plan_for(checkpoint).select(StageSelection.everything())
     inputs = prepare_inputs(checkpoint, images, videos) if images or videos else None
     if write_to:
         if inputs is None:

@@ -21,6 +21,10 @@ FAMILIES: Registry[Family] = Registry("model family")
 #: The family the geometry CLI and notebook use when no checkpoint names one.
 DEFAULT_FAMILY = "qwen2_5_vl"
 
+#: The family that reads any model transformers and mlx-vlm both implement from the two models themselves: a
+#: checkpoint whose model type no family folder claims is its, and ``family: generic`` picks it for any checkpoint.
+GENERIC = "generic"
+
 
 def _register_folders() -> None:
     for found in pkgutil.iter_modules(__path__):
@@ -45,11 +49,16 @@ def model_types() -> dict[str, str]:
 
 
 def detect_family(config: dict, requested: str | None = None) -> str:
-    """The family of a checkpoint config; ``requested`` (a parameter file's ``family:``) overrides it
-    when the config's model type is unknown and must agree with it when it is known."""
+    """The family of a checkpoint config: the family folder claiming its model type, else the generic family;
+    ``requested`` (a parameter file's ``family:``) overrides it when the config's model type is unknown and must
+    agree with it when it is known (``generic`` may read any checkpoint)."""
     model_type = config.get("model_type")
     detected = model_types().get(model_type)
+    if requested == GENERIC and GENERIC in FAMILIES:
+        return GENERIC  # any checkpoint can be read generically, to compare with its deep family's reading
     if requested is None:
+        if detected is None and GENERIC in FAMILIES and model_type:
+            return GENERIC
         if detected is None:
             raise CheckpointError(
                 f"checkpoint model_type {model_type!r} is not a supported family",

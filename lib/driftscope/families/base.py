@@ -224,6 +224,25 @@ class Family:
     #: module saying which operators each runtime can keep in float32 (``operators(runtime, plan)``: stage-id
     #: templates, ``{b}`` a block) and where MLX holds them (``mlx_sites(model, stage_ids)``); None: none can
     precision: str | None = None
+    #: the whole plan read from the checkpoint itself, ``(checkpoint, max_new_tokens or None) -> StagePlan`` (the
+    #: generic family: its stages come from the two loaded models), where the config alone cannot say it; None:
+    #: ``vision_plan`` and ``text_stages`` of the config
+    checkpoint_plan: Callable[[Checkpoint, int | None], StagePlan] | None = None
+    #: whether the family knows its inputs' geometry (a token grid, windows, crops): the geometry notebook and CLI
+    geometry: bool = True
+
+    def plan_for(self, checkpoint: Checkpoint) -> StagePlan:
+        """The vision plan of ``checkpoint`` (every stage before the decoder, in execution order)."""
+        if self.checkpoint_plan is not None:
+            return self.checkpoint_plan(checkpoint, None)
+        return self.vision_plan(checkpoint.config)
+
+    def text_stages_for(self, checkpoint: Checkpoint, max_new_tokens: int) -> list[Stage]:
+        """The stages past the tower for ``checkpoint`` (the decoder's, the answer's), in execution order."""
+        if self.checkpoint_plan is not None:
+            vision = set(self.plan_for(checkpoint).ids())
+            return [stage for stage in self.checkpoint_plan(checkpoint, max_new_tokens) if stage.id not in vision]
+        return self.text_stages(checkpoint.config, max_new_tokens)
 
     def supports(self, runtime: str) -> bool:
         return runtime in self.engines

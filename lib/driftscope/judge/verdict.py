@@ -98,11 +98,25 @@ def not_compared(rows: list[ComparisonRow], reference: TapSet, candidate: TapSet
     ``why`` names the capability the runtime lacks when it declares one (e.g. it does not decode), and
     ``declared`` says so: only those are excused from the coverage rule (``judge.coverage``)."""
     groups: dict[tuple[str, str], list[str]] = {}
+    out = []
     for row in rows:
         if row.status == "missing":
             side = "reference" if row.note.endswith("reference") else "candidate"
+            tapset = reference if side == "reference" else candidate
+            why = (tapset.meta.get("declared_absent") or {}).get(row.stage)
+            if why:  # the runtime said why it wrote no value it could compare (e.g. a layout it cannot decide)
+                out.append(
+                    {
+                        "side": side,
+                        "runtime": tapset.label,
+                        "stages": [row.stage],
+                        "pattern": row.stage,
+                        "why": str(why),
+                        "declared": True,
+                    }
+                )
+                continue
             groups.setdefault((side, _group(row.stage)), []).append(row.stage)
-    out = []
     for (side, prefix), stages in groups.items():
         tapset = reference if side == "reference" else candidate
         why, declared = _why_absent(tapset, prefix)

@@ -133,15 +133,29 @@ def _key(ident: dict) -> str:
 
 def _split(obj: Any, prefix: str, tensors: dict[str, np.ndarray]) -> dict:
     """A dataclass's fields: arrays into ``tensors`` (named ``prefix`` + field), the rest as plain values."""
-    plain, arrays = {}, []
+    plain, arrays, named = {}, [], {}
     for field in dataclasses.fields(obj):
         value = getattr(obj, field.name)
         if isinstance(value, np.ndarray):
             tensors[prefix + field.name] = np.ascontiguousarray(value)
             arrays.append(field.name)
-        elif field.name not in ("arrays", "text"):
+        elif field.name in ("arrays", "text"):
+            continue
+        elif isinstance(value, dict) and value and all(isinstance(v, np.ndarray) for v in value.values()):
+            for name, array in value.items():  # a dict of arrays (e.g. a prompt's per-token arrays)
+                tensors[f"{prefix}{field.name}/{name}"] = np.ascontiguousarray(array)
+            named[field.name] = list(value)
+        else:
             plain[field.name] = value
-    return {"plain": plain, "arrays": arrays}
+    return {"plain": plain, "arrays": arrays, "named_arrays": named}
+
+
+def _rebuilt(tensors: dict[str, np.ndarray], record: dict, prefix: str) -> dict:
+    """The array fields of a :func:`_split` record: plain arrays and dicts of arrays."""
+    out = {name: tensors[prefix + name] for name in record["arrays"]}
+    for field, names in (record.get("named_arrays") or {}).items():
+        out[field] = {name: tensors[f"{prefix}{field}/{name}"] for name in names}
+    return out
 
 
 def encode(inputs: ModelInputs) -> tuple[dict[str, np.ndarray], dict]:
@@ -164,12 +178,11 @@ def decode(tensors: dict[str, np.ndarray], record: dict) -> ModelInputs:
     inputs = ModelInputs(
         arrays={name: tensors[f"arrays/{name}"] for name in record["named"]},
         **plain,
-        **{name: tensors[name] for name in record["arrays"]},
+        **_rebuilt(tensors, record, ""),
     )
     text = record.get("text")
     if text is not None:
-        arrays = {name: tensors[f"text/{name}"] for name in text["arrays"]}
-        inputs.text = TextInputs(**text["plain"], **arrays)
+        inputs.text = TextInputs(**text["plain"], **_rebuilt(tensors, text, "text/"))
     return inputs
 
 

@@ -218,12 +218,13 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
     report.step("checkpoint")
     checkpoint = open_checkpoint(params.checkpoint, params.family)
     family = get_family(checkpoint.family)
-    full = family.vision_plan(checkpoint.config)
+    full = family.plan_for(checkpoint)
     plan = full.select(params.stages)
     if params.text:
-        text = family.text_stages(checkpoint.config, params.text["max_new_tokens"])
+        text = family.text_stages_for(checkpoint, params.text["max_new_tokens"])
         full = StagePlan(full.family, full.stages + text, full.depth, dict(full.meta))
-        plan = StagePlan(plan.family, plan.stages + text, plan.depth, dict(plan.meta))
+        chosen = [stage for stage in text if params.stages.wants(stage, full.depth)]
+        plan = StagePlan(plan.family, plan.stages + chosen, plan.depth, dict(plan.meta))
     report.data.update(
         family=checkpoint.family,
         checkpoint=str(checkpoint.path),

@@ -162,7 +162,7 @@ def _full_plan(report: Report) -> StagePlan:
     from driftscope.families.checkpoints import open_checkpoint
 
     checkpoint = open_checkpoint(report.data["checkpoint"], report.data.get("family"))
-    return get_family(checkpoint.family).vision_plan(checkpoint.config)
+    return get_family(checkpoint.family).plan_for(checkpoint)
 
 
 def _inputs(report: Report):

@@ -51,8 +51,8 @@ def default_screen_dir(params: Parameters) -> Path:
 def _job(params: Parameters, out: Path) -> Job:
     checkpoint = open_checkpoint(params.checkpoint, params.family)
     family = get_family(checkpoint.family)
-    vision = family.vision_plan(checkpoint.config)
-    text = family.text_stages(checkpoint.config, params.text["max_new_tokens"]) if params.text else None
+    vision = family.plan_for(checkpoint)
+    text = family.text_stages_for(checkpoint, params.text["max_new_tokens"]) if params.text else None
     reference = next(s for s in params.runtimes if s.display == params.reference_label)
     specs = (reference, *[s for s in params.runtimes if s.display != params.reference_label])
     return Job(checkpoint, specs, screen_plan(vision, text), params.text, out)

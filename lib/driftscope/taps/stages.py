@@ -48,7 +48,8 @@ class StageSelection:
     """Which stages a run captures.
 
     ``blocks``: capture every block's output. ``substages``: block indices whose substages are
-    captured (``"all"`` for every block). ``include``/``exclude``: extra glob patterns.
+    captured (``"all"`` for every block, and the pieces of layers that are no numbered block, e.g. a decoder
+    layer's, which narrowing otherwise captures when it needs them). ``include``/``exclude``: extra glob patterns.
     """
 
     blocks: bool = True
@@ -79,8 +80,8 @@ class StageSelection:
             return False
         if any(fnmatch.fnmatchcase(stage.id, pattern) for pattern in self.include):
             return True
-        if stage.block is None:
-            return True
+        if stage.block is None:  # a piece of an unnumbered layer (a decoder layer's): captured when asked for all
+            return stage.substage is None or self.substages == "all"
         if stage.substage is None:
             return self.blocks
         if self.substages == "all":

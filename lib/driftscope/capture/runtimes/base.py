@@ -131,9 +131,7 @@ class Runtime(ABC):
                 f"options.f32 widens operators of a half-precision policy, and {self.policy.name} is float32 already",
                 "drop options.f32, or give a half-precision policy (f16, bf16, f16-contract, f16-state)",
             )
-        return with_float32(
-            self.policy, expand(self.options["f32"], self.family.vision_plan(self.checkpoint.config).depth)
-        )
+        return with_float32(self.policy, expand(self.options["f32"], self.family.plan_for(self.checkpoint).depth))
 
     @classmethod
     def known_options(cls) -> dict[str, str]:

@@ -168,7 +168,7 @@ class CompiledRuntime(Runtime):
             self._capture_blocks(inputs, sink, bucket)
             return
         outputs = self.execute(graph, self.arguments(graph, bucket, inputs))
-        plan = self.family.vision_plan(self.checkpoint.config)  # the whole plan: the selection may leave them out
+        plan = self.family.plan_for(self.checkpoint)  # the whole plan: the selection may leave them out
         self._tower = {
             stage: outputs[stage][: self.taps.output_rows(bucket, plan[stage])]
             for stage in plan.meta.get("tower_outputs") or self.taps.TOWER_OUTPUTS

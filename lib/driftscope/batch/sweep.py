@@ -1,0 +1,130 @@
+"""The sweep: one investigation per model type the generic family names (its model testers' tiny checkpoints),
+transformers f32 against MLX f32 under the strict contract, summarised in one table.
+
+Each row says whether the family passes at every aligned stage, or where it first diverges, which operator
+replay says introduces it, and the ready patch that closes it (``families.generic.hypotheses``); a family that a
+library cannot load says that library's own error. ``driftscope sweep`` writes ``sweep.json`` and ``sweep.md``
+into its output folder; ``--docs`` also keeps the JSON as ``docs/sweep.json``, from which the README's family
+table is generated (``scripts/families_table.py``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from driftscope.core.atomic import write_json_atomic, write_text_atomic
+from driftscope.core.paths import REPO_ROOT
+from driftscope.errors import DriftscopeError
+
+#: what every sweep run compares: the oracle against eager MLX, both float32, under the strict contract
+RUNTIMES = [{"runtime": "transformers", "policy": "f32"}, {"runtime": "mlx", "policy": "f32"}]
+CONTRACT = "parameters/contracts/strict.yaml"
+IMAGE = "fixtures/images/shapes_448.png"
+PROMPT = "Name every shape in the image and its colour."
+
+
+@dataclass
+class SweepRow:
+    """One model type's result."""
+
+    model_type: str
+    verdict: str  # pass | fail | could not run
+    first_divergence: str | None = None
+    introduced_by: str | None = None  # the operator (stage) replay names
+    conclusion: str = ""
+    patch: str | None = None  # the ready patch that closes it, where one is known
+    stages: int = 0  # stages compared
+    unaligned: dict[str, int] = field(default_factory=dict)  # modules without a partner, per side
+    error: str | None = None  # a library's own error, where one could not load or run the checkpoint
+    seconds: float = 0.0
+    report: str = ""
+
+    def cells(self) -> list[str]:
+        where = self.first_divergence or "—"
+        return [
+            f"`{self.model_type}`",
+            self.verdict,
+            f"`{where}`" if self.first_divergence else where,
+            f"`{self.introduced_by}`" if self.introduced_by else "—",
+            f"`{self.patch.split(':')[-1]}`" if self.patch else "—",
+            str(self.stages),
+            " / ".join(str(self.unaligned.get(side, 0)) for side in ("transformers", "mlx")),
+        ]
+
+
+HEADER = ["model type", "verdict", "first divergence", "introduced by", "ready patch", "stages", "unaligned (tf / mlx)"]
+
+
+def parameters(model_type: str, checkpoint: Path) -> dict:
+    """The sweep's parameter set for one model type's tiny checkpoint."""
+    return {
+        "name": f"sweep-{model_type}",
+        "description": f"generic family: {model_type} tester checkpoint, transformers f32 vs mlx f32, strict",
+        "family": "generic",
+        "checkpoint": str(checkpoint),
+        "images": [str(REPO_ROOT / IMAGE)],
+        "runtimes": RUNTIMES,
+        "contract": str(REPO_ROOT / CONTRACT),
+        "stages": {"blocks": True, "substages": "all"},
+        "text": {"prompt": PROMPT, "max_new_tokens": 4},
+        "notebooks": [],
+    }
+
+
+def _row(model_type: str, report) -> SweepRow:
+    data = report.data
+    pair = next(iter((data.get("first_divergence") or {}).keys()), None)
+    first = (data.get("first_divergence") or {}).get(pair) if pair else None
+    conclusion = (data.get("conclusions") or {}).get(pair) or {}
+    compared = sum(1 for row in data.get("rows", []) if row.get("status") in ("pass", "fail"))
+    unaligned = ((data.get("plan_meta") or {}).get("generic") or {}).get("unaligned") or {}
+    patches = conclusion.get("ready_patches") or []
+    return SweepRow(
+        model_type,
+        str(report.verdict or "could not run"),
+        first["stage"] if first else None,
+        conclusion.get("operator") or conclusion.get("stage"),
+        str(conclusion.get("text") or conclusion.get("summary") or ""),
+        patches[0] if patches else None,
+        compared,
+        {side: len(entries) for side, entries in unaligned.items()},
+    )
+
+
+def sweep(model_types: list[str], out: Path, build: Callable[[str], Path], log=print) -> list[SweepRow]:
+    """Investigate each model type's tiny checkpoint (``build(model_type)`` makes it) into ``out/<model_type>``."""
+    from driftscope.run.investigation import investigate
+    from driftscope.run.params import parse_parameters
+    from driftscope.run.report import Report
+
+    rows = []
+    for model_type in model_types:
+        start = time.perf_counter()
+        folder = out / model_type
+        try:
+            checkpoint = build(model_type)
+            params = parse_parameters(parameters(model_type, checkpoint), source=None, base=REPO_ROOT)
+            report = investigate(params, folder)
+            row = _row(model_type, report)
+        except DriftscopeError as err:
+            report_path = folder / "report.json"
+            report = Report.load(report_path) if report_path.exists() else None
+            row = _row(model_type, report) if report is not None else SweepRow(model_type, "could not run")
+            row.verdict, row.error = "could not run", f"{type(err).__name__}: {err}"
+        row.seconds = round(time.perf_counter() - start, 1)
+        row.report = str(folder / "report.json")
+        log(f"{model_type}: {row.verdict}" + (f" at {row.first_divergence}" if row.first_divergence else ""))
+        rows.append(row)
+    write_json_atomic(out / "sweep.json", {"rows": [asdict(row) for row in rows]})
+    write_text_atomic(out / "sweep.md", table(rows) + "\n")
+    return rows
+
+
+def table(rows: list[SweepRow]) -> str:
+    """The sweep as a Markdown table."""
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(row.cells()) + " |" for row in rows]
+    return "\n".join(lines)

@@ -1,0 +1,82 @@
+"""Watching every call of an MLX model's modules without changing them: each module class's ``__call__`` is
+wrapped for the duration (an instance is known by identity, so calls through attributes, lists or local names are
+all seen), and put back afterwards."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+#: ``on_call(path, module, args, kwargs, call) -> output``: runs the module (``call()``) and may record around it
+OnCall = Callable[[str, Any, tuple, dict, Callable[[], Any]], Any]
+
+
+def first_array(value: Any, depth: int = 0):
+    """The first MLX array in a module's output (an array, a tuple or list, a dict or a dataclass of fields)."""
+    import mlx.core as mx
+
+    if isinstance(value, mx.array):
+        return value
+    if depth > 2 or value is None:
+        return None
+    if isinstance(value, dict):
+        items = list(value.values())
+    elif isinstance(value, tuple | list):
+        items = list(value)
+    elif hasattr(value, "__dataclass_fields__"):
+        items = [getattr(value, name) for name in value.__dataclass_fields__]
+    else:
+        return None
+    return next((found for item in items if (found := first_array(item, depth + 1)) is not None), None)
+
+
+def main_input(args: tuple, kwargs: dict):
+    """A module call's main input: its first positional array, else the first array keyword."""
+    import mlx.core as mx
+
+    found = first_array(tuple(args)) if args else None
+    if found is not None:
+        return found
+    for name in ("x", "hidden_states", "inputs", "inputs_embeds", "pixel_values"):
+        if isinstance(kwargs.get(name), mx.array):
+            return kwargs[name]
+    return next((value for value in kwargs.values() if isinstance(value, mx.array)), None)
+
+
+def _defining_class(cls: type) -> type | None:
+    return next((klass for klass in cls.__mro__ if "__call__" in vars(klass)), None)
+
+
+@contextmanager
+def watched(model: Any, on_call: OnCall, paths: dict[int, str] | None = None) -> Iterator[dict[int, str]]:
+    """Route every call of a module of ``model`` (by path; ``paths`` limits which) through ``on_call``; a module
+    already inside its own call (a subclass calling ``super().__call__``) is not routed twice."""
+    if paths is None:
+        paths = {id(module): path for path, module in model.named_modules()}
+    modules = {id(module): module for _, module in model.named_modules()}
+    classes = {_defining_class(type(modules[key])) for key in paths if key in modules}
+    classes.discard(None)
+    originals = {klass: vars(klass)["__call__"] for klass in classes}
+    active: set[int] = set()
+
+    def wrap(original):
+        def __call__(self, *args, **kwargs):
+            key = id(self)
+            if key not in paths or key in active:
+                return original(self, *args, **kwargs)
+            active.add(key)
+            try:
+                return on_call(paths[key], self, args, kwargs, lambda: original(self, *args, **kwargs))
+            finally:
+                active.discard(key)
+
+        return __call__
+
+    for klass, original in originals.items():
+        klass.__call__ = wrap(original)
+    try:
+        yield paths
+    finally:
+        for klass, original in originals.items():
+            klass.__call__ = original

@@ -1,0 +1,57 @@
+"""The mlx-vlm side of the probe: a loaded MLX model's modules, their tensors' moments, and one forward watched
+through the module classes' calls (nothing it computes is changed)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .mlx_calls import first_array, main_input, watched
+from .probe import ForwardRecord, ModuleFacts, SideProbe, moments, subtree_moments
+
+
+def weight_moments(model: Any) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Each parameter's moments by full name, and each module's own (the arrays it holds itself)."""
+    import mlx.core as mx
+
+    params: dict[str, np.ndarray] = {}
+    own: dict[str, np.ndarray] = {}
+    for path, module in model.named_modules():
+        total = np.zeros(4)
+        for name, value in module.items():
+            if isinstance(value, mx.array) and not name.startswith("_"):
+                values = moments(np.array(value.astype(mx.float32)))
+                params[f"{path}.{name}" if path else name] = values
+                total += values
+        own[path] = total
+    return params, own
+
+
+def probe(model: Any, forward: Callable[[], Any]) -> SideProbe:
+    """Every module of ``model``; ``forward()`` runs the model once on a small input, watched."""
+    import mlx.core as mx
+
+    params, own = weight_moments(model)
+    named = dict(model.named_modules())
+    subtree = subtree_moments(params, named)
+    modules = {
+        path: ModuleFacts(path, type(module).__name__, own[path].tolist(), subtree[path].tolist())
+        for path, module in named.items()
+    }
+    record = ForwardRecord(modules)
+
+    def on_call(path, module, args, kwargs, call):
+        found = main_input(args, kwargs)
+        shape = None if found is None else list(found.shape)
+        record.started(path, found, shape, found is not None and not mx.issubdtype(found.dtype, mx.floating))
+        out = call()
+        produced = first_array(out)
+        record.finished(path, produced, None if produced is None else list(produced.shape))
+        return out
+
+    with watched(model, on_call):
+        out = forward()
+        mx.eval(first_array(out) if first_array(out) is not None else mx.array(0))
+    return SideProbe("mlx", modules)

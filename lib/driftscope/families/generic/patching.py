@@ -1,0 +1,83 @@
+"""What the generic family's ready patches are written with: the vision tower's blocks of either library's
+model, found by what the model is (transformers' image encoder; mlx-vlm's vision attribute), and a module's
+output changed in place without changing its identity or its path."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ...errors import HypothesisPatchError
+
+#: the attribute names mlx-vlm gives a model's vision tower
+MLX_VISION = ("vision_tower", "vision_model", "visual", "vision_encoder")
+
+
+def _is_list(value: Any) -> bool:
+    return isinstance(value, list | tuple) or type(value).__name__ == "ModuleList"
+
+
+def _longest_list(root: Any, children: Callable[[Any], list[Any]]) -> list:
+    """The longest list of modules of one class under ``root`` (the repeated blocks); ``children(module)``
+    gives a module's attributes that are modules, lists of modules or plain dicts of them."""
+    best: list = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        items = list(node.values()) if isinstance(node, dict) and type(node) is dict else children(node)
+        for child in items:
+            if _is_list(child):
+                members = list(child)
+                classes = {getattr(type(m), "patched_from", type(m)) for m in members}  # a patched block counts
+                repeated = len(classes) == 1 and hasattr(members[0], "children")
+                best = members if repeated and len(members) > len(best) else best
+                stack.extend(members)
+            elif child is not None:
+                stack.append(child)
+    return best
+
+
+def vision_blocks(model: Any) -> tuple[str, list]:
+    """("torch" or "mlx", the vision tower's blocks in order)."""
+    if hasattr(model, "get_encoder"):  # transformers
+        tower = model.get_encoder(modality="image")
+        blocks = _longest_list(tower, lambda node: list(node.children()))
+        side = "torch"
+    else:
+        tower = next((getattr(model, name) for name in MLX_VISION if hasattr(model, name)), None)
+        if tower is None:
+            raise HypothesisPatchError(
+                f"found no vision tower in this {type(model).__name__} (looked for {', '.join(MLX_VISION)})",
+                "write your own patch ('file.py:function') for this model",
+            )
+        blocks = _longest_list(tower, lambda node: list(node.children().values()))
+        side = "mlx"
+    if not blocks:
+        raise HypothesisPatchError("found no list of vision blocks in this model", "write your own patch")
+    return side, blocks
+
+
+def torch_output(module: Any, change: Callable[[Any], Any]) -> None:
+    """Every later call of the torch ``module`` returns ``change(output)`` (its first tensor, where a tuple)."""
+
+    def hook(mod, args, out):
+        if isinstance(out, tuple):
+            return (change(out[0]), *out[1:])
+        return change(out)
+
+    module.register_forward_hook(hook)
+
+
+def mlx_output(module: Any, change: Callable[[Any], Any]) -> None:
+    """Every later call of the MLX ``module`` returns ``change(output)``: its class swapped for a subclass whose
+    call changes the output, so the module keeps its identity and its path."""
+    base = type(module)
+
+    def __call__(self, *args, **kwargs):
+        out = base.__call__(self, *args, **kwargs)
+        if isinstance(out, tuple):
+            return (change(out[0]), *out[1:])
+        return change(out)
+
+    original = getattr(base, "patched_from", base)
+    module.__class__ = type(f"Patched{base.__name__}", (base,), {"__call__": __call__, "patched_from": original})

@@ -1,0 +1,160 @@
+"""The generic family in transformers: the auto class loads any image-text-to-text model; forward hooks on the
+modules the plan names write each stage; the decode runs on the prefill's cache; a replay calls a module with the
+reference's input and the rest of the arguments its own forward gave it."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import numpy as np
+
+from driftscope.inputs.processor_output import ModelInputs
+from driftscope.taps.sink import StageSink, put_greedy
+from driftscope.taps.torch_hooks import cache_snapshot
+from driftscope.taps.torch_hooks import to_numpy as _np
+
+from .calls import transformers_kwargs
+from .entries import StopForward, by_module, entries, put_prompt, stage_value, with_rank
+from .torch_probe import first_tensor, main_input
+
+MODEL_CLASS = "AutoModelForImageTextToText"
+
+
+def _prefill_kwargs(model: Any, inputs: ModelInputs, use_cache: bool) -> dict:
+    kwargs = dict(transformers_kwargs(inputs))
+    parameters = inspect.signature(model.forward).parameters
+    if "logits_to_keep" in parameters:
+        kwargs["logits_to_keep"] = 1
+    kwargs["use_cache"] = use_cache
+    return kwargs
+
+
+def run_vision(model: Any, inputs: ModelInputs):
+    """The plain forward (no taps): the whole model's prefill on the prompt and images."""
+    import torch
+
+    with torch.no_grad():
+        return model(**_prefill_kwargs(model, inputs, use_cache=False))
+
+
+def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
+    """The prefill with a hook on every module the wanted stages name; returns the prefill's output (with its
+    cache) for ``capture_text`` when the plan follows the prompt, else stops once the last wanted stage is written."""
+    import torch
+
+    plan = sink.plan
+    put_prompt(inputs, sink)
+    stage_entries = entries(plan)
+    outputs, taken = by_module(plan, sink.wants, "torch")
+    modules = dict(model.named_modules())
+    pending = {stage for stages in (*outputs.values(), *taken.values()) for stage in stages}
+    text = any(stage.id.startswith("text.") for stage in plan)
+
+    def written(stage_id: str) -> None:
+        pending.discard(stage_id)
+        if not pending and not text:
+            raise StopForward
+
+    def put(stage_id: str, tensor) -> None:
+        if tensor is not None and sink.wants(stage_id):
+            sink.put(stage_id, stage_value(_np(tensor), stage_entries[stage_id]))
+        written(stage_id)
+
+    def put_all(stages: list[str], tensor) -> None:  # a hook that returns a value would replace the module's
+        for stage_id in stages:
+            put(stage_id, tensor)
+
+    handles = []
+    for path, stages in taken.items():
+        handles.append(
+            modules[path].register_forward_pre_hook(
+                lambda m, args, kwargs, stages=stages: put_all(stages, main_input(args, kwargs)), with_kwargs=True
+            )
+        )
+    for path, stages in outputs.items():
+        handles.append(
+            modules[path].register_forward_hook(lambda m, a, out, stages=stages: put_all(stages, first_tensor(out)))
+        )
+    try:
+        with torch.no_grad():
+            return model(**_prefill_kwargs(model, inputs, use_cache=text))
+    except StopForward:
+        return None
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def capture_text(model: Any, inputs: ModelInputs, sink: StageSink, tower: Any = None) -> None:
+    """The prompt's ids, the prefill's last logits (where no head module wrote them), then the greedy and
+    teacher-forced decode on the prefill's cache."""
+    import torch
+
+    text = inputs.text
+    out = tower if tower is not None else capture(model, inputs, sink)
+    sink.put("text.input_ids", text.input_ids)
+    logits = _np(out.logits[0, -1])
+    sink.put("text.logits.last", logits)
+    cache = out.cache if hasattr(out, "cache") else out.past_key_values
+
+    def step(token: int) -> np.ndarray:
+        with torch.no_grad():
+            return _np(model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True).logits[0, -1])
+
+    step.rewind = lambda count: cache.crop(-count)
+    step.cache_snapshot = cache_snapshot(cache)
+    put_greedy(sink, logits, step, text.max_new_tokens, forced=text.forced)
+
+
+def record_calls(model: Any, inputs: ModelInputs, paths: set[str]) -> dict[str, tuple]:
+    """One forward (no cache) keeping, for each module of ``paths``, the arguments of its first call and where its
+    main input was among them."""
+    import torch
+
+    modules = dict(model.named_modules())
+    found: dict[str, tuple] = {}
+
+    def keep(path, args, kwargs) -> None:
+        if path in found:
+            return
+        slot = next((("arg", i) for i, value in enumerate(args) if isinstance(value, torch.Tensor)), None)
+        if slot is None:
+            main = main_input(args, kwargs)
+            slot = next((("kw", name) for name, value in kwargs.items() if value is main), None)
+        found[path] = (tuple(args), dict(kwargs), slot)
+
+    handles = [
+        modules[path].register_forward_pre_hook(
+            lambda m, args, kwargs, path=path: keep(path, args, kwargs), with_kwargs=True
+        )
+        for path in paths
+        if path in modules
+    ]
+    try:
+        with torch.no_grad():
+            model(**_prefill_kwargs(model, inputs, use_cache=False))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found
+
+
+def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
+    """The stage's module called on the reference's input, with the other arguments of its own forward's call."""
+    import torch
+
+    entry = ctx.entries[stage_id]
+    calls = ctx.calls("transformers", model, lambda paths: record_calls(model, ctx.model_inputs(), paths))
+    args, kwargs, slot = calls[entry["torch"]]
+    main = args[slot[1]] if slot[0] == "arg" else kwargs[slot[1]]
+    value = torch.from_numpy(np.ascontiguousarray(inputs[0])).to(main.dtype)
+    value = with_rank(value, main.dim(), lambda t: t[None])
+    if slot[0] == "arg":
+        args = (*args[: slot[1]], value, *args[slot[1] + 1 :])
+    else:
+        kwargs = {**kwargs, slot[1]: value}
+    module = dict(model.named_modules())[entry["torch"]]
+    with torch.no_grad():
+        out = first_tensor(module(*args, **kwargs))
+    return stage_value(_np(out), entry)
