@@ -59,15 +59,18 @@ def transformers_logits(directory: Path, inputs) -> tuple[np.ndarray, str]:
     return logits.float().numpy(), "ok" if not unloaded else f"load report: {unloaded}"
 
 
-def probe(model_type: str, directory: str | Path, images: list[str | Path], seed: int = 0) -> ProbeRow:
-    """Build ``model_type``'s tiny checkpoint in ``directory`` and run both libraries on ``images``."""
+def probe(
+    model_type: str, directory: str | Path, images: list[str | Path], seed: int = 0, adjusted: bool = True
+) -> ProbeRow:
+    """Build ``model_type``'s tiny checkpoint in ``directory`` (``adjusted``: see ``tiny.build_tiny``) and run both
+    libraries on ``images``."""
     from .calls import mlx_load, mlx_prefill
     from .processor import build_text_inputs, prepare_inputs
     from .tiny import build_tiny
 
     row = ProbeRow(model_type)
     try:
-        path, config = validate_checkpoint(build_tiny(model_type, directory, seed))
+        path, config = validate_checkpoint(build_tiny(model_type, directory, seed, adjusted))
         row.built = True
         checkpoint = Checkpoint(path, config, "generic")
         inputs = prepare_inputs(checkpoint, list(images))

@@ -106,8 +106,9 @@ ADJUSTMENTS: dict[str, dict[str, tuple[object, str]]] = {
 }
 
 
-def get_tester(model_type: str) -> Tester:
-    """The tester config of ``model_type`` with :data:`ADJUSTMENTS` applied (a fresh copy)."""
+def get_tester(model_type: str, adjusted: bool = True) -> Tester:
+    """The tester config of ``model_type`` with its :data:`ADJUSTMENTS` applied (a fresh copy); ``adjusted=False``:
+    the tester's settings as they are (to show what each adjustment is for)."""
     found = {**NATIVE, **LLAVA_STYLE}.get(model_type)
     if found is None:
         raise CheckpointError(
@@ -116,7 +117,7 @@ def get_tester(model_type: str) -> Tester:
         )
     source, config = found
     config = copy.deepcopy(config)
-    for key, (value, _why) in ADJUSTMENTS.get(model_type, {}).items():
+    for key, (value, _why) in (ADJUSTMENTS.get(model_type, {}) if adjusted else {}).items():
         *parents, leaf = key.split(".")
         node = config
         for parent in parents:
