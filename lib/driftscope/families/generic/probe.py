@@ -42,21 +42,27 @@ def _failed(err: Exception) -> str:
     return f"{type(err).__name__}: {' '.join(str(err).split())[:400]}"
 
 
-def transformers_logits(directory: Path, inputs) -> tuple[np.ndarray, str]:
-    """transformers' last-position prefill logits (f32, eager attention) and its load report ("ok" or what was
-    missing, unexpected or mismatched)."""
+def transformers_load(directory: Path):
+    """transformers' model of the checkpoint (f32, eager attention) and its load report ("ok" or what was missing,
+    unexpected or mismatched)."""
     import torch
     from transformers import AutoModelForImageTextToText
-
-    from .calls import transformers_kwargs
 
     model, info = AutoModelForImageTextToText.from_pretrained(
         str(directory), dtype=torch.float32, attn_implementation="eager", output_loading_info=True
     )
     unloaded = {key: sorted(values) for key, values in info.items() if values}
+    return model.eval(), "ok" if not unloaded else f"load report: {unloaded}"
+
+
+def transformers_logits(model, inputs) -> np.ndarray:
+    """transformers' last-position prefill logits."""
+    import torch
+
+    from .calls import transformers_kwargs
+
     with torch.no_grad():
-        logits = model.eval()(**transformers_kwargs(inputs)).logits[0, -1]
-    return logits.float().numpy(), "ok" if not unloaded else f"load report: {unloaded}"
+        return model(**transformers_kwargs(inputs)).logits[0, -1].float().numpy()
 
 
 def probe(
@@ -82,10 +88,14 @@ def probe(
         return row
     expected = got = None
     try:
-        expected, row.transformers_load = transformers_logits(path, inputs)
+        model, row.transformers_load = transformers_load(path)
+        expected = transformers_logits(model, inputs)
         row.transformers_run = "ok"
     except Exception as err:  # noqa: BLE001 - the library's own message is the finding
-        row.transformers_load = row.transformers_load or _failed(err)
+        if row.transformers_load:
+            row.transformers_run = _failed(err)
+        else:
+            row.transformers_load = _failed(err)
         row.error = f"transformers: {_failed(err)}"
     try:
         import mlx.core as mx
