@@ -2,9 +2,12 @@
 mlx-vlm, with the max |difference| of their last-position prefill logits (f32), one image at a time.
 
     .venv/bin/python benchmarks/generic_probe.py [MODEL_TYPE ...] [--images PNG ...] [--out DIR] [--json FILE]
+                                                 [--unadjusted]
 
 Prints a Markdown table (the one in docs/families.md) and, with ``--json``, writes the rows. A library that cannot
 load or run a checkpoint leaves its own error in the row; ``benchmarks/generic_probe.py MODEL_TYPE`` reproduces it.
+``--unadjusted`` builds the testers' settings as they are, without the changes ``testers.ADJUSTMENTS`` makes (what
+mlx-vlm does with the testers' own configs).
 """
 
 from __future__ import annotations
@@ -55,13 +58,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--images", nargs="*", default=[str(ROOT / "fixtures" / "images" / name) for name in IMAGES])
     parser.add_argument("--out", help="where the checkpoints are built (default: a temporary folder)")
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--unadjusted", action="store_true", help="the testers' settings without our adjustments")
     args = parser.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(args.out or scratch)
         for model_type in args.model_types:
             for image in args.images:
-                row = probe(model_type, out / f"generic-{model_type}", [image]).as_dict()
+                row = probe(model_type, out / f"generic-{model_type}", [image], adjusted=not args.unadjusted).as_dict()
                 row["image"] = Path(image).name
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)

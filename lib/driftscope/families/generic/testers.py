@@ -47,14 +47,16 @@ UNTIED = "the tester's text_config says untied; the top-level flag transformers 
 
 GLM4V_HEAD = (
     "mlx-vlm 0.7.10's GLM-4.1V always builds its own lm_head (glm4v/language.py), so a tied checkpoint misses "
-    "lm_head.weight there; the hub's GLM-4.1V unties it"
+    "lm_head.weight there"
 )
+
+HEAD_UNUSED = "unused by both forwards; mlx-vlm 0.7.10's strict load refuses its 11 weights"
 
 #: What must differ from a tester for our use: model type -> {dotted config key: (value, why)}.
 ADJUSTMENTS: dict[str, dict[str, tuple[object, str]]] = {
-    "paligemma": {NO_POOLING_HEAD[0]: (NO_POOLING_HEAD[1], "the hub's PaliGemma towers have no head either")},
+    "paligemma": {NO_POOLING_HEAD[0]: (NO_POOLING_HEAD[1], HEAD_UNUSED)},
     "gemma3": {
-        NO_POOLING_HEAD[0]: (NO_POOLING_HEAD[1], "the hub's Gemma 3 towers have no head either"),
+        NO_POOLING_HEAD[0]: (NO_POOLING_HEAD[1], HEAD_UNUSED),
         "text_config.num_hidden_layers": (
             6,
             "mlx-vlm 0.7.10's Gemma 3 text model indexes its prompt cache at sliding_window_pattern - 1 "
@@ -62,13 +64,13 @@ ADJUSTMENTS: dict[str, dict[str, tuple[object, str]]] = {
             "layers and one global one, as the pattern says",
         ),
     },
-    "lfm2_vl": {NO_POOLING_HEAD[0]: (NO_POOLING_HEAD[1], "the hub's LFM2-VL towers have no head either")},
+    "lfm2_vl": {NO_POOLING_HEAD[0]: (NO_POOLING_HEAD[1], HEAD_UNUSED)},
     "mistral3": {"tie_word_embeddings": (False, UNTIED)},
     "hunyuan_vl": {
         "text_config.tie_word_embeddings": (
             True,
             "mlx-vlm 0.7.10's HunYuan-VL sanitize maps no top-level lm_head.weight (hunyuan_vl.py sanitize), so only a "
-            "tied head loads there; the hub's HunyuanOCR ties it too",
+            "tied head loads there",
         )
     },
     "glm4v": {
@@ -106,8 +108,9 @@ ADJUSTMENTS: dict[str, dict[str, tuple[object, str]]] = {
 }
 
 
-def get_tester(model_type: str) -> Tester:
-    """The tester config of ``model_type`` with :data:`ADJUSTMENTS` applied (a fresh copy)."""
+def get_tester(model_type: str, adjusted: bool = True) -> Tester:
+    """The tester config of ``model_type`` with its :data:`ADJUSTMENTS` applied (a fresh copy); ``adjusted=False``:
+    the tester's settings as they are (to show what each adjustment is for)."""
     found = {**NATIVE, **LLAVA_STYLE}.get(model_type)
     if found is None:
         raise CheckpointError(
@@ -116,7 +119,7 @@ def get_tester(model_type: str) -> Tester:
         )
     source, config = found
     config = copy.deepcopy(config)
-    for key, (value, _why) in ADJUSTMENTS.get(model_type, {}).items():
+    for key, (value, _why) in (ADJUSTMENTS.get(model_type, {}) if adjusted else {}).items():
         *parents, leaf = key.split(".")
         node = config
         for parent in parents:

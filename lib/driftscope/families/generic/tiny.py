@@ -36,11 +36,12 @@ def build_tokenizer(model_type: str):
     )
 
 
-def build_config(model_type: str, tokenizer):
-    """The tester's config as the model type's config class, with the tokenizer's ids and ``VOCAB`` words."""
+def build_config(model_type: str, tokenizer, adjusted: bool = True):
+    """The tester's config as the model type's config class, with the tokenizer's ids and ``VOCAB`` words
+    (``adjusted``: with the changes ``testers.ADJUSTMENTS`` makes for our use)."""
     from transformers import AutoConfig
 
-    config = AutoConfig.for_model(model_type, **get_tester(model_type).config)
+    config = AutoConfig.for_model(model_type, **get_tester(model_type, adjusted).config)
     for section in {id(config): config, id(text := config.get_text_config()): text}.values():
         section.vocab_size = VOCAB
     for key, token in SPECS[model_type].ids.items():
@@ -72,16 +73,17 @@ def build_model(config, seed: int):
     return model
 
 
-def build_tiny(model_type: str, directory: str | Path, seed: int = 0) -> Path:
+def build_tiny(model_type: str, directory: str | Path, seed: int = 0, adjusted: bool = True) -> Path:
     """Write the tiny checkpoint of ``model_type`` (weights, config, tokenizer, chat template, processor) to
-    ``directory``; returns it."""
+    ``directory``; returns it. ``adjusted=False`` keeps the tester's settings where ``testers.ADJUSTMENTS`` changes
+    them (a checkpoint to show what mlx-vlm does with the tester's own config)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(model_type)
-    config = build_config(model_type, tokenizer)
+    config = build_config(model_type, tokenizer, adjusted)
     model = build_model(config, seed)
     model.save_pretrained(directory)
     save_processor(model_type, directory, tokenizer, SPECS[model_type].template)
-    fixture = {"model_type": model_type, "seed": seed, "tester": get_tester(model_type).source}
+    fixture = {"model_type": model_type, "seed": seed, "tester": get_tester(model_type).source, "adjusted": adjusted}
     (directory / "driftscope_fixture.json").write_text(json.dumps(fixture, indent=1, sort_keys=True) + "\n")
     return directory

@@ -42,32 +42,41 @@ def _failed(err: Exception) -> str:
     return f"{type(err).__name__}: {' '.join(str(err).split())[:400]}"
 
 
-def transformers_logits(directory: Path, inputs) -> tuple[np.ndarray, str]:
-    """transformers' last-position prefill logits (f32, eager attention) and its load report ("ok" or what was
-    missing, unexpected or mismatched)."""
+def transformers_load(directory: Path):
+    """transformers' model of the checkpoint (f32, eager attention) and its load report ("ok" or what was missing,
+    unexpected or mismatched)."""
     import torch
     from transformers import AutoModelForImageTextToText
-
-    from .calls import transformers_kwargs
 
     model, info = AutoModelForImageTextToText.from_pretrained(
         str(directory), dtype=torch.float32, attn_implementation="eager", output_loading_info=True
     )
     unloaded = {key: sorted(values) for key, values in info.items() if values}
+    return model.eval(), "ok" if not unloaded else f"load report: {unloaded}"
+
+
+def transformers_logits(model, inputs) -> np.ndarray:
+    """transformers' last-position prefill logits."""
+    import torch
+
+    from .calls import transformers_kwargs
+
     with torch.no_grad():
-        logits = model.eval()(**transformers_kwargs(inputs)).logits[0, -1]
-    return logits.float().numpy(), "ok" if not unloaded else f"load report: {unloaded}"
+        return model(**transformers_kwargs(inputs)).logits[0, -1].float().numpy()
 
 
-def probe(model_type: str, directory: str | Path, images: list[str | Path], seed: int = 0) -> ProbeRow:
-    """Build ``model_type``'s tiny checkpoint in ``directory`` and run both libraries on ``images``."""
+def probe(
+    model_type: str, directory: str | Path, images: list[str | Path], seed: int = 0, adjusted: bool = True
+) -> ProbeRow:
+    """Build ``model_type``'s tiny checkpoint in ``directory`` (``adjusted``: see ``tiny.build_tiny``) and run both
+    libraries on ``images``."""
     from .calls import mlx_load, mlx_prefill
     from .processor import build_text_inputs, prepare_inputs
     from .tiny import build_tiny
 
     row = ProbeRow(model_type)
     try:
-        path, config = validate_checkpoint(build_tiny(model_type, directory, seed))
+        path, config = validate_checkpoint(build_tiny(model_type, directory, seed, adjusted))
         row.built = True
         checkpoint = Checkpoint(path, config, "generic")
         inputs = prepare_inputs(checkpoint, list(images))
@@ -79,10 +88,14 @@ def probe(model_type: str, directory: str | Path, images: list[str | Path], seed
         return row
     expected = got = None
     try:
-        expected, row.transformers_load = transformers_logits(path, inputs)
+        model, row.transformers_load = transformers_load(path)
+        expected = transformers_logits(model, inputs)
         row.transformers_run = "ok"
     except Exception as err:  # noqa: BLE001 - the library's own message is the finding
-        row.transformers_load = row.transformers_load or _failed(err)
+        if row.transformers_load:
+            row.transformers_run = _failed(err)
+        else:
+            row.transformers_load = _failed(err)
         row.error = f"transformers: {_failed(err)}"
     try:
         import mlx.core as mx
