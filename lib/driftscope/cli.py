@@ -152,6 +152,16 @@ def _batch(args: argparse.Namespace) -> int:
     return result.code
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    from driftscope.batch.sweep import run_sweep
+    from driftscope.run.investigation import log
+
+    rows = run_sweep(args.model_types, Path(args.out) if args.out else None, args.docs, log)
+    failed = [row for row in rows if row.verdict != "pass"]
+    log(f"{len(rows) - len(failed)} of {len(rows)} model types pass; the table: sweep.md beside sweep.json")
+    return 2 if any(row.verdict == "could not run" for row in rows) else (1 if failed else 0)
+
+
 def _screen(args: argparse.Namespace) -> int:
     from driftscope.run.investigation import log
     from driftscope.screen.runner import screen
@@ -284,6 +294,17 @@ def parser() -> argparse.ArgumentParser:
         "--out-root", help="outputs root: a directory or a URL such as s3://bucket/runs (default: outputs/)"
     )
     batch.set_defaults(func=_batch)
+    sweep = sub.add_parser(
+        "sweep",
+        help="investigate the model testers' tiny checkpoint of every model type the generic family knows "
+        "(transformers f32 vs mlx f32, strict contract) and write one table",
+    )
+    sweep.add_argument("model_types", nargs="*", help="model types to sweep (default: every one it knows)")
+    sweep.add_argument("--out", help="sweep directory (default: outputs/<commit>/sweep/)")
+    sweep.add_argument(
+        "--docs", action="store_true", help="also keep the result as docs/sweep.json (the README's table)"
+    )
+    sweep.set_defaults(func=_sweep)
     screen = sub.add_parser(
         "screen", help="screen many inputs on the cheap path, rank them, then investigate the top deviating ones"
     )

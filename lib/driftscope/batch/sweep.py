@@ -128,3 +128,39 @@ def table(rows: list[SweepRow]) -> str:
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(row.cells()) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def run_sweep(model_types: list[str], out: Path | None, docs: bool, log=print) -> list[SweepRow]:
+    """``driftscope sweep``: the named model types (default every one the generic family has a tester for), each
+    tiny checkpoint built where the repository keeps fixtures, investigated into ``out``."""
+    from driftscope.errors import ParameterError
+    from driftscope.families.generic.testers import model_types as known
+    from driftscope.families.generic.tiny import build_tiny
+    from driftscope.run.environment import current_commit
+
+    everything = known()
+    unknown = sorted(set(model_types) - set(everything))
+    if unknown:
+        raise ParameterError(
+            f"the sweep has no tester checkpoint for {', '.join(unknown)}", f"use some of: {', '.join(everything)}"
+        )
+    out = out or REPO_ROOT / "outputs" / current_commit(REPO_ROOT) / "sweep"
+
+    def build(model_type: str) -> Path:
+        directory = REPO_ROOT / "fixtures" / "checkpoints" / f"generic-{model_type}"
+        if not any(directory.glob("*.safetensors")):
+            build_tiny(model_type, directory)
+        return directory
+
+    rows = sweep(list(model_types) or everything, out, build, log)
+    if docs:
+        write_json_atomic(REPO_ROOT / "docs" / "sweep.json", {"rows": [_kept(row) for row in rows]})
+    return rows
+
+
+def _kept(row: SweepRow) -> dict:
+    """What docs/sweep.json keeps of a row (no machine paths or times)."""
+    kept = asdict(row)
+    kept.pop("report")
+    kept.pop("seconds")
+    return kept

@@ -262,14 +262,17 @@ class Family:
     def hypothesis_module(self) -> ModuleType:
         return _module(self.hypotheses)
 
-    def ready_patches(self, stage: str, runtime: str) -> list[str]:
+    def ready_patches(self, stage: str, runtime: str, model_type: str | None = None) -> list[str]:
         """The ready patches (``driftscope.hypotheses:NAME``) the family declares as closing an error that
-        ``runtime``'s operator introduces at ``stage`` (its hypotheses module's ``CLOSES``), in declared order."""
+        ``runtime``'s operator introduces at ``stage`` (its hypotheses module's ``CLOSES``), in declared order; a
+        patch that names its ``model_types`` (a generic family's stage ids are every model's) only for those."""
         closes = getattr(self.hypothesis_module(), "CLOSES", {})
         return [
             f"driftscope.hypotheses:{name}"
             for name, where in closes.items()
-            if runtime in where["runtimes"] and any(fnmatch.fnmatchcase(stage, p) for p in where["stages"])
+            if runtime in where["runtimes"]
+            and any(fnmatch.fnmatchcase(stage, p) for p in where["stages"])
+            and ("model_types" not in where or model_type in where["model_types"])
         ]
 
     def text(self, key: str) -> str:

@@ -35,7 +35,9 @@ def teacher_force(inputs, reference) -> None:
         text.forced = np.asarray(reference["text.generate.tokens"], dtype=np.int64).copy()
 
 
-def with_ready_patches(conclusion: dict, family: str, runtime: str, own: str | None = None) -> dict:
+def with_ready_patches(
+    conclusion: dict, family: str, runtime: str, own: str | None = None, model_type: str | None = None
+) -> dict:
     """``conclusion`` with the ready patches its family declares for the operator it says introduces the error,
     or for the data stage (index math, e.g. positions) that first differs (``ready_patches``: absent where none
     matches or nothing is introduced), but the candidate's ``own``."""
@@ -45,7 +47,7 @@ def with_ready_patches(conclusion: dict, family: str, runtime: str, own: str | N
     if kind not in ("introduced", "data"):
         return conclusion
     stage = conclusion["stage"] if kind == "introduced" else conclusion.get("first_divergence")
-    patches = [p for p in get_family(family).ready_patches(stage, runtime) if p != own]
+    patches = [p for p in get_family(family).ready_patches(stage, runtime, model_type) if p != own]
     return {**conclusion, "ready_patches": patches} if patches else conclusion
 
 
@@ -87,7 +89,11 @@ def judge_candidate(
             report.data.setdefault("linear_replay", {})[label] = linear_verdict(controls, result.drill.labels, label)
             log(f"  {report.data['linear_replay'][label]['verdict']}")
     report.data["conclusions"][label] = with_ready_patches(
-        result.conclusion, plan.family, runtime.name, runtime.patch.target if runtime.patch else None
+        result.conclusion,
+        plan.family,
+        runtime.name,
+        runtime.patch.target if runtime.patch else None,
+        plan.meta.get("model_type"),
     )
     log(f"  {label}: {result.conclusion['text']}")
     report.save()

@@ -46,7 +46,8 @@ def _rejudge_replay(report: Report, rows: list[dict], contract: Contract) -> tup
         if label in (report.data.get("conclusions") or {}):
             runtime, own = _runtime_of(report, label)
             concluded = conclude(drill, accumulated, report.plan)
-            conclusions[label] = with_ready_patches(concluded, report.plan.family, runtime, own)
+            model_type = report.plan.meta.get("model_type")
+            conclusions[label] = with_ready_patches(concluded, report.plan.family, runtime, own, model_type)
     return out, conclusions
 
 

@@ -63,7 +63,9 @@ def introduced_groups(report: Report, key: str) -> list[dict]:
         if family and runtime:
             from driftscope.families import get_family
 
-            patches = [p for p in get_family(family).ready_patches(group["stages"][0], runtime) if p != own]
+            model_type = (report.data.get("plan_meta") or {}).get("model_type")
+            found = get_family(family).ready_patches(group["stages"][0], runtime, model_type)
+            patches = [p for p in found if p != own]
         if stages and stages[0] == conclusion.get("stage") and group["stages"][0] == stages[0]:
             patches = list(dict.fromkeys([*(conclusion.get("ready_patches") or []), *patches]))
         first = sorted({indices[0] for indices in group.pop("indices") if indices})

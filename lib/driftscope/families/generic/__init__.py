@@ -38,7 +38,9 @@ def _prepare_inputs(checkpoint, images: list):
 def _checkpoint_plan(checkpoint, max_new_tokens):
     from .reading import structure_of
 
-    return generic_plan(structure_of(checkpoint), max_new_tokens)
+    plan = generic_plan(structure_of(checkpoint), max_new_tokens)
+    plan.meta["model_type"] = checkpoint.config.get("model_type")  # whose fixes a conclusion may suggest
+    return plan
 
 
 def _replay_inputs(stage_id: str, plan) -> tuple[str, ...] | None:

@@ -1,0 +1,19 @@
+"""Ready patches that close defects the sweep found in mlx-vlm ports, one module per model type
+(``fixes/<model_type>.py``): each module's public functions are patches (``driftscope.hypotheses:NAME``), its
+``CLOSES`` says which introduced errors each closes, and docs/families.md shows each defect with its reproduction.
+A patch checks that it is given the port it corrects and refuses any other model."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+
+PATCHES: dict[str, Callable] = {}
+CLOSES: dict[str, dict] = {}
+
+for _found in pkgutil.iter_modules(__path__):
+    _module = importlib.import_module(f"{__name__}.{_found.name}")
+    for _name in getattr(_module, "__all__", ()):
+        PATCHES[_name] = getattr(_module, _name)
+    CLOSES.update(getattr(_module, "CLOSES", {}))
