@@ -66,6 +66,20 @@ def _modules(model: Any) -> dict[str, Any]:
     return dict(model.named_modules())
 
 
+def _refuse_unread(plan) -> None:
+    """A plan read without mlx-vlm (it could not load or run the checkpoint, or nothing in it aligned) names no
+    MLX module: say mlx-vlm's own error rather than capture nothing."""
+    from driftscope.errors import PortLimitError
+
+    error = (plan.meta.get("generic") or {}).get("mlx_error")
+    if error:
+        raise PortLimitError(
+            f"mlx-vlm could not be read against transformers for this checkpoint: {error}",
+            "the run's other runtimes still run and are compared; leave mlx out for this checkpoint, or fix mlx-vlm's "
+            "port",
+        )
+
+
 def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
     """The prefill with every module the wanted stages name watched; returns ``(output, cache)`` for
     ``capture_text`` when the plan follows the prompt, else stops once the last wanted stage is written."""
@@ -73,6 +87,7 @@ def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
     from mlx_vlm.models.cache import make_prompt_cache
 
     plan = sink.plan
+    _refuse_unread(plan)
     put_prompt(inputs, sink)
     stage_entries = entries(plan)
     outputs, taken = by_module(plan, sink.wants, "mlx")

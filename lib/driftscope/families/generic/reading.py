@@ -110,8 +110,21 @@ def read_structure(checkpoint: Checkpoint) -> Structure:
     except Exception as err:  # noqa: BLE001 - kept and said by the MLX runtime when a run asks for it
         error = f"{type(err).__name__}: {err}"
     alignment = align(torch_probe, mlx_probe) if mlx_probe is not None else Alignment()
+    if mlx_probe is not None and (error := nothing_aligns(alignment)):
+        mlx_probe, alignment = None, Alignment()
     prompt = ["input_ids", *sorted(inputs.text.token_arrays)]
     return Structure(torch_probe, mlx_probe, alignment, regions, _input_facts(inputs), error, prompt)
+
+
+def nothing_aligns(alignment: Alignment) -> str | None:
+    """Why the two models cannot be compared module by module: no module of one owns the tensors of a module of
+    the other but the whole models' (None: some do)."""
+    if any(pair.how == "weights" and pair.torch for pair in alignment.pairs):
+        return None
+    return (
+        "nothing aligns: no module of mlx-vlm's model owns the same tensors as a module of transformers' (its loader "
+        "changed every value, or it loaded another model than config.json describes)"
+    )
 
 
 def structure_of(checkpoint: Checkpoint) -> Structure:
