@@ -134,6 +134,26 @@ def _pair_group(torch_side: list[ModuleFacts], mlx_side: list[ModuleFacts]) -> l
     return []
 
 
+def _same_place(torch: SideProbe, mlx: SideProbe, pairs: dict[str, str]) -> list[tuple[str, str]]:
+    """Parameter-free called modules at the same path under aligned ancestors (``mlp.1`` under a merger on both
+    sides, whatever holds it in between), of the same kind."""
+    found = []
+    for facts in torch.modules.values():
+        if facts.has_weights or not facts.called or kind_of(facts.kind) in SKIPPED_KINDS:
+            continue
+        parts = facts.path.split(".")
+        for cut in range(len(parts) - 1, 0, -1):
+            ancestor = ".".join(parts[:cut])
+            if ancestor in pairs:
+                rest = ".".join(parts[cut:])
+                theirs = mlx.modules.get(f"{pairs[ancestor]}.{rest}" if pairs[ancestor] else rest)
+                if theirs is not None and theirs.called and not theirs.has_weights:
+                    if kind_of(theirs.kind) == kind_of(facts.kind):
+                        found.append((facts.path, theirs.path))
+                break
+    return found
+
+
 def _place_pairs(torch: SideProbe, mlx: SideProbe, parents: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """Parameter-free called children of aligned parents, paired by kind in call order."""
     found = []
@@ -193,7 +213,13 @@ def align(torch: SideProbe, mlx: SideProbe) -> Alignment:
         reason = f"{len(torch_side)} transformers and {len(mlx_side)} mlx-vlm modules own these same tensors"
         unaligned["transformers"].update({f.path: reason for f in torch_side if f.path not in taken_t})
         unaligned["mlx"].update({f.path: reason for f in mlx_side if f.path not in taken_m})
-    pairs += [Pair(t, m, "place") for t, m in _place_pairs(torch, mlx, [(p.torch, p.mlx) for p in pairs])]
+    aligned = {p.torch: p.mlx for p in pairs}
+    placed = _same_place(torch, mlx, aligned)
+    placed_t, placed_m = {t for t, _ in placed}, {m for _, m in placed}
+    placed += [
+        (t, m) for t, m in _place_pairs(torch, mlx, list(aligned.items())) if t not in placed_t and m not in placed_m
+    ]
+    pairs += [Pair(t, m, "place") for t, m in placed]
     paired_t, paired_m = {p.torch for p in pairs}, {p.mlx for p in pairs}
     for side, probe, paired in (("transformers", torch, paired_t), ("mlx", mlx, paired_m)):
         for facts in probe.modules.values():

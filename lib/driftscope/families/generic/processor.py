@@ -121,7 +121,7 @@ def chat_prompt(processor, images: int, prompt: str) -> str:
     """The chat template's text of one user turn holding ``images`` images then ``prompt``, generation prompt added."""
     content = [{"type": "image"}] * images + ([{"type": "text", "text": prompt}] if prompt else [])
     messages = [{"role": "user", "content": content}]
-    template = getattr(processor, "chat_template", None)
+    template = getattr(processor, "chat_template", None) or getattr(processor.tokenizer, "chat_template", None)
     if not template:
         raise CheckpointError(
             "the checkpoint has no chat template",
