@@ -45,13 +45,19 @@ def main_input(args: tuple, kwargs: dict):
 
 
 def weight_moments(model: Any) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Each parameter's moments by full name (a tied tensor under its first name only), and each module's own."""
+    """Each parameter's (and saved buffer's) moments by full name (a tied tensor under its first name only), and each
+    module's own."""
     seen: set[int] = set()
     params: dict[str, np.ndarray] = {}
     own: dict[str, np.ndarray] = {}
     for path, module in model.named_modules():
         total = np.zeros(4)
-        for name, tensor in module.named_parameters(recurse=False):
+        held = list(module.named_parameters(recurse=False)) + [  # a checkpoint's tensors kept as buffers count too
+            (name, buffer)
+            for name, buffer in module.named_buffers(recurse=False)
+            if buffer is not None and name not in module._non_persistent_buffers_set
+        ]
+        for name, tensor in held:
             if id(tensor) in seen:
                 continue
             seen.add(id(tensor))
