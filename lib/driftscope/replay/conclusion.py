@@ -33,6 +33,23 @@ def _times(factor: float | None) -> str:
     return "x?" if factor is None else f"x{factor:.3g}"
 
 
+def _between(stage: str, labels: dict[str, dict], plan: StagePlan) -> dict:
+    """When every replayed piece of ``stage`` is clean, the error lies between them: what computes there without
+    a stage of its own (a plan read from the models says which of the reference's modules have no partner)."""
+    pieces = [label for name, label in labels.items() if name.startswith(f"{stage}.")]
+    if not pieces or any(label["label"] == "introduced" for label in pieces):
+        return {}
+    read = plan.meta.get("generic") or {}
+    path = ((read.get("stages") or {}).get(stage) or {}).get("torch")
+    unaligned = sorted(
+        p for p in (read.get("unaligned") or {}).get("transformers", {}) if path and p.startswith(f"{path}.")
+    )
+    text = f"; each of its {len(pieces)} replayed pieces is clean, so what differs is computed between them"
+    if unaligned:
+        text += f" (the reference's {', '.join(unaligned)}, with no module of the candidate at its place)"
+    return {"text": text, "unaligned": unaligned}
+
+
 def conclude(drill: Drilldown | None, rows: list[ComparisonRow], plan: StagePlan) -> dict:
     """The pair's conclusion: ``kind``, the stages it rests on, and ``text`` (one sentence)."""
     first = first_divergence(rows)
@@ -57,13 +74,15 @@ def conclude(drill: Drilldown | None, rows: list[ComparisonRow], plan: StagePlan
     introduced = drill.first_introduced
     if introduced:
         label = labels[introduced]
+        between = _between(introduced, labels, plan)
         return {
             "kind": "introduced",
             **where,
             "stage": introduced,
             "text": f"{introduced} introduces the error: its operator fed the reference's own input already fails "
             f"({label['op_local_failures']} elements over tolerance, relative RMS "
-            f"{label['op_local_relative_rms']:.3g})",
+            f"{label['op_local_relative_rms']:.3g})" + between.get("text", ""),
+            **({"between": between["unaligned"]} if between else {}),
         }
     stop = plan.position(first.stage) if first.stage in plan else len(plan)
     chain = [
