@@ -232,6 +232,9 @@ def align(torch: SideProbe, mlx: SideProbe) -> Alignment:
                 if facts.has_weights
                 else "parameter-free, with no module of its kind at its place on the other side"
             )
+    for side, paired in (("transformers", {p.torch for p in pairs}), ("mlx", {p.mlx for p in pairs})):
+        for path in [p for p in unaligned[side] if any(q.startswith(f"{p}." if p else "") for q in paired)]:
+            del unaligned[side][path]  # a container whose pieces align (its own boundary differs): nothing lost
     for pair in pairs:
         _layouts(pair, torch, mlx)
     pairs.sort(key=lambda p: _sort_key(torch.modules[p.torch]))
