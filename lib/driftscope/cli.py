@@ -193,24 +193,24 @@ def _screen(args: argparse.Namespace) -> int:
 def _diff(args: argparse.Namespace) -> int:
     import json
 
-    from driftscope.core.paths import REPO_ROOT
+    from driftscope.core.paths import outputs_root
 
     from .views.trend import diff_commits, diff_exit_code, format_diff, resolve_commit_dir
 
-    root = Path(args.out_root or REPO_ROOT / "outputs")
+    root = Path(args.out_root or outputs_root())
     diff = diff_commits(resolve_commit_dir(root, args.rev_a), resolve_commit_dir(root, args.rev_b), args.factor)
     print(json.dumps(diff, indent=1) if args.json else format_diff(diff))
     return diff_exit_code(diff, args.fail_on)
 
 
 def _trend(args: argparse.Namespace) -> int:
-    from driftscope.core.paths import REPO_ROOT
+    from driftscope.core.paths import outputs_root
     from driftscope.run.investigation import log
     from driftscope.views.render import execute, to_html
 
     from .views.history import from_parameters
 
-    root = Path(args.out_root or REPO_ROOT / "outputs")
+    root = Path(args.out_root or outputs_root(args.params))
     choice = from_parameters(
         args.params, None, root, None, args.run, args.rev_a, args.rev_b, args.factor, names=("--from", "--to")
     )

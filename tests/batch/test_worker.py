@@ -139,7 +139,7 @@ def test_a_worker_on_another_host_runs_from_its_own_checkout_and_writes_through_
 @pytest.mark.slow
 def test_a_commits_worktree_shares_the_main_checkouts_iree_cache(tmp_path):
     """A checkout with its own driftscope runs ``batch --commit`` twice: the second run's IREE module comes
-    from the main checkout's cache (the first compile did not go into the temporary worktree)."""
+    from the user's cache folder (the first compile did not go into the temporary worktree)."""
     repo = tmp_path / "checkout"
     shutil.copytree(ROOT / "lib", repo / "lib", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "notebooks", repo / "notebooks")
@@ -160,6 +160,7 @@ def test_a_commits_worktree_shares_the_main_checkouts_iree_cache(tmp_path):
     sha = _commit_all(repo)
     env = {k: v for k, v in os.environ.items() if k != "DRIFTSCOPE_CACHE"}
     env["PYTHONPATH"] = str(repo / "lib")
+    env["XDG_CACHE_HOME"] = str(tmp_path / "user-cache")  # the user cache folder (platformdirs) on Linux
     hits = []
     for extra in ([], ["--force"]):
         command = [sys.executable, "-m", "driftscope", "batch", "iree.yaml", "--commit", "HEAD", *extra]
@@ -169,4 +170,4 @@ def test_a_commits_worktree_shares_the_main_checkouts_iree_cache(tmp_path):
         artifact = next(r["artifact"] for r in report["runtimes"] if r["label"] == "iree:f32")
         hits.append(artifact["cache_hit"])
     assert hits == [False, True]
-    assert (repo / "outputs" / "cache" / "iree" / artifact["key"]).is_dir()
+    assert (tmp_path / "user-cache" / "driftscope" / "iree" / artifact["key"]).is_dir()

@@ -20,7 +20,7 @@ def test_an_interactive_run_of_other_parameters_writes_beside_the_run_it_would_r
     """The issue's case: a run of the same name with other parameters (``../parameters/demo_shapes.yaml`` from
     ``notebooks/``) went into the demo's directory and replaced its report."""
     _, out = rendered
-    monkeypatch.setattr(investigation, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(investigation, "project_root", lambda source=None: tmp_path)
     theirs = load_parameters(out.parent / "p.yaml")
     default = investigation.default_out_dir(theirs)
     assert default == tmp_path / "outputs" / "nocommit" / "cli-check"

@@ -145,6 +145,9 @@ def dask_run(task: RunTask) -> dict:
 
 
 def _dask(tasks: list[RunTask], scheduler: str, finished, log, timeout: float | None) -> None:
+    from driftscope.core.extras import require_extra
+
+    require_extra({"distributed": "distributed"}, "dask", "--scheduler")
     from distributed import Client, Event
     from distributed import as_completed as dask_completed
 

@@ -20,7 +20,7 @@ import yaml
 
 from driftscope.batch.executor import BatchInterrupted, execute, interruptible, not_run
 from driftscope.batch.worker import RunTask, run_dir_name, write_record
-from driftscope.core.paths import REPO_ROOT
+from driftscope.core.paths import outputs_root
 from driftscope.core.storage import OutputRoot, is_url
 from driftscope.core.worktree import checkout, short_sha, toplevel
 from driftscope.core.yamlfile import load_yaml
@@ -117,11 +117,12 @@ def run_batch(
 ) -> BatchResult:
     """Run every parameter file for ``commit`` (default: the checkout as it is); write the index and JUnit XML.
 
-    ``out_root``: a local directory or a URL fsspec understands (default: this repository's ``outputs/``).
+    ``out_root``: a local directory or a URL fsspec understands (default:
+    ``outputs/`` of the parameter files' repository, else of the current folder).
     ``timeout``: seconds to reach the Dask ``scheduler`` (default: Dask's connect timeout).
     """
     _refuse_volatile_root(out_root, scheduler)
-    root = OutputRoot(out_root or REPO_ROOT / "outputs")
+    root = OutputRoot(out_root or outputs_root(params_files[0] if params_files else None))
     files = [Path(p).resolve() for p in params_files]
     missing = [str(p) for p in files if not p.is_file()]
     if missing:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from driftscope.core.atomic import write_json_atomic, write_text_atomic
-from driftscope.core.paths import REPO_ROOT
+from driftscope.core.paths import cache_root
 from driftscope.errors import CompileError, RegistryError, RuntimeUnavailableError
 from driftscope.model.weightfile import aligned_empty, is_aligned
 from driftscope.taps.jax.graph import LoweredGraph, policy_digest
@@ -50,9 +50,8 @@ def size_flags(graph: LoweredGraph, target: str) -> tuple[str, ...]:
 
 
 def default_cache_dir() -> Path:
-    """``$DRIFTSCOPE_CACHE/iree`` or ``outputs/cache/iree`` under the repository."""
-    root = os.environ.get("DRIFTSCOPE_CACHE")
-    return Path(root) / "iree" if root else REPO_ROOT / "outputs" / "cache" / "iree"
+    """The ``iree`` folder of driftscope's cache (``$DRIFTSCOPE_CACHE``, else the user cache folder)."""
+    return cache_root() / "iree"
 
 
 def target_flags(target: str) -> tuple[tuple[str, ...], str]:

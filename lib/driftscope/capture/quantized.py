@@ -10,21 +10,20 @@ Two sources of quantized weights, and for each the two executions:
 
 transformers, jax, iree and MLX load the dense dequantized checkpoint unchanged, so every ``-dequant`` runtime runs
 the same weights. It is written once per source, spec and activation dtype under ``$DRIFTSCOPE_CACHE/quant``
-(default ``outputs/cache/quant``), keyed by the source's files (name, size, modification time).
+(default: the user cache folder), keyed by the source's files (name, size, modification time).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from driftscope.core.names import safe_name
-from driftscope.core.paths import REPO_ROOT
+from driftscope.core.paths import cache_root
 from driftscope.errors import CheckpointError, ParameterError
 from driftscope.model.precision import PrecisionPolicy
 from driftscope.model.quant.policy import OPTION_KEYS, QuantizedPolicy, QuantSpec, quant_spec
@@ -159,9 +158,8 @@ def _host_report(source: Checkpoint, profile: QuantProfile, spec: QuantSpec) -> 
 
 
 def cache_dir() -> Path:
-    """``$DRIFTSCOPE_CACHE/quant``, or ``outputs/cache/quant`` under the repository."""
-    root = os.environ.get("DRIFTSCOPE_CACHE")
-    return Path(root) / "quant" if root else REPO_ROOT / "outputs" / "cache" / "quant"
+    """The ``quant`` folder of driftscope's cache (``$DRIFTSCOPE_CACHE``, else the user cache folder)."""
+    return cache_root() / "quant"
 
 
 def cache_key(source: Checkpoint, spec: QuantSpec) -> str:

@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 
 from driftscope.core.atomic import write_text_atomic
+from driftscope.core.paths import cache_root
 from driftscope.errors import DriftscopeError
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
@@ -140,9 +141,8 @@ class OutputRoot:
 
 
 def cache_dir() -> Path:
-    """Where remote inputs are kept: ``$DRIFTSCOPE_CACHE/inputs`` or ``~/.cache/driftscope/inputs``."""
-    root = os.environ.get("DRIFTSCOPE_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "driftscope") / "inputs"
+    """Where remote inputs are kept: the ``inputs`` folder of driftscope's cache."""
+    return cache_root() / "inputs"
 
 
 def localize(url: str) -> Path:

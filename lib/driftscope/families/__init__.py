@@ -1,4 +1,5 @@
-"""Model families: each folder here is one family, found and registered by name.
+"""Model families: each folder here is one family, registered by name through the ``driftscope.families``
+entry-point group (driftscope's pyproject.toml names its own folders; a plugin package names its own family).
 
 A family folder's ``__init__`` defines ``FAMILY`` (a :class:`~driftscope.families.base.Family`); a folder
 without one (work in progress) is skipped. The checkpoint's ``config.json`` ``model_type`` picks the
@@ -16,7 +17,9 @@ from driftscope.taps.stages import StagePlan
 from ..errors import CheckpointError
 from .base import Family, Mutation
 
-FAMILIES: Registry[Family] = Registry("model family")
+FAMILIES: Registry[Family] = Registry(
+    "model family", group="driftscope.families", accepts=lambda entry: isinstance(entry, Family)
+)
 
 #: The family the geometry CLI and notebook use when no checkpoint names one.
 DEFAULT_FAMILY = "qwen2_5_vl"
@@ -27,8 +30,10 @@ GENERIC = "generic"
 
 
 def _register_folders() -> None:
+    """A family folder here that no installed entry point names registers from its folder: a source tree run with
+    another checkout's installed metadata (``batch --commit`` runs a commit's own ``lib/``)."""
     for found in pkgutil.iter_modules(__path__):
-        if not found.ispkg:
+        if not found.ispkg or found.name in FAMILIES:
             continue
         family = getattr(importlib.import_module(f"{__name__}.{found.name}"), "FAMILY", None)
         if isinstance(family, Family):
@@ -45,7 +50,7 @@ def get_family(name: str) -> Family:
 
 def model_types() -> dict[str, str]:
     """config.json ``model_type`` -> family name, over every registered family."""
-    return {model_type: name for name in FAMILIES for model_type in FAMILIES.get(name).model_types}
+    return {model_type: family.name for family in FAMILIES.loadable() for model_type in family.model_types}
 
 
 def detect_family(config: dict, requested: str | None = None) -> str:
@@ -76,8 +81,8 @@ def detect_family(config: dict, requested: str | None = None) -> str:
 def known_mutations() -> Registry[Mutation]:
     """Every registered family's mutations by name (to check a parameter file before its checkpoint is read)."""
     known: Registry[Mutation] = Registry("mutation")
-    for name in FAMILIES:
-        registry = get_family(name).mutation_registry()
+    for family in FAMILIES.loadable():
+        registry = family.mutation_registry()
         for mutation in registry:
             known.register(mutation, registry.get(mutation))
     return known

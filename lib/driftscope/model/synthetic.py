@@ -72,8 +72,7 @@ def reinitialize(model, seed: int, gain: float) -> None:
 
 
 def benchmark_cache_dir() -> Path:
-    """Where generated benchmark checkpoints live: ``$DRIFTSCOPE_CACHE/checkpoints`` or ``~/.cache/driftscope``."""
-    import os
+    """Where generated benchmark checkpoints live: the ``checkpoints`` folder of driftscope's cache."""
+    from driftscope.core.paths import cache_root
 
-    root = os.environ.get("DRIFTSCOPE_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "driftscope") / "checkpoints"
+    return cache_root() / "checkpoints"

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, TextIO
 from driftscope.capture.runtime_checks import apply_checks
 from driftscope.capture.runtimes import get_runtime
 from driftscope.core.names import remove_partial_files, safe_name
-from driftscope.core.paths import REPO_ROOT
+from driftscope.core.paths import project_root
 from driftscope.errors import (
     DriftscopeError,
     ReportError,
@@ -61,8 +61,9 @@ def log(message: str) -> None:
 
 
 def default_out_dir(params: Parameters, root: Path | None = None) -> Path:
-    """``outputs/<commit>/<name>/`` under the repository root (the name made safe as a directory name)."""
-    root = REPO_ROOT if root is None else root
+    """``outputs/<commit>/<name>/`` under ``root``, default :func:`~driftscope.core.paths.project_root` of the
+    parameter file (its git repository, else the current folder); the name made safe as a directory name."""
+    root = project_root(params.source) if root is None else root
     return root / "outputs" / current_commit(root) / safe_name(params.name)
 
 
@@ -144,7 +145,7 @@ def _investigate(params: Parameters, out: Path, report_path: Path) -> Report:
         report_path,
         name=params.name,
         description=params.description,
-        commit=current_commit(REPO_ROOT),
+        commit=current_commit(project_root(params.source)),
         parameters=params.to_dict(),
         parameters_file=params.source,
         parameters_digest=params.digest,

@@ -19,6 +19,7 @@ import yaml
 
 from driftscope.capture.patches import HypothesisPatch, parse_patch
 from driftscope.core.names import safe_name
+from driftscope.core.paths import CONTRACTS, repository_of
 from driftscope.core.storage import is_url, localize
 from driftscope.core.yamlfile import load_yaml
 from driftscope.errors import ParameterError
@@ -59,7 +60,8 @@ TOP_KEYS = {
     "text": "follow the prompt past the vision tower: true, or {prompt: ..., max_new_tokens: 16, expect: [words]}",
     "pairs": "extra runtime pairs to judge besides reference-vs-each, e.g. [[mlx:f32, iree:f32]] (reference first)",
     "stages": "{blocks: bool, substages: [block indices] | all, include: [globs], exclude: [globs]}",
-    "contract": "tolerance contract YAML path or URL (default: atol 0.08, rtol 0.08)",
+    "contract": "tolerance contract: one driftscope ships by name (default, strict, q4_f16) or a YAML path or URL "
+    "(default: atol 0.08, rtol 0.08)",
     "notebooks": "notebooks to render for this run (default: [01_stage_parity]; a failing run adds 02_layer_drilldown)",
     "attribution": "{candidate: iree:q4-dequant, references: [mlx:q4, mlx:q4-dequant]}: per stage, which reference "
     "the candidate is closer to (relative RMS), and a verdict over the blocks",
@@ -169,10 +171,7 @@ def parameter_root(path: str | Path) -> Path:
     """What relative paths in the parameter file ``path`` resolve against: the nearest folder above it
     holding a ``.git`` (its repository), or the file's own folder outside a repository."""
     folder = Path(path).resolve().parent
-    for candidate in (folder, *folder.parents):
-        if (candidate / ".git").exists():
-            return candidate
-    return folder
+    return repository_of(folder) or folder
 
 
 def _resolve(value: str | Path, base: Path) -> Path:
@@ -239,6 +238,8 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
         checked(value, str, key, PATH_EXAMPLES[key])
         if is_url(value):  # s3://, gs://, file://...: a local copy, fetched once
             return localize(value)
+        if key == "contract" and (CONTRACTS / f"{value}.yaml").is_file():  # a contract driftscope ships, by name
+            return CONTRACTS / f"{value}.yaml"
         return _resolve(value, base)
 
     images = checked(data.get("images", []), list, "images", "[fixtures/images/shapes_448.png]")

@@ -18,6 +18,7 @@ def check_parameters(params: Parameters) -> Contract:
     contract = load_contract(params.contract)
     for position, spec in enumerate(params.runtimes):
         runtime = get_runtime(spec.runtime)
+        runtime.check_installed()  # a missing extra: "install driftscope[iree]"
         runtime.check_policy(spec.policy)
         runtime.check_options(spec.options, f"runtimes[{position}].options")
         if spec.patch is not None:

@@ -9,7 +9,8 @@ and this cache's format. Anything else that differs (the label, the output direc
 engines under test) does not change the reference's taps, so it does not change the key.
 
 Where: ``$DRIFTSCOPE_REFERENCE_CACHE`` (a directory, or ``off``), else ``$DRIFTSCOPE_CACHE/reference``, else
-``outputs/cache/reference`` under the repository (``driftscope run|batch --reference-cache DIR|off`` set it).
+the ``reference`` folder of the user cache folder (``core.paths.cache_root``); ``driftscope run|batch
+--reference-cache DIR|off`` sets it.
 An entry ``<root>/<key>/`` holds ``taps.safetensors``, ``taps.json`` and, written last and atomically,
 ``entry.json`` (the identity, the tensor file's size and SHA-256, who stored it). An entry is read and written
 only under its ``flock`` (``run.runlock``): concurrent batch workers that need the same reference wait for
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from driftscope.core.atomic import place_file_atomic, write_json_atomic
 from driftscope.core.digests import file_sha256, tree_digest
-from driftscope.core.paths import REPO_ROOT
+from driftscope.core.paths import cache_root as driftscope_cache
 from driftscope.errors import DriftscopeError, ParameterError
 from driftscope.run.runlock import run_lock
 from driftscope.taps.sidecar import FORMAT_VERSION, validate_sidecar
@@ -61,8 +62,7 @@ def cache_root() -> Path | None:
         return None
     if value:
         return Path(value).expanduser()
-    root = os.environ.get("DRIFTSCOPE_CACHE")
-    return Path(root) / "reference" if root else REPO_ROOT / "outputs" / "cache" / "reference"
+    return driftscope_cache() / "reference"
 
 
 def set_cache_option(value: str | None) -> None:

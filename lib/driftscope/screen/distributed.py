@@ -36,6 +36,9 @@ def shares(items: list[ScreenInput], count: int) -> list[list[ScreenInput]]:
 def capture_on_cluster(
     job: Job, items: list[ScreenInput], scheduler: str, total: int, advance: Callable | None, log: Callable
 ) -> int:
+    from driftscope.core.extras import require_extra
+
+    require_extra({"distributed": "distributed"}, "dask", "--scheduler")
     from distributed import Client
 
     from driftscope.screen.progress import screen_progress

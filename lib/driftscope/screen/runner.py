@@ -17,7 +17,7 @@ from pathlib import Path
 
 from driftscope.core.atomic import write_json_atomic
 from driftscope.core.names import safe_name
-from driftscope.core.paths import REPO_ROOT
+from driftscope.core.paths import outputs_root, project_root
 from driftscope.errors import ParameterError
 from driftscope.families import get_family
 from driftscope.families.checkpoints import open_checkpoint
@@ -45,7 +45,8 @@ class ScreenResult:
 
 
 def default_screen_dir(params: Parameters) -> Path:
-    return REPO_ROOT / "outputs" / current_commit(REPO_ROOT) / safe_name(f"screen-{params.name}")
+    commit = current_commit(project_root(params.source))
+    return outputs_root(params.source) / commit / safe_name(f"screen-{params.name}")
 
 
 def _job(params: Parameters, out: Path) -> Job:
@@ -151,7 +152,7 @@ def _summary(params: Parameters, job: Job, ranked: list[dict], capture_s: float,
         "parameters_file": params.source,
         "parameters_digest": params.digest,
         "parameters": params.to_dict(),
-        "commit": current_commit(REPO_ROOT),
+        "commit": current_commit(project_root(params.source)),
         "environment": fingerprint(),
         "checkpoint": str(job.checkpoint.path),
         "family": job.checkpoint.family,

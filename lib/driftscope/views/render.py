@@ -6,12 +6,12 @@ import time
 from pathlib import Path
 
 from driftscope.core.atomic import write_text_atomic
-from driftscope.core.paths import REPO_ROOT
+from driftscope.core.paths import NOTEBOOKS
 from driftscope.errors import DriftscopeError
 
 from .failure import fold_errors, notebook_error
 
-NOTEBOOK_DIR = REPO_ROOT / "notebooks"
+NOTEBOOK_DIR = NOTEBOOKS  # shipped in the package (a repository's notebooks/ links here)
 KERNEL_NAME = "driftscope"
 TEMPLATES = Path(__file__).resolve().parent / "templates"  # "offline": the lab template without CDN scripts
 

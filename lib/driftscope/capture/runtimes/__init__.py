@@ -1,24 +1,16 @@
-"""Runtimes register by name (the way papermill registers engines)."""
+"""Runtimes register by name through the ``driftscope.runtimes`` entry-point group, the way papermill registers
+engines: the built-in ones (transformers, mlx, jax, iree, tapfile) in driftscope's own pyproject.toml, a plugin's
+in its package's (docs/plugins.md). Each is a :class:`~driftscope.capture.runtimes.base.Runtime` subclass,
+imported when a parameter file first names it."""
 
 from __future__ import annotations
 
 from driftscope.capture.runtimes.base import Runtime
 from driftscope.core.registry import Registry
 
-RUNTIMES: Registry[type[Runtime]] = Registry("runtime")
-
-
-def _register_builtin() -> None:
-    from driftscope.capture.runtimes.compiled import IreeRuntime, JaxRuntime
-    from driftscope.capture.runtimes.mlx_runtime import MLXRuntime
-    from driftscope.capture.runtimes.tapfile_runtime import TapfileRuntime
-    from driftscope.capture.runtimes.transformers_runtime import TransformersRuntime
-
-    for runtime in (TransformersRuntime, MLXRuntime, JaxRuntime, IreeRuntime, TapfileRuntime):
-        RUNTIMES.register(runtime.name, runtime)
-
-
-_register_builtin()
+RUNTIMES: Registry[type[Runtime]] = Registry(
+    "runtime", group="driftscope.runtimes", accepts=lambda entry: isinstance(entry, type) and issubclass(entry, Runtime)
+)
 
 
 def get_runtime(name: str) -> type[Runtime]:

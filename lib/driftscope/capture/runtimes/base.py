@@ -18,6 +18,7 @@ import numpy as np
 
 from driftscope.capture.patches import HypothesisPatch
 from driftscope.capture.quantized import QuantizedWeights, check_policy_fits, quantized_weights
+from driftscope.core.extras import install_extra, missing_modules
 from driftscope.errors import CheckpointError, OutputError, ParameterError, RuntimeUnavailableError, some
 from driftscope.families.hypotheses import hypotheses_of
 from driftscope.inputs.processor_output import ModelInputs
@@ -33,15 +34,20 @@ if TYPE_CHECKING:
     from driftscope.families.base import Family
 
 
-def require(module: str, package: str, runtime: str) -> Any:
-    """Import ``module`` or raise a clear error naming the package to install."""
+def require(module: str, package: str, runtime: str, extra: str | None = None) -> Any:
+    """Import ``module`` or raise a clear error naming the package (or driftscope's ``extra``) to install."""
     try:
         return importlib.import_module(module)
     except ImportError as err:
         raise RuntimeUnavailableError(
             f"runtime {runtime!r} needs the package {package!r}, which is not importable ({err})",
-            f"install it (`make setup` installs every runtime's packages) or drop {runtime!r} from 'runtimes'",
+            f"{install_hint(extra, [package])} or drop {runtime!r} from 'runtimes'",
         ) from err
+
+
+def install_hint(extra: str | None, packages: list[str]) -> str:
+    """How to install what a runtime lacks: its driftscope ``extra`` when it has one, else the packages."""
+    return install_extra(extra) if extra else f"install {' '.join(packages)} (pip install {' '.join(packages)})"
 
 
 def package_versions(*names: str) -> dict[str, str]:
@@ -89,6 +95,10 @@ class Runtime(ABC):
     OPTIONS: dict[str, str] = {}
     #: option -> the values it accepts, where they are a fixed set
     OPTION_VALUES: dict[str, tuple] = {}
+    #: the modules this engine imports (module -> the package that provides it), checked before a run starts
+    REQUIRES: dict[str, str] = {}
+    #: driftscope's optional dependency group that installs them (``pip install 'driftscope[EXTRA]'``), if any
+    EXTRA: str | None = None
 
     def __init__(
         self,
@@ -119,6 +129,16 @@ class Runtime(ABC):
             get_policy(policy)  # unknown names list every registered policy
             raise RuntimeUnavailableError(
                 f"runtime {cls.name!r} does not offer policy {policy!r}", f"use one of: {', '.join(cls.policies)}"
+            )
+
+    @classmethod
+    def check_installed(cls) -> None:
+        """Raise a clear error, before anything runs, when a package this engine imports is not installed."""
+        missing = missing_modules(cls.REQUIRES)
+        if missing:
+            raise RuntimeUnavailableError(
+                f"runtime {cls.name!r} needs {', '.join(missing)}, which is not installed here",
+                f"{install_hint(cls.EXTRA, missing)}, or drop {cls.name!r} from 'runtimes'",
             )
 
     def mixed_policy(self) -> PrecisionPolicy:

@@ -60,7 +60,7 @@ class CompiledRuntime(Runtime):
             self.policy = self.mixed_policy()
 
     def _load(self) -> Any:
-        require("jax", "jax", self.name)
+        require("jax", "jax", self.name, self.EXTRA)
         from driftscope.model.weightfile import recording_reads
 
         self._read: set[str] = set()
@@ -243,6 +243,8 @@ class JaxRuntime(CompiledRuntime):
     """The lowered graph on JAX's own XLA CPU backend."""
 
     name = "jax"
+    REQUIRES = {"jax": "jax", "jaxlib": "jaxlib"}
+    EXTRA = "jax"
 
     def _load(self) -> Any:
         model = super()._load()
@@ -284,11 +286,13 @@ class IreeRuntime(CompiledRuntime):
     """The lowered graph compiled by iree-compile (target ``options.target``, default llvm-cpu), run by iree.runtime."""
 
     name = "iree"
+    REQUIRES = {"jax": "jax", "iree.compiler": "iree-base-compiler", "iree.runtime": "iree-base-runtime"}
+    EXTRA = "iree"
     OPTIONS = {
         **CompiledRuntime.OPTIONS,
         "target": "iree-compile's target backend (default llvm-cpu)",
         "flags": "more iree-compile flags (a list)",
-        "cache_dir": "where compiled artifacts are cached (default: DRIFTSCOPE_CACHE or outputs/cache)",
+        "cache_dir": "where compiled artifacts are cached (default: $DRIFTSCOPE_CACHE, else the user cache folder)",
     }
 
     def versions(self) -> dict[str, str]:
@@ -318,7 +322,7 @@ class IreeRuntime(CompiledRuntime):
         return self._device_weights
 
     def execute(self, graph: LoweredGraph, arguments: list[np.ndarray]) -> dict[str, np.ndarray]:
-        require("iree.runtime", "iree-base-runtime", self.name)
+        require("iree.runtime", "iree-base-runtime", self.name, self.EXTRA)
         from driftscope.capture.iree import IreeModule
 
         self._say(f"iree-compile ({self.target}) unless the artifact is cached")

@@ -10,10 +10,10 @@ JAX_CACHE_BYTES = 2 << 30
 
 def use_persistent_cache(cache_dir: str | None = None) -> None:
     """JAX's persistent compilation cache in the ``jax`` folder of the runtime's ``cache_dir`` option, else of
-    ``$DRIFTSCOPE_CACHE``, else of ``outputs/cache``; every executable kept however fast it compiled. An XLA
-    executable is then compiled once per machine, not once per process and runtime object (batch runs, notebooks
-    and a test run's workers share it); XLA keys each entry by the HLO, the compile options, the backend and the
-    jax/jaxlib versions. The first directory a process sets is kept, and so is one the user set
+    driftscope's cache folder (``$DRIFTSCOPE_CACHE``, else the user cache folder); every executable kept however
+    fast it compiled. An XLA executable is then compiled once per machine, not once per process and runtime object
+    (batch runs, notebooks and a test run's workers share it); XLA keys each entry by the HLO, the compile options,
+    the backend and the jax/jaxlib versions. The first directory a process sets is kept, and so is one the user set
     (``JAX_COMPILATION_CACHE_DIR``)."""
     import jax
 

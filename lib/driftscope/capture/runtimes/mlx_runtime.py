@@ -48,6 +48,7 @@ class MLXRuntime(Runtime):
     """mlx-vlm's eager model on MLX (CPU here; Metal on a Mac)."""
 
     name = "mlx"
+    REQUIRES = {"mlx.core": "mlx", "mlx_vlm": "mlx-vlm"}  # driftscope's dependencies on macOS and Linux
     policies = ("f32", "f16", "bf16", *RUNTIME_POLICIES["mlx"])
     OPTIONS = {
         "rmsnorm": "fused (mlx.nn.RMSNorm, default) or manual (written out in the activation dtype)",
@@ -77,8 +78,8 @@ class MLXRuntime(Runtime):
         from driftscope.model.blas import mlx_blas
 
         mlx_blas()  # before the first `import mlx.core`
-        mx = require("mlx.core", "mlx", self.name)
-        require("mlx_vlm", "mlx-vlm", self.name)
+        mx = require("mlx.core", "mlx", self.name, self.EXTRA)
+        require("mlx_vlm", "mlx-vlm", self.name, self.EXTRA)
         self.refuse_unrepresentable()
         model = self.taps.load(self.checkpoint.path, self.checkpoint.config)
         if self.quantized is not None and self.quantized.quantize_on_load:  # a fused policy on a dense checkpoint

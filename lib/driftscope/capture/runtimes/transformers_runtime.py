@@ -53,6 +53,7 @@ class TransformersRuntime(Runtime):
     operand rounding around every forward and replay, what a GPU reference with ``allow_tf32`` computes)."""
 
     name = "transformers"
+    REQUIRES = {"torch": "torch", "transformers": "transformers"}
     OPTIONS = {
         "threads": "torch threads (default: torch's own)",
         "attn_implementation": "the attention kernel transformers loads (default eager)",
@@ -68,8 +69,8 @@ class TransformersRuntime(Runtime):
         return nullcontext()
 
     def _load(self) -> Any:
-        torch = require("torch", "torch", self.name)
-        transformers = require("transformers", "transformers", self.name)
+        torch = require("torch", "torch", self.name, self.EXTRA)
+        transformers = require("transformers", "transformers", self.name, self.EXTRA)
         dtype = torch.float64 if self.policy.name == "f64" else torch.float32
         torch.set_num_threads(int(self.options.get("threads", torch.get_num_threads())))
         model, info = getattr(transformers, self.taps.MODEL_CLASS).from_pretrained(
