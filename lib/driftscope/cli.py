@@ -82,13 +82,14 @@ def _output_directory(out: Path) -> None:
 
 
 def _rejudge(args: argparse.Namespace) -> int:
+    from driftscope.core.paths import contract_file
     from driftscope.judge.contract import load_contract
     from driftscope.run.rejudge import rejudge
 
-    from .views.tables import summary_markdown
+    from .views.terminal import summary
 
-    report = rejudge(args.report, load_contract(args.contract), args.out)
-    print(summary_markdown(report))
+    report = rejudge(args.report, load_contract(contract_file(args.contract)), args.out)
+    print(summary(report, args.format))
     print(f"\nwritten: {report.path}")
     return _exit_code(report)
 
@@ -99,11 +100,13 @@ def _precision(args: argparse.Namespace) -> int:
     from driftscope.run.precision_run import precision_search
     from driftscope.run.report import Report
 
-    from .errors import ParameterError
+    params = load_parameters(args.params)
+    out = Path(args.run).resolve() if args.run else default_out_dir(params)
+    if not (out / "report.json").exists():  # the run the search starts from: made now (its notebooks are not)
+        from driftscope.run.investigation import investigate
 
-    out = Path(args.run).resolve() if args.run else default_out_dir(load_parameters(args.params))
-    if not (out / "report.json").exists():
-        raise ParameterError(f"no run of {args.params} in {out}", f"run it first: driftscope run {args.params}")
+        log(f"no run of {args.params} in {out}: running its investigation first")
+        investigate(params, out, reuse=True)
     entry = precision_search(Report.load(out / "report.json"), args.candidate, not args.no_verify, log)
     if not args.no_render:
         from driftscope.views.render import execute, to_html
@@ -120,11 +123,22 @@ def _precision(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     from driftscope.run.report import Report
 
-    from .views.tables import summary_markdown
+    from .views.terminal import summary
 
     report = Report.load(args.report)
-    print(summary_markdown(report))
+    print(summary(report, args.format))
     return _exit_code(report)
+
+
+def _init(args: argparse.Namespace) -> int:
+    from driftscope.run.init_params import write_parameters
+
+    path, found = write_parameters(args.checkpoint, args.out, args.force)
+    print(f"wrote {path}: family {found.family or 'none'}, runtimes {', '.join(r for r, _, _ in found.runtimes)}")
+    if found.family is None:
+        print(f"driftscope: no installed family claims model_type {found.model_type!r}; see the file", file=sys.stderr)
+    print(f"next: driftscope run {path}")
+    return 0
 
 
 def _geometry(args: argparse.Namespace) -> int:
@@ -239,6 +253,7 @@ def _trend(args: argparse.Namespace) -> int:
     return 2 if failed else 0
 
 
+FORMATS, FORMAT_HELP = ("auto", "text", "markdown"), "text (plain) or markdown; default auto: text in a terminal"
 REFERENCE_CACHE_HELP = (
     "where the reference runtime's taps (and, in its inputs/ folder, the prepared inputs) are cached and reused "
     "across runs and commits, or off to compute them every run "
@@ -264,15 +279,16 @@ def parser() -> argparse.ArgumentParser:
     run.set_defaults(func=_run)
     again = sub.add_parser("rejudge", help="re-apply another contract to a saved run (no runtime is re-run)")
     again.add_argument("report", help="report.json or its directory")
-    again.add_argument("--contract", required=True, help="contract YAML")
-    again.add_argument("--out", help="where to write the re-judged report (default: overwrite)")
+    again.add_argument("--contract", required=True, help="contract YAML, or a shipped one by name (default, strict)")
+    again.add_argument("--out", help="where to write the re-judged report (default: overwrite the run's report.json)")
+    again.add_argument("--format", choices=FORMATS, default="auto", help=FORMAT_HELP)
     again.set_defaults(func=_rejudge)
     precision = sub.add_parser(
         "precision", help="search a failing half-precision candidate for the fewest operators to keep in float32"
     )
     precision.add_argument("params", help="the run's parameter YAML")
     precision.add_argument("--candidate", required=True, help="the candidate's runtime label in the run")
-    precision.add_argument("--run", help="the run's directory (default: outputs/<commit>/<name>/)")
+    precision.add_argument("--out", "--run", dest="run", help="the run's directory, made first if missing")
     precision.add_argument("--no-verify", action="store_true", help="do not run the found policy for real")
     precision.add_argument(
         "--no-render", action="store_true", help="do not render notebook 07 into the run's directory"
@@ -280,6 +296,7 @@ def parser() -> argparse.ArgumentParser:
     precision.set_defaults(func=_precision)
     show = sub.add_parser("show", help="print a report's verdict and first divergences")
     show.add_argument("report", help="report.json or its directory")
+    show.add_argument("--format", choices=FORMATS, default="auto", help=FORMAT_HELP)
     show.set_defaults(func=_show)
     batch = sub.add_parser("batch", help="run parameter sets for a commit; write the evidence index and JUnit XML")
     batch.add_argument("params", nargs="+", help="parameter YAML files")
@@ -317,8 +334,8 @@ def parser() -> argparse.ArgumentParser:
     screen.add_argument("--out", help="screen directory (default: outputs/<commit>/screen-<name>/)")
     screen.set_defaults(func=_screen)
     diff = sub.add_parser("diff", help="compare the runs of two commits stage by stage")
-    diff.add_argument("rev_a")
-    diff.add_argument("rev_b")
+    diff.add_argument("rev_a", metavar="BEFORE", help="older commit: its folder name under the outputs root (a prefix)")
+    diff.add_argument("rev_b", metavar="AFTER", help="newer commit, the same way")
     diff.add_argument("--out-root", help="outputs root (default: outputs/ of this repository)")
     diff.add_argument("--factor", type=float, default=1.5, help="a change beyond this ratio counts (default 1.5)")
     diff.add_argument("--json", action="store_true", help="print JSON")
@@ -360,7 +377,14 @@ def parser() -> argparse.ArgumentParser:
         "--write-inputs", metavar="PATH", help="also write the processor output the engine must run on (safetensors)"
     )
     stages.set_defaults(func=_stages)
-    return main
+    init = sub.add_parser("init", help="write a commented parameter file for your checkpoint")
+    init.add_argument("checkpoint", help="checkpoint directory (config.json and *.safetensors)")
+    init.add_argument("--out", help="the parameter file to write (default: ./<checkpoint folder>.yaml)")
+    init.add_argument("--force", action="store_true", help="replace the file when it exists")
+    init.set_defaults(func=_init)
+    from .cli_help import explain
+
+    return explain(main)
 
 
 def main(argv: list[str] | None = None) -> int:

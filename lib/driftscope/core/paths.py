@@ -30,6 +30,13 @@ CACHE_VARIABLE = "DRIFTSCOPE_CACHE"
 REPO_ROOT = PACKAGE.parents[1]
 
 
+def contract_file(value: str) -> Path:
+    """A contract named by a parameter file or ``--contract``: a contract driftscope ships, by its name (``default``,
+    ``strict``, ``q4_f16``), else the path as given."""
+    shipped = CONTRACTS / f"{value}.yaml"
+    return shipped if "/" not in value and shipped.is_file() else Path(value)
+
+
 def cache_root() -> Path:
     """driftscope's cache folder: ``$DRIFTSCOPE_CACHE``, else the platform's user cache folder for driftscope."""
     given = os.environ.get(CACHE_VARIABLE, "").strip()

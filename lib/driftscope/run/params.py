@@ -19,7 +19,7 @@ import yaml
 
 from driftscope.capture.patches import HypothesisPatch, parse_patch
 from driftscope.core.names import safe_name
-from driftscope.core.paths import CONTRACTS, repository_of
+from driftscope.core.paths import contract_file, repository_of
 from driftscope.core.storage import is_url, localize
 from driftscope.core.yamlfile import load_yaml
 from driftscope.errors import ParameterError
@@ -238,8 +238,8 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
         checked(value, str, key, PATH_EXAMPLES[key])
         if is_url(value):  # s3://, gs://, file://...: a local copy, fetched once
             return localize(value)
-        if key == "contract" and (CONTRACTS / f"{value}.yaml").is_file():  # a contract driftscope ships, by name
-            return CONTRACTS / f"{value}.yaml"
+        if key == "contract" and contract_file(value).is_absolute():  # a contract driftscope ships, by name
+            return contract_file(value)
         return _resolve(value, base)
 
     images = checked(data.get("images", []), list, "images", "[fixtures/images/shapes_448.png]")

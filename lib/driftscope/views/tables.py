@@ -58,16 +58,30 @@ def summary_markdown(report: Report) -> str:
         if label not in report.pair_keys() and label in verdict.get("per_candidate", {}):
             lines.append(f"| {code(label, True)} | {text(verdict['per_candidate'][label])} | | | | | |")
     for label in report.pair_keys():
-        first = data.get("first_divergence", {}).get(label)
-        if first and first.get("max_coords") is not None:
-            kind = "first non-finite element" if first.get("nonfinite_mismatch") else "worst failing element"
-            bound = first.get("tolerance")
-            tolerance = "" if bound is None else f" (tolerance {text(_number(bound, 3))})"
-            lines.append(
-                f"\n{code(report.pair_title(label))} at {code(first['stage'])}: {kind} at {code(first['max_coords'])}: "
-                f"reference {text(_number(first.get('reference_value'), 6))}, "
-                f"candidate {text(_number(first.get('candidate_value'), 6))}{tolerance}" + _atol_note(first)
-            )
+        worst = worst_element_markdown(report, label)
+        lines += [f"\n{code(report.pair_title(label))} at {worst}"] if worst else []
+    return "\n".join(lines + details_markdown(report))
+
+
+def worst_element_markdown(report: Report, label: str) -> str:
+    """The pair's first divergence's worst failing (or first non-finite) element with both values; "" for none."""
+    first = report.data.get("first_divergence", {}).get(label)
+    if not first or first.get("max_coords") is None:
+        return ""
+    kind = "first non-finite element" if first.get("nonfinite_mismatch") else "worst failing element"
+    bound = first.get("tolerance")
+    tolerance = "" if bound is None else f" (tolerance {text(_number(bound, 3))})"
+    return (
+        f"{code(first['stage'])}: {kind} at {code(first['max_coords'])}: "
+        f"reference {text(_number(first.get('reference_value'), 6))}, "
+        f"candidate {text(_number(first.get('candidate_value'), 6))}{tolerance}" + _atol_note(first)
+    )
+
+
+def details_markdown(report: Report) -> list[str]:
+    """What follows the summary's table: narrowing, reasons, warnings, coverage, checks, power, attribution."""
+    data, lines = report.data, []
+    verdict = data.get("verdict", {})
     lines += narrowing_lines(report)
     for reason in verdict.get("reasons", []):
         lines.append(f"\n- {text(reason)}")
@@ -93,7 +107,7 @@ def summary_markdown(report: Report) -> str:
         lines.append(f"\n**Closer-to attribution**: {text(attribution['verdict'])}")
     for entry in (data.get("linear_replay") or {}).values():
         lines.append(f"\n**Quantized linears, fused and dequantized on the same input**: {text(entry['verdict'])}")
-    return "\n".join(lines)
+    return lines
 
 
 def narrowing_lines(report: Report) -> list[str]:
