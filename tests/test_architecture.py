@@ -67,8 +67,9 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 def test_the_root_holds_only_the_layers_and_the_entry_points():
     modules = {p.stem for p in PACKAGE.glob("*.py")}
     packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
-    # hypotheses: the documented name of the ready patches (``patch: driftscope.hypotheses:NAME``)
-    assert modules == {"__init__", "__main__", "cli", "errors", "hypotheses"}
+    # hypotheses: the documented name of the ready patches (``patch: driftscope.hypotheses:NAME``); cli_help: what
+    # each command's --help says
+    assert modules == {"__init__", "__main__", "cli", "cli_help", "errors", "hypotheses"}
     assert packages == {name.removeprefix("driftscope.") for name in LAYERS}
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 
 import pytest
-
 from driftscope.cli import main, parser
 from driftscope.cli_help import HELP
 

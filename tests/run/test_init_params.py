@@ -7,7 +7,6 @@ import shutil
 
 import pytest
 import yaml
-
 from driftscope.capture.runtimes import RUNTIMES
 from driftscope.cli import main
 from driftscope.core.paths import CONTRACTS, DEMO_IMAGES

@@ -4,7 +4,6 @@ item 7)."""
 from __future__ import annotations
 
 import pytest
-
 from driftscope.core.markup import code, text
 from driftscope.run.report import Report
 from driftscope.views.cause import cause_text
