@@ -4,22 +4,29 @@ error that names the extra to install when a parameter file or an option needs o
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 from driftscope.errors import ParameterError
 
 
+def installed(module: str) -> bool:
+    """Whether ``module`` (``iree.runtime``) can be imported here, found without importing it or its parents (a run
+    imports each framework when its runtime first loads)."""
+    top, _, rest = module.partition(".")
+    spec = importlib.util.find_spec(top)
+    if spec is None or not rest:
+        return spec is not None
+    *folders, name = rest.split(".")
+    for location in spec.submodule_search_locations or ():
+        parent = Path(location, *folders)
+        if (parent / name).is_dir() or any(parent.glob(f"{name}.py")) or any(parent.glob(f"{name}.*.so")):
+            return True
+    return False
+
+
 def missing_modules(modules: dict[str, str]) -> list[str]:
-    """The packages (module -> package) whose module is not importable here; nothing is imported but a namespace
-    parent (``iree`` of ``iree.runtime``)."""
-    missing = []
-    for module, package in modules.items():
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except ImportError:  # the parent package itself is missing
-            found = False
-        if not found:
-            missing.append(package)
-    return missing
+    """The packages (module -> package) whose module is not installed here."""
+    return [package for module, package in modules.items() if not installed(module)]
 
 
 def install_extra(extra: str) -> str:

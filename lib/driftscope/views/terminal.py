@@ -14,7 +14,7 @@ from driftscope.run.report import Report
 from .cause import cause_text, patch_text
 from .tables import _number, details_markdown, worst_element_markdown
 
-_CODE = re.compile(r"(`+) ?(.*?) ?\1")
+_CODE = re.compile(r"(?<![\\`])(`+)(?!`) ?(.*?) ?(?<!`)\1(?!`)")
 _ESCAPED = re.compile(r"\\([\\`*_\[\]|~])")
 
 
