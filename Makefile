@@ -1,5 +1,5 @@
 # The two commands of the README: `make demo` and `make test`. Each sets up what it needs first.
-.PHONY: setup demo demo-trend test test-slow lint fixtures lab
+.PHONY: setup demo demo-trend test test-slow lint fixtures lab docs
 
 setup:
 	bash scripts/setup.sh
@@ -16,10 +16,15 @@ demo-trend: setup
 
 test: setup
 	.venv/bin/lint-imports --no-cache
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir site
 	.venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 lab: setup
 	bash scripts/lab.sh
+
+# the documentation site (docs/, mkdocs.yml) into site/; `.venv/bin/mkdocs serve` to browse it while editing
+docs: setup
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir site
 
 test-slow: setup
 	.venv/bin/python -m pytest -m slow
@@ -30,5 +35,6 @@ lint: setup
 	.venv/bin/lint-imports --no-cache
 	.venv/bin/python scripts/architecture.py --check
 	.venv/bin/python scripts/parameters_doc.py --check
+	.venv/bin/python scripts/environment.py --check
 
 fixtures: setup

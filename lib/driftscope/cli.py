@@ -257,7 +257,7 @@ FORMATS, FORMAT_HELP = ("auto", "text", "markdown"), "text (plain) or markdown; 
 REFERENCE_CACHE_HELP = (
     "where the reference runtime's taps (and, in its inputs/ folder, the prepared inputs) are cached and reused "
     "across runs and commits, or off to compute them every run "
-    "(default: $DRIFTSCOPE_REFERENCE_CACHE, else $DRIFTSCOPE_CACHE/reference, else outputs/cache/reference)"
+    "(default: $DRIFTSCOPE_REFERENCE_CACHE, else $DRIFTSCOPE_CACHE/reference, else the user cache folder's)"
 )
 
 
@@ -327,7 +327,7 @@ def parser() -> argparse.ArgumentParser:
     )
     screen.add_argument("params", help="parameter YAML: its runtimes, contract and text settings")
     screen.add_argument("--images", help="a glob of images, one input each (quote it: 'fixtures/images/screen/*.png')")
-    screen.add_argument("--prompts", help="JSON lines or CSV rows {images: [...], prompt, expect} (see README)")
+    screen.add_argument("--prompts", help="JSON lines or CSV rows {images: [...], prompt, expect}")
     screen.add_argument("--top", type=int, default=3, help="investigate this many top-ranked inputs (default 3)")
     screen.add_argument("--no-investigate", action="store_true", help="stop after the ranking")
     screen.add_argument("--scheduler", help="Dask scheduler address: the inputs are spread across its workers")

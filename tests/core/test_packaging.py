@@ -118,3 +118,18 @@ def test_the_wheel_installs_into_a_fresh_venv_and_runs_outside_the_repository(tm
     assert done.returncode == 2
     assert "runtime 'iree' needs" in done.stderr and "install driftscope[iree]" in done.stderr
     print(f"wheel test: install {installed - start:.0f} s, init + run {time.perf_counter() - installed:.0f} s")
+
+
+def test_the_readme_fits_a_screen_or_two_and_quotes_nothing_that_goes_stale():
+    """Issue 51 items 5 and 6: the README is short; it and the architecture page state no measured time, test count
+    or session (those are dated rows of docs/benchmarks.md), and the README keeps the family table's markers for
+    the generator."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.encode()) <= 12_000
+    begin, end = readme.index("<!-- families: begin -->"), readme.index("<!-- families: end -->")
+    assert begin < end and "| `qwen2_5_vl` |" in readme[begin:end]
+    stale = re.compile(r"\b\d+ min( \d+ s)?\b|\b\d+ (tests|passed)\b|\bsession \d+\b|\d+(\.\d+)?x\b")
+    for page in (readme, (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")):
+        assert stale.findall(page) == []
+    benchmarks = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert "| what | figure | command | date | commit |" in benchmarks.split("\n\n")[2]  # the current table first

@@ -75,4 +75,4 @@ def test_the_readme_points_a_newcomer_at_it():
     for word in ("**TapSet**", "**Narrowing**", "**Op-local error**"):  # each defined where it is first used
         term = word.strip("*").split()[0].lower()
         assert readme.lower().index(term) == readme.index(word) + 2 > glossary
-    assert "## Three commands" in readme and "Both are" not in readme
+    assert "## Two commands" in readme and "make demo" in readme and "make test" in readme

@@ -1,6 +1,6 @@
 """Per-commit batches: every parameter file's run for one commit, then the commit's evidence index and JUnit XML.
 
-Guarantees (the README's batch section states them for users):
+Guarantees (docs/guide/per-commit.md states them for users):
 
 - two parameter files with the same run name are refused before anything runs;
 - the index and the JUnit XML are replaced when the batch starts (its runs "in progress") and always

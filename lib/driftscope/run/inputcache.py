@@ -15,7 +15,7 @@ platform, and the source of driftscope's code that computes them (``inputs/``, `
 ``model/checkpoint.py`` and this module), so a code change misses.
 
 Where: ``<reference cache>/inputs/`` (``run.refcache.cache_root``): ``$DRIFTSCOPE_REFERENCE_CACHE``, else
-``$DRIFTSCOPE_CACHE/reference``, else ``outputs/cache/reference``; ``off`` (or ``--reference-cache off``)
+``$DRIFTSCOPE_CACHE/reference``, else ``reference`` of the user cache folder; ``off`` (or ``--reference-cache off``)
 turns both off. An entry ``<root>/inputs/<key>/`` holds ``inputs.safetensors`` (the arrays) and, written last
 and atomically, ``entry.json`` (the identity, the other fields as JSON, the tensor file's size and SHA-256,
 the inputs' digest and summary, who stored it); no pickle. An entry is read and written under its ``flock``.

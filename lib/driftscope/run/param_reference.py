@@ -57,7 +57,7 @@ def parameters_markdown() -> str:
         "",
         "One YAML file is one investigation (`driftscope run FILE`, or a notebook's `params_path`). A key the "
         "tables below do not list is refused at the `parameters` step, before any model loads, with the valid "
-        "keys named. Examples: `parameters/demo_shapes.yaml` and the README's *Using it on your own checkpoint*.",
+        "keys named. Examples: `parameters/demo_shapes.yaml` and what `driftscope init CHECKPOINT` writes.",
         "",
         f"Paths: {PATH_RULE}.",
         "",
