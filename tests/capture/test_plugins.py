@@ -7,8 +7,10 @@ judged against transformers' float32 tower, an independent implementation, under
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import pkgutil
 import shutil
 import subprocess
 import sys
@@ -36,10 +38,13 @@ def test_the_built_in_runtimes_and_families_are_entry_points_of_driftscope_itsel
     assert set(declared["driftscope.runtimes"]) == {"transformers", "mlx", "jax", "iree", "tapfile"}
     for name in declared["driftscope.runtimes"]:
         assert RUNTIMES.get(name).name == name
-    folders = {
-        p.name
-        for p in (ROOT / "lib" / "driftscope" / "families").iterdir()
-        if (p / "__init__.py").exists() and "FAMILY = Family(" in (p / "__init__.py").read_text()
+    import driftscope.families as package
+
+    folders = {  # every folder of families/ that defines a FAMILY
+        found.name
+        for found in pkgutil.iter_modules(package.__path__)
+        if found.ispkg
+        and isinstance(getattr(importlib.import_module(f"{package.__name__}.{found.name}"), "FAMILY", None), Family)
     }
     assert set(declared["driftscope.families"]) == folders  # every family folder is registered as an entry point
     assert {FAMILIES.get(name).name for name in folders} == folders
