@@ -75,12 +75,13 @@ def test_a_mixed_policy_is_refused_where_it_means_nothing(tiny_checkpoint):
         get_runtime("mlx")(tiny_checkpoint, "f16", options={"f32": ["vision.block.0.attn.context"]}).load()
 
 
-def test_a_wrong_eps_is_no_precision_defect_and_the_search_says_so_after_one_probe(tmp_path):
+def test_a_wrong_eps_is_no_precision_defect_and_the_search_says_so_after_one_probe(tmp_path, capsys):
     """A planted wrong epsilon: even with every operator MLX can widen in float32 the candidate fails, so the
-    search stops after one probe (the baseline is the run's own rows) and writes no policy."""
-    from driftscope.run.investigation import investigate
-    from driftscope.run.params import load_parameters
+    search stops after one probe (the baseline is the run's own rows) and writes no policy. ``driftscope
+    precision`` given no run first runs the investigation it starts from (issue 51 item 7), then searches: exit 1."""
+    from driftscope.cli import main
     from driftscope.run.precision_run import precision_search
+    from driftscope.run.report import Report
 
     params = write_params(
         tmp_path / "eps.yaml",
@@ -91,27 +92,19 @@ def test_a_wrong_eps_is_no_precision_defect_and_the_search_says_so_after_one_pro
         ],
         notebooks=[],
     )
-    report = investigate(load_parameters(params), tmp_path / "run")
+    command = ["precision", str(params), "--candidate", "mlx:f16-wrong-eps", "--out", str(tmp_path / "run")]
+    assert main([*command, "--no-render"]) == 1
+    assert f"no run of {params} in {tmp_path / 'run'}: running its investigation first" in capsys.readouterr().out
+    report = Report.load(tmp_path / "run" / "report.json")
     assert report.data["verdict"]["per_candidate"]["mlx:f16-wrong-eps"] == "fail"
-    entry = precision_search(report, "mlx:f16-wrong-eps", log=lambda message: None)
+    entry = report.data["precision"]["mlx:f16-wrong-eps"]
     assert entry["closes"] is False and entry["answer"] is None and "policy_file" not in entry
     assert "no set of float32 operators closes it" in entry["message"]
     assert [probe["phase"] for probe in entry["probes"]] == ["baseline", "all"]
     assert entry["probes"][1]["recaptured"] > 0 and entry["probes"][1]["first_failure"].startswith("vision.block.1")
-    saved = yaml.safe_load((tmp_path / "run" / "report.json").read_text())["precision"]["mlx:f16-wrong-eps"]
-    assert saved["closes"] is False
     with pytest.raises(ParameterError, match="no runtime pair 'mlx:f16'") as err:
         precision_search(report, "mlx:f16", log=lambda message: None)
     assert "mlx:f16-wrong-eps" in err.value.fix
-
-
-def test_the_command_without_a_run_says_to_run_it_first(tmp_path, capsys):
-    from driftscope.cli import main
-
-    params = ROOT / "parameters" / "case_layer17.yaml"
-    code = main(["precision", str(params), "--candidate", "mlx:f16-manual-rmsnorm", "--run", str(tmp_path)])
-    assert code == 2
-    assert "run it first: driftscope run" in capsys.readouterr().err
 
 
 @pytest.mark.slow
