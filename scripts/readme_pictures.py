@@ -1,4 +1,4 @@
-"""Regenerate the README's pictures from a finished run:
+"""Regenerate the README's pictures (and the worked case's in docs/guide/precision.md) from a finished run:
 
     .venv/bin/python scripts/readme_pictures.py outputs/<commit>/demo-shapes     # make demo
     .venv/bin/python scripts/readme_pictures.py outputs/<commit>/case-layer17    # the layer-17 case
