@@ -1,7 +1,7 @@
 """``driftscope init CHECKPOINT``: a commented parameter file for a user's own checkpoint.
 
-The family is detected from the checkpoint's ``config.json`` (the ``generic`` family, where one is registered, for
-a model type no family folder claims); the runtimes are the ones installed here that the family runs (the others
+The family is detected from the checkpoint's ``config.json`` as a run detects it (a model type no installed family
+claims is named in the file); the runtimes are the ones installed here that the family runs (the others
 stay in the file as comments naming the extra that installs them); the contract, stages and image are the ones a
 first run should use: the default half-precision contract, every block output, the demo's multi-window image.
 """
@@ -18,8 +18,6 @@ from driftscope.core.names import safe_name
 from driftscope.core.paths import DEMO_IMAGES
 from driftscope.errors import CheckpointError, ParameterError
 
-#: the fallback family for a model type no family folder claims, when it is registered
-GENERIC = "generic"
 #: what each built-in runtime is for, and the policies a first run gives it (reference first)
 PLAN = (
     ("transformers", "f32", "the reference: transformers' own model code in float32 on the CPU"),
@@ -90,8 +88,8 @@ def draft(checkpoint: str | Path) -> Draft:
     families = FAMILIES.names()
     try:
         family = detect_family(config)
-    except CheckpointError:
-        family = GENERIC if GENERIC in FAMILIES else None
+    except CheckpointError:  # no installed family claims the model type: the file says so
+        family = None
     found = Draft(path, config.get("model_type"), family, families)
     supports = FAMILIES.get(family).supports if family else (lambda runtime: True)
     for runtime, policy, why in PLAN:
