@@ -12,7 +12,7 @@ HELP: dict[str, tuple[str, tuple[str, ...], str]] = {
     "init": (
         "write a commented parameter file for your checkpoint: family detected, the runtimes installed here, "
         "a contract, stages and one image",
-        ("driftscope init /models/Qwen2.5-VL-3B-Instruct", "driftscope init ./my-model --out runs/my-model.yaml"),
+        ("driftscope init /models/my-vlm", "driftscope init ./my-model --out runs/my-model.yaml"),
         "exit: 0 written, 2 it could not be (no checkpoint there, the file exists, fewer than two runtimes)",
     ),
     "run": (
