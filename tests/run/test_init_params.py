@@ -46,7 +46,10 @@ def test_a_model_type_no_family_claims_is_named(tmp_path, capsys):
         (checkpoint / weights.name).symlink_to(weights)
     found = draft(checkpoint)
     try:  # a family that takes any model type (a generic one) detects it: init names what a run would detect
-        assert found.family == detect_family(config)
+        assert found.family == detect_family(config) and not found.claimed
+        assert main(["init", str(checkpoint), "--out", str(tmp_path / "strange.yaml")]) == 0
+        written = (tmp_path / "strange.yaml").read_text()
+        assert f"# family: {found.family}  (no family folder claims config.json model_type 'strange_vlm')" in written
         return
     except CheckpointError:
         pass

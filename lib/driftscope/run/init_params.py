@@ -36,6 +36,7 @@ class Draft:
     model_type: str | None
     family: str | None  # None: no installed family claims the model type
     families: list[str]
+    claimed: bool = True  # whether the family lists the model type (else it is the fallback for any model type)
     runtimes: list[tuple[str, str, str]] = field(default_factory=list)  # (runtime, policy, why), run
     unavailable: list[tuple[str, str, str]] = field(default_factory=list)  # (runtime, policy, install hint)
     plugins: list[str] = field(default_factory=list)  # installed runtimes beyond the built-in ones
@@ -47,8 +48,9 @@ class Draft:
     def text(self, image: Path) -> str:
         from driftscope import __version__
 
+        how = "detected from" if self.claimed else "no family folder claims"
         family = (
-            f"# family: {self.family}  (detected from config.json model_type {self.model_type!r})"
+            f"# family: {self.family}  ({how} config.json model_type {self.model_type!r})"
             if self.family
             else f"# family: none of the installed families ({', '.join(self.families)}) claims model_type "
             f"{self.model_type!r}:\n#   install a family plugin (docs/plugins.md) and set `family:` here"
@@ -91,6 +93,7 @@ def draft(checkpoint: str | Path) -> Draft:
     except CheckpointError:  # no installed family claims the model type: the file says so
         family = None
     found = Draft(path, config.get("model_type"), family, families)
+    found.claimed = family is not None and found.model_type in FAMILIES.get(family).model_types
     supports = FAMILIES.get(family).supports if family else (lambda runtime: True)
     for runtime, policy, why in PLAN:
         if runtime not in RUNTIMES or not supports(runtime):
