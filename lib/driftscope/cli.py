@@ -130,17 +130,6 @@ def _show(args: argparse.Namespace) -> int:
     return _exit_code(report)
 
 
-def _init(args: argparse.Namespace) -> int:
-    from driftscope.run.init_params import write_parameters
-
-    path, found = write_parameters(args.checkpoint, args.out, args.force)
-    print(f"wrote {path}: family {found.family or 'none'}, runtimes {', '.join(r for r, _, _ in found.runtimes)}")
-    if found.family is None:
-        print(f"driftscope: no installed family claims model_type {found.model_type!r}; see the file", file=sys.stderr)
-    print(f"next: driftscope run {path}")
-    return 0
-
-
 def _geometry(args: argparse.Namespace) -> int:
     from .views.geometry import geometry_text
 
@@ -253,15 +242,10 @@ def _trend(args: argparse.Namespace) -> int:
     return 2 if failed else 0
 
 
-FORMATS, FORMAT_HELP = ("auto", "text", "markdown"), "text (plain) or markdown; default auto: text in a terminal"
-REFERENCE_CACHE_HELP = (
-    "where the reference runtime's taps (and, in its inputs/ folder, the prepared inputs) are cached and reused "
-    "across runs and commits, or off to compute them every run "
-    "(default: $DRIFTSCOPE_REFERENCE_CACHE, else $DRIFTSCOPE_CACHE/reference, else the user cache folder's)"
-)
-
-
 def parser() -> argparse.ArgumentParser:
+    from .cli_help import FORMAT_HELP, FORMATS, REFERENCE_CACHE_HELP, explain
+    from .run.init_params import init_command  # light: no framework, no model
+
     main = argparse.ArgumentParser(prog="driftscope", description="Where, and why, two runtimes of a VLM disagree.")
     main.add_argument(
         "-v", "--verbose", action="store_true", help="also print papermill's and nbconvert's own progress messages"
@@ -381,9 +365,7 @@ def parser() -> argparse.ArgumentParser:
     init.add_argument("checkpoint", help="checkpoint directory (config.json and *.safetensors)")
     init.add_argument("--out", help="the parameter file to write (default: ./<checkpoint folder>.yaml)")
     init.add_argument("--force", action="store_true", help="replace the file when it exists")
-    init.set_defaults(func=_init)
-    from .cli_help import explain
-
+    init.set_defaults(func=lambda args: init_command(args.checkpoint, args.out, args.force))
     return explain(main)
 
 

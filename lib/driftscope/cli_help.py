@@ -6,6 +6,12 @@ from __future__ import annotations
 import argparse
 
 JUDGES = "exit: 0 the verdict passes, 1 it fails, 2 something could not run"
+FORMATS, FORMAT_HELP = ("auto", "text", "markdown"), "text (plain) or markdown; default auto: text in a terminal"
+REFERENCE_CACHE_HELP = (
+    "where the reference runtime's taps (and, in its inputs/ folder, the prepared inputs) are cached and reused "
+    "across runs and commits, or off to compute them every run "
+    "(default: $DRIFTSCOPE_REFERENCE_CACHE, else $DRIFTSCOPE_CACHE/reference, else the user cache folder's)"
+)
 
 #: command -> (purpose, examples, exit codes)
 HELP: dict[str, tuple[str, tuple[str, ...], str]] = {
@@ -45,6 +51,12 @@ HELP: dict[str, tuple[str, tuple[str, ...], str]] = {
         "and JUnit XML for CI",
         ("driftscope batch parameters/*.yaml", "driftscope batch parameters/demo_shapes.yaml --commit HEAD~1"),
         "exit: 0 every run passes, 1 a run fails, 2 a run could not run",
+    ),
+    "sweep": (
+        "investigate the model testers' tiny checkpoint of every model type the generic family knows (transformers "
+        "f32 against mlx f32, strict contract) and write one table of which pass",
+        ("driftscope sweep", "driftscope sweep llava idefics3 --out runs/sweep"),
+        "exit: 0 every model type passes, 1 one fails, 2 one could not run",
     ),
     "screen": (
         "run many inputs through the cheap path, rank them by how far the candidates drift, then investigate "

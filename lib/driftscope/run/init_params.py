@@ -118,6 +118,18 @@ def _missing(engine) -> str:
     return install_hint(engine.EXTRA, missing) if missing else ""
 
 
+def init_command(checkpoint: str | Path, out: str | Path | None = None, force: bool = False) -> int:
+    """``driftscope init``: write the file, say what it holds and what to run next; 0 (errors raise, exit 2)."""
+    import sys
+
+    path, found = write_parameters(checkpoint, out, force)
+    print(f"wrote {path}: family {found.family or 'none'}, runtimes {', '.join(r for r, _, _ in found.runtimes)}")
+    if found.family is None:
+        print(f"driftscope: no installed family claims model_type {found.model_type!r}; see the file", file=sys.stderr)
+    print(f"next: driftscope run {path}")
+    return 0
+
+
 def write_parameters(checkpoint: str | Path, out: str | Path | None = None, force: bool = False) -> tuple[Path, Draft]:
     """Write the parameter file (default ``./<checkpoint folder>.yaml``); refuse to replace one unless ``force``."""
     found = draft(checkpoint)
