@@ -127,7 +127,7 @@ def test_the_readme_fits_a_screen_or_two_and_quotes_nothing_that_goes_stale():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert len(readme.encode()) <= 12_000
     begin, end = readme.index("<!-- families: begin -->"), readme.index("<!-- families: end -->")
-    assert begin < end and "| `qwen2_5_vl` |" in readme[begin:end]
+    assert begin < end and "qwen2_5_vl" in readme[begin:end]  # filled by scripts/families_table.py
     stale = re.compile(r"\b\d+ min( \d+ s)?\b|\b\d+ (tests|passed)\b|\bsession \d+\b|\d+(\.\d+)?x\b")
     for page in (readme, (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")):
         assert stale.findall(page) == []
