@@ -16,13 +16,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from driftscope.core.atomic import write_json_atomic, write_text_atomic
-from driftscope.core.paths import REPO_ROOT
+from driftscope.core.paths import DEMO_IMAGES, REPO_ROOT, cache_root, outputs_root, repository_of
 from driftscope.errors import DriftscopeError
 
 #: what every sweep run compares: the oracle against eager MLX, both float32, under the strict contract
 RUNTIMES = [{"runtime": "transformers", "policy": "f32"}, {"runtime": "mlx", "policy": "f32"}]
-CONTRACT = "parameters/contracts/strict.yaml"
-IMAGE = "fixtures/images/shapes_448.png"
+CONTRACT = "strict"
+IMAGE = DEMO_IMAGES / "shapes_448.png"
 PROMPT = "Name every shape in the image and its colour."
 
 
@@ -65,9 +65,9 @@ def parameters(model_type: str, checkpoint: Path) -> dict:
         "description": f"generic family: {model_type} tester checkpoint, transformers f32 vs mlx f32, strict",
         "family": "generic",
         "checkpoint": str(checkpoint),
-        "images": [str(REPO_ROOT / IMAGE)],
+        "images": [str(IMAGE)],
         "runtimes": RUNTIMES,
-        "contract": str(REPO_ROOT / CONTRACT),
+        "contract": CONTRACT,
         "stages": {"blocks": True, "substages": "all"},
         "text": {"prompt": PROMPT, "max_new_tokens": 4},
         "notebooks": [],
@@ -106,7 +106,7 @@ def sweep(model_types: list[str], out: Path, build: Callable[[str], Path], log=p
         folder = out / model_type
         try:
             checkpoint = build(model_type)
-            params = parse_parameters(parameters(model_type, checkpoint), source=None, base=REPO_ROOT)
+            params = parse_parameters(parameters(model_type, checkpoint), source=None, base=out)
             report = investigate(params, folder)
             row = _row(model_type, report)
         except DriftscopeError as err:
@@ -144,16 +144,24 @@ def run_sweep(model_types: list[str], out: Path | None, docs: bool, log=print) -
         raise ParameterError(
             f"the sweep has no tester checkpoint for {', '.join(unknown)}", f"use some of: {', '.join(everything)}"
         )
-    out = out or REPO_ROOT / "outputs" / current_commit(REPO_ROOT) / "sweep"
+    out = out or outputs_root() / current_commit(Path.cwd()) / "sweep"
+    checkout = repository_of(REPO_ROOT) == REPO_ROOT  # the package runs from its own repository
+    fixtures = REPO_ROOT / "fixtures" / "checkpoints" if checkout else cache_root() / "checkpoints"
+    if docs and not checkout:
+        raise ParameterError("--docs keeps the sweep in the repository's docs/", "run it from a driftscope checkout")
 
     def build(model_type: str) -> Path:
-        directory = REPO_ROOT / "fixtures" / "checkpoints" / f"generic-{model_type}"
+        directory = fixtures / f"generic-{model_type}"
         if not any(directory.glob("*.safetensors")):
             build_tiny(model_type, directory)
         return directory
 
     rows = sweep(list(model_types) or everything, out, build, log)
     if docs:
+        if not checkout:
+            raise ParameterError(
+                "--docs keeps the sweep in the repository's docs/", "run it from a driftscope checkout"
+            )
         write_json_atomic(REPO_ROOT / "docs" / "sweep.json", {"rows": [_kept(row) for row in rows]})
     return rows
 
