@@ -172,6 +172,9 @@ def _layouts(pair: Pair, torch: SideProbe, mlx: SideProbe) -> None:
     """The output layout (MLX -> reference) and the input layout (reference -> MLX) of a pair, from the probe."""
     ours, theirs = torch.modules[pair.torch], mlx.modules[pair.mlx]
     conv = is_conv(ours.kind) and is_conv(theirs.kind)
+    if not theirs.called:  # e.g. an encoder whose owner runs its list of layers itself, or a head nothing reads
+        pair.refusal = f"not comparable: mlx-vlm's forward never calls {theirs.path}"
+        return
     if ours.out_shape is None or theirs.out_shape is None:
         pair.refusal = "not comparable: the module returned no array on one side"
         return

@@ -93,16 +93,16 @@ def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
     outputs, taken = by_module(plan, sink.wants, "mlx")
     pending = {stage for stages in (*outputs.values(), *taken.values()) for stage in stages}
     text = any(stage.id.startswith("text.") for stage in plan)
-    absent = sink.writer.meta.setdefault("declared_absent", {})
+    # a stage the plan refused is declared absent with why, whether or not its module runs here
+    refused = {stage: stage_entries[stage]["refusal"] for stage in pending if stage_entries[stage].get("refusal")}
+    sink.writer.meta.setdefault("declared_absent", {}).update(refused)
+    pending -= set(refused)
 
     def put(stage_id: str, array, key: str) -> None:
         entry = stage_entries[stage_id]
-        if array is not None and sink.wants(stage_id):
-            if entry.get("refusal"):
-                absent[stage_id] = entry["refusal"]
-            else:
-                value = stage_value(to_reference(to_numpy(array), entry, key), entry)
-                sink.put(stage_id, value, native_dtype=dtype_name(array))
+        if array is not None and sink.wants(stage_id) and not entry.get("refusal"):
+            value = stage_value(to_reference(to_numpy(array), entry, key), entry)
+            sink.put(stage_id, value, native_dtype=dtype_name(array))
         pending.discard(stage_id)
         if not pending and not text:
             raise StopForward

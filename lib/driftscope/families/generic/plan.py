@@ -12,7 +12,7 @@ from driftscope.taps.stages import Stage, StagePlan
 
 from .align import SKIPPED_KINDS, Pair, is_conv, kind_of
 from .entries import PROMPT
-from .layout import find_layout
+from .layout import channels_last_to_first, find_layout
 from .probe import ModuleFacts, SideProbe
 from .structure import Structure
 
@@ -147,6 +147,7 @@ def generic_plan(structure: Structure, max_new_tokens: int | None = None) -> Sta
         facts = probe.modules[path]
         pair = by_torch.get(path)
         entry = _entry(path, place, pair, structure)
+        input_refusal = entry.pop("input_refusal", None)
         axes = _axes(facts.out_shape, facts.kind, place.text, place.last)
         described = f"{facts.kind} ({path})"
         own: list[Stage] = []
@@ -173,7 +174,8 @@ def generic_plan(structure: Structure, max_new_tokens: int | None = None) -> Sta
                     description=f"what {path} takes (captured for its replay)",
                 ),
             )
-            entries[source] = {**entry, "capture": "input", "replayable": False}
+            # the candidate's input is put in the reference's layout, or refused with why
+            entries[source] = {**entry, "capture": "input", "replayable": False, "refusal": input_refusal}
         entry["reads"] = source if entry["replayable"] else None
         entries[place.stage] = entry
         side = entry["reads"] is None  # computed from no array it takes (a table, positions): a side input
@@ -228,6 +230,9 @@ def _entry(path: str, place: Place, pair: Pair | None, structure: Structure) -> 
     if pair is not None and structure.mlx is not None:
         theirs = structure.mlx.modules[pair.mlx]
         if theirs.in_shape is not None and facts.in_shape is not None:
-            back = find_layout(theirs.in_shape, facts.in_shape)
+            conv = is_conv(facts.kind) and is_conv(theirs.kind)  # MLX's takes channels last, torch's first
+            declared = channels_last_to_first(len(theirs.in_shape)) if conv else None
+            back = find_layout(theirs.in_shape, facts.in_shape, declared)
             entry["input_back"] = None if isinstance(back, str) else back.to_dict()
+            entry["input_refusal"] = back if isinstance(back, str) else None
     return entry
