@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import glob
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,8 @@ from driftscope.inputs.processor_output import ModelInputs
 
 #: processor outputs mlx-vlm's generate does not pass as keywords (they are the call's positional arguments)
 POSITIONAL = ("input_ids", "pixel_values", "attention_mask")
+#: the attribute of a model ``mlx_load`` made that holds the checkpoint's config.json as transformers wrote it
+CHECKPOINT_CONFIG = "driftscope_checkpoint_config"
 #: config keys that are sub-configs or identity, never copied between the top level and text_config
 NOT_COPIED = ("text_config", "vision_config", "audio_config", "perceiver_config", "model_type", "architectures")
 
@@ -220,4 +223,7 @@ def mlx_load(path: str | Path, config: dict) -> Any:
     utils.load_model_weights(model, adapted, weights, Path(path), strict=True)
     mx.eval(model.parameters())
     model.eval()
+    # mlx-vlm's config classes keep only the fields they read: a patch correcting the port reads the checkpoint's own
+    # settings here (a read-only view; a plain attribute, not a child of the module tree)
+    setattr(model, CHECKPOINT_CONFIG, MappingProxyType(copy.deepcopy(config)))
     return model

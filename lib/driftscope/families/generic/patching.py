@@ -68,9 +68,22 @@ def torch_output(module: Any, change: Callable[[Any], Any]) -> None:
     module.register_forward_hook(hook)
 
 
+def mlx_methods(module: Any, **methods: Callable[..., Any]) -> None:
+    """The MLX ``module``'s class swapped for a subclass with these methods (``__call__`` among them, or any its
+    port calls on it), so the module keeps its identity and its path, and the modules it holds are called as
+    before."""
+    base = type(module)
+    original = getattr(base, "patched_from", base)
+    module.__class__ = type(f"Patched{base.__name__}", (base,), {**methods, "patched_from": original})
+
+
+def mlx_call(module: Any, call: Callable[..., Any]) -> None:
+    """Every later call of the MLX ``module`` is ``call(module, *args, **kwargs)``."""
+    mlx_methods(module, __call__=call)
+
+
 def mlx_output(module: Any, change: Callable[[Any], Any]) -> None:
-    """Every later call of the MLX ``module`` returns ``change(output)``: its class swapped for a subclass whose
-    call changes the output, so the module keeps its identity and its path."""
+    """Every later call of the MLX ``module`` returns ``change(output)``."""
     base = type(module)
 
     def __call__(self, *args, **kwargs):
@@ -79,5 +92,43 @@ def mlx_output(module: Any, change: Callable[[Any], Any]) -> None:
             return (change(out[0]), *out[1:])
         return change(out)
 
-    original = getattr(base, "patched_from", base)
-    module.__class__ = type(f"Patched{base.__name__}", (base,), {"__call__": __call__, "patched_from": original})
+    mlx_call(module, __call__)
+
+
+def checkpoint_config(model: Any, patch: str) -> dict:
+    """The checkpoint's config.json as transformers wrote it, kept by the generic family's loader beside mlx-vlm's
+    model (whose config classes drop the fields they do not read)."""
+    from .calls import CHECKPOINT_CONFIG
+
+    found = getattr(model, CHECKPOINT_CONFIG, None)
+    if found is None:
+        raise HypothesisPatchError(
+            f"{patch} reads the checkpoint's config, which this {type(model).__name__} was not loaded with",
+            "apply it to a runtime: mlx entry of a parameter file (driftscope's loader keeps the config)",
+        )
+    return dict(found)
+
+
+#: transformers' activation names (``ACT2FN``) -> the MLX module of the same formula: (class, GELU approximation)
+ACTIVATIONS = {
+    "gelu": ("GELU", "none"),
+    "gelu_pytorch_tanh": ("GELU", "tanh"),
+    "gelu_new": ("GELU", "tanh"),
+    "gelu_fast": ("GELU", "tanh"),
+    "quick_gelu": ("GELU", "fast"),  # x * sigmoid(1.702 x) on both sides
+    "silu": ("SiLU", None),
+    "swish": ("SiLU", None),
+    "relu": ("ReLU", None),
+}
+
+
+def mlx_activation(name: str, patch: str) -> Any:
+    """The MLX activation module computing transformers' ``name``."""
+    import mlx.nn as nn
+
+    if name not in ACTIVATIONS:
+        raise HypothesisPatchError(
+            f"{patch} knows no MLX activation for transformers' {name!r}", f"use one of {', '.join(ACTIVATIONS)}"
+        )
+    kind, approx = ACTIVATIONS[name]
+    return nn.GELU(approx=approx) if kind == "GELU" else getattr(nn, kind)()
