@@ -66,7 +66,7 @@ def parameters(model_type: str, checkpoint: Path) -> dict:
         "family": "generic",
         "checkpoint": str(checkpoint),
         "images": [str(IMAGE)],
-        "runtimes": RUNTIMES,
+        "runtimes": [dict(runtime) for runtime in RUNTIMES],  # the caller's to change (a patch on one of them)
         "contract": CONTRACT,
         "stages": {"blocks": True, "substages": "all"},
         "text": {"prompt": PROMPT, "max_new_tokens": 4},
