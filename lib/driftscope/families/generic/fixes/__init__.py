@@ -1,7 +1,8 @@
 """Ready patches that close defects the sweep found in mlx-vlm ports, one module per model type
 (``fixes/<model_type>.py``): each module's public functions are patches (``driftscope.hypotheses:NAME``), its
 ``CLOSES`` says which introduced errors each closes, and docs/families.md shows each defect with its reproduction.
-A patch checks that it is given the port it corrects and refuses any other model."""
+A patch checks that it is given the port it corrects and refuses any other model. Where transformers itself departs
+from a model's original code, the patch is for its runtime (``CLOSES`` says ``runtimes: ("transformers",)``)."""
 
 from __future__ import annotations
 
