@@ -42,3 +42,14 @@ def test_a_module_mlx_vlm_never_calls_is_declared_absent_saying_so(tmp_path):
     tapset = get_runtime("mlx")(checkpoint, "f32").capture(_prepare_inputs(checkpoint, [SHAPES]), plan, tmp_path)
     assert tapset.meta["declared_absent"]["vision.encoder"] == why
     assert "vision.encoder" not in tapset and "vision.block.1" in tapset
+
+
+def test_decoders_that_run_on_different_numbers_of_positions_are_compared_not_refused():
+    """mlx-vlm's LLaVA-NeXT merge hands its decoder more rows than the prompt has: a difference (compared, a shape
+    mismatch naming both lengths), where a vision tower returning another array (the pooled CLS) stays refused."""
+    from driftscope.families.generic.entries import entries
+
+    _, plan = _plan("llava_next")
+    read = entries(plan)
+    assert read["text.layer.0.input_layernorm"]["refusal"] is None and read["text.layer.0"]["layout"] is None
+    assert "different numbers of elements" in read["vision.output"]["refusal"]

@@ -235,4 +235,13 @@ def _entry(path: str, place: Place, pair: Pair | None, structure: Structure) -> 
             back = find_layout(theirs.in_shape, facts.in_shape, declared)
             entry["input_back"] = None if isinstance(back, str) else back.to_dict()
             entry["input_refusal"] = back if isinstance(back, str) else None
+        if place.text and pair.refusal and _other_length(theirs.out_shape, facts.out_shape):
+            entry["refusal"] = None  # the decoders ran on different numbers of positions: a difference, not a layout
     return entry
+
+
+def _other_length(theirs: list[int] | None, ours: list[int] | None) -> bool:
+    """Whether two shapes differ in one axis alone (a decoder's positions)."""
+    if theirs is None or ours is None or len(theirs) != len(ours):
+        return False
+    return sum(a != b for a, b in zip(theirs, ours, strict=True)) == 1
