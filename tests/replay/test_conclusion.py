@@ -73,3 +73,17 @@ def test_data_agreement_and_no_replay_say_so():
     data = conclude(None, rows({"inputs.pixels"}, {}), PLAN)
     assert data["kind"] == "data" and "nothing to replay" in data["text"]
     assert conclude(None, rows({"block.1"}, {}), PLAN)["kind"] == "not replayed"
+
+
+def test_a_first_divergence_no_replay_reaches_after_stages_that_all_agree_is_put_between_them():
+    """A tied head's logits (no module to replay) or a decoder input of another length: the error comes from what
+    computes that stage after the last one that agrees, not from accumulation."""
+    drill = Drilldown("cand", "ref", "cand", [], [label("block.1", "inherited")])
+    found = rows({"merger"}, {"block.2": 1e-6})
+    conclusion = conclude(drill, found, PLAN)
+    assert conclusion["kind"] == "unreplayed" and conclusion["agrees"] == "block.2"
+    assert conclusion["text"].startswith("merger differs while every stage before it agrees (block.2 the last)")
+    found[-1].status, found[-1].reference_shape, found[-1].candidate_shape = "shape_mismatch", [5, 8], [9, 8]
+    assert "differs in shape (reference [5, 8], candidate [9, 8])" in conclude(drill, found, PLAN)["text"]
+    drifting = conclude(drill, rows({"merger"}, {"block.1": 2e-3}), PLAN)  # drift before it: accumulation
+    assert drifting["kind"] == "accumulation"

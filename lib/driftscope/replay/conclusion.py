@@ -5,6 +5,8 @@
 - **accumulation**: every op-local replay passes while accumulated stages fail: no operator introduces the error;
   it accumulates from the drift's onset, amplified where a stage multiplies the incoming error (the chain).
 - **data**: the first divergence is a data stage (inputs, index math): there is no operator to replay.
+- **unreplayed**: the first divergence is a stage nothing replays (no module of the candidate computes it alone, or
+  the two sides' arrays differ in shape), and every stage before it agrees: what computes it there introduces it.
 - **agreement**: nothing diverges; **not replayed**: something diverges but no replay says why.
 """
 
@@ -50,6 +52,37 @@ def _between(stage: str, labels: dict[str, dict], plan: StagePlan) -> dict:
     return {"text": text, "unaligned": unaligned}
 
 
+def _unreplayed(first: ComparisonRow, rows: list[ComparisonRow], plan: StagePlan, labels: dict) -> dict:
+    """The first divergence, when no replay reaches it and every model stage compared before it agrees without
+    drift: the stage that agrees last, and the sentence saying the error comes from what computes the divergent stage
+    after it."""
+    if first.stage in labels or first.stage not in plan:
+        return {}
+    before = [
+        row
+        for row in rows
+        if row.stage in plan
+        and plan.position(row.stage) < plan.position(first.stage)
+        and not (row.integer or plan[row.stage].data)
+        and row.status in ("pass", "fail")
+    ]
+    if not before or _onset(before, plan) is not None or any(row.status != "pass" for row in before):
+        return {}
+    agrees = before[-1].stage
+    if first.status == "shape_mismatch":
+        said = (
+            f"{first.stage} differs in shape (reference {first.reference_shape}, candidate {first.candidate_shape}) "
+            f"while every stage before it agrees ({agrees} the last): what the candidate computes between them makes "
+            "another array there"
+        )
+    else:
+        said = (
+            f"{first.stage} differs while every stage before it agrees ({agrees} the last), and the candidate has no "
+            f"module computing it alone to replay: what computes it from {agrees} introduces the error"
+        )
+    return {"agrees": agrees, "text": said}
+
+
 def conclude(drill: Drilldown | None, rows: list[ComparisonRow], plan: StagePlan) -> dict:
     """The pair's conclusion: ``kind``, the stages it rests on, and ``text`` (one sentence)."""
     first = first_divergence(rows)
@@ -84,6 +117,9 @@ def conclude(drill: Drilldown | None, rows: list[ComparisonRow], plan: StagePlan
             f"{label['op_local_relative_rms']:.3g})" + between.get("text", ""),
             **({"between": between["unaligned"]} if between else {}),
         }
+    unreplayed = _unreplayed(first, rows, plan, labels)
+    if unreplayed:
+        return {"kind": "unreplayed", **where, **unreplayed}
     stop = plan.position(first.stage) if first.stage in plan else len(plan)
     chain = [
         {"stage": label["stage"], "factor": label["amplification"]}

@@ -39,12 +39,12 @@ def with_ready_patches(
     conclusion: dict, family: str, runtime: str, own: str | None = None, model_type: str | None = None
 ) -> dict:
     """``conclusion`` with the ready patches its family declares for the operator it says introduces the error,
-    or for the data stage (index math, e.g. positions) that first differs (``ready_patches``: absent where none
-    matches or nothing is introduced), but the candidate's ``own``."""
+    or for the data stage (index math, e.g. positions) or the stage no replay reaches that first differs
+    (``ready_patches``: absent where none matches or nothing is introduced), but the candidate's ``own``."""
     from driftscope.families import get_family
 
     kind = conclusion.get("kind")
-    if kind not in ("introduced", "data"):
+    if kind not in ("introduced", "data", "unreplayed"):
         return conclusion
     stage = conclusion["stage"] if kind == "introduced" else conclusion.get("first_divergence")
     patches = [p for p in get_family(family).ready_patches(stage, runtime, model_type) if p != own]

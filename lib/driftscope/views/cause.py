@@ -135,7 +135,7 @@ def patch_text(report: Report, key: str) -> str:
     declared" for a failing pair whose introduced operators have none; for a first divergence at a data stage,
     the patches declared for it; "" otherwise."""
     conclusion = (report.data.get("conclusions") or {}).get(key) or {}
-    if conclusion.get("kind") == "data":  # index math the family's ready patch redoes: the pair run again with it
+    if conclusion.get("kind") in ("data", "unreplayed"):  # a stage no replay reaches: the pair run again with it
         patches = conclusion.get("ready_patches") or []
         return f"{', '.join(patches)} (run the pair again with it)" if patches else ""
     if conclusion.get("kind") != "introduced":
