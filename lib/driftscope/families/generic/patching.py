@@ -109,6 +109,18 @@ def checkpoint_config(model: Any, patch: str) -> dict:
     return dict(found)
 
 
+def mlx_gated_mlps(mlps: list, activation: str, patch: str) -> None:
+    """Every MLX gated MLP of ``mlps`` (``gate_proj``, ``up_proj``, ``down_proj``) computes transformers' gated MLP,
+    ``down(act(gate(x)) * up(x))``, with transformers' ``activation``."""
+    act = mlx_activation(activation, patch)
+
+    def __call__(self, x):
+        return self.down_proj(act(self.gate_proj(x)) * self.up_proj(x))
+
+    for mlp in mlps:
+        mlx_call(mlp, __call__)
+
+
 #: transformers' activation names (``ACT2FN``) -> the MLX module of the same formula: (class, GELU approximation)
 ACTIVATIONS = {
     "gelu": ("GELU", "none"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ....errors import HypothesisPatchError
-from ..patching import checkpoint_config, mlx_activation, mlx_call
+from ..patching import checkpoint_config, mlx_gated_mlps
 
 __all__ = ["llava_text_mlp_hidden_act"]
 
@@ -43,11 +43,5 @@ def llava_text_mlp_hidden_act(model: Any, hidden_act: str | None = None) -> Any:
     mlps = [m for _, m in language.named_modules() if isinstance(m, SwiGLUMLP)] if language is not None else []
     if not mlps:
         raise HypothesisPatchError(f"{name} found no SwiGLU MLP in this {type(model).__name__}", "write your own patch")
-    act = mlx_activation(wanted, name)
-
-    def __call__(self, x):
-        return self.down_proj(act(self.gate_proj(x)) * self.up_proj(x))
-
-    for mlp in mlps:
-        mlx_call(mlp, __call__)
+    mlx_gated_mlps(mlps, wanted, name)
     return model

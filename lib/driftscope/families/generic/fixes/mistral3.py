@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ....errors import HypothesisPatchError
-from ..patching import checkpoint_config, mlx_activation, mlx_call
+from ..patching import checkpoint_config, mlx_gated_mlps
 
 __all__ = ["pixtral_vision_mlp_hidden_act"]
 
@@ -40,11 +40,5 @@ def pixtral_vision_mlp_hidden_act(model: Any) -> Any:
             f"{name}: the vision config's hidden_act is {wanted!r}, which mlx-vlm already computes",
             "leave the patch out for this checkpoint",
         )
-    act = mlx_activation(wanted, name)
-
-    def __call__(self, x):
-        return self.down_proj(act(self.gate_proj(x)) * self.up_proj(x))
-
-    for mlp in mlps:
-        mlx_call(mlp, __call__)
+    mlx_gated_mlps(mlps, wanted, name)
     return model
