@@ -105,13 +105,20 @@ def use_manual_rmsnorm(sites: list[tuple[Any, str]]) -> None:
 
 
 def cache_snapshot(cache: list):
-    """``cache_snapshot(kind)`` of mlx-vlm's per-layer ``KVCache`` list (``taps.sink.CacheSnapshot``): each
-    layer's keys or values ``[kv_heads, positions, head_dim]`` up to its ``offset`` (half precision widened)."""
+    """``cache_snapshot(kind)`` of mlx-vlm's per-layer cache list (``taps.sink.CacheSnapshot``): each attention
+    layer's keys or values ``[kv_heads, positions, head_dim]`` up to its ``offset`` (half precision widened). A layer
+    whose cache holds no keys (a hybrid model's convolution state, ``ArraysCache``) is left out; ``snapshot.layers()``
+    names the decoder layers the snapshot holds."""
+
+    def layers() -> list[int]:
+        return [index for index, entry in enumerate(cache) if hasattr(entry, "keys")]
 
     def snapshot(kind: str):
-        for entry in cache:
+        for index in layers():
+            entry = cache[index]
             yield to_numpy(getattr(entry, kind)[0, :, : entry.offset, :])
 
+    snapshot.layers = layers
     return snapshot
 
 

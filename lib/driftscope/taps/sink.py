@@ -46,22 +46,26 @@ CACHE_PHASES = {"prefill": "at the end of the prefill", "forced": "after the las
 
 
 def cache_stages() -> list[Stage]:
-    """The KV cache :func:`put_greedy` writes from the decoder's ``cache_snapshot``: every layer's keys (after
-    RoPE) and values of every position, ``[layers, kv_heads, positions, head_dim]``."""
+    """The KV cache :func:`put_greedy` writes from the decoder's ``cache_snapshot``: every attention layer's keys
+    (after RoPE) and values of every position, ``[layers, kv_heads, positions, head_dim]``. Layers that keep no
+    keys and values (a hybrid model's convolution or linear-attention state) are not in it: the sidecar's
+    ``decoder_layers`` names the layers it holds where the snapshot says."""
     return [
         Stage(
             f"text.cache.{phase}.{kind}",
             ("layers", "kv_heads", "positions", "head_dim"),
             side=True,
-            description=f"the KV cache's {kind} {said}" + (" (after RoPE)" if kind == "keys" else ""),
+            description=f"the KV cache's {kind} {said}, attention layers only"
+            + (" (after RoPE)" if kind == "keys" else ""),
         )
         for phase, said in CACHE_PHASES.items()
         for kind in ("keys", "values")
     ]
 
 
-#: ``cache_snapshot(kind) -> iterable`` of one array ``[kv_heads, positions, head_dim]`` per decoder layer,
-#: ``kind`` "keys" or "values": the cache as it holds now (every position written so far)
+#: ``cache_snapshot(kind) -> iterable`` of one array ``[kv_heads, positions, head_dim]`` per attention layer,
+#: ``kind`` "keys" or "values": the cache as it holds now (every position written so far); where it has a
+#: ``layers()`` attribute, that names the decoder layers it yields (a hybrid model's other layers keep no KV cache)
 CacheSnapshot = Callable[[str], Iterable[Any]]
 
 
@@ -69,8 +73,10 @@ def put_cache(sink, phase: str, snapshot: CacheSnapshot | None) -> None:
     """Write the cache's keys and values for ``phase`` a layer at a time (never the whole cache in memory)."""
     if snapshot is None:
         return
+    layers = getattr(snapshot, "layers", None)
+    declared = {"decoder_layers": list(layers())} if layers is not None else {}
     for kind in ("keys", "values"):
-        sink.put_rows(f"text.cache.{phase}.{kind}", snapshot(kind))
+        sink.put_rows(f"text.cache.{phase}.{kind}", snapshot(kind), **declared)
 
 
 def compiled_cache(state: dict, kind: str):

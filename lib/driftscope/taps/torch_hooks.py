@@ -25,11 +25,17 @@ def replaced(module: Any, name: str, value: Any):
 
 
 def cache_snapshot(cache: Any):
-    """``cache_snapshot(kind)`` of a transformers ``DynamicCache`` (``taps.sink.CacheSnapshot``): each layer's
-    keys or values ``[kv_heads, positions, head_dim]`` as it holds them now (half precision widened, exact)."""
+    """``cache_snapshot(kind)`` of a transformers ``DynamicCache`` (``taps.sink.CacheSnapshot``): each attention
+    layer's keys or values ``[kv_heads, positions, head_dim]`` as it holds them now (half precision widened, exact).
+    A layer that holds no keys (a hybrid model's convolution or linear-attention state) is left out;
+    ``snapshot.layers()`` names the decoder layers the snapshot holds."""
+
+    def layers() -> list[int]:
+        return [index for index, layer in enumerate(cache.layers) if hasattr(layer, "keys")]
 
     def snapshot(kind: str):
-        for layer in cache.layers:
-            yield getattr(layer, kind)[0].detach().float().cpu().numpy()
+        for index in layers():
+            yield getattr(cache.layers[index], kind)[0].detach().float().cpu().numpy()
 
+    snapshot.layers = layers
     return snapshot
