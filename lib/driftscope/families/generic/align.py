@@ -58,6 +58,9 @@ class Pair:
     layout: Layout | None = None  # how the MLX output becomes the reference's layout
     input_layout: Layout | None = None  # how the reference's input becomes the MLX module's input layout
     refusal: str | None = None  # why the outputs cannot be compared (e.g. the layout is not decided)
+    torch_item: list | None = None  # where each side's compared output sits in what it returns (None: first)
+    mlx_item: list | None = None
+    scale: float | None = None  # the constant transformers' module multiplies its output by and mlx-vlm's does not
 
     def to_dict(self) -> dict:
         return {
@@ -67,13 +70,19 @@ class Pair:
             "layout": self.layout.to_dict() if self.layout else None,
             "input_layout": self.input_layout.to_dict() if self.input_layout else None,
             "refusal": self.refusal,
+            "torch_item": self.torch_item,
+            "mlx_item": self.mlx_item,
+            "scale": self.scale,
         }
 
     @classmethod
     def from_dict(cls, data: dict) -> Pair:
         layout = Layout.from_dict(data["layout"]) if data.get("layout") else None
         input_layout = Layout.from_dict(data["input_layout"]) if data.get("input_layout") else None
-        return cls(data["torch"], data["mlx"], data["how"], layout, input_layout, data.get("refusal"))
+        found = cls(data["torch"], data["mlx"], data["how"], layout, input_layout, data.get("refusal"))
+        found.torch_item, found.mlx_item = data.get("torch_item"), data.get("mlx_item")
+        found.scale = data.get("scale")
+        return found
 
 
 @dataclass
@@ -131,6 +140,10 @@ def _pair_group(torch_side: list[ModuleFacts], mlx_side: list[ModuleFacts]) -> l
         return [(t.path, m.path) for t, m in zip(torch_side, mlx_side, strict=True)]
     if _chain(torch_side) and _chain(mlx_side):  # wrappers of one layer: the outermost and the innermost pair
         return [(torch_side[0].path, mlx_side[0].path), (torch_side[-1].path, mlx_side[-1].path)]
+    if min(len(torch_side), len(mlx_side)) == 1 and all(f.called for f in (*torch_side, *mlx_side)):
+        # one tensor in one module here, in several there (a head tied to the embedding, kept as a module of its
+        # own on one side): the one module pairs with the first the other side calls (the embedding)
+        return [(torch_side[0].path, mlx_side[0].path)]
     return []
 
 
@@ -168,8 +181,19 @@ def _place_pairs(torch: SideProbe, mlx: SideProbe, parents: list[tuple[str, str]
     return found
 
 
+def _output_layout(source: list[int], target: list[int], conv: bool) -> Layout | str:
+    rank = len(source)
+    return _sliced(source, target) or find_layout(source, target, channels_last_to_first(rank) if conv else None)
+
+
 def _layouts(pair: Pair, torch: SideProbe, mlx: SideProbe) -> None:
-    """The output layout (MLX -> reference) and the input layout (reference -> MLX) of a pair, from the probe."""
+    """The output layout (MLX -> reference) and the input layout (reference -> MLX) of a pair, from the probe.
+
+    Each side's output is what the module computed last (``probe.output_choice``); where those two cannot be
+    compared but the first arrays the modules return can (a transformers tower whose pooling head mlx-vlm's does
+    not return), the first arrays are. A module that multiplies its output by a constant of its own (transformers'
+    scaled embeddings) where its partner does not (mlx-vlm applies it after the module) keeps the ratio as the
+    pair's ``scale``: the MLX output is compared times it."""
     ours, theirs = torch.modules[pair.torch], mlx.modules[pair.mlx]
     conv = is_conv(ours.kind) and is_conv(theirs.kind)
     if not theirs.called:  # e.g. an encoder whose owner runs its list of layers itself, or a head nothing reads
@@ -178,14 +202,18 @@ def _layouts(pair: Pair, torch: SideProbe, mlx: SideProbe) -> None:
     if ours.out_shape is None or theirs.out_shape is None:
         pair.refusal = "not comparable: the module returned no array on one side"
         return
-    rank = len(theirs.out_shape)
-    found = _sliced(theirs.out_shape, ours.out_shape) or find_layout(
-        theirs.out_shape, ours.out_shape, channels_last_to_first(rank) if conv else None
-    )
+    found = _output_layout(theirs.out_shape, ours.out_shape, conv)
+    pair.torch_item, pair.mlx_item = ours.out_item, theirs.out_item
+    if isinstance(found, str) and (ours.out_item or theirs.out_item):
+        first = _output_layout(theirs.first_shape or theirs.out_shape, ours.first_shape or ours.out_shape, conv)
+        if not isinstance(first, str):
+            found, pair.torch_item, pair.mlx_item = first, None, None
     if isinstance(found, str):
         pair.refusal = found
     else:
         pair.layout = found
+    if (ours.out_scale or 1.0) != (theirs.out_scale or 1.0):  # one side scales inside the module, one after it
+        pair.scale = (ours.out_scale or 1.0) / (theirs.out_scale or 1.0)
     if ours.in_shape is not None and theirs.in_shape is not None:
         rank = len(ours.in_shape)
         to_last = tuple(channels_last_to_first(rank).index(i) for i in range(rank)) if conv else None

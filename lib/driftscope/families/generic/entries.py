@@ -32,9 +32,13 @@ def stage_value(array: np.ndarray, entry: dict) -> np.ndarray:
 
 
 def to_reference(array: np.ndarray, entry: dict, key: str = "layout") -> np.ndarray:
-    """An MLX array put in the reference's layout with the entry's ``key`` layout (as stored when none)."""
+    """An MLX array put in the reference's layout with the entry's ``key`` layout (as stored when none); a module's
+    output times the entry's ``scale`` where transformers' module applies one inside that mlx-vlm's applies after."""
     declared = entry.get(key)
-    return Layout.from_dict(declared).apply(array) if declared else array
+    array = Layout.from_dict(declared).apply(array) if declared else array
+    if key == "layout" and entry.get("scale"):
+        array = array * np.asarray(entry["scale"], dtype=array.dtype)
+    return array
 
 
 def by_module(plan: StagePlan, wanted, side: str) -> tuple[dict[str, list[str]], dict[str, list[str]]]:

@@ -8,27 +8,27 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from .probe import item_at, leaves
+
 #: ``on_call(path, module, args, kwargs, call) -> output``: runs the module (``call()``) and may record around it
 OnCall = Callable[[str, Any, tuple, dict, Callable[[], Any]], Any]
 
 
-def first_array(value: Any, depth: int = 0):
-    """The first MLX array in a module's output (an array, a tuple or list, a dict or a dataclass of fields)."""
+def is_array(value: Any) -> bool:
     import mlx.core as mx
 
-    if isinstance(value, mx.array):
-        return value
-    if depth > 2 or value is None:
-        return None
-    if isinstance(value, dict):
-        items = list(value.values())
-    elif isinstance(value, tuple | list):
-        items = list(value)
-    elif hasattr(value, "__dataclass_fields__"):
-        items = [getattr(value, name) for name in value.__dataclass_fields__]
-    else:
-        return None
-    return next((found for item in items if (found := first_array(item, depth + 1)) is not None), None)
+    return isinstance(value, mx.array)
+
+
+def first_array(value: Any):
+    """The first MLX array in a module's output (an array, a tuple or list, a dict or a dataclass of fields)."""
+    found = leaves(value, is_array)
+    return found[0][1] if found else None
+
+
+def output_array(value: Any, item: list | tuple | None = None):
+    """The array a module's output holds at ``item`` (the probe's ``out_item``), else its first array."""
+    return first_array(value) if item is None else item_at(value, item)
 
 
 def main_input(args: tuple, kwargs: dict):

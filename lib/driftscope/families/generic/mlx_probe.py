@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from .mlx_calls import first_array, main_input, watched
-from .probe import ForwardRecord, ModuleFacts, SideProbe, moments, subtree_moments
+from .mlx_calls import first_array, is_array, main_input, watched
+from .probe import ForwardRecord, ModuleFacts, SideProbe, embed_scale, moments, output_choice, subtree_moments
 
 
 def weight_moments(model: Any) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -37,17 +37,29 @@ def probe(model: Any, forward: Callable[[], Any]) -> SideProbe:
     named = dict(model.named_modules())
     subtree = subtree_moments(params, named)
     modules = {
-        path: ModuleFacts(path, type(module).__name__, own[path].tolist(), subtree[path].tolist())
+        path: ModuleFacts(
+            path, type(module).__name__, own[path].tolist(), subtree[path].tolist(), out_scale=embed_scale(module)
+        )
         for path, module in named.items()
     }
     record = ForwardRecord(modules)
+    stack: list[list] = []  # per call in progress: [the last output a module directly under it returned]
 
     def on_call(path, module, args, kwargs, call):
         found = main_input(args, kwargs)
         shape = None if found is None else list(found.shape)
         record.started(path, found, shape, found is not None and not mx.issubdtype(found.dtype, mx.floating))
-        out = call()
-        produced = first_array(out)
+        stack.append([None])
+        try:
+            out = call()
+        finally:
+            last_inner = stack.pop()[0]
+        item, produced = output_choice(out, last_inner, is_array)
+        if modules[path].calls == 1 and item is not None:
+            modules[path].out_item = list(item)
+            modules[path].first_shape = list(first_array(out).shape)
+        if stack:
+            stack[-1][0] = produced
         record.finished(path, produced, None if produced is None else list(produced.shape))
         return out
 

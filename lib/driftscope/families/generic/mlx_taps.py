@@ -17,7 +17,7 @@ from driftscope.taps.sink import StageSink, put_greedy
 from .calls import mlx_kwargs, mlx_load
 from .entries import StopForward, by_module, entries, put_prompt, stage_value, to_reference, with_rank
 from .layout import Layout
-from .mlx_calls import first_array, main_input, watched
+from .mlx_calls import main_input, output_array, watched
 
 
 def load(path: Path, config: dict) -> Any:
@@ -112,7 +112,7 @@ def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
             put(stage_id, main_input(args, kwargs), "input_back")
         out = call()
         for stage_id in outputs.get(path, ()):
-            put(stage_id, first_array(out), "layout")
+            put(stage_id, output_array(out, stage_entries[stage_id].get("mlx_item")), "layout")
         return out
 
     modules = _modules(model)
@@ -187,6 +187,6 @@ def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.
         args = (*args[: slot[1]], value, *args[slot[1] + 1 :])
     else:
         kwargs = {**kwargs, slot[1]: value}
-    out = first_array(_modules(model)[entry["mlx"]](*args, **kwargs))
+    out = output_array(_modules(model)[entry["mlx"]](*args, **kwargs), entry.get("mlx_item"))
     mx.eval(out)
     return stage_value(to_reference(to_numpy(out), entry), entry)

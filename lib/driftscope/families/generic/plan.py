@@ -103,6 +103,13 @@ def _axes(shape: list[int], kind: str, text: bool, last: bool) -> tuple[str, ...
     return names.get(rank, tuple(f"axis{i}" for i in range(rank)))
 
 
+def _compared_shape(facts: ModuleFacts, pair: Pair | None) -> list[int]:
+    """The shape of the transformers module's output the stage compares (``Pair.torch_item``)."""
+    if pair is None or pair.torch_item == facts.out_item or facts.first_shape is None:
+        return facts.out_shape
+    return facts.first_shape
+
+
 def _wrapper(facts: ModuleFacts) -> bool:
     """A module handing one inner module its input and returning that module's output: nothing of its own."""
     return facts.output_of is not None and facts.output_of == facts.input_of
@@ -148,7 +155,7 @@ def generic_plan(structure: Structure, max_new_tokens: int | None = None) -> Sta
         pair = by_torch.get(path)
         entry = _entry(path, place, pair, structure)
         input_refusal = entry.pop("input_refusal", None)
-        axes = _axes(facts.out_shape, facts.kind, place.text, place.last)
+        axes = _axes(_compared_shape(facts, pair), facts.kind, place.text, place.last)
         described = f"{facts.kind} ({path})"
         own: list[Stage] = []
         source = stage_of.get(facts.input_from) if facts.input_from else None
@@ -221,14 +228,17 @@ def _entry(path: str, place: Place, pair: Pair | None, structure: Structure) -> 
         "input_layout": pair.input_layout.to_dict() if pair and pair.input_layout else None,
         "input_back": None,
         "refusal": pair.refusal if pair else None,
+        "scale": pair.scale if pair else None,  # the MLX output is compared times it (see align._layouts)
         "text": place.text,
         "last": place.last,
         "replayable": facts.in_shape is not None
         and (pair is None or (pair.input_layout is not None and pair.refusal is None)),
         "in_rank": len(facts.in_shape or ()),
+        "torch_item": pair.torch_item if pair else facts.out_item,  # where transformers' module returns it
     }
     if pair is not None and structure.mlx is not None:
         theirs = structure.mlx.modules[pair.mlx]
+        entry["mlx_item"] = pair.mlx_item  # where mlx-vlm's module returns its output, when not first
         if theirs.in_shape is not None and facts.in_shape is not None:
             conv = is_conv(facts.kind) and is_conv(theirs.kind)  # MLX's takes channels last, torch's first
             declared = channels_last_to_first(len(theirs.in_shape)) if conv else None

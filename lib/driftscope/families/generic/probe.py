@@ -6,8 +6,9 @@ reads). Two such probes, one per library, are what the generic family aligns (``
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -53,7 +54,10 @@ class ModuleFacts:
     calls: int = 0
     in_shape: list[int] | None = None  # its main input's shape at the first call
     in_integer: bool = False  # whether that input holds integers (token ids, indices)
-    out_shape: list[int] | None = None  # its output's shape (the first array of what it returns)
+    out_shape: list[int] | None = None  # its output's shape (the first array of what it returns, or out_item's)
+    out_item: list | None = None  # where its output sits in what it returns (``output_choice``), if not first
+    first_shape: list[int] | None = None  # the shape of the first array it returns, where out_item names another
+    out_scale: float | None = None  # the constant it multiplies its output by (a scaled embedding's embed_scale)
     input_from: str | None = None  # the module whose output its main input is (the same array)
     output_of: str | None = None  # a module under it whose output it returns as is (a wrapper)
     input_of: str | None = None  # a module under it that takes its input as is
@@ -175,3 +179,59 @@ class ForwardRecord:
             None,
         )
         facts.input_of = taker
+
+
+def _items(value: Any) -> list[tuple[Any, Any]] | None:
+    """``(key, item)`` of a dict (a transformers ModelOutput: its set fields), a tuple or list, or a dataclass's
+    fields; None when ``value`` is none of them."""
+    if isinstance(value, dict):
+        return list(value.items())
+    if isinstance(value, tuple | list):
+        return list(enumerate(value))
+    if hasattr(value, "__dataclass_fields__"):
+        return [(name, getattr(value, name)) for name in value.__dataclass_fields__]
+    return None
+
+
+def leaves(value: Any, is_array: Callable[[Any], bool], depth: int = 0, where: tuple = ()) -> list[tuple[tuple, Any]]:
+    """Every array in a module's output with where it sits (keys into dicts, tuples, lists or dataclass fields, at
+    most three levels deep), in order."""
+    if is_array(value):
+        return [(where, value)]
+    items = None if depth > 2 or value is None else _items(value)
+    return [found for key, item in items or () for found in leaves(item, is_array, depth + 1, (*where, key))]
+
+
+def output_choice(out: Any, last_inner: Any, is_array: Callable[[Any], bool]) -> tuple[tuple | None, Any]:
+    """A module's output among what it returns, and where it sits: where it returns several arrays, the one the
+    last module called directly under it returned (what it computed last: mlx-vlm's towers return tuples such as
+    ``(embeddings, hidden_1, ..., hidden_n)``, transformers' ``last_hidden_state`` beside a merger's
+    ``pooler_output``), else its first array; ``where`` is None for the first array."""
+    found = leaves(out, is_array)
+    if not found:
+        return None, None
+    if len(found) > 1 and last_inner is not None:
+        for where, array in found[1:]:
+            if array is last_inner:
+                return where, array
+    return None, found[0][1]
+
+
+def item_at(value: Any, item: list | tuple) -> Any:
+    """The part of a module's output at ``item`` (keys, as :func:`leaves` gives them)."""
+    for key in item:
+        value = value[key] if isinstance(value, dict | tuple | list) else getattr(value, key)
+    return value
+
+
+def embed_scale(module: Any) -> float | None:
+    """The constant a scaled embedding multiplies its rows by inside the module (its ``embed_scale``: transformers'
+    Gemma embeddings), None for a plain module."""
+    value = getattr(module, "embed_scale", None)
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        found = float(value.item() if hasattr(value, "item") else value)
+    except (TypeError, ValueError):  # not one number
+        return None
+    return None if found == 1.0 else found

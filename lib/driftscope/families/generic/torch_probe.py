@@ -8,27 +8,37 @@ from typing import Any
 
 import numpy as np
 
-from .probe import ForwardRecord, ModuleFacts, SideProbe, moments, subtree_moments
+from .probe import (
+    ForwardRecord,
+    ModuleFacts,
+    SideProbe,
+    embed_scale,
+    item_at,
+    leaves,
+    moments,
+    output_choice,
+    subtree_moments,
+)
 
 #: keyword arguments a module's main input is passed as, when it is not the first positional argument
 MAIN_KEYWORDS = ("hidden_states", "x", "input", "inputs", "inputs_embeds", "pixel_values", "image_features")
 
 
-def first_tensor(value: Any, depth: int = 0):
-    """The first tensor in a module's output (a tensor, a tuple or list, or a ModelOutput / dict)."""
+def is_tensor(value: Any) -> bool:
     import torch
 
-    if isinstance(value, torch.Tensor):
-        return value
-    if depth > 2:
-        return None
-    if isinstance(value, dict):  # ModelOutput is a dict of the fields that are set, in declaration order
-        items = list(value.values())
-    elif isinstance(value, tuple | list):
-        items = list(value)
-    else:
-        return None
-    return next((found for item in items if (found := first_tensor(item, depth + 1)) is not None), None)
+    return isinstance(value, torch.Tensor)
+
+
+def first_tensor(value: Any):
+    """The first tensor in a module's output (a tensor, a tuple or list, or a ModelOutput / dict)."""
+    found = leaves(value, is_tensor)
+    return found[0][1] if found else None
+
+
+def output_tensor(value: Any, item: list | tuple | None = None):
+    """The tensor a module's output holds at ``item`` (the probe's ``out_item``), else its first tensor."""
+    return first_tensor(value) if item is None else item_at(value, item)
 
 
 def main_input(args: tuple, kwargs: dict):
@@ -76,10 +86,13 @@ def probe(model: Any, forward: Callable[[], Any]) -> SideProbe:
     named = dict(model.named_modules())
     subtree = subtree_moments(params, named)
     modules = {
-        path: ModuleFacts(path, type(module).__name__, own[path].tolist(), subtree[path].tolist())
+        path: ModuleFacts(
+            path, type(module).__name__, own[path].tolist(), subtree[path].tolist(), out_scale=embed_scale(module)
+        )
         for path, module in named.items()
     }
     record = ForwardRecord(modules)
+    stack: list[list] = []  # per call in progress: [the last output a module directly under it returned]
     handles = []
     for path, module in named.items():
 
@@ -87,9 +100,15 @@ def probe(model: Any, forward: Callable[[], Any]) -> SideProbe:
             found = main_input(args, kwargs)
             shape = None if found is None else list(found.shape)
             record.started(path, found, shape, found is not None and not found.is_floating_point())
+            stack.append([None])
 
         def after(module, args, kwargs, out, path=path):
-            found = first_tensor(out)
+            item, found = output_choice(out, stack.pop()[0], is_tensor)
+            if modules[path].calls == 1 and item is not None:
+                modules[path].out_item = list(item)
+            modules[path].first_shape = list(first_tensor(out).shape)
+            if stack:
+                stack[-1][0] = found
             record.finished(path, found, None if found is None else list(found.shape))
 
         handles.append(module.register_forward_pre_hook(before, with_kwargs=True))

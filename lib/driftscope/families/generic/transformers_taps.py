@@ -16,7 +16,7 @@ from driftscope.taps.torch_hooks import to_numpy as _np
 
 from .calls import transformers_kwargs
 from .entries import StopForward, by_module, entries, put_prompt, stage_value, with_rank
-from .torch_probe import first_tensor, main_input
+from .torch_probe import main_input, output_tensor
 
 MODEL_CLASS = "AutoModelForImageTextToText"
 
@@ -73,8 +73,11 @@ def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
             )
         )
     for path, stages in outputs.items():
+        item = stage_entries[stages[0]].get("torch_item")  # one module: one place in what it returns
         handles.append(
-            modules[path].register_forward_hook(lambda m, a, out, stages=stages: put_all(stages, first_tensor(out)))
+            modules[path].register_forward_hook(
+                lambda m, a, out, stages=stages, item=item: put_all(stages, output_tensor(out, item))
+            )
         )
     try:
         with torch.no_grad():
@@ -156,5 +159,5 @@ def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.
         kwargs = {**kwargs, slot[1]: value}
     module = dict(model.named_modules())[entry["torch"]]
     with torch.no_grad():
-        out = first_tensor(module(*args, **kwargs))
+        out = output_tensor(module(*args, **kwargs), entry.get("torch_item"))
     return stage_value(_np(out), entry)
