@@ -30,6 +30,20 @@ def _prefill_kwargs(model: Any, inputs: ModelInputs, use_cache: bool) -> dict:
     return kwargs
 
 
+def full_cache(model: Any) -> Any:
+    """The cache transformers builds for the model's decoder (``DynamicCache(config=...)``: its hybrid layers
+    too), with each sliding-window layer keeping every position: the window is the attention mask's to apply (the
+    models that slide build a sliding-window mask, so their decode is unchanged), and the cache holds the positions
+    every runtime's cache holds. A model that ignores the config's ``sliding_window`` (transformers 5.24's Llama)
+    would otherwise decode on a cache that dropped all but the last ``window - 1`` positions (a cache quirk, not the
+    model's math)."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+
+    cache = DynamicCache(config=model.config)
+    cache.layers = [DynamicLayer() if isinstance(layer, DynamicSlidingWindowLayer) else layer for layer in cache.layers]
+    return cache
+
+
 def run_vision(model: Any, inputs: ModelInputs):
     """The plain forward (no taps): the whole model's prefill on the prompt and images."""
     import torch
@@ -79,9 +93,12 @@ def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
                 lambda m, a, out, stages=stages, item=item: put_all(stages, output_tensor(out, item))
             )
         )
+    kwargs = _prefill_kwargs(model, inputs, use_cache=text)
+    if text:
+        kwargs["cache"] = full_cache(model)
     try:
         with torch.no_grad():
-            return model(**_prefill_kwargs(model, inputs, use_cache=text))
+            return model(**kwargs)
     except StopForward:
         return None
     finally:
