@@ -87,3 +87,22 @@ def test_a_first_divergence_no_replay_reaches_after_stages_that_all_agree_is_put
     assert "differs in shape (reference [5, 8], candidate [9, 8])" in conclude(drill, found, PLAN)["text"]
     drifting = conclude(drill, rows({"merger"}, {"block.1": 2e-3}), PLAN)  # drift before it: accumulation
     assert drifting["kind"] == "accumulation"
+
+
+def test_error_entering_before_the_divergence_at_a_stage_nothing_replays_is_put_there():
+    """The first drift above round-off at a stage no replay labels (a module's captured input: a merge, a scale made
+    by the model's own code) while every operator replays clean and the contract breaks later: it enters there,
+    not an accumulation from a later operator."""
+    drifting = {"block.0": 2e-3, "block.0.norm2": 2e-3, "block.1": 0.05, "block.2": 0.2}
+    drill = Drilldown("cand", "ref", "cand", [], [label("block.0.norm2", "inherited"), label("block.1", "inherited")])
+    conclusion = conclude(drill, rows({"block.1", "block.2"}, drifting), PLAN)
+    assert conclusion["kind"] == "unreplayed" and conclusion["stage"] == "block.0"
+    assert conclusion["text"] == (
+        "no operator introduces the error: it enters at block.0 (relative RMS 0.002), which nothing replays (the "
+        "model's own code between operators: a merge, a scale) and which stages that agree feed; it first breaks "
+        "the contract at block.1"
+    )
+    # the first drifting stage is an operator's output: accumulation, as before
+    replayed = Drilldown("cand", "ref", "cand", [], [label("block.0", "inherited"), label("block.1", "inherited")])
+    assert conclude(replayed, rows({"block.1", "block.2"}, drifting), PLAN)["kind"] == "accumulation"
+

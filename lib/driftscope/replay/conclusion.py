@@ -7,6 +7,9 @@
 - **data**: the first divergence is a data stage (inputs, index math): there is no operator to replay.
 - **unreplayed**: the first divergence is a stage nothing replays (no module of the candidate computes it alone, or
   the two sides' arrays differ in shape), and every stage before it agrees: what computes it there introduces it.
+  Also when the error first rises above round-off, before the first divergence, at a stage nothing replays (a
+  module's captured input: a merge or a scale in the model's own code) while every stage before that agrees: it
+  enters there (``stage``), though the contract breaks later.
 - **agreement**: nothing diverges; **not replayed**: something diverges but no replay says why.
 """
 
@@ -83,6 +86,28 @@ def _unreplayed(first: ComparisonRow, rows: list[ComparisonRow], plan: StagePlan
     return {"agrees": agrees, "text": said}
 
 
+def _entry_point(rows: list[ComparisonRow], first: ComparisonRow, labels: dict, plan: StagePlan) -> dict:
+    """The stage before the first divergence where the error first rises above round-off, when nothing replays it
+    (no replay label, not data: a module's captured input, made by the model's own code between operators) and every
+    stage before it agrees; empty when an operator's output drifts first, or nothing drifts before the divergence."""
+    for row in rows:
+        if row.stage == first.stage:
+            return {}
+        stage = plan[row.stage] if row.stage in plan else None
+        if row.integer or (stage is not None and stage.data) or row.status not in ("pass", "fail"):
+            continue
+        if row.relative_rms > DRIFT_FLOOR:
+            if row.stage in labels:
+                return {}
+            return {
+                "stage": row.stage,
+                "text": f"no operator introduces the error: it enters at {row.stage} (relative RMS "
+                f"{row.relative_rms:.3g}), which nothing replays (the model's own code between operators: a merge, "
+                f"a scale) and which stages that agree feed; it first breaks the contract at {first.stage}",
+            }
+    return {}
+
+
 def conclude(drill: Drilldown | None, rows: list[ComparisonRow], plan: StagePlan) -> dict:
     """The pair's conclusion: ``kind``, the stages it rests on, and ``text`` (one sentence)."""
     first = first_divergence(rows)
@@ -117,9 +142,9 @@ def conclude(drill: Drilldown | None, rows: list[ComparisonRow], plan: StagePlan
             f"{label['op_local_relative_rms']:.3g})" + between.get("text", ""),
             **({"between": between["unaligned"]} if between else {}),
         }
-    unreplayed = _unreplayed(first, rows, plan, labels)
+    unreplayed = _entry_point(rows, first, labels, plan) or _unreplayed(first, rows, plan, labels)
     if unreplayed:
-        return {"kind": "unreplayed", **where, **unreplayed}
+        return {"kind": "unreplayed", **where, "stage": first.stage, **unreplayed}
     stop = plan.position(first.stage) if first.stage in plan else len(plan)
     chain = [
         {"stage": label["stage"], "factor": label["amplification"]}

@@ -46,7 +46,7 @@ def with_ready_patches(
     kind = conclusion.get("kind")
     if kind not in ("introduced", "data", "unreplayed"):
         return conclusion
-    stage = conclusion["stage"] if kind == "introduced" else conclusion.get("first_divergence")
+    stage = conclusion.get("stage") or conclusion.get("first_divergence")  # unreplayed: where the error enters
     patches = [p for p in get_family(family).ready_patches(stage, runtime, model_type) if p != own]
     return {**conclusion, "ready_patches": patches} if patches else conclusion
 
