@@ -60,6 +60,11 @@ def test_mlx_config_moves_settings_where_mlx_vlm_reads_them():
     layered = {"full_attention": {"rope_theta": 1e6}, "sliding_attention": {"rope_theta": 1e4}}
     gemma = mlx_config({"model_type": "gemma3", "text_config": {"rope_parameters": layered}})["text_config"]
     assert (gemma["rope_global_base_freq"], gemma["rope_local_base_freq"]) == (1e6, 1e4)
+    # GLM-4.1V's image markers under the name mlx-vlm's mrope index reads; a config that names both keeps its own
+    glm = mlx_config({"model_type": "glm4v", "image_start_token_id": 3, "image_end_token_id": 4})
+    assert (glm["vision_start_token_id"], glm["vision_end_token_id"]) == (3, 4)
+    both = mlx_config({"model_type": "x", "image_start_token_id": 3, "vision_start_token_id": 9})
+    assert both["vision_start_token_id"] == 9
 
 
 def test_mlx_config_model_type_rules():

@@ -127,7 +127,11 @@ def mlx_config(config: dict) -> dict:
     5. the placeholder ids under both of transformers' spellings (``image_token_id`` / ``image_token_index``,
        ``video_token_id`` / ``video_token_index``): transformers' configs alias them, mlx-vlm's config classes have
        both fields with their own defaults and a model reads one (e.g. ``idefics3/idefics3.py`` reads
-       ``config.image_token_index`` where transformers 5 writes ``image_token_id``).
+       ``config.image_token_index`` where transformers 5 writes ``image_token_id``);
+    6. the image's start and end markers under the names mlx-vlm's mrope index reads (``vision_start_token_id`` /
+       ``vision_end_token_id``) where the config names them ``image_start_token_id`` / ``image_end_token_id``
+       (transformers' GLM-4.1V; mlx-vlm's ``glm4v/language.py`` ``get_rope_index`` looks for
+       ``vision_start_token_id``, whose default is the hub checkpoints' id).
 
     Then the per-model-type rules of :data:`MODEL_TYPE_RULES`. (The vision ``model_type`` is fixed in ``mlx_load``,
     where mlx-vlm's tower says whether it accepts it.)
@@ -139,6 +143,9 @@ def mlx_config(config: dict) -> dict:
         for key in spellings:
             if value is not None and adapted.get(key) is None:
                 adapted[key] = value
+    for marker in ("start", "end"):
+        if adapted.get(f"image_{marker}_token_id") is not None:
+            adapted.setdefault(f"vision_{marker}_token_id", adapted[f"image_{marker}_token_id"])
     text = adapted.setdefault("text_config", {})
     _rope(adapted)
     _rope(text)
