@@ -144,3 +144,15 @@ def mlx_activation(name: str, patch: str) -> Any:
         )
     kind, approx = ACTIVATIONS[name]
     return nn.GELU(approx=approx) if kind == "GELU" else getattr(nn, kind)()
+
+
+def mlx_vlm_port(model: Any, model_type: str, patch: str) -> Any:
+    """``model`` when it is mlx-vlm's port of ``model_type`` (its class comes from ``mlx_vlm.models.<model_type>``);
+    a fix corrects that port's code and refuses any other model."""
+    where = type(model).__module__
+    if not where.startswith(f"mlx_vlm.models.{model_type}."):
+        raise HypothesisPatchError(
+            f"{patch} corrects mlx-vlm's {model_type} port; it was given a {type(model).__name__} ({where})",
+            f"apply it to the mlx runtime of a {model_type} checkpoint",
+        )
+    return model
