@@ -43,7 +43,7 @@ def _decode(model, kwargs, cache, steps: int = 5) -> np.ndarray:
     return torch.stack(logits).numpy()
 
 
-@pytest.mark.parametrize("model_type", ["idefics3", "smolvlm"])
+@pytest.mark.parametrize("model_type", ["idefics3", pytest.param("smolvlm", marks=pytest.mark.slow)])  # one config
 def test_a_llama_with_a_sliding_window_setting_decodes_on_every_position(model_type, tmp_path):
     """With the full cache the two runtimes' answers and caches agree: every prompt position on both sides."""
     report = investigate_sweep(model_type, tmp_path)
