@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .probe import item_at, leaves
+from .probe import output_at
 
 #: ``on_call(path, module, args, kwargs, call) -> output``: runs the module (``call()``) and may record around it
 OnCall = Callable[[str, Any, tuple, dict, Callable[[], Any]], Any]
@@ -22,13 +22,12 @@ def is_array(value: Any) -> bool:
 
 def first_array(value: Any):
     """The first MLX array in a module's output (an array, a tuple or list, a dict or a dataclass of fields)."""
-    found = leaves(value, is_array)
-    return found[0][1] if found else None
+    return output_at(value, None, is_array)
 
 
 def output_array(value: Any, item: list | tuple | None = None):
     """The array a module's output holds at ``item`` (the probe's ``out_item``), else its first array."""
-    return first_array(value) if item is None else item_at(value, item)
+    return output_at(value, item, is_array)
 
 
 def main_input(args: tuple, kwargs: dict):

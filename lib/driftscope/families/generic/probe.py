@@ -217,8 +217,12 @@ def output_choice(out: Any, last_inner: Any, is_array: Callable[[Any], bool]) ->
     return None, found[0][1]
 
 
-def item_at(value: Any, item: list | tuple) -> Any:
-    """The part of a module's output at ``item`` (keys, as :func:`leaves` gives them)."""
+def output_at(value: Any, item: list | tuple | None, is_array: Callable[[Any], bool]) -> Any:
+    """The array a module's output holds at ``item`` (keys, as :func:`leaves` gives them: the probe's
+    ``out_item``), else its first array (None: it holds none)."""
+    if item is None:
+        found = leaves(value, is_array)
+        return found[0][1] if found else None
     for key in item:
         value = value[key] if isinstance(value, dict | tuple | list) else getattr(value, key)
     return value

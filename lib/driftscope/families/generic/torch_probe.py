@@ -13,9 +13,8 @@ from .probe import (
     ModuleFacts,
     SideProbe,
     embed_scale,
-    item_at,
-    leaves,
     moments,
+    output_at,
     output_choice,
     subtree_moments,
 )
@@ -32,13 +31,12 @@ def is_tensor(value: Any) -> bool:
 
 def first_tensor(value: Any):
     """The first tensor in a module's output (a tensor, a tuple or list, or a ModelOutput / dict)."""
-    found = leaves(value, is_tensor)
-    return found[0][1] if found else None
+    return output_at(value, None, is_tensor)
 
 
 def output_tensor(value: Any, item: list | tuple | None = None):
     """The tensor a module's output holds at ``item`` (the probe's ``out_item``), else its first tensor."""
-    return first_tensor(value) if item is None else item_at(value, item)
+    return output_at(value, item, is_tensor)
 
 
 def main_input(args: tuple, kwargs: dict):
