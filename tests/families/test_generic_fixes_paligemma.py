@@ -16,7 +16,7 @@ def test_unpatched_the_image_rows_enter_the_decoder_eight_times_too_small(tmp_pa
     assert found["projector.linear"]["status"] == found["text.embed_tokens"]["status"] == "pass"
     assert report.data["first_divergence"]["mlx:f32"]["stage"] == "text.layer.0.input"
     said = conclusion(report)
-    assert said["kind"] == "between" and said["stage"] == "text.layer.0.input"
+    assert said["kind"] == "unreplayed" and said["stage"] == "text.layer.0.input"
     assert "driftscope.hypotheses:paligemma_image_scale" in said["ready_patches"]
     assert found["text.layer.0.input"]["relative_rms"] == pytest.approx(0.82, abs=0.01)
 
@@ -34,12 +34,12 @@ def test_with_the_image_scale_fixed_the_keys_show_the_positions(tmp_path):
 
 def test_both_patches_leave_round_off(tmp_path):
     """Both closed: the keys agree; what remains is float32 round-off growing through the decoder (relative RMS
-    below 1e-5 everywhere, no operator introducing error), which the strict contract's 1e-4 catches in a handful of
-    elements of layer 1."""
+    below 1e-5 everywhere, below the drift floor: no operator introduces error), which the strict contract's 1e-4
+    catches in a handful of elements of layer 1's attention core (no module of its own: concluded unreplayed)."""
     report = investigate_sweep("paligemma", tmp_path, "paligemma_fixes")
     found = rows(report)
     assert found["text.cache.prefill.keys"]["status"] == "pass"
     compared = [row for row in found.values() if row["status"] in ("pass", "fail") and not row["integer"]]
     assert max(row["relative_rms"] for row in compared) < 1e-5
     assert sum(row["failures"] for row in compared) < 10
-    assert conclusion(report)["kind"] in ("agreement", "accumulation")
+    assert conclusion(report)["kind"] in ("agreement", "accumulation", "unreplayed")

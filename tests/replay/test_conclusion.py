@@ -105,4 +105,3 @@ def test_error_entering_before_the_divergence_at_a_stage_nothing_replays_is_put_
     # the first drifting stage is an operator's output: accumulation, as before
     replayed = Drilldown("cand", "ref", "cand", [], [label("block.0", "inherited"), label("block.1", "inherited")])
     assert conclude(replayed, rows({"block.1", "block.2"}, drifting), PLAN)["kind"] == "accumulation"
-
