@@ -65,14 +65,7 @@ def _sweep_rows() -> list[str]:
     mutations = str(len(generic.mutation_registry().names()))
     rows = []
     for row in json.loads(SWEEP.read_text())["rows"]:
-        if row["verdict"] == "pass":
-            result = "pass at every aligned stage"
-        elif row["verdict"] == "could not run":
-            result = f"could not run: {(row.get('error') or '').splitlines()[0][:80]}"
-        else:
-            where = f"`{row['introduced_by'] or row['first_divergence']}`"
-            patch = f", closed by `{row['patch'].split(':')[-1]}`" if row.get("patch") else ""
-            result = f"mlx-vlm defect at {where}{patch}"
+        result = _result(row)
         cells = [
             f"generic: `{row['model_type']}`",
             "transformers, mlx",
@@ -88,6 +81,23 @@ def _sweep_rows() -> list[str]:
         ]
         rows.append("| " + " | ".join(cells) + " |")
     return rows
+
+
+def _result(row: dict) -> str:
+    """The sweep's finding for one model type, in a few words."""
+    if row["verdict"] == "pass":
+        return "pass at every aligned stage"
+    if row["verdict"] == "could not run":
+        return f"could not run: {(row.get('error') or '').splitlines()[0][:80]}"
+    where = f"`{row['introduced_by'] or row['first_divergence']}`"
+    fixes = row.get("fixed_by") or {}
+    sides = " and ".join("mlx-vlm" if runtime == "mlx" else "transformers" for runtime in sorted(fixes)) or "a"
+    found = f"{sides} defect at {where}"
+    if not fixes:
+        return found
+    patches = ", ".join(f"`{patch}`" for patch in fixes.values())
+    after = "passes" if row.get("fixed") == "pass" else f"still fails at `{row.get('fixed_divergence')}`"
+    return f"{found}; with {patches} it {after}"
 
 
 def table() -> str:

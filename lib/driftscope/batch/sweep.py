@@ -39,6 +39,9 @@ class SweepRow:
     stages: int = 0  # stages compared
     unaligned: dict[str, int] = field(default_factory=dict)  # modules without a partner, per side
     error: str | None = None  # a library's own error, where one could not load or run the checkpoint
+    fixed_by: dict[str, str] = field(default_factory=dict)  # runtime -> the patch closing its port's defects
+    fixed: str | None = None  # the verdict of the same run with those patches (None: no run with them)
+    fixed_divergence: str | None = None  # where that run still first diverges
     seconds: float = 0.0
     report: str = ""
 
@@ -50,12 +53,29 @@ class SweepRow:
             f"`{where}`" if self.first_divergence else where,
             f"`{self.introduced_by}`" if self.introduced_by else "—",
             f"`{self.patch.split(':')[-1]}`" if self.patch else "—",
+            self.fixed_cell(),
             str(self.stages),
             " / ".join(str(self.unaligned.get(side, 0)) for side in ("transformers", "mlx")),
         ]
 
+    def fixed_cell(self) -> str:
+        if self.fixed is None:
+            return "—"
+        patches = ", ".join(f"{runtime}: `{patch}`" for runtime, patch in self.fixed_by.items())
+        where = f" at `{self.fixed_divergence}`" if self.fixed_divergence else ""
+        return f"{self.fixed}{where} ({patches})"
 
-HEADER = ["model type", "verdict", "first divergence", "introduced by", "ready patch", "stages", "unaligned (tf / mlx)"]
+
+HEADER = [
+    "model type",
+    "verdict",
+    "first divergence",
+    "introduced by",
+    "ready patch",
+    "with every fix",
+    "stages",
+    "unaligned (tf / mlx)",
+]
 
 
 def parameters(model_type: str, checkpoint: Path) -> dict:
@@ -94,11 +114,40 @@ def _row(model_type: str, report) -> SweepRow:
     )
 
 
+def _readable(path: Path):
+    """The report at ``path``, or None when there is none or it cannot be read."""
+    from driftscope.run.report import Report
+
+    try:
+        return Report.load(path) if path.exists() else None
+    except DriftscopeError:
+        return None
+
+
+def _fixed(row: SweepRow, checkpoint: Path, folder: Path, out: Path) -> None:
+    """The same run with every ready patch that closes a defect the sweep found in this model type's ports (each on
+    its runtime): whether what the tool localized is all there is."""
+    from driftscope.families.generic.fixes import WHOLE
+    from driftscope.run.investigation import investigate
+    from driftscope.run.params import parse_parameters
+
+    row.fixed_by = dict(WHOLE.get(row.model_type) or {})
+    if not row.fixed_by:
+        return
+    data = parameters(row.model_type, checkpoint)
+    data["name"] += "-fixed"
+    for spec in data["runtimes"]:
+        if spec["runtime"] in row.fixed_by:
+            spec["patch"] = f"driftscope.hypotheses:{row.fixed_by[spec['runtime']]}"
+    report = investigate(parse_parameters(data, source=None, base=out), folder)
+    fixed = _row(row.model_type, report)
+    row.fixed, row.fixed_divergence = fixed.verdict, fixed.first_divergence
+
+
 def sweep(model_types: list[str], out: Path, build: Callable[[str], Path], log=print) -> list[SweepRow]:
     """Investigate each model type's tiny checkpoint (``build(model_type)`` makes it) into ``out/<model_type>``."""
     from driftscope.run.investigation import investigate
     from driftscope.run.params import parse_parameters
-    from driftscope.run.report import Report
 
     rows = []
     for model_type in model_types:
@@ -109,11 +158,14 @@ def sweep(model_types: list[str], out: Path, build: Callable[[str], Path], log=p
             params = parse_parameters(parameters(model_type, checkpoint), source=None, base=out)
             report = investigate(params, folder)
             row = _row(model_type, report)
-        except DriftscopeError as err:
+            if row.verdict == "fail":
+                _fixed(row, checkpoint, folder / "fixed", out)
+        except Exception as err:  # noqa: BLE001 - one model type's failure is its row's, never the sweep's end
             report_path = folder / "report.json"
-            report = Report.load(report_path) if report_path.exists() else None
+            report = _readable(report_path)
             row = _row(model_type, report) if report is not None else SweepRow(model_type, "could not run")
-            row.verdict, row.error = "could not run", f"{type(err).__name__}: {err}"
+            kind = "" if isinstance(err, DriftscopeError) else "internal error: "
+            row.verdict, row.error = "could not run", f"{kind}{type(err).__name__}: {err}"
         row.seconds = round(time.perf_counter() - start, 1)
         row.report = str(folder / "report.json")
         log(f"{model_type}: {row.verdict}" + (f" at {row.first_divergence}" if row.first_divergence else ""))

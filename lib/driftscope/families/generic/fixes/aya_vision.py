@@ -22,6 +22,10 @@ CLOSES = {
     }
 }
 
+#: model type -> runtime -> the ready patch that closes every defect found in that runtime's port of it (the
+#: sweep runs each failing model type again with these)
+WHOLE = {"aya_vision": {"transformers": "aya_vision_logit_scale"}}
+
 
 def aya_vision_logit_scale(model: Any) -> Any:
     """(transformers' model) The head's logits multiplied by the text config's ``logit_scale``, as Cohere2's causal

@@ -17,6 +17,10 @@ __all__ = ["gemma3_embed_scale"]
 
 CLOSES = {"gemma3_embed_scale": {"runtimes": ("mlx",), "stages": ("text.layer.0.input",), "model_types": ("gemma3",)}}
 
+#: model type -> runtime -> the ready patch that closes every defect found in that runtime's port of it (the
+#: sweep runs each failing model type again with these)
+WHOLE = {"gemma3": {"mlx": "gemma3_embed_scale"}}
+
 
 def _scaled(self, inputs, inputs_embeds=None, mask=None, cache=None, **kwargs):
     """mlx-vlm's ``Gemma3Model.__call__`` on embeddings this call scaled (its own scaling switched off)."""

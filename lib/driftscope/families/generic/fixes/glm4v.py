@@ -22,6 +22,10 @@ CLOSES = {
     "glm4v_bicubic_positions": {"runtimes": ("mlx",), "stages": ("vision.embeddings",), "model_types": ("glm4v",)}
 }
 
+#: model type -> runtime -> the ready patch that closes every defect found in that runtime's port of it (the
+#: sweep runs each failing model type again with these)
+WHOLE = {"glm4v": {"mlx": "glm4v_bicubic_positions"}}
+
 #: torch's bicubic convolution constant (``aten/src/ATen/native/UpSample.h``)
 CUBIC_A = -0.75
 

@@ -49,6 +49,10 @@ CLOSES["hunyuan_vl_xdrope_sections"] = {
     "model_types": ("hunyuan_vl",),
 }
 
+#: model type -> runtime -> the ready patch that closes every defect found in that runtime's port of it (the
+#: sweep runs each failing model type again with these)
+WHOLE = {"hunyuan_vl": {"mlx": "hunyuan_vl_fixes", "transformers": "hunyuan_vl_xdrope_sections"}}
+
 
 def hunyuan_vl_vision_hidden_act(model: Any) -> Any:
     """The vision MLPs and the patch merger's activation computed with the vision config's ``hidden_act``."""

@@ -41,6 +41,10 @@ CLOSES = {
     name: {"runtimes": ("mlx",), "stages": stages, "model_types": ("idefics2",)} for name, stages in _STAGES.items()
 }
 
+#: model type -> runtime -> the ready patch that closes every defect found in that runtime's port of it (the
+#: sweep runs each failing model type again with these)
+WHOLE = {"idefics2": {"mlx": "idefics2_fixes"}}
+
 
 def position_ids(mask: np.ndarray, per_side: int) -> np.ndarray:
     """``[batch, patches]`` position ids of a ``[batch, rows, columns]`` patch mask, as transformers computes them:

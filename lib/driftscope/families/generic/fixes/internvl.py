@@ -22,6 +22,10 @@ CLOSES = {
     }
 }
 
+#: model type -> runtime -> the ready patch that closes every defect found in that runtime's port of it (the
+#: sweep runs each failing model type again with these)
+WHOLE = {"internvl": {"mlx": "internvl_activations"}}
+
 #: transformers' names of the tanh GELU mlx-vlm computes
 TANH = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast")
 

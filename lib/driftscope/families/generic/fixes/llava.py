@@ -20,6 +20,10 @@ CLOSES = {
     "llava_text_mlp_hidden_act": {"runtimes": ("mlx",), "stages": ("text.layer.*.mlp",), "model_types": MODEL_TYPES}
 }
 
+#: model type -> runtime -> the ready patch that closes every defect found in that runtime's port of it (the
+#: sweep runs each failing model type again with these)
+WHOLE = {model_type: {"mlx": "llava_text_mlp_hidden_act"} for model_type in MODEL_TYPES}
+
 
 def llava_text_mlp_hidden_act(model: Any, hidden_act: str | None = None) -> Any:
     """Gate every text MLP with the checkpoint's ``text_config.hidden_act`` (``hidden_act`` overrides it), as

@@ -32,6 +32,10 @@ CLOSES = {
     },
 }
 
+#: model type -> runtime -> the ready patch that closes every defect found in that runtime's port of it (the
+#: sweep runs each failing model type again with these)
+WHOLE = {"llava_next": {"mlx": "llava_next_fixes"}}
+
 
 def _pack(model: Any, features: Any, size: tuple[int, int], pinpoints: list) -> Any:
     """transformers' ``pack_image_features`` for one image's projected patches ``[patches, tokens, dim]``."""

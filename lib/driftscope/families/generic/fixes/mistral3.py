@@ -20,6 +20,10 @@ CLOSES = {
     }
 }
 
+#: model type -> runtime -> the ready patch that closes every defect found in that runtime's port of it (the
+#: sweep runs each failing model type again with these)
+WHOLE = {"mistral3": {"mlx": "pixtral_vision_mlp_hidden_act"}}
+
 
 def pixtral_vision_mlp_hidden_act(model: Any) -> Any:
     """Every Pixtral vision MLP gated with the checkpoint's ``vision_config.hidden_act``, as transformers does:

@@ -34,6 +34,10 @@ CLOSES = {
     name: {"runtimes": ("mlx",), "stages": stages, "model_types": ("paligemma",)} for name, stages in _STAGES.items()
 }
 
+#: model type -> runtime -> the ready patch that closes every defect found in that runtime's port of it (the
+#: sweep runs each failing model type again with these)
+WHOLE = {"paligemma": {"mlx": "paligemma_fixes"}}
+
 
 def paligemma_image_scale(model: Any) -> Any:
     """Divide the image features by the text model's width, which the text model multiplies them by."""
