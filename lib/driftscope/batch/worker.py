@@ -32,6 +32,7 @@ from driftscope.core.storage import OutputRoot, is_url
 from driftscope.core.worktree import head_matches, temporary_worktree, toplevel
 from driftscope.core.yamlfile import load_yaml
 from driftscope.errors import DriftscopeError, ParameterError
+from driftscope.run.reuse import PACKAGE_DIR, reads, stale_reason
 from driftscope.run.runrecord import RECORD, duration, from_report, mark_dead, now
 
 CHECKOUT_ENV = "DRIFTSCOPE_CHECKOUT"
@@ -100,12 +101,14 @@ def run_one(
         with _tree(task, own_checkout) as (tree, fallback):
             summary["checkout"] = str(tree)
             params = _parameters(task, tree)
-            previous = None if task.force else _reusable(root, task.commit, directory, params)
+            package = _package(tree)
+            previous = None if task.force else _reusable(root, task.commit, directory, params, package)
             if previous is not None:
                 report, seconds = previous
                 summary.update(from_report(report), reused=True, seconds=seconds)
                 return summary
             _link_inputs(params, tree, Path(fallback))
+            summary["reads"] = reads(params, package)  # what the run reads, by content: a later reuse checks it
             with _workspace(root, task.commit, directory) as out:
                 summary.update(_execute(task, params, tree, out, stop))
     except RunStopped:
@@ -123,12 +126,21 @@ def run_one(
     return summary
 
 
-def _reusable(root: OutputRoot, commit: str, directory: str, params) -> tuple[dict, float] | None:
-    """(report, original seconds) of a finished run of these parameters whose notebooks all rendered."""
+def _package(tree: Path) -> Path:
+    """driftscope's package that runs the parameters in ``tree``: the tree's own, else this process's."""
+    own = tree / "lib" / "driftscope"
+    return own if own.is_dir() else PACKAGE_DIR
+
+
+def _reusable(root: OutputRoot, commit: str, directory: str, params, package: Path) -> tuple[dict, float] | None:
+    """(report, original seconds) of a finished run of these parameters whose notebooks all rendered, judged under
+    the parameter file's contract and runtimes, on the bytes it names today (``run.reuse``)."""
     report = root.read_json(commit, directory, "report.json")
     if not report or report.get("status") != "complete" or report.get("parameters_digest") != params.digest:
         return None
     record = root.read_json(commit, directory, RECORD) or {}
+    if stale_reason(report, params, record.get("reads") or report.get("reads"), package):
+        return None
     if record.get("report_updated") == report.get("updated"):  # the batch that ran it says how it ended
         return None if record.get("error") else (report, float(record.get("seconds") or duration(report)))
     pages = set(root.files(commit, directory))

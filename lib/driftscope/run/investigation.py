@@ -37,6 +37,7 @@ from driftscope.run.outdirs import interactive_out_dir
 from driftscope.run.params import Parameters, load_parameters
 from driftscope.run.preflight import check_parameters
 from driftscope.run.report import Report
+from driftscope.run.reuse import reads, stale_reason
 from driftscope.run.runlock import RunLock, held_by_parent, run_lock, run_pid, wait_for_result
 from driftscope.run.substitution import explain_answer
 from driftscope.taps.stages import StagePlan
@@ -123,6 +124,10 @@ def _finished(params: Parameters, out: Path, waited: bool, parent: bool = False)
             )
         return None
     status = previous.status
+    stale = None if parent or status != "complete" else stale_reason(previous.data, params)
+    if stale:
+        log(f"not reusing the finished run in {out}: {stale}; running it again")
+        return None
     if status == "complete":
         if waited and (out / LOG_NAME).exists():  # show the progress of the run waited for
             print((out / LOG_NAME).read_text(), end="", flush=True)
@@ -216,6 +221,7 @@ def _power(params: Parameters, report: Report, out: Path, checkpoint, inputs, re
 def _run(params: Parameters, report: Report, out: Path) -> None:
     report.step("parameters")
     contract = check_parameters(params)  # every parameter error before any model loads
+    report.data["reads"] = reads(params)  # what the run reads, by content: a later reuse checks it
     report.step("checkpoint")
     checkpoint = open_checkpoint(params.checkpoint, params.family)
     family = get_family(checkpoint.family)

@@ -43,6 +43,8 @@ SCHEMA: dict[str, Any] = {
         "stage_plan": {"type": "array", "items": {"type": "object", "required": ["id"]}},
         "first_divergence": {"type": "object"},
         "coverage": {"type": "object"},
+        # what the run read, by content (run.reuse): a reuse of the finished run checks it
+        "reads": {"type": "object"},
         "checks": {"type": "object"},
         # driftscope precision's searches, by candidate label (added after the run; absent until one ran)
         "precision": {
