@@ -203,7 +203,7 @@ def _diff(args: argparse.Namespace) -> int:
     root = Path(args.out_root or outputs_root())
     diff = diff_commits(resolve_commit_dir(root, args.rev_a), resolve_commit_dir(root, args.rev_b), args.factor)
     print(json.dumps(diff, indent=1) if args.json else format_diff(diff))
-    return diff_exit_code(diff, args.fail_on)
+    return diff_exit_code(diff, args.fail_on, args.allow_missing)
 
 
 def _trend(args: argparse.Namespace) -> int:
@@ -324,7 +324,15 @@ def parser() -> argparse.ArgumentParser:
     diff.add_argument("--factor", type=float, default=1.5, help="a change beyond this ratio counts (default 1.5)")
     diff.add_argument("--json", action="store_true", help="print JSON")
     diff.add_argument(
-        "--fail-on", choices=["worse"], help="exit 1 when a stage got worse beyond the noise floor (a CI gate)"
+        "--fail-on",
+        choices=["worse"],
+        help="exit 1 when a stage got worse beyond the noise floor, or a run, or a stage judged before, is missing "
+        "(a CI gate)",
+    )
+    diff.add_argument(
+        "--allow-missing",
+        action="store_true",
+        help="with --fail-on worse: a run or stage of the first commit missing in the second is not a failure",
     )
     diff.set_defaults(func=_diff)
     trend = sub.add_parser(

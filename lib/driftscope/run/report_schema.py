@@ -31,8 +31,14 @@ SCHEMA: dict[str, Any] = {
             "type": "array",
             "items": {
                 "type": "object",
-                "required": ["stage", "status"],
-                "properties": {"stage": {"type": "string"}, "status": {"type": "string"}},
+                "required": ["stage", "status", "reference", "candidate", "position"],
+                "properties": {
+                    "stage": {"type": "string"},
+                    "status": {"type": "string"},
+                    "reference": {"type": "string"},
+                    "candidate": {"type": "string"},
+                    "position": {"type": "integer"},
+                },
             },
         },
         "pairs": {
