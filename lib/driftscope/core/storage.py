@@ -105,6 +105,28 @@ class OutputRoot:
         self.fs.mv(temporary, target)
         return self.url(*parts)
 
+    def check_writable(self) -> None:
+        """Write, read back and remove a small file at the root, or raise :class:`StorageError` saying why a run
+        could not keep its outputs there (a read-only folder or filesystem, a path under a file, a URL that
+        refuses writes)."""
+        name = f".driftscope-probe-{uuid.uuid4().hex[:8]}"
+        try:
+            self.write_text(name, text=name)
+            readable = self.read_text(name) == name
+            if self.remote:
+                self.fs.rm_file(self._key(name))
+            else:
+                self.path(name).unlink()
+        except Exception as err:  # noqa: BLE001 - every filesystem refuses in its own words
+            reason = getattr(err, "problem", None) or getattr(err, "strerror", None) or f"{type(err).__name__}: {err}"
+            raise StorageError(
+                f"cannot keep outputs under {self.location}: {reason}",
+                "pass an output root this user can write and every later reader can read (a local folder, "
+                "s3://..., gs://...)",
+            ) from None
+        if not readable:
+            raise StorageError(f"a file written under {self.location} did not read back", "pass another output root")
+
     def directories(self, *parts: str) -> list[str]:
         """Names of the subdirectories of ``parts`` (none when it does not exist)."""
         if not self.remote:
