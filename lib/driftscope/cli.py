@@ -378,6 +378,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .core.pipes import guarded_stdout
+
+    with guarded_stdout():  # `driftscope show RUN | head -1`: the rest is dropped, the exit code stays the verdict's
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     import logging
 
     args = parser().parse_args(argv)

@@ -186,3 +186,35 @@ def test_49_10_a_run_removes_only_the_partial_files_its_killed_predecessor_wrote
     assert not any(path.exists() for path in left)
     for path, data in theirs.items():
         assert path.read_bytes() == data, path
+
+
+def test_49_12_a_patch_that_crashes_the_interpreter_costs_its_candidate_only(tmp_path, tiny_checkpoint_dir, capsys):
+    """A candidate whose patch segfaults (a native crash) made `driftscope run` exit 139, its report left running
+    and the other candidates unjudged. A patch from outside driftscope runs in a process of its own."""
+    crash = {"runtime": "mlx", "policy": "f32", "label": "crash", "patch": f"{PATCHES}:segfault"}
+    params = write(tmp_path / "crash.yaml", runtimes=["transformers:f32", "mlx:f32", crash])
+    out = tmp_path / "out"
+    assert main(["run", str(params), "--out", str(out)]) == 2  # a runtime could not run: not a pass, not a fail
+    said = capsys.readouterr().out
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] == "complete" and report["verdict"]["per_candidate"]["mlx:f32"] == "pass"
+    assert report["verdict"]["per_candidate"]["crash"] == "could not run"
+    (check,) = report["checks"]["crash"]
+    assert "crashed its process (signal SIGSEGV)" in check["detail"] and "segfault" in check["detail"]
+    assert "captured in a process of its own" in said
+
+
+def test_49_12_show_into_a_reader_that_stops_reading_exits_with_the_verdict(tmp_path, tiny_checkpoint_dir):
+    """``driftscope show RUN | head -1``: the reader goes away after one line; show exited 2 with a BrokenPipeError
+    ("internal error"). The rest of the output is dropped and the exit code is the verdict's."""
+    out = tmp_path / "out"
+    assert main(["run", str(write(tmp_path / "p.yaml")), "--out", str(out)]) == 0
+    for args in (["show", str(out)], ["diff", "x", "y", "--out-root", str(tmp_path / "none")]):
+        read, written = os.pipe()
+        os.close(read)  # a reader that stopped before the first line
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "lib")}
+        command = [sys.executable, "-m", "driftscope", *args]
+        done = subprocess.run(command, stdout=written, stderr=subprocess.PIPE, text=True, env=env)
+        os.close(written)
+        assert "BrokenPipe" not in done.stderr and "internal error" not in done.stderr, done.stderr
+        assert done.returncode == (0 if args[0] == "show" else 2), (args, done.returncode, done.stderr)

@@ -56,6 +56,11 @@ def writing_for(run_id: str) -> Iterator[None]:
         _RUN_ID.reset(token)
 
 
+def current_run_id() -> str | None:
+    """The run id this context writes for (None: none)."""
+    return _RUN_ID.get()
+
+
 def partial_path(path: Path) -> Path:
     """Where a file is written before it takes ``path``'s name: ``<name>.<run id>.partial``."""
     run_id = _RUN_ID.get()
