@@ -100,6 +100,8 @@ def _precision(args: argparse.Namespace) -> int:
     from driftscope.run.precision_run import precision_search
     from driftscope.run.report import Report
 
+    from .errors import ParameterError
+
     params = load_parameters(args.params)
     out = Path(args.run).resolve() if args.run else default_out_dir(params)
     if not (out / "report.json").exists():  # the run the search starts from: made now (its notebooks are not)
@@ -107,7 +109,13 @@ def _precision(args: argparse.Namespace) -> int:
 
         log(f"no run of {args.params} in {out}: running its investigation first")
         investigate(params, out, reuse=True)
-    entry = precision_search(Report.load(out / "report.json"), args.candidate, not args.no_verify, log)
+    report = Report.load(out / "report.json")
+    if report.data.get("parameters_digest") != params.digest:  # --run of another parameter file's run
+        raise ParameterError(
+            f"the run in {out} is not a run of {args.params} (it ran {report.data.get('parameters_file')})",
+            f"pass the parameter file that run used, or --run a run of {args.params} (driftscope run it first)",
+        )
+    entry = precision_search(report, args.candidate, not args.no_verify, log)
     if not args.no_render:
         from driftscope.views.render import execute, to_html
 
