@@ -61,7 +61,7 @@ def test_49_12_a_truncated_image_in_the_screen_is_ranked_could_not_run_and_the_p
     import shutil
 
     import yaml
-    from conftest import ROOT, TINY
+    from conftest import TINY
     from driftscope.cli import main
     from driftscope.screen.page import UNREADABLE
 
