@@ -97,37 +97,18 @@ def _rejudge(args: argparse.Namespace) -> int:
 def _precision(args: argparse.Namespace) -> int:
     from driftscope.run.investigation import default_out_dir, log
     from driftscope.run.params import load_parameters
-    from driftscope.run.precision_run import precision_search
-    from driftscope.run.report import Report
-
-    from .errors import ParameterError
+    from driftscope.run.precision_run import precision_exit_code, precision_search, run_of
 
     params = load_parameters(args.params)
     out = Path(args.run).resolve() if args.run else default_out_dir(params)
-    if not (out / "report.json").exists():  # the run the search starts from: made now (its notebooks are not)
-        from driftscope.run.investigation import investigate
-
-        log(f"no run of {args.params} in {out}: running its investigation first")
-        investigate(params, out, reuse=True)
-    report = Report.load(out / "report.json")
-    if report.data.get("parameters_digest") != params.digest:  # --run of another parameter file's run
-        raise ParameterError(
-            f"the run in {out} is not a run of {args.params} (it ran {report.data.get('parameters_file')})",
-            f"pass the parameter file that run used, or --run a run of {args.params} (driftscope run it first)",
-        )
-    entry = precision_search(report, args.candidate, not args.no_verify, log)
+    entry = precision_search(run_of(params, args.params, out, log), args.candidate, not args.no_verify, log)
     if not args.no_render:
         from driftscope.views.render import execute, to_html
 
         parameters = {"params_path": args.params, "out_dir": str(out), "candidate": args.candidate}
         html, _ = to_html(execute("07_precision_search", out, parameters, Path.cwd(), log_output=False))
         log(f"rendered {html}")
-    verified = entry.get("verified") or {}
-    if verified:
-        log(f"verified by a real run: {verified['label']} {verified['verdict']} ({verified['report']})")
-    if verified:
-        return 0 if entry["closes"] and verified["verdict"] == "pass" else 1
-    return 0 if entry["closes"] and not entry.get("outside") else 1  # a failure it did not judge is no pass
+    return precision_exit_code(entry, log)
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -334,16 +315,9 @@ def parser() -> argparse.ArgumentParser:
     diff.add_argument("--factor", type=float, default=1.5, help="a change beyond this ratio counts (default 1.5)")
     diff.add_argument("--json", action="store_true", help="print JSON")
     diff.add_argument(
-        "--fail-on",
-        choices=["worse"],
-        help="exit 1 when a stage got worse beyond the noise floor, or a run, or a stage judged before, is missing "
-        "(a CI gate)",
+        "--fail-on", choices=["worse"], help="exit 1 when a stage got worse, or a run or stage is missing"
     )
-    diff.add_argument(
-        "--allow-missing",
-        action="store_true",
-        help="with --fail-on worse: a run or stage of the first commit missing in the second is not a failure",
-    )
+    diff.add_argument("--allow-missing", action="store_true", help="with --fail-on worse: a missing run is no failure")
     diff.set_defaults(func=_diff)
     trend = sub.add_parser(
         "trend", help="render notebook 05: one run's stages across commits, in git-history order (HTML)"

@@ -175,6 +175,34 @@ def precision_search(
     return entry
 
 
+def run_of(params, given: str, out: Path, log: Callable[[str], None] = print) -> Report:
+    """The finished run of ``params`` (the parameter file ``given``) in ``out``, its investigation run first where
+    there is none (its notebooks are not rendered); a run of another parameter file (``--run``) is a
+    :class:`ParameterError`."""
+    if not (out / "report.json").exists():  # the run the search starts from: made now
+        from driftscope.run.investigation import investigate
+
+        log(f"no run of {given} in {out}: running its investigation first")
+        investigate(params, out, reuse=True)
+    report = Report.load(out / "report.json")
+    if report.data.get("parameters_digest") != params.digest:
+        raise ParameterError(
+            f"the run in {out} is not a run of {given} (it ran {report.data.get('parameters_file')})",
+            f"pass the parameter file that run used, or --run a run of {given} (driftscope run it first)",
+        )
+    return report
+
+
+def precision_exit_code(entry: dict, log: Callable[[str], None]) -> int:
+    """0: a set of float32 operators closes the failure and the real run of its policy passes (unverified: and
+    nothing fails outside what the search judged); 1 otherwise."""
+    verified = entry.get("verified") or {}
+    if verified:
+        log(f"verified by a real run: {verified['label']} {verified['verdict']} ({verified['report']})")
+        return 0 if entry["closes"] and verified["verdict"] == "pass" else 1
+    return 0 if entry["closes"] and not entry.get("outside") else 1  # a failure it did not judge is no pass
+
+
 def _defect_patches(family, spec: dict, result) -> list[str]:
     """When no float32 set closes it: the ready patches the family declares for the stage still failing with every
     operator in float32, and its known-defect fixes for the runtime, unless the candidate runs that patch already."""
