@@ -73,14 +73,13 @@ def content_sha256(path: Path, memo: dict | None = None) -> str:
     loaded memo file, which gains the entry), unless the file changed too recently to be told apart by it."""
     path = Path(path)
     key, changed = _stat_key(path)
-    memo = {} if memo is None else memo
-    value = _known.get(key) or _sealed(memo, key)
+    value = _known.get(key) or (None if memo is None else _sealed(memo, key))
     if value is None:
         value = file_sha256(path)
         if time.time_ns() - changed < RACY_NS:
             return value
     _known[key] = value
-    if _sealed(memo, key) != value:
+    if memo is not None and _sealed(memo, key) != value:
         memo[key] = {"sha256": value, "seal": seal([key, value])}
     return value
 
