@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -37,7 +38,8 @@ from driftscope.run.runrecord import RECORD, duration, from_report, mark_dead, n
 
 CHECKOUT_ENV = "DRIFTSCOPE_CHECKOUT"
 LOG_NAME = "batch.log"  # the child's own output (its progress, a notebook's failure, a bad parameter)
-RENDERED = (".ipynb", ".html")  # an earlier run's pages, removed before the run executes again
+#: an earlier run's pages (a notebook's name ``NN_name``), removed before the run executes again: nothing else
+RENDERED = re.compile(r"\d{2}_[A-Za-z0-9_]+(\.nocode)?\.(ipynb|html)")
 
 
 class RunStopped(Exception):
@@ -211,7 +213,7 @@ def _workspace(root: OutputRoot, commit: str, directory: str) -> Iterator[Path]:
 
 def _execute(task: RunTask, params, tree: Path, out: Path, stop) -> dict:
     """``driftscope run`` of the parameters into ``out`` in a child process; what its report says."""
-    for stale in [p for p in out.iterdir() if p.suffix in RENDERED or p.name == RECORD]:
+    for stale in [p for p in out.iterdir() if p.is_file() and (RENDERED.fullmatch(p.name) or p.name == RECORD)]:
         stale.unlink()  # pages of an earlier run: never shown as this run's
     data = load_yaml(task.text)
     write_text_atomic(out / "parameters.yaml", yaml.safe_dump(dict(data, name=params.name), sort_keys=False))

@@ -81,10 +81,9 @@ def capture_isolated(
     log(f"  {spec.display}: its patch {spec.patch.target} runs outside driftscope: captured in a process of its own")
     with tempfile.TemporaryDirectory(prefix="driftscope-isolated-") as scratch:
         job = _job(Path(scratch), checkpoint, spec, inputs, plan, base)
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE_PARENT), os.environ.get("PYTHONPATH")])),
-        }
+        # the child imports what this process imports: this driftscope first, then this process's own path
+        path = [str(PACKAGE_PARENT), *(p for p in sys.path if p and Path(p).exists())]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(path))}
         with open(Path(scratch) / "child.log", "w+", encoding="utf-8") as output:
             code = subprocess.run(
                 [sys.executable, "-m", "driftscope.run.isolated", str(job)],
