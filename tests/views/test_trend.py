@@ -71,3 +71,16 @@ def test_49_7_a_diff_factor_past_any_scale_is_refused(tmp_path, capsys):
     assert diff(capsys, tmp_path)[0] == 1
     assert main(["diff", "a", "b", "--out-root", str(tmp_path), "--fail-on", "worse", "--factor", "1e300"]) == 2
     assert "judges nothing" in capsys.readouterr().err
+
+
+def test_49_6_two_run_directories_of_one_run_name_are_not_one_run(tmp_path, capsys):
+    """A run directory copied under another name in the earlier commit: keyed by the run's name, one of the two
+    vanished from the comparison. Which is the run is not known: the comparison cannot be made (exit 2)."""
+    import shutil
+
+    same = {"vision.block.0": 1e-5}
+    report(tmp_path, "a", "one", same)
+    shutil.copytree(tmp_path / "a" / "one", tmp_path / "a" / "copy")
+    report(tmp_path, "b", "one", same)
+    code, out = diff(capsys, tmp_path)
+    assert code == 2 and "two run directories hold a run named 'one': " in out

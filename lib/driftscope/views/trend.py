@@ -43,7 +43,12 @@ def reports(commit_dir: Path, unreadable: dict[str, str] | None = None) -> dict[
             if unreadable is not None:
                 unreadable[path.parent.name] = err.problem
             continue
-        found[report.data.get("name") or path.parent.name] = report
+        name = report.data.get("name") or path.parent.name
+        if name in found and unreadable is not None:  # a copied run directory: which one is the run is not known
+            unreadable[name] = (
+                f"two run directories hold a run named {name!r}: {found[name].directory.name}, {path.parent.name}"
+            )
+        found[name] = report
     return found
 
 
