@@ -9,8 +9,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-import yaml
-from conftest import ROOT, TINY
+from conftest import TINY, write_params
 from driftscope.batch.worker import _reusable
 from driftscope.cli import main
 from driftscope.core.storage import OutputRoot
@@ -18,22 +17,9 @@ from driftscope.run.investigation import investigate
 from driftscope.run.params import load_parameters
 from driftscope.run.reuse import PACKAGE_DIR
 
-CHECKER = ROOT / "fixtures" / "images" / "checkerboard_140.png"
 
-
-def write(path: Path, **fields) -> Path:
-    data = {
-        "name": path.stem,
-        "checkpoint": str(TINY),
-        "images": [str(CHECKER)],
-        "runtimes": ["transformers:f32", "mlx:f32"],
-        "stages": {"blocks": True},
-        "replay": False,
-        "notebooks": [],
-        **fields,
-    }
-    path.write_text(yaml.safe_dump(data))
-    return path
+def write(path: Path, runtimes=("transformers:f32", "mlx:f32"), **fields) -> Path:
+    return write_params(path, path.stem, list(runtimes), stages={"blocks": True}, replay=False, notebooks=[], **fields)
 
 
 def run(capsys, params: Path, out: Path) -> tuple[int, str]:
@@ -53,7 +39,7 @@ def test_49_1_a_run_rejudged_in_place_under_a_looser_contract_is_not_reused_as_a
     strict, loose = tmp_path / "strict.yaml", tmp_path / "loose.yaml"
     strict.write_text("default: {atol: 1.0e-4, rtol: 1.0e-4}\n")
     loose.write_text("default: {atol: 0.5, rtol: 0.5}\n")
-    params = write(tmp_path / "p.yaml", runtimes=["transformers:f32", "mlx:f16"], contract=str(strict))
+    params = write(tmp_path / "p.yaml", ["transformers:f32", "mlx:f16"], contract=str(strict))
     out = tmp_path / "root" / "c0mmit" / "p"
     assert run(capsys, params, out)[0] == 1  # f16 against f32 under 1e-4: fails
 
@@ -111,7 +97,7 @@ def test_49_2_a_finished_run_is_not_reused_once_the_checkpoint_or_a_tap_file_cha
     shutil.copyfile(out / "taps" / "mlx-f32.safetensors", engine)
     shutil.copyfile(out / "taps" / "mlx-f32.json", tmp_path / "engine.json")
     tapfile = {"runtime": "tapfile", "policy": "f32", "label": "engine", "options": {"path": str(engine)}}
-    imported = write(tmp_path / "q.yaml", checkpoint=str(checkpoint), runtimes=["transformers:f32", tapfile])
+    imported = write(tmp_path / "q.yaml", ["transformers:f32", tapfile], checkpoint=str(checkpoint))
     other = tmp_path / "root" / "c0mmit" / "q"
     assert run(capsys, imported, other)[0] == 0
     offset = _data_offset(engine, "vision.block.1")

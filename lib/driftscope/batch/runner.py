@@ -127,7 +127,6 @@ def run_batch(
         raise ParameterError(f"--jobs {jobs!r}: a batch needs at least one run at a time", "pass --jobs 1 or more")
     _refuse_volatile_root(out_root, scheduler)
     root = OutputRoot(out_root or outputs_root(params_files[0] if params_files else None))
-    root.check_writable()  # a read-only folder or URL: said now, not as each run's error
     files = [Path(p).resolve() for p in params_files]
     missing = [str(p) for p in files if not p.is_file()]
     if missing:
@@ -138,6 +137,7 @@ def run_batch(
     top, sources, in_git = _repository(files)
     if commit is not None and not in_git:
         raise ParameterError("--commit needs parameter files inside a git repository", "run without --commit")
+    root.check_writable()  # a read-only folder or URL: said now, not as each run's error
     from driftscope.run.environment import current_commit
 
     label = short_sha(commit, top) if commit else current_commit(top) if in_git else "nocommit"

@@ -104,12 +104,12 @@ def run_one(
             summary["checkout"] = str(tree)
             params = _parameters(task, tree)
             package = _package(tree)
+            _link_inputs(params, tree, Path(fallback))  # before the reuse check reads what the run would read
             previous = None if task.force else _reusable(root, task.commit, directory, params, package)
             if previous is not None:
                 report, seconds = previous
                 summary.update(from_report(report), reused=True, seconds=seconds)
                 return summary
-            _link_inputs(params, tree, Path(fallback))
             summary["reads"] = reads(params, package)  # what the run reads, by content: a later reuse checks it
             with _workspace(root, task.commit, directory) as out:
                 summary.update(_execute(task, params, tree, out, stop))
