@@ -157,7 +157,13 @@ def private_artifact_cache(tmp_path_factory):
     reference cache is off (every test captures its reference; tests/run/test_refcache.py turns it on in its own
     folder). The caches' seal key (``core.seal``) is the run's too: no test writes into the user's configuration."""
     base = tmp_path_factory.getbasetemp()
-    names = ("DRIFTSCOPE_CACHE", "DRIFTSCOPE_REFERENCE_CACHE", "DRIFTSCOPE_SEAL_KEY", SHARED_ENV)
+    names = (
+        "DRIFTSCOPE_CACHE",
+        "DRIFTSCOPE_REFERENCE_CACHE",
+        "DRIFTSCOPE_SEAL_KEY",
+        "DRIFTSCOPE_TRUSTED_PATCHES",
+        SHARED_ENV,
+    )
     previous = {name: os.environ.get(name) for name in names}
     # set beforehand, it is used as it is (e.g. to compare one file's time with and without another's results);
     # nothing in it is invalidated when the code changes
@@ -168,6 +174,9 @@ def private_artifact_cache(tmp_path_factory):
     os.environ["DRIFTSCOPE_CACHE"] = str(root / "driftscope-cache")
     os.environ["DRIFTSCOPE_REFERENCE_CACHE"] = "off"
     os.environ["DRIFTSCOPE_SEAL_KEY"] = str(root / "seal.key")
+    # the planted defects are the suite's own patches: captured in the run's process (run.isolated); the hostile
+    # patches (a segfault, a hang) are not, so a crash costs their candidate only
+    os.environ["DRIFTSCOPE_TRUSTED_PATCHES"] = str(ROOT / "tests" / "planted_patches.py")
     yield
     for name, value in previous.items():
         if value is None:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from driftscope.taps.tapset import TapSet
 
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the folder holding the driftscope package
+TRUSTED_ENV = "DRIFTSCOPE_TRUSTED_PATCHES"
 
 
 class CaptureCrashed(DriftscopeError):
@@ -38,8 +39,21 @@ class CaptureCrashed(DriftscopeError):
 
 
 def isolated(spec: RuntimeSpec) -> bool:
-    """Whether a candidate's capture runs in a process of its own: it runs a patch from outside driftscope."""
-    return spec.patch is not None and not spec.patch.target.startswith("driftscope.")
+    """Whether a candidate's capture runs in a process of its own: it runs a patch from outside driftscope that
+    ``$DRIFTSCOPE_TRUSTED_PATCHES`` does not name (files, folders or module names, separated by ``os.pathsep``:
+    patches the user vouches for run in the run's own process, where a crash stops the run)."""
+    if spec.patch is None or spec.patch.target.startswith("driftscope."):
+        return False
+    module = spec.patch.target.rsplit(":", 1)[0]
+    trusted = [entry for entry in os.environ.get(TRUSTED_ENV, "").split(os.pathsep) if entry.strip()]
+    if module in trusted:
+        return False
+    if module.endswith(".py"):
+        path = Path(module).expanduser()
+        path = (Path(spec.patch.root or Path.cwd()) / path if not path.is_absolute() else path).resolve()
+        folders = [Path(entry).expanduser().resolve() for entry in trusted]
+        return not any(path == folder or folder in path.parents for folder in folders)
+    return True
 
 
 def _job(folder: Path, checkpoint, spec: RuntimeSpec, inputs: ModelInputs, plan: StagePlan, base: Path) -> Path:
