@@ -155,9 +155,16 @@ def private_artifact_cache(tmp_path_factory):
     """One run-wide folder (``shared_root()``) and, in it, the artifact cache of the whole run: compiled IREE
     modules are compiled once per run, not once per worker (notebook kernels and batch workers inherit it). The
     reference cache is off (every test captures its reference; tests/run/test_refcache.py turns it on in its own
-    folder)."""
+    folder). The caches' seal key (``core.seal``) is the run's too: no test writes into the user's configuration."""
     base = tmp_path_factory.getbasetemp()
-    previous = {name: os.environ.get(name) for name in ("DRIFTSCOPE_CACHE", "DRIFTSCOPE_REFERENCE_CACHE", SHARED_ENV)}
+    names = (
+        "DRIFTSCOPE_CACHE",
+        "DRIFTSCOPE_REFERENCE_CACHE",
+        "DRIFTSCOPE_SEAL_KEY",
+        "DRIFTSCOPE_TRUSTED_PATCHES",
+        SHARED_ENV,
+    )
+    previous = {name: os.environ.get(name) for name in names}
     # set beforehand, it is used as it is (e.g. to compare one file's time with and without another's results);
     # nothing in it is invalidated when the code changes
     given = previous[SHARED_ENV]
@@ -166,6 +173,10 @@ def private_artifact_cache(tmp_path_factory):
     os.environ[SHARED_ENV] = str(root)
     os.environ["DRIFTSCOPE_CACHE"] = str(root / "driftscope-cache")
     os.environ["DRIFTSCOPE_REFERENCE_CACHE"] = "off"
+    os.environ["DRIFTSCOPE_SEAL_KEY"] = str(root / "seal.key")
+    # the planted defects are the suite's own patches: captured in the run's process (run.isolated); the hostile
+    # patches (a segfault, a hang) are not, so a crash costs their candidate only
+    os.environ["DRIFTSCOPE_TRUSTED_PATCHES"] = str(ROOT / "tests" / "planted_patches.py")
     yield
     for name, value in previous.items():
         if value is None:

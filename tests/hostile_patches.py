@@ -27,3 +27,13 @@ def segfault(model, **_):
     import signal
 
     os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def kill_the_run(model, **_):
+    """Kills the run that loads it with SIGSEGV, as a native crash of the run's own process would (e.g. in an
+    engine). A patch from outside driftscope runs in a child of the run (``run.isolated``): it signals its parent."""
+    import os
+    import signal
+
+    os.kill(os.getppid(), signal.SIGSEGV)
+    time.sleep(60)

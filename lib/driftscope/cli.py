@@ -97,27 +97,18 @@ def _rejudge(args: argparse.Namespace) -> int:
 def _precision(args: argparse.Namespace) -> int:
     from driftscope.run.investigation import default_out_dir, log
     from driftscope.run.params import load_parameters
-    from driftscope.run.precision_run import precision_search
-    from driftscope.run.report import Report
+    from driftscope.run.precision_run import precision_exit_code, precision_search, run_of
 
     params = load_parameters(args.params)
     out = Path(args.run).resolve() if args.run else default_out_dir(params)
-    if not (out / "report.json").exists():  # the run the search starts from: made now (its notebooks are not)
-        from driftscope.run.investigation import investigate
-
-        log(f"no run of {args.params} in {out}: running its investigation first")
-        investigate(params, out, reuse=True)
-    entry = precision_search(Report.load(out / "report.json"), args.candidate, not args.no_verify, log)
+    entry = precision_search(run_of(params, args.params, out, log), args.candidate, not args.no_verify, log)
     if not args.no_render:
         from driftscope.views.render import execute, to_html
 
         parameters = {"params_path": args.params, "out_dir": str(out), "candidate": args.candidate}
         html, _ = to_html(execute("07_precision_search", out, parameters, Path.cwd(), log_output=False))
         log(f"rendered {html}")
-    verified = entry.get("verified") or {}
-    if verified:
-        log(f"verified by a real run: {verified['label']} {verified['verdict']} ({verified['report']})")
-    return 0 if entry["closes"] and verified.get("verdict", "pass") == "pass" else 1
+    return precision_exit_code(entry, log)
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -203,7 +194,7 @@ def _diff(args: argparse.Namespace) -> int:
     root = Path(args.out_root or outputs_root())
     diff = diff_commits(resolve_commit_dir(root, args.rev_a), resolve_commit_dir(root, args.rev_b), args.factor)
     print(json.dumps(diff, indent=1) if args.json else format_diff(diff))
-    return diff_exit_code(diff, args.fail_on)
+    return diff_exit_code(diff, args.fail_on, args.allow_missing)
 
 
 def _trend(args: argparse.Namespace) -> int:
@@ -324,8 +315,9 @@ def parser() -> argparse.ArgumentParser:
     diff.add_argument("--factor", type=float, default=1.5, help="a change beyond this ratio counts (default 1.5)")
     diff.add_argument("--json", action="store_true", help="print JSON")
     diff.add_argument(
-        "--fail-on", choices=["worse"], help="exit 1 when a stage got worse beyond the noise floor (a CI gate)"
+        "--fail-on", choices=["worse"], help="exit 1 when a stage got worse, or a run or stage is missing"
     )
+    diff.add_argument("--allow-missing", action="store_true", help="with --fail-on worse: a missing run is no failure")
     diff.set_defaults(func=_diff)
     trend = sub.add_parser(
         "trend", help="render notebook 05: one run's stages across commits, in git-history order (HTML)"
@@ -370,6 +362,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .core.pipes import guarded_stdout
+
+    with guarded_stdout():  # `driftscope show RUN | head -1`: the rest is dropped, the exit code stays the verdict's
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     import logging
 
     args = parser().parse_args(argv)

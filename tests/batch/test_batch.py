@@ -257,10 +257,11 @@ def test_runs_that_cannot_execute_never_show_green(tmp_path, good_run):
 
 
 def test_a_run_whose_process_died_is_dead_and_could_not_run(tmp_path, good_run):
-    """Issue 30 item 6: a run killed by SIGSEGV was "0 could not run", "1 still running elsewhere", exit 1."""
+    """Issue 30 item 6: a run killed by SIGSEGV was "0 could not run", "1 still running elsewhere", exit 1. (A patch
+    that crashes its own process costs its candidate only, issue 49 item 12: this one kills the run's process.)"""
     from driftscope.run.runrecord import exit_code
 
-    crash = f"{ROOT / 'tests' / 'hostile_patches.py'}:segfault"
+    crash = f"{ROOT / 'tests' / 'hostile_patches.py'}:kill_the_run"
     good = _seeded(tmp_path / "out", good_run)
     crashed = _write(tmp_path / "crash.yaml", _params("crash", patch=crash))
     result = run_batch([good, crashed], jobs=2, out_root=tmp_path / "out", log=lambda message: None)

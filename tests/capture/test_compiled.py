@@ -223,6 +223,20 @@ def test_a_second_compile_reuses_the_artifact_and_a_new_policy_recompiles(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([first.key, other.key])
 
 
+def test_49_5_a_module_copied_in_from_another_key_is_compiled_again(tmp_path):
+    """An artifact folder whose module.vmfb was replaced (here by the f16-contract graph's module, which would make
+    an f32 candidate run half precision) is not this key's module: its sealed SHA-256 does not hold."""
+    import shutil
+
+    first = compile_graph(_picked_graph()[0], cache_dir=tmp_path)
+    other = compile_graph(_picked_graph("f16-contract")[0], cache_dir=tmp_path)
+    shutil.copyfile(other.path, first.path)
+    again = compile_graph(_picked_graph()[0], cache_dir=tmp_path)
+    assert not again.cache_hit and again.key == first.key
+    assert again.path.read_bytes() != other.path.read_bytes()
+    assert compile_graph(_picked_graph()[0], cache_dir=tmp_path).cache_hit
+
+
 def test_a_host_tuned_artifact_is_keyed_by_the_host_cpu(tiny_checkpoint):
     """``--iree-llvmcpu-target-cpu=host`` (the llvm-cpu default) builds for this CPU: the identity names it
     (model and feature flags), so a cache shared with another machine never hands it this module."""

@@ -181,3 +181,36 @@ def test_an_engine_that_computed_narrower_than_its_policy_fails_the_dtype_check(
     narrow = dtype_check(engine("bf16-under-f32", "BF16"))
     assert narrow["status"] == "fail" and "bfloat16 is narrower" in narrow["detail"], narrow
     assert dtype_check(engine("f32", "F32"))["status"] == "pass"
+
+
+def test_49_8_the_stored_dtype_decides_when_it_is_narrower_than_the_declared_one(tmp_path, captures):
+    """Stages stored as BF16 whose sidecar declares ``native_dtype: float32`` hold bfloat16 values whatever it says:
+    under ``policy: f32`` the check fails. So does a text stage stored narrower (the tower's stages in F32): every
+    model stage counts, not the tower's alone."""
+    import importlib.util
+
+    from driftscope.capture.runtime_checks import capture_checks
+
+    spec = importlib.util.spec_from_file_location("tapfile_writer", ROOT / "examples" / "tapfile_writer.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    oracle = captures["transformers:f32"]
+    digest = oracle.meta["inputs_digest"]
+    vision = [stage_id for stage_id in oracle.stage_ids() if stage_id.startswith("vision.block.")][:4]
+
+    def engine(name: str, stores: dict[str, str]) -> TapSet:
+        writer = example.TapSetWriter(str(tmp_path / name), "engine", policy="f32", inputs_digest=digest)
+        for stage_id, store in stores.items():
+            value = np.asarray(oracle[stage_id]) if stage_id in oracle else np.linspace(-1, 1, 24).reshape(2, 12)
+            writer.add(stage_id, value, store=store, native_dtype="float32")  # the sidecar says float32 always
+        writer.close()
+        return TapSet(tmp_path / f"{name}.safetensors")
+
+    def dtype_check(tapset: TapSet) -> dict:
+        return next(c for c in capture_checks(tapset, digest, "f32") if c["check"] == "compute_dtype")
+
+    lying = dtype_check(engine("stored-bf16", dict.fromkeys(vision, "BF16")))
+    assert lying["status"] == "fail" and "bfloat16 is narrower" in lying["detail"], lying
+    text = dtype_check(engine("text-bf16", {**dict.fromkeys(vision, "F32"), "text.logits.last": "BF16"}))
+    assert text["status"] == "fail" and "bfloat16" in text["detail"], text
+    assert dtype_check(engine("honest", dict.fromkeys(vision, "F32")))["status"] == "pass"

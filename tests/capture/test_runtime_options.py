@@ -67,3 +67,35 @@ def test_driftscope_run_stops_at_the_parameters_step(tmp_path, capsys, tiny_chec
     err = capsys.readouterr().err
     assert "has no option 'warp_speed'" in err and "rmsnorm" in err
     assert not (tmp_path / "out" / "report.json").exists()  # nothing ran
+
+
+@pytest.mark.parametrize(
+    ("runtime", "policy", "options", "key"),
+    [
+        ("transformers", "f64", {"threads": "two"}, "threads"),  # a ValueError at load, no fix line
+        ("transformers", "f64", {"threads": 0}, "threads"),
+        ("iree", "f32", {"bucket": "big"}, "bucket"),
+        ("iree", "f32", {"whole_taps_mib": float("nan")}, "whole_taps_mib"),
+        ("iree", "f32", {"flags": "--iree-opt"}, "flags"),
+        ("jax", "f32", {"taps": "all"}, "taps"),
+        ("tapfile", "f32", {"path": 3}, "path"),
+    ],
+)
+def test_49_13_an_option_value_of_the_wrong_kind_is_refused_with_its_fix(runtime, policy, options, key):
+    with pytest.raises(ParameterError, match=rf"runtimes\[1\].options.{key}=") as err:
+        preflight({"runtime": runtime, "policy": policy, "options": options})
+    assert err.value.fix and key in err.value.fix or "use one of" in err.value.fix
+
+
+def test_49_13_float32_operators_outside_the_tower_are_refused_at_the_parameters_step(tmp_path, tiny_checkpoint_dir):
+    """``options: {f32: [vision.block.99.norm2]}`` on the 8-block tiny tower was an IndexError at the capture."""
+    from conftest import SHAPES
+
+    base = {"checkpoint": str(tiny_checkpoint_dir), "images": [str(SHAPES)]}
+    for f32, named in (("vision.block.99.norm2", "vision.block.99.norm2"), ("vision.block.0.nonsense", "nonsense")):
+        runtimes = ["transformers", {"runtime": "mlx", "policy": "f16", "options": {"f32": [f32]}}]
+        with pytest.raises(ParameterError, match=rf"runtimes\[1\] \(mlx:f16\): options.f32 names .*{named}") as err:
+            check_parameters(parse_parameters({**base, "runtimes": runtimes}))
+        assert "vision.block.0-7.norm2" in err.value.fix
+    good = ["transformers", {"runtime": "mlx", "policy": {"base": "f16", "f32": ["vision.block.5-7.norm2"]}}]
+    check_parameters(parse_parameters({**base, "runtimes": good}))

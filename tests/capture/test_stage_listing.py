@@ -82,3 +82,20 @@ def test_write_inputs_of_a_video_packs_its_frames_as_one_grid_with_time(capsys, 
         assert handle.get_tensor("grid_thw").tolist() == [[2, 16, 16]]
         np.testing.assert_array_equal(handle.get_tensor("pixel_values"), expected["pixel_values"])
         assert handle.metadata()["inputs_digest"] == expected.digest
+
+
+def test_49_13_the_inputs_file_gets_the_umasks_permissions(capsys, tmp_path):
+    """``--write-inputs`` wrote mode 0600 (safetensors' own writer): an engine run by another user could not read
+    it. Like every output file, it gets the umask's permissions."""
+    import os
+    import stat
+
+    for umask, mode in ((0o022, 0o644), (0o002, 0o664)):
+        previous = os.umask(umask)
+        try:
+            path = tmp_path / f"inputs-{umask:o}.safetensors"
+            _stages(capsys, "--images", str(SHAPES), "--write-inputs", str(path))
+        finally:
+            os.umask(previous)
+        assert stat.S_IMODE(path.stat().st_mode) == mode
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith((".partial", ".tmp"))]

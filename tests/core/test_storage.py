@@ -58,3 +58,19 @@ def test_inputs_given_as_urls_are_fetched_once_and_keep_their_url_as_identity(tm
     assert params.to_dict()["checkpoint"] == checkpoint.as_uri() and params.to_dict()["images"] == [image.as_uri()]
     with pytest.raises(StorageError, match="does not exist"):
         localize((tmp_path / "nothing.png").as_uri())
+
+
+def test_49_5_a_fetched_copy_changed_since_it_was_fetched_is_fetched_again(tmp_path, monkeypatch):
+    """The local copy of a URL's file is a cache entry: rewritten in place (its record rewritten to match, without
+    the seal key), it is refused and fetched again, not read as the URL's file."""
+    import hashlib
+    import json
+
+    monkeypatch.setenv("DRIFTSCOPE_CACHE", str(tmp_path / "cache"))
+    image = ROOT / "fixtures" / "images" / "checkerboard_140.png"
+    local = localize(image.as_uri())
+    local.write_bytes(b"not the image")
+    record = json.loads((local.parent / ".complete").read_text())
+    record["files"] = {local.name: hashlib.sha256(b"not the image").hexdigest()}
+    (local.parent / ".complete").write_text(json.dumps(record))
+    assert localize(image.as_uri()).read_bytes() == image.read_bytes()

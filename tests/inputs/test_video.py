@@ -156,3 +156,25 @@ def test_a_video_preprocessor_config_sets_the_bounds_and_each_family_resizes_by_
         expected = smart_resize(4, 224, 224, 2, factor, 64 * 64, 128 * 128)
     assert fact["resized"] == list(expected) and fact["resized"][0] < 224
     assert fact["grid_thw"] == [2, expected[0] * 2 // factor, expected[1] * 2 // factor]
+
+
+def test_49_13_a_video_too_small_for_the_processor_is_treated_as_an_image_of_that_size_would_be(tmp_path):
+    """Frames of 1x1 (and 20x20) were upscaled silently while a 1x1 image was refused (Qwen2.5-VL) or its upscale
+    recorded (Qwen3-VL, whose processor upscales by design): a video now follows its family's rule for images."""
+    for side in (1, 20):
+        frames = [Image.new("RGB", (side, side), (40 * i, 9, 9)) for i in range(4)]
+        video = tmp_path / f"tiny-{side}.gif"
+        frames[0].save(video, save_all=True, append_images=frames[1:], duration=100, loop=0)
+        image = tmp_path / f"tiny-{side}.png"
+        frames[0].save(image)
+        qwen25 = _checkpoint("qwen2_5_vl")
+        with pytest.raises(InputError, match="below the processor's min_pixels"):
+            prepare_inputs(qwen25, [image])
+        with pytest.raises(InputError, match=f"frames are {side}x{side} .* would upscale them") as err:
+            prepare_inputs(qwen25, [], [video])
+        assert "min_pixels" in err.value.fix
+        inputs = prepare_inputs(_checkpoint("qwen3_vl"), [], [video])
+        (fact,) = inputs.facts["videos"]
+        assert fact["upscaled_by_min_pixels"].startswith(f"{side}x{side} -> ")
+        assert "upscaled by min_pixels" in inputs.headline
+    assert "upscaled_by_min_pixels" not in prepare_inputs(_checkpoint("qwen3_vl"), [], [GIF]).facts["videos"][0]

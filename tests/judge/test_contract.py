@@ -100,3 +100,56 @@ def test_a_parameter_file_reads_exponents_as_numbers(tmp_path):
         "factor": 4.0,
         "floor": 1e-6,
     }
+
+
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ("default: {atol: 1.0e+308}", "atol"),  # atol + rtol * |e| overflows to inf: nothing can fail
+        ("default: {atol: 1.0e+30}", "atol"),  # finite, but past any stage's scale
+        ("stages: [{pattern: 'vision.*', rtol: 1.0}]", "rtol"),  # a candidate of zeros passes every element
+        ("default: {rtol: 1.0e+308}", "rtol"),
+        ("default: {max_failure_fraction: 1.0}", "max_failure_fraction"),  # every element may fail
+        ("stages: [{pattern: 'text.*', max_failure_fraction: 0.75}]", "max_failure_fraction"),
+        ("default: {peer_factor: 1.0e+300}", "peer_factor"),
+        ("default: {peer_floor: 1.0e+308}", "peer_floor"),
+    ],
+)
+def test_49_7_a_contract_that_judges_nothing_is_refused(tmp_path, text, key):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ContractError, match=f"{key} .*judges? nothing") as caught:
+        load_contract(path)
+    assert caught.value.fix and key in caught.value.fix
+
+
+def test_49_7_a_run_with_such_a_contract_stops_at_the_parameters_step_without_numpy_warnings(tmp_path):
+    """Before any model loads, exit 2, one line naming the key and no RuntimeWarning on the terminal."""
+    import subprocess
+    import sys
+
+    import yaml
+    from conftest import ROOT, TINY
+
+    contract = tmp_path / "c.yaml"
+    contract.write_text("default: {atol: 1.0e+308, rtol: 1.0e+308}\n")
+    params = tmp_path / "p.yaml"
+    params.write_text(
+        yaml.safe_dump(
+            {
+                "checkpoint": str(TINY),
+                "images": [str(ROOT / "fixtures" / "images" / "checkerboard_140.png")],
+                "runtimes": ["transformers:f32", "mlx:f32"],
+                "contract": str(contract),
+                "notebooks": [],
+            }
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "driftscope", "run", str(params), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "atol" in done.stderr and "Warning" not in done.stderr + done.stdout and "Traceback" not in done.stderr
+    assert not (tmp_path / "out" / "report.json").exists()

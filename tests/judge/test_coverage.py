@@ -131,3 +131,46 @@ def test_a_stage_partly_non_finite_on_both_sides_is_judged_on_the_rest(tmp_path,
     row = next(row for row in result["rows"] if row["stage"] == stage)
     assert row["status"] == "pass" and "not judged" in row["warning"]
     assert result["coverage"]["b"]["complete"]
+
+
+def _holes(plan, share: float, at_least: int = 1):
+    """A ``change`` that makes ``share`` of a model stage's float elements NaN (the same places on every side; at
+    least ``at_least`` of them, and never every element)."""
+
+    def change(stage_id, value):
+        if value.dtype.kind != "f" or value.size < 2 or plan[stage_id].data:
+            return value
+        out = value.astype(np.float32).copy().reshape(-1)
+        out[: max(at_least, min(out.size - 1, int(share * out.size)))] = np.nan
+        return out.reshape(value.shape)
+
+    return change
+
+
+def test_49_3_nan_at_the_same_places_on_both_sides_is_not_judged_and_cannot_pass(tmp_path, oracle, full_plan):
+    """Both sides NaN in all but one element of every float stage, then in half of them: nothing there was judged,
+    so those stages are "not judged" and the pair fails; the verdict says how much was judged. Below the floor
+    (``judge.coverage.JUDGED_FLOOR``) a stage is not judged; above it the NaN are a warning and the coverage says
+    how much was judged."""
+    from driftscope.judge.coverage import JUDGED_FLOOR
+
+    floats = [s for s in oracle.stage_ids() if not full_plan[s].data and not full_plan[s].integer]
+    for share, name in ((1.0, "all-but-one"), (0.5, "half")):
+        reference = copy(oracle, tmp_path / f"ref-{name}", change=_holes(full_plan, share))
+        candidate = copy(oracle, tmp_path / name, change=_holes(full_plan, share))
+        result = judge(reference, [candidate], Contract(), full_plan)
+        rows = {row["stage"]: row for row in result["rows"]}
+        assert all(rows[s]["status"] == "not_judged" for s in floats), {s: rows[s]["status"] for s in floats}
+        assert result["verdict"]["status"] == "fail"
+        coverage = result["coverage"][name]
+        assert coverage["judged_fraction"] < JUDGED_FLOOR and not coverage["complete"]
+        assert result["verdict"]["judged"][name] == coverage["judged_fraction"]
+        assert any("could be judged" in reason for reason in result["verdict"]["reasons"])
+    # a few NaN on both sides (under 1 - floor of each stage): judged everywhere else, a warning, the share said
+    few = _holes(full_plan, (1 - JUDGED_FLOOR) / 4, at_least=0)
+    reference, candidate = copy(oracle, tmp_path / "ref-few", change=few), copy(oracle, tmp_path / "few", change=few)
+    result = judge(reference, [candidate], Contract(), full_plan)
+    rows = {row["stage"]: row for row in result["rows"]}
+    assert result["verdict"]["status"] == "pass", result["verdict"]["reasons"]
+    assert JUDGED_FLOOR < result["coverage"]["few"]["judged_fraction"] < 1
+    assert any(rows[s]["warning"] for s in floats)

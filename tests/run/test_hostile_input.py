@@ -155,7 +155,7 @@ def test_2_nonfinite_values_fail_whatever_max_failure_fraction_allows(tmp_path):
     plan = StagePlan("t", [Stage("a", ("x", "y")), Stage("b", ("x", "y"))])
     reference = taps(tmp_path, "ref", {"a": finite, "b": nan})
     candidate = taps(tmp_path, "cand", {"a": nan, "b": nan})
-    lenient = Contract.from_dict({"default": {"max_failure_fraction": 1.0}})
+    lenient = Contract.from_dict({"default": {"max_failure_fraction": 0.5}})
     result = judge(reference, [candidate], lenient, plan)
     rows = {row["stage"]: row for row in result["rows"]}
     assert rows["a"]["status"] == "fail" and rows["a"]["nonfinite_mismatch"] == 32

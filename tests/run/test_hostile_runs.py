@@ -144,11 +144,77 @@ def test_18_a_killed_run_is_recognised_as_dead_and_its_partial_files_are_removed
     assert main(["rejudge", str(out), "--contract", str(tmp_path / "c.yaml")]) == 2
     assert f"did not complete (dead: {gone})" in capsys.readouterr().err
     assert _stopped_at(out / "report.json") == "capture:mlx:f32"  # `driftscope run` renders no further notebook
-    # the next run (a notebook's reuse) says the last one died, runs it again, and cleans what a kill leaves
-    (out / "taps" / "ghost.safetensors.partial").write_bytes(b"\0" * 64)
-    (out / ".report.json.dead.tmp").write_text("{")
+    # the next run (a notebook's reuse) says the last one died, runs it again, and cleans what a kill leaves: the
+    # files named by the dead run's id (issue 49 item 10: by its id, never by a pattern)
+    run_id = json.loads((out / "report.json").read_text())["run_id"]
+    (out / "taps" / f"ghost.safetensors.{run_id}.partial").write_bytes(b"\0" * 64)
+    (out / f".report.json.{run_id}-0badf00d.tmp").write_text("{")
     report = investigate(load_parameters(params), out, reuse=True)
     printed = capsys.readouterr().out
     assert f"died: {gone}; running it again" in printed and "removed 2 partial file(s)" in printed
     assert report.data["status"] == "complete" and report.verdict == "pass"
     assert not list(out.rglob("*.partial")) and not list(out.glob(".*.tmp"))
+
+
+def test_49_10_a_run_removes_only_the_partial_files_its_killed_predecessor_wrote(tmp_path, tiny_checkpoint_dir):
+    """``--out DIR`` holding a user's ``downloads/x.partial`` and another run's in-flight TapSet in a nested folder:
+    neither is touched, whatever its name; a killed run's own leftovers (named by its id) are removed."""
+    out = tmp_path / "out"
+    theirs = {
+        out / "downloads" / "x.partial": b"half a download",
+        out / "downloads" / "x.partial.old": b"older",
+        out / "nested" / "taps" / "mlx-f32.safetensors.partial": b"another run's capture",
+        out / "nested" / ".report.json.1234abcd.tmp": b"another run's report",
+        out / ".notes.tmp": b"mine",
+        out / "taps" / "mlx-f32.safetensors.0123456789abcdef.partial": b"not a run this directory had",
+    }
+    for path, data in theirs.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    params = write(tmp_path / "p.yaml")
+    assert main(["run", str(params), "--out", str(out)]) == 0
+    for path, data in theirs.items():
+        assert path.read_bytes() == data, path
+    # a run killed mid-write (its report still says running, its process gone) left files named by its id
+    report = json.loads((out / "report.json").read_text())
+    run_id = report["run_id"]
+    (out / "report.json").write_text(json.dumps({**report, "status": "running", "pid": 2**22 + 7}))
+    left = [out / "taps" / f"mlx-f32.safetensors.{run_id}.partial", out / f".report.json.{run_id}-00ff00ff.tmp"]
+    for path in left:
+        path.write_bytes(b"\0")
+    assert main(["run", str(params), "--out", str(out)]) == 0
+    assert not any(path.exists() for path in left)
+    for path, data in theirs.items():
+        assert path.read_bytes() == data, path
+
+
+def test_49_12_a_patch_that_crashes_the_interpreter_costs_its_candidate_only(tmp_path, tiny_checkpoint_dir, capsys):
+    """A candidate whose patch segfaults (a native crash) made `driftscope run` exit 139, its report left running
+    and the other candidates unjudged. A patch from outside driftscope runs in a process of its own."""
+    crash = {"runtime": "mlx", "policy": "f32", "label": "crash", "patch": f"{PATCHES}:segfault"}
+    params = write(tmp_path / "crash.yaml", runtimes=["transformers:f32", "mlx:f32", crash])
+    out = tmp_path / "out"
+    assert main(["run", str(params), "--out", str(out)]) == 2  # a runtime could not run: not a pass, not a fail
+    said = capsys.readouterr().out
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] == "complete" and report["verdict"]["per_candidate"]["mlx:f32"] == "pass"
+    assert report["verdict"]["per_candidate"]["crash"] == "could not run"
+    (check,) = report["checks"]["crash"]
+    assert "crashed its process (signal SIGSEGV)" in check["detail"] and "segfault" in check["detail"]
+    assert "captured in a process of its own" in said
+
+
+def test_49_12_show_into_a_reader_that_stops_reading_exits_with_the_verdict(tmp_path, tiny_checkpoint_dir):
+    """``driftscope show RUN | head -1``: the reader goes away after one line; show exited 2 with a BrokenPipeError
+    ("internal error"). The rest of the output is dropped and the exit code is the verdict's."""
+    out = tmp_path / "out"
+    assert main(["run", str(write(tmp_path / "p.yaml")), "--out", str(out)]) == 0
+    for args in (["show", str(out)], ["diff", "x", "y", "--out-root", str(tmp_path / "none")]):
+        read, written = os.pipe()
+        os.close(read)  # a reader that stopped before the first line
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "lib")}
+        command = [sys.executable, "-m", "driftscope", *args]
+        done = subprocess.run(command, stdout=written, stderr=subprocess.PIPE, text=True, env=env)
+        os.close(written)
+        assert "BrokenPipe" not in done.stderr and "internal error" not in done.stderr, done.stderr
+        assert done.returncode == (0 if args[0] == "show" else 2), (args, done.returncode, done.stderr)

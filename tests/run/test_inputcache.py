@@ -171,7 +171,7 @@ def test_a_corrupt_entry_is_refused_and_the_inputs_prepared_again(tiny_checkpoin
     assert any(line.startswith(f"refusing the cached inputs in {entry}") for line in lines)
     assert again()[0]["status"] == "hit"
 
-    # a tensor file whose recorded size and SHA-256 were updated to match: the inputs' digest still tells
+    # a tensor file whose recorded size and SHA-256 were updated to match: the record's seal no longer holds
     tensors = load((entry / TENSORS).read_bytes())
     tensors["arrays/pixel_values"] = tensors["arrays/pixel_values"] + np.float32(1e-3)
     data = save(tensors)
@@ -182,7 +182,7 @@ def test_a_corrupt_entry_is_refused_and_the_inputs_prepared_again(tiny_checkpoin
     (entry / TENSORS).write_bytes(data)
     (entry / ENTRY).write_text(json.dumps(record))
     outcome, _ = again()
-    assert outcome["status"] == "stored" and "digest" in outcome["refused"]
+    assert outcome["status"] == "stored" and "seal" in outcome["refused"]
 
     (entry / ENTRY).write_text((entry / ENTRY).read_text()[:100])  # a truncated record
     outcome, _ = again()
@@ -191,6 +191,34 @@ def test_a_corrupt_entry_is_refused_and_the_inputs_prepared_again(tiny_checkpoin
     outcome, _ = again()
     assert outcome["status"] == "stored" and "missing" in outcome["refused"]
     assert again()[0]["status"] == "hit"
+
+
+def test_49_5_inputs_rewritten_with_every_digest_their_record_holds_are_refused(tiny_checkpoint, cache):
+    """Other pixel values and, to match them, the recorded size, SHA-256, inputs digest and summary: only the
+    record's seal (a key outside the cache) tells, and the entry is refused."""
+    import hashlib
+
+    from driftscope.run.inputcache import decode
+    from safetensors.numpy import load, save
+
+    expected = fresh(tiny_checkpoint, [CHECKER])
+    _, outcome = cached_inputs(tiny_checkpoint, [CHECKER], [], TEXT, print)
+    entry = Path(outcome["entry"])
+    tensors = load((entry / TENSORS).read_bytes())
+    tensors["arrays/pixel_values"] = tensors["arrays/pixel_values"] + np.float32(0.25)
+    data = save(tensors)
+    record = json.loads((entry / ENTRY).read_text())
+    forged = decode(load(data), record["inputs"])
+    record.update(
+        tensors={"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()},
+        digest=forged.digest,
+        summary=json.loads(json.dumps(forged.summary(), sort_keys=True, default=str)),
+    )
+    (entry / TENSORS).write_bytes(data)
+    (entry / ENTRY).write_text(json.dumps(record))
+    inputs, outcome = cached_inputs(tiny_checkpoint, [CHECKER], [], TEXT, print)
+    assert outcome["status"] == "stored" and "seal" in outcome.get("refused", ""), outcome
+    assert_same(inputs, expected)
 
 
 def test_inputs_json_cannot_hold_are_not_stored_and_the_cache_can_be_off(tiny_checkpoint, monkeypatch, tmp_path):

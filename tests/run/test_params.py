@@ -181,3 +181,10 @@ def test_substages_outside_the_tower_are_refused_before_anything_loads(tiny_chec
     plan = stage_plan(checkpoint.family, checkpoint.config)
     with pytest.raises(ParameterError, match="not blocks"):  # the same rule wherever a plan is selected
         plan.select(parse_parameters({**data, "stages": {"substages": [99]}}).stages)
+
+
+def test_49_7_a_relative_factor_or_floor_past_any_scale_judges_nothing_and_is_refused():
+    relative = {"high": "mlx:f16", "oracle": "transformers:f32"}
+    for key, value in (("factor", 1.0e300), ("floor", 1.0e308), ("factor", 1.0e4)):
+        with pytest.raises(ParameterError, match=f"relative.{key} .*judges nothing"):
+            parse_parameters({**BASE, "relative": {**relative, key: value}})

@@ -180,6 +180,58 @@ def test_a_corrupt_entry_is_refused_and_captured_again(own_cache, tmp_path, tiny
     assert hit["status"] == "hit"
 
 
+def test_49_4_weights_rewritten_in_place_with_their_time_stamps_restored_miss(
+    own_cache, tmp_path, monkeypatch, tiny_checkpoint_dir, small_inputs, small_plan
+):
+    """``cp -p``, ``touch -r``, a reproducible archive: the same path, inode, size and modification time, other
+    bytes. The key holds the bytes' hash (remembered by a stat key that includes the status-change time)."""
+    from driftscope.core import digests
+
+    monkeypatch.setattr(digests, "RACY_NS", 0, raising=False)  # remembered at once, as an old file's hash is
+    copy = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint_dir, copy)
+    _, _, first, _ = _capture(open_checkpoint(copy), small_inputs, small_plan, tmp_path / "a" / "ref")
+    assert first["status"] == "stored"
+    weights = sorted(copy.glob("*.safetensors"))[0]
+    before = weights.stat()
+    data = bytearray(weights.read_bytes())
+    data[-4:] = np.float32(0.5).tobytes()  # the last float of the last tensor
+    with open(weights, "r+b") as handle:  # in place: the same inode
+        handle.write(bytes(data))
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = weights.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+    _, _, changed, loaded = _capture(open_checkpoint(copy), small_inputs, small_plan, tmp_path / "b" / "ref")
+    assert changed["status"] == "stored" and changed["key"] != first["key"] and loaded
+
+
+def test_49_5_an_entry_rewritten_with_its_recorded_digests_is_refused(
+    own_cache, tmp_path, tiny_checkpoint, small_inputs, small_plan
+):
+    """The taps and the size and SHA-256 ``entry.json`` records for them, rewritten together: the record's seal
+    (a key outside the cache) does not hold, so the entry is refused and the reference captured again."""
+    from driftscope.core.digests import file_sha256
+
+    first, _, stored, _ = _capture(tiny_checkpoint, small_inputs, small_plan, tmp_path / "a" / "ref")
+    entry = Path(stored["entry"])
+    expected = {stage_id: np.array(first[stage_id]) for stage_id in first.stage_ids()}
+    os.unlink(first.tensor_path)  # the run's own copy is a hard link: rewrite the entry only
+    cached = entry / "taps.safetensors"
+    data = bytearray(cached.read_bytes())
+    data[-4:] = np.float32(123.0).tobytes()  # the last value of the last stage
+    cached.write_bytes(bytes(data))
+    record = json.loads((entry / "entry.json").read_text())
+    record["tensor"] = {"bytes": cached.stat().st_size, "sha256": file_sha256(cached)}
+    (entry / "entry.json").write_text(json.dumps(record))
+    lines = []
+    again, _, outcome, loaded = _capture(tiny_checkpoint, small_inputs, small_plan, tmp_path / "b" / "ref", log=lines)
+    assert outcome["status"] == "stored" and "seal" in outcome.get("refused", "") and loaded, outcome
+    for stage_id, value in expected.items():
+        np.testing.assert_array_equal(again[stage_id], value)
+    _, _, hit, _ = _capture(tiny_checkpoint, small_inputs, small_plan, tmp_path / "c" / "ref")
+    assert hit["status"] == "hit"
+
+
 def test_concurrent_runs_capture_the_reference_once(own_cache, tmp_path, tiny_checkpoint, small_inputs, small_plan):
     """Two workers needing the same reference at once: one captures and stores, the other waits on the entry's
     lock and reuses it."""

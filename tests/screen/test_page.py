@@ -53,3 +53,35 @@ def test_the_screen_report_is_versioned_and_checked(tmp_path):
     (tmp_path / "screen.json").write_text(json.dumps({**data, "schema_version": 99}))
     with pytest.raises(ReportError, match="schema_version"):
         load_screen(tmp_path)
+
+
+def test_49_12_a_truncated_image_in_the_screen_is_ranked_could_not_run_and_the_page_is_written(tmp_path, capsys):
+    """One truncated PNG among the screen's images: every capture ran, then the page's thumbnail raised (an internal
+    error, no page). Now the input is "could not run" and its thumbnail a placeholder."""
+    import shutil
+
+    import yaml
+    from conftest import TINY
+    from driftscope.cli import main
+    from driftscope.screen.page import UNREADABLE
+
+    images = tmp_path / "images"
+    images.mkdir()
+    shutil.copy(SCREEN_SET / "screen_336x336.png", images / "good.png")
+    data = (SCREEN_SET / "screen_336x336.png").read_bytes()
+    (images / "truncated.png").write_bytes(data[: len(data) // 2])
+    params = tmp_path / "p.yaml"
+    params.write_text(
+        yaml.safe_dump({"checkpoint": str(TINY), "images": [], "runtimes": ["transformers:f32", "mlx:f32"]})
+    )
+    out = tmp_path / "screen"
+    code = main(["screen", str(params), "--images", str(images / "*.png"), "--no-investigate", "--out", str(out)])
+    said = capsys.readouterr()
+    assert code == 0 and "internal error" not in said.err, said.err
+    ranked = json.loads((out / "screen.json").read_text())["inputs"]
+    assert [(entry["label"], entry["score"] is None) for entry in ranked] == [
+        ("good.png", False),
+        ("truncated.png", True),
+    ]
+    page = (out / "index.html").read_text()
+    assert UNREADABLE in page and "truncated.png" in page

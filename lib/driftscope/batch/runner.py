@@ -82,23 +82,25 @@ def _refuse_duplicates(files: list[Path], names: list[str]) -> None:
         )
 
 
-#: fsspec protocols whose files live in one process's memory: each Dask worker would keep its own
+#: fsspec protocols whose files live in one process's memory: nothing written there outlives the batch, and each
+#: Dask worker would keep its own
 VOLATILE = ("memory",)
 
 
 def _refuse_volatile_root(out_root: str | Path | None, scheduler: str | None) -> None:
-    """With a Dask scheduler the runs write from workers that may be other processes and hosts: refuse an output
-    root they would not share (memory://) or would each resolve on their own (a relative path)."""
-    if scheduler is None or out_root is None:
+    """Refuse an output root no later process can read: one in this process's memory (memory://; with a scheduler,
+    each worker's own), or, with a Dask scheduler, a relative path each worker would resolve on its own."""
+    if out_root is None:
         return
     location = str(out_root)
     if is_url(location) and location.split("://", 1)[0] in VOLATILE:
+        where = "each Dask worker's outputs in that worker's own memory" if scheduler else "the outputs in memory"
         raise ParameterError(
-            f"--out-root {location} keeps each Dask worker's outputs in that worker's own memory: they vanish with it",
-            "pass a root every worker shares and keeps (an absolute path they all mount, s3://..., gs://...), "
-            "or run without --scheduler",
+            f"--out-root {location} keeps {where}: they vanish with the process, and no later reader "
+            "(driftscope diff, show, a review) can read them",
+            "pass a root that keeps them (a local folder, an absolute path every worker mounts, s3://..., gs://...)",
         )
-    if not is_url(location) and not Path(location).expanduser().is_absolute():
+    if scheduler is not None and not is_url(location) and not Path(location).expanduser().is_absolute():
         raise ParameterError(
             f"--out-root {location} is a relative path: each Dask worker would resolve it against its own folder",
             "pass an absolute path every worker mounts, or a URL such as s3://bucket/runs",
@@ -121,6 +123,8 @@ def run_batch(
     ``outputs/`` of the parameter files' repository, else of the current folder).
     ``timeout``: seconds to reach the Dask ``scheduler`` (default: Dask's connect timeout).
     """
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ParameterError(f"--jobs {jobs!r}: a batch needs at least one run at a time", "pass --jobs 1 or more")
     _refuse_volatile_root(out_root, scheduler)
     root = OutputRoot(out_root or outputs_root(params_files[0] if params_files else None))
     files = [Path(p).resolve() for p in params_files]
@@ -133,6 +137,7 @@ def run_batch(
     top, sources, in_git = _repository(files)
     if commit is not None and not in_git:
         raise ParameterError("--commit needs parameter files inside a git repository", "run without --commit")
+    root.check_writable()  # a read-only folder or URL: said now, not as each run's error
     from driftscope.run.environment import current_commit
 
     label = short_sha(commit, top) if commit else current_commit(top) if in_git else "nocommit"

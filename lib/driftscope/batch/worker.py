@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -32,11 +33,13 @@ from driftscope.core.storage import OutputRoot, is_url
 from driftscope.core.worktree import head_matches, temporary_worktree, toplevel
 from driftscope.core.yamlfile import load_yaml
 from driftscope.errors import DriftscopeError, ParameterError
+from driftscope.run.reuse import PACKAGE_DIR, reads, stale_reason
 from driftscope.run.runrecord import RECORD, duration, from_report, mark_dead, now
 
 CHECKOUT_ENV = "DRIFTSCOPE_CHECKOUT"
 LOG_NAME = "batch.log"  # the child's own output (its progress, a notebook's failure, a bad parameter)
-RENDERED = (".ipynb", ".html")  # an earlier run's pages, removed before the run executes again
+#: an earlier run's pages (a notebook's name ``NN_name``), removed before the run executes again: nothing else
+RENDERED = re.compile(r"\d{2}_[A-Za-z0-9_]+(\.nocode)?\.(ipynb|html)")
 
 
 class RunStopped(Exception):
@@ -100,12 +103,14 @@ def run_one(
         with _tree(task, own_checkout) as (tree, fallback):
             summary["checkout"] = str(tree)
             params = _parameters(task, tree)
-            previous = None if task.force else _reusable(root, task.commit, directory, params)
+            package = _package(tree)
+            _link_inputs(params, tree, Path(fallback))  # before the reuse check reads what the run would read
+            previous = None if task.force else _reusable(root, task.commit, directory, params, package)
             if previous is not None:
                 report, seconds = previous
                 summary.update(from_report(report), reused=True, seconds=seconds)
                 return summary
-            _link_inputs(params, tree, Path(fallback))
+            summary["reads"] = reads(params, package)  # what the run reads, by content: a later reuse checks it
             with _workspace(root, task.commit, directory) as out:
                 summary.update(_execute(task, params, tree, out, stop))
     except RunStopped:
@@ -123,12 +128,21 @@ def run_one(
     return summary
 
 
-def _reusable(root: OutputRoot, commit: str, directory: str, params) -> tuple[dict, float] | None:
-    """(report, original seconds) of a finished run of these parameters whose notebooks all rendered."""
+def _package(tree: Path) -> Path:
+    """driftscope's package that runs the parameters in ``tree``: the tree's own, else this process's."""
+    own = tree / "lib" / "driftscope"
+    return own if own.is_dir() else PACKAGE_DIR
+
+
+def _reusable(root: OutputRoot, commit: str, directory: str, params, package: Path) -> tuple[dict, float] | None:
+    """(report, original seconds) of a finished run of these parameters whose notebooks all rendered, judged under
+    the parameter file's contract and runtimes, on the bytes it names today (``run.reuse``)."""
     report = root.read_json(commit, directory, "report.json")
     if not report or report.get("status") != "complete" or report.get("parameters_digest") != params.digest:
         return None
     record = root.read_json(commit, directory, RECORD) or {}
+    if stale_reason(report, params, record.get("reads") or report.get("reads"), package):
+        return None
     if record.get("report_updated") == report.get("updated"):  # the batch that ran it says how it ended
         return None if record.get("error") else (report, float(record.get("seconds") or duration(report)))
     pages = set(root.files(commit, directory))
@@ -199,7 +213,7 @@ def _workspace(root: OutputRoot, commit: str, directory: str) -> Iterator[Path]:
 
 def _execute(task: RunTask, params, tree: Path, out: Path, stop) -> dict:
     """``driftscope run`` of the parameters into ``out`` in a child process; what its report says."""
-    for stale in [p for p in out.iterdir() if p.suffix in RENDERED or p.name == RECORD]:
+    for stale in [p for p in out.iterdir() if p.is_file() and (RENDERED.fullmatch(p.name) or p.name == RECORD)]:
         stale.unlink()  # pages of an earlier run: never shown as this run's
     data = load_yaml(task.text)
     write_text_atomic(out / "parameters.yaml", yaml.safe_dump(dict(data, name=params.name), sort_keys=False))

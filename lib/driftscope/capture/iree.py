@@ -17,7 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from driftscope.core.atomic import write_json_atomic, write_text_atomic
+from driftscope.core.digests import content_sha256
 from driftscope.core.paths import cache_root
+from driftscope.core.seal import holds, seal
 from driftscope.errors import CompileError, RegistryError, RuntimeUnavailableError
 from driftscope.model.weightfile import aligned_empty, is_aligned
 from driftscope.taps.jax.graph import LoweredGraph, policy_digest
@@ -174,12 +176,25 @@ def compile_graph(
                 f"the StableHLO is kept at {mlir}; rerun `{' '.join(command)}` to reproduce",
             )
         os.replace(partial, vmfb)
-        write_json_atomic(meta, {"key": key, **identity, "compile_s": elapsed})
+        module = {"key": key, "sha256": content_sha256(vmfb)}
+        write_json_atomic(meta, {"key": key, **identity, "compile_s": elapsed, "module": module, "seal": seal(module)})
     return Artifact(key, vmfb, mlir, identity, False, elapsed)
 
 
 def _cached(vmfb: Path, meta: Path, key: str) -> bool:
-    return vmfb.exists() and meta.exists() and json.loads(meta.read_text()).get("key") == key
+    """Whether the folder holds this key's module: its record names the key, and its sealed SHA-256 (``core.seal``:
+    a key kept outside the cache) is the module's (a module copied in from another key, or rewritten, is not)."""
+    try:
+        record = json.loads(meta.read_text())
+        module = record.get("module") or {}
+        return (
+            record.get("key") == key
+            and module.get("key") == key
+            and holds(module, record.get("seal"))
+            and content_sha256(vmfb) == module.get("sha256")
+        )
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 @contextmanager

@@ -10,7 +10,9 @@ Two sources of quantized weights, and for each the two executions:
 
 transformers, jax, iree and MLX load the dense dequantized checkpoint unchanged, so every ``-dequant`` runtime runs
 the same weights. It is written once per source, spec and activation dtype under ``$DRIFTSCOPE_CACHE/quant``
-(default: the user cache folder), keyed by the source's files (name, size, modification time).
+(default: the user cache folder), keyed by the content of the source's weights and config (SHA-256, remembered by
+a stat key: ``core.digests``); each directory holds a sealed manifest of its files' SHA-256 (``core.seal``),
+checked before every use: a dense checkpoint that does not hold is written again.
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from driftscope.core.atomic import write_json_atomic
+from driftscope.core.digests import tree_digest
 from driftscope.core.names import safe_name
 from driftscope.core.paths import cache_root
+from driftscope.core.seal import holds, seal
 from driftscope.errors import CheckpointError, ParameterError
 from driftscope.model.precision import PrecisionPolicy
 from driftscope.model.quant.policy import OPTION_KEYS, QuantizedPolicy, QuantSpec, quant_spec
@@ -35,6 +40,8 @@ if TYPE_CHECKING:
 
 #: bump when the dense checkpoints written here change for the same source and spec
 CACHE_FORMAT = 1
+#: a dense checkpoint's sealed list of its files' SHA-256
+MANIFEST = "driftscope_dense.json"
 
 
 def mlx_quantization(config: Mapping[str, Any]) -> dict | None:
@@ -163,12 +170,34 @@ def cache_dir() -> Path:
 
 
 def cache_key(source: Checkpoint, spec: QuantSpec) -> str:
-    """What the dense checkpoint depends on: the source's files, the quantization and the activation dtype."""
+    """What the dense checkpoint depends on: the content of the source's weights and config, the quantization
+    and the activation dtype."""
     files = sorted([*source.path.glob("*.safetensors"), source.path / "config.json"])
-    stats = [(file.name, file.stat().st_size, file.stat().st_mtime_ns) for file in files]
-    identity = {"format": CACHE_FORMAT, "source": str(source.path), "files": stats, "spec": spec.to_dict()}
+    memo = _memo()
+    content = [(file.name, tree_digest(file, memo)) for file in files]
+    identity = {"format": CACHE_FORMAT, "source": str(source.path), "files": content, "spec": spec.to_dict()}
     identity["spec"].pop("execution")  # fused and dequant share the codes
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _memo() -> Path:
+    return cache_dir() / "checkpoint-digests.json"
+
+
+def _manifest(folder: Path) -> dict:
+    """Name -> SHA-256 of every file of a dense checkpoint directory but its manifest."""
+    memo = _memo()
+    return {file.name: tree_digest(file, memo) for file in sorted(folder.iterdir()) if file.name != MANIFEST}
+
+
+def _holds(folder: Path) -> bool:
+    """Whether a cached dense checkpoint holds what its sealed manifest says (every file, no other)."""
+    try:
+        written = json.loads((folder / MANIFEST).read_text())
+        sealed = {"key": folder.name, "files": written["files"]}
+        return holds(sealed, written.get("seal")) and _manifest(folder) == written["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def dense_checkpoint(source: Checkpoint, spec: QuantSpec, profile: QuantProfile) -> Checkpoint:
@@ -178,11 +207,17 @@ def dense_checkpoint(source: Checkpoint, spec: QuantSpec, profile: QuantProfile)
 
     name = f"{safe_name(source.name)}-q{spec.bits}-g{spec.group_size}-{spec.scope}-{spec.activations}"
     out = cache_dir() / f"{name}-{cache_key(source, spec)}"
-    if not (out / "config.json").exists():
+
+    def manifest(staged: Path) -> None:
+        files = _manifest(staged)
+        write_json_atomic(staged / MANIFEST, {"files": files, "seal": seal({"key": out.name, "files": files})})
+
+    if not _holds(out):
         weights = _dequantized(source, spec, profile)
         provenance = {"source": str(source.path), "spec": spec.to_dict(), "format": CACHE_FORMAT}
         config = profile.dense_config(source.config)
-        write_dense_checkpoint(out, weights, config, copy_from=source.path, provenance=provenance, replace=False)
+        # a directory there that does not hold (changed, or of an older driftscope) is written again
+        write_dense_checkpoint(out, weights, config, source.path, provenance, out.exists(), manifest)
     return open_checkpoint(out, source.family)
 
 

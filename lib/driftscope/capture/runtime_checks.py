@@ -44,16 +44,28 @@ def declared_policy(meta: dict) -> dict | None:
     return {"name": policy} if isinstance(policy, str) else dict(policy)
 
 
-def observed_dtypes(tapset: TapSet) -> dict[str, int]:
-    """How many floating stages of the vision tower (side stages left out) were computed in each dtype, as the
-    capture says (``native_dtype``, else the stored dtype)."""
+_NAMES = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat16"}
+
+
+def computed_dtype(tapset: TapSet, stage_id: str) -> str:
+    """The dtype a stage's values hold: the narrower of what the capture says it computed in (``native_dtype``) and
+    the dtype it is stored in (values stored as BF16 are bfloat16 values, whatever the sidecar declares)."""
+    stored = str(tapset.stored_dtype(stage_id)).lower()
+    stored = _NAMES.get(stored, stored)
+    native = str(tapset.declaration(stage_id).get("native_dtype") or stored).lower()
+    native = _NAMES.get(native, native)
+    return min((native, stored), key=lambda dtype: _MANTISSA.get(dtype, 64))
+
+
+def observed_dtypes(tapset: TapSet, everywhere: bool = False) -> dict[str, int]:
+    """How many floating stages of the vision tower (``everywhere``: of the whole model, the text side too) were
+    computed in each dtype (:func:`computed_dtype`); side and integer stages left out."""
     counts: Counter[str] = Counter()
     for stage_id in tapset.stage_ids():
         declaration = tapset.declaration(stage_id)
-        if not stage_id.startswith("vision.") or declaration.get("side") or declaration.get("integer"):
+        if not (everywhere or stage_id.startswith("vision.")) or declaration.get("side") or declaration.get("integer"):
             continue
-        native = str(declaration.get("native_dtype") or tapset.stored_dtype(stage_id)).lower()
-        native = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat16"}.get(native, native)
+        native = computed_dtype(tapset, stage_id)
         if native.startswith(("float", "bfloat")):
             counts[native] += 1
     return dict(sorted(counts.items()))
@@ -102,7 +114,7 @@ def capture_checks(tapset: TapSet, inputs_digest: str, policy_label: str | None 
             )
         else:
             checks.append(check("policy", "pass", f"the sidecar declares {policy_label!r} as the parameter file does"))
-    checks.append(_dtype_check(policy, observed_dtypes(tapset)))
+    checks.append(_dtype_check(policy, observed_dtypes(tapset), observed_dtypes(tapset, everywhere=True)))
     return checks
 
 
@@ -126,23 +138,29 @@ def _declared_activations(policy: dict | None) -> str | None:
         return None
 
 
-def _dtype_check(policy: dict | None, observed: dict[str, int]) -> dict:
-    """Pass when every floating stage was computed in the policy's activation dtype; fail when any was computed in
-    a narrower one (fewer mantissa bits: the policy's label would hide it); warn when some were wider."""
+def _dtype_check(policy: dict | None, observed: dict[str, int], everywhere: dict[str, int] | None = None) -> dict:
+    """Pass when every floating stage of the tower was computed in the policy's activation dtype; fail when any
+    model stage (``everywhere``: the text side's too) was computed in a narrower one (fewer mantissa bits: the
+    policy's label would hide it); warn when some of the tower's were wider."""
     declared = _declared_activations(policy)
+    everywhere = observed if everywhere is None else everywhere
     seen = ", ".join(f"{dtype} ({count} stages)" for dtype, count in observed.items()) or "no floating stages"
-    if not declared or not observed:
+    if not declared or not everywhere:
         return check("compute_dtype", "pass", f"computed in {seen}")
     bits = _MANTISSA.get(declared)
-    narrower = [dtype for dtype in observed if bits is not None and _MANTISSA.get(dtype, bits) < bits]
+    narrower = [dtype for dtype in everywhere if bits is not None and _MANTISSA.get(dtype, bits) < bits]
     if narrower:
+        outside = {dtype: count for dtype, count in everywhere.items() if count > observed.get(dtype, 0)}
+        beyond = ", ".join(f"{dtype} ({count} stages)" for dtype, count in outside.items() if dtype in narrower)
         return check(
             "compute_dtype",
             "fail",
-            f"the policy declares {declared} activations; computed in {seen}: {', '.join(narrower)} is narrower, so "
-            "the policy's label does not hold (run the engine under its policy, or declare the policy it ran)",
+            f"the policy declares {declared} activations; computed in {seen}"
+            + (f" and outside the tower in {beyond}" if beyond else "")
+            + f": {', '.join(narrower)} is narrower, so the policy's label does not hold (run the engine under its "
+            "policy, or declare the policy it ran; a stage stored narrower holds values no wider than it is stored)",
         )
-    if set(observed) != {declared}:
+    if set(observed) - {declared}:
         return check("compute_dtype", "warn", f"the policy declares {declared} activations; computed in {seen}")
     return check("compute_dtype", "pass", f"computed in {seen}, as the policy declares")
 

@@ -2,24 +2,25 @@
 
 Files are created with the permissions of the umask (0644 under umask 022), as ``open`` would: the
 temporary file is made with mode 0666 and the kernel applies the umask (``mkstemp`` would give 0600).
-A run killed mid-write leaves ``.<name>.<random>.tmp``, which the next run into the directory removes.
+A run killed mid-write leaves ``.<name>.<run id>-<random>.tmp`` (``core.names.temporary_path``), which the next run
+into the directory removes (only its own).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
 from pathlib import Path
 from typing import Any
 
+from driftscope.core.names import temporary_path
 from driftscope.errors import output_error
 
 
 def _create_temporary(path: Path) -> tuple[int, Path]:
     """A new file next to ``path``, opened for writing, with the umask's permissions."""
     while True:
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        tmp = temporary_path(path)
         try:
             return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
         except FileExistsError:
@@ -77,7 +78,7 @@ def place_file_atomic(source: Path, path: Path) -> Path:
     source, path = Path(source), Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     while True:
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        tmp = temporary_path(path)
         if not tmp.exists():
             break
     try:

@@ -9,14 +9,19 @@ nothing can point outside the output root. Links to these directories are URL-en
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from urllib.parse import quote
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 MAX_LENGTH = 80
-#: What a run killed mid-write leaves: a TapSet's tensors before their rename, and the atomic writer's temporaries.
-PARTIAL_PATTERNS = ("*.partial", "*.partial.old", ".*.tmp")
+#: the run id of the investigation this context writes for (None: no run's): its partial files carry it
+_RUN_ID: ContextVar[str | None] = ContextVar("driftscope_run_id", default=None)
 
 
 def safe_name(name: str) -> str:
@@ -35,12 +40,51 @@ def url_path(*parts: str) -> str:
     return "/".join(quote(part, safe="") for part in parts)
 
 
-def remove_partial_files(out: Path) -> list[Path]:
-    """Delete the partial files a killed run left under ``out``; returns what was removed."""
+def new_run_id() -> str:
+    """A fresh run id (16 hex digits): the name every partial file of one investigation carries."""
+    return secrets.token_hex(8)
+
+
+@contextmanager
+def writing_for(run_id: str) -> Iterator[None]:
+    """Partial files written in this context (a TapSet's tensors before their rename, the atomic writer's
+    temporaries) carry ``run_id`` in their names, so the next run into the directory removes exactly those."""
+    token = _RUN_ID.set(run_id)
+    try:
+        yield
+    finally:
+        _RUN_ID.reset(token)
+
+
+def current_run_id() -> str | None:
+    """The run id this context writes for (None: none)."""
+    return _RUN_ID.get()
+
+
+def partial_path(path: Path) -> Path:
+    """Where a file is written before it takes ``path``'s name: ``<name>.<run id>.partial``."""
+    run_id = _RUN_ID.get()
+    return path.with_name(f"{path.name}.{run_id}.partial" if run_id else f"{path.name}.partial")
+
+
+def temporary_path(path: Path) -> Path:
+    """A fresh temporary name next to ``path``: ``.<name>.<run id>-<random>.tmp``."""
+    run_id = _RUN_ID.get()
+    return path.with_name(f".{path.name}.{run_id + '-' if run_id else ''}{secrets.token_hex(4)}.tmp")
+
+
+def remove_partial_files(out: Path, run_id: str | None) -> list[Path]:
+    """Delete the partial files the run ``run_id`` (one that was killed) left under ``out``, and nothing else: only
+    names that carry its id, as :func:`partial_path` and :func:`temporary_path` make them (a file of the user's, or
+    of another run, is never matched by a pattern). Returns what was removed."""
+    if not run_id or not re.fullmatch(r"[0-9a-f]{16}", run_id):
+        return []
+    own = re.compile(rf"(.+\.{run_id}\.partial(\.old)?|\..+\.{run_id}-[0-9a-f]{{8}}\.tmp)")
     removed = []
-    for pattern in PARTIAL_PATTERNS:
-        for path in Path(out).rglob(pattern):
-            if path.is_file():
+    for folder, _, files in os.walk(out, followlinks=False):
+        for name in files:
+            path = Path(folder) / name
+            if own.fullmatch(name) and path.is_file() and not path.is_symlink():
                 path.unlink(missing_ok=True)
                 removed.append(path)
     return removed

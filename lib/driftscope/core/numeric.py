@@ -26,20 +26,33 @@ def relative_rms(actual: np.ndarray, expected: np.ndarray) -> float:
     return error / scale if scale > 0 else (0.0 if error == 0 else float("inf"))
 
 
+#: the largest ratio or floor a gate may be given: past it (1e308: overflows) nothing would count against a run
+CEILING = 1e3
+
+
 def checked_ratio(value: object, where: str, example: str = "1.5") -> float:
-    """``value`` as a finite ratio above zero (a factor a change or an error is measured against), else a clear
-    error: a NaN factor makes every comparison false, so nothing would ever count as worse."""
+    """``value`` as a finite ratio above zero and at most :data:`CEILING` (a factor a change or an error is measured
+    against), else a clear error: a NaN or huge factor makes every comparison false, so nothing would count."""
     number = _number(value, where, example)
     if not number > 0:
         raise ParameterError(f"{where} must be a finite number above 0, got {value!r}", f"write e.g. {example}")
-    return number
+    return _capped(number, value, where, example)
 
 
 def checked_floor(value: object, where: str, example: str = "1e-6") -> float:
-    """``value`` as a finite number at least zero (a noise floor), else a clear error."""
+    """``value`` as a finite number at least zero and at most :data:`CEILING` (a noise floor), else a clear error."""
     number = _number(value, where, example)
     if not number >= 0:
         raise ParameterError(f"{where} must be a finite number of at least 0, got {value!r}", f"write e.g. {example}")
+    return _capped(number, value, where, example)
+
+
+def _capped(number: float, value: object, where: str, example: str) -> float:
+    if number > CEILING:
+        raise ParameterError(
+            f"{where} {value!r} judges nothing (over {CEILING:g}, no error or change would count)",
+            f"write a number up to {CEILING:g}, e.g. {example}",
+        )
     return number
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from driftscope.core.atomic import write_text_atomic
 from driftscope.core.paths import cache_root
+from driftscope.core.seal import holds, seal
 from driftscope.errors import DriftscopeError
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
@@ -105,6 +106,28 @@ class OutputRoot:
         self.fs.mv(temporary, target)
         return self.url(*parts)
 
+    def check_writable(self) -> None:
+        """Write, read back and remove a small file at the root, or raise :class:`StorageError` saying why a run
+        could not keep its outputs there (a read-only folder or filesystem, a path under a file, a URL that
+        refuses writes)."""
+        name = f".driftscope-probe-{uuid.uuid4().hex[:8]}"
+        try:
+            self.write_text(name, text=name)
+            readable = self.read_text(name) == name
+            if self.remote:
+                self.fs.rm_file(self._key(name))
+            else:
+                self.path(name).unlink()
+        except Exception as err:  # noqa: BLE001 - every filesystem refuses in its own words
+            reason = getattr(err, "problem", None) or getattr(err, "strerror", None) or f"{type(err).__name__}: {err}"
+            raise StorageError(
+                f"cannot keep outputs under {self.location}: {reason}",
+                "pass an output root this user can write and every later reader can read (a local folder, "
+                "s3://..., gs://...)",
+            ) from None
+        if not readable:
+            raise StorageError(f"a file written under {self.location} did not read back", "pass another output root")
+
     def directories(self, *parts: str) -> list[str]:
         """Names of the subdirectories of ``parts`` (none when it does not exist)."""
         if not self.remote:
@@ -145,6 +168,32 @@ def cache_dir() -> Path:
     return cache_root() / "inputs"
 
 
+COMPLETE = ".complete"
+
+
+def _manifest(folder: Path) -> dict[str, str]:
+    """Relative name -> SHA-256 of every file a fetch left in ``folder`` (remembered by stat key in the cache)."""
+    from driftscope.core.digests import content_sha256
+
+    memo: dict = {}
+    return {
+        p.relative_to(folder).as_posix(): content_sha256(p, memo)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != COMPLETE
+    }
+
+
+def _fetched(folder: Path) -> bool:
+    """Whether ``folder`` holds a complete fetch, as its sealed record says (``core.seal``): a local copy changed
+    since it was fetched is fetched again."""
+    try:
+        record = json.loads((folder / COMPLETE).read_text())
+        files = record["files"]
+        return holds({"key": folder.name, "files": files}, record.get("seal")) and _manifest(folder) == files
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
 def localize(url: str) -> Path:
     """A local copy of the file or directory at ``url``, fetched once per version (size and time stamps)."""
     fs, path = _filesystem(url)
@@ -163,8 +212,9 @@ def localize(url: str) -> Path:
     key = hashlib.sha256(f"{url}\n{version}".encode()).hexdigest()[:16]
     name = path.rstrip("/").rsplit("/", 1)[-1] or "input"
     folder = cache_dir() / key
-    if (folder / ".complete").exists():
+    if _fetched(folder):
         return folder / name
+    shutil.rmtree(folder, ignore_errors=True)  # absent, or changed since it was fetched: fetched again
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=folder.parent))
     try:
@@ -175,11 +225,13 @@ def localize(url: str) -> Path:
                 local = staging / name / remote[len(path.rstrip("/")) :].lstrip("/")
                 local.parent.mkdir(parents=True, exist_ok=True)
                 fs.get_file(remote, str(local))
-        (staging / ".complete").write_text(url + "\n")
+        files = _manifest(staging)
+        record = {"url": url, "files": files, "seal": seal({"key": key, "files": files})}
+        (staging / COMPLETE).write_text(json.dumps(record) + "\n")
         try:
             os.replace(staging, folder)
         except OSError:  # another process fetched it first
-            if not (folder / ".complete").exists():
+            if not (folder / COMPLETE).exists():
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -8,7 +8,6 @@ digest in the header's ``__metadata__``; the engine copies the digest into its s
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 import numpy as np
@@ -30,16 +29,16 @@ def inputs_digest(arrays: dict[str, np.ndarray], input_ids: np.ndarray | None = 
 
 
 def write_inputs(path: str | Path, inputs) -> Path:
-    """The processor output of ``inputs`` (a ``ModelInputs``) as one safetensors file, digest in its metadata."""
-    from safetensors.numpy import save_file
+    """The processor output of ``inputs`` (a ``ModelInputs``) as one safetensors file, digest in its metadata,
+    written atomically with the umask's permissions (safetensors' own ``save_file`` makes it 0600: an engine run
+    by another user could not read it)."""
+    from safetensors.numpy import save
+
+    from driftscope.core.atomic import write_bytes_atomic
 
     arrays = {name: np.ascontiguousarray(array) for name, array in inputs.arrays.items()}
     if inputs.text is not None:
         arrays["input_ids"] = np.ascontiguousarray(inputs.text.input_ids, dtype=np.int64)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
     metadata = {"inputs_digest": inputs.digest, "digest_order": ",".join(arrays), "format": "driftscope-inputs"}
-    save_file(arrays, str(partial), metadata=metadata)  # safetensors sorts its keys: the order is in metadata
-    os.replace(partial, path)  # a reader sees the whole file or none
-    return path
+    data = save(arrays, metadata=metadata)  # safetensors sorts its keys: the order is in metadata
+    return write_bytes_atomic(Path(path), data)  # a reader sees the whole file or none

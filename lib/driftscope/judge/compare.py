@@ -11,6 +11,7 @@ import numpy as np
 from driftscope.core.numeric import top2_margin
 from driftscope.judge.accumulator import CHUNK_ELEMENTS, Accumulator, json_float, scratch
 from driftscope.judge.contract import Contract, Tolerance
+from driftscope.judge.coverage import JUDGED_FLOOR, judged_share
 from driftscope.judge.layout import align, count, paired_segments, take_rows
 from driftscope.judge.rows import ComparisonRow, first_divergence, growth_stages, rows_frame  # noqa: F401 - re-exported
 from driftscope.judge.traversal import judge_traversal, traversal_order
@@ -226,11 +227,17 @@ def _finish(row: ComparisonRow, acc: Accumulator, shape: tuple[int, ...], tol: T
             f"{acc.mismatch} non-finite value(s) the other side lacks (a failure whatever max_failure_fraction "
             f"allows); first at {coords}: reference {reference:.6g}, candidate {candidate:.6g}"
         )
-    if acc.both and not finite and not acc.mismatch:
-        row.status = "not_judged"  # no element finite on either side: nothing here is a pass (``judge.coverage``)
-        row.note = f"every element ({acc.both}) is non-finite on both sides: nothing could be judged"
+    share = judged_share(acc.elements, acc.both)
+    if acc.both and not acc.mismatch and share < JUDGED_FLOOR:
+        row.status = "not_judged"  # equal NaN are not agreement: too little here was judged (``judge.coverage``)
+        row.note = (
+            f"every element ({acc.both}) is non-finite on both sides: nothing could be judged"
+            if not finite
+            else f"{acc.both} of {acc.elements} elements are non-finite on both sides: only {share:.2%} could be "
+            f"judged, under the floor of {JUDGED_FLOOR:.0%}"
+        )
     elif acc.both:
-        row.warning = f"{acc.both} element(s) non-finite on both sides: not judged"
+        row.warning = f"{acc.both} element(s) non-finite on both sides: not judged ({share:.2%} of the stage judged)"
     return row
 
 

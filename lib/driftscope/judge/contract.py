@@ -3,7 +3,10 @@
 Failure rule (elementwise): ``|a - e| > atol + rtol * |e|`` with ``e`` the reference.
 Integer stages (declared so by the stage plan) must be equal. A stage passes when its failures do not
 exceed ``max_failure_fraction`` of its elements and no side has non-finite values the other lacks.
-Every tolerance is a finite number >= 0 (NaN would make every comparison pass).
+Every tolerance is a finite number >= 0 (NaN would make every comparison pass), and none judges nothing: ``rtol``
+is below 1 (at 1 a candidate of zeros passes every element), ``atol``, ``peer_floor`` and ``peer_factor`` are at most
+:data:`CEILING` (beyond any stage's scale; 1e308 overflows the bound to inf), ``max_failure_fraction`` at most
+:data:`MAX_FAILURE_FRACTION` (a stage most of whose elements may fail is not judged).
 """
 
 from __future__ import annotations
@@ -38,6 +41,17 @@ CACHE_KEYS = (
 
 DEFAULT_PEER_FACTOR = 4.0
 DEFAULT_PEER_FLOOR = 1e-6
+#: the largest ``atol``, ``peer_floor`` and ``peer_factor`` a contract may set: past it a tolerance judges nothing
+CEILING = 1e3
+MAX_FAILURE_FRACTION = 0.5
+#: key -> (the largest value it may take, whether that value itself is allowed, why larger ones judge nothing)
+_CEILINGS = {
+    "atol": (CEILING, True, f"an absolute tolerance over {CEILING:g} is past any stage's scale"),
+    "peer_floor": (CEILING, True, f"a floor over {CEILING:g} is past any stage's scale"),
+    "peer_factor": (CEILING, True, f"a factor over {CEILING:g} lets any error through"),
+    "rtol": (1.0, False, "at rtol >= 1 a candidate that outputs zeros passes every element"),
+    "max_failure_fraction": (MAX_FAILURE_FRACTION, True, "a stage most of whose elements may fail is not judged"),
+}
 
 
 @dataclass(frozen=True)
@@ -174,13 +188,19 @@ def _tolerance(data: dict, base: Tolerance, where: str) -> Tolerance:
             if kind is float and (
                 isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0
             ):
-                example = "0.0 (no failure allowed) up to 1.0" if key == "max_failure_fraction" else "0.08"
+                example = "0.0 (no failure allowed) up to 0.5" if key == "max_failure_fraction" else "0.08"
                 raise ContractError(
                     f"{where}: {key} must be a finite, non-negative number, got {value!r}",
                     f"set {key} to a number such as {example} (.nan, .inf and negative values would judge nothing)",
                 )
-            if key == "max_failure_fraction" and kind is float and value > 1:
-                raise ContractError(f"{where}: {key} is a fraction of the elements, got {value!r}", f"set {key}: 0.01")
+            if key in _CEILINGS:
+                ceiling, inclusive, why = _CEILINGS[key]
+                if value > ceiling or (value == ceiling and not inclusive):
+                    bound = f"at most {ceiling:g}" if inclusive else f"below {ceiling:g}"
+                    raise ContractError(
+                        f"{where}: {key} {value!r} judges nothing ({why})",
+                        f"set {key} {bound}, e.g. {Tolerance.__dataclass_fields__[key].default!r}",
+                    )
             if kind is bool and not isinstance(value, bool):
                 raise ContractError(f"{where}: {key} must be true or false, got {value!r}", f"set {key}: true")
             values[key] = kind(value)

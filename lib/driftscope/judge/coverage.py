@@ -6,8 +6,13 @@ the contract skips it by name (``skip: true``), when the side that lacks it decl
 the lacking side holds no stage in (a raster-ordered engine needs no window index: the other side's is used).
 Beyond that, a pair fails its coverage when
 - a stage is missing on one side (a capture that stopped short, a tap file that holds only its inputs),
-- a stage could not be judged: every element non-finite on both sides (e.g. a checkpoint of NaN weights),
+- a stage could not be judged: fewer than :data:`JUDGED_FLOOR` of its elements finite on both sides (the rest
+  non-finite at the same places on both sides, e.g. a checkpoint of NaN weights: equal NaN are not agreement),
+- fewer than :data:`JUDGED_FLOOR` of all the elements the pair compared could be judged,
 - no model stage was compared at all: only data (processor inputs, index math), which no engine computes.
+
+Each pair's record says how much was judged (``judged_fraction``: the compared elements finite on both sides, a
+non-finite value the other side lacks counted as judged: it fails), and so does the verdict (``judged``).
 """
 
 from __future__ import annotations
@@ -18,6 +23,14 @@ from driftscope.taps.tapset import TapSet
 
 #: Row statuses that compared both sides' values (the others: ``missing``, ``skipped``, ``not_judged``).
 COMPARED = ("pass", "fail", "shape_mismatch", "layout_mismatch")
+#: The least share of a stage's (and of a pair's) compared elements that must be judged, i.e. finite on both sides
+#: (or non-finite on one side only, a failure): below it the stage is "not judged", which is not a pass.
+JUDGED_FLOOR = 0.99
+
+
+def judged_share(elements: int, nonfinite_both: int) -> float:
+    """The share of ``elements`` that were judged when ``nonfinite_both`` of them are non-finite on both sides."""
+    return (elements - nonfinite_both) / elements if elements else 1.0
 
 
 def _sample(stages: list[str]) -> str:
@@ -50,6 +63,9 @@ def pair_coverage(
         if row.status == "missing" and row.stage not in declared and row.stage not in needless[side]:
             missing[side].append(row.stage)
     not_judged = [row.stage for row in rows if row.status == "not_judged"]
+    valued = [row for row in rows if row.status in (*COMPARED, "not_judged")]
+    elements = sum(row.elements for row in valued)
+    judged = judged_share(elements, sum(row.nonfinite_both for row in valued))
     problems = []
     for side, stages in missing.items():
         if stages:
@@ -60,8 +76,13 @@ def pair_coverage(
             )
     if not_judged:
         problems.append(
-            f"{len(not_judged)} stage(s) could not be judged, non-finite on both sides ({_sample(not_judged)}): "
-            "what could not be judged is not a pass"
+            f"{len(not_judged)} stage(s) could not be judged, non-finite on both sides ({_sample(not_judged)}) in "
+            f"more than {1 - JUDGED_FLOOR:.0%} of their elements: what could not be judged is not a pass"
+        )
+    if judged < JUDGED_FLOOR:
+        problems.append(
+            f"only {judged:.2%} of the {elements} compared elements could be judged (the rest non-finite on both "
+            f"sides), under the floor of {JUDGED_FLOOR:.0%}"
         )
     if compared and not model:
         problems.append(
@@ -76,6 +97,8 @@ def pair_coverage(
         "declared_absent": len(declared),
         "missing": {side: stages for side, stages in missing.items() if stages},
         "not_judged": not_judged,
+        "elements": elements,
+        "judged_fraction": judged,
         "complete": not problems,
         "problems": problems,
     }

@@ -88,7 +88,12 @@ def judge(
         "not_compared": {key: groups for key, groups in absent.items() if groups},
         "coverage": coverage,
         "warnings": warnings,
-        "verdict": {"status": status, "per_candidate": per_candidate, "reasons": reasons},
+        "verdict": {
+            "status": status,
+            "per_candidate": per_candidate,
+            "reasons": reasons,
+            "judged": {key: record["judged_fraction"] for key, record in coverage.items()},  # judge.coverage
+        },
     }
 
 

@@ -6,7 +6,11 @@ capture holds everything before it, and the reference's taps are the run's), the
 under the run's contract. The search:
 
 1. the baseline (the run's rows, no probe) and every operator in float32: when even that fails, no set of float32
-   operators closes the failure (it is not a precision defect) and the search stops after one probe;
+   operators closes the failure and the search stops after one probe. It says which kind of failure that is: where
+   the error left is within a few units of the policy's round-off (:data:`ROUNDING_UNITS`), it is the policy's own
+   half-precision storage (weights and the values between operators, which stay half precision whatever operator
+   computes in float32; the worst element then moves by chance, so the probe can read worse than the baseline):
+   a contract stricter than that storage holds; beyond it, not a precision defect;
 2. each operator kind alone across the model (one norm of every block, a tower projection, ...): what each buys;
 3. for the kinds kept, bisection over block ranges: the first block they are needed from, then the last one.
 
@@ -36,6 +40,12 @@ if TYPE_CHECKING:
     from driftscope.judge.contract import Contract
     from driftscope.taps.tapset import TapSet
 
+#: unit round-off (half a unit in the last place, relative) of each activation dtype
+ROUNDING = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24}
+#: the error left with every operator in float32, in units of the policy's round-off, up to which it is the policy's
+#: own storage (weights and values between operators rounded at every one of a few dozen steps), not a defect
+ROUNDING_UNITS = 8
+
 
 @dataclass
 class Probe:
@@ -52,6 +62,8 @@ class Probe:
     first_failure: str | None
     recaptured: int
     seconds: float
+    #: the largest relative RMS error of a failing stage (None when none fails)
+    failing_relative_rms: float | None = None
 
 
 @dataclass
@@ -77,6 +89,9 @@ class SearchResult:
     probes: list[Probe] = field(default_factory=list)
     bound: int = 0
     seconds: float = 0.0
+    #: why nothing closes it: "storage" (the policy's own half-precision storage, no operator's), "defect" (not a
+    #: precision defect); None when a set closes it
+    limit: str | None = None
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -138,6 +153,9 @@ class PrecisionSearch:
         judged = [row for row in rows if row.status in ("pass", "fail") and not row.integer]
         worst = max(judged, key=share_of_tolerance, default=None)
         failing = next((row.stage for row in rows if row.status not in ("pass", "skipped")), None)
+        errors = [row.relative_rms for row in rows if row.status not in ("pass", "skipped") and not row.integer]
+        finite = [float(e) for e in errors if e is not None and math.isfinite(e)]
+        worst_relative = (max(finite) if len(finite) == len(errors) else math.inf) if errors else None
         probe = Probe(
             index,
             phase,
@@ -149,6 +167,7 @@ class PrecisionSearch:
             failing,
             recaptured,
             time.perf_counter() - start,
+            worst_relative,
         )
         self.probes.append(probe)
         self._seen[key] = probe
@@ -212,24 +231,19 @@ class PrecisionSearch:
                 op for op in kinds if "{b}" not in op
             ]
 
-        def result(closes, answer, message, kinds) -> SearchResult:
+        def result(closes, answer, message, kinds, limit=None) -> SearchResult:
             n = len(ids(answer[0], *answer[1])) if answer else 0
             patterns = compress(ids(answer[0], *answer[1])) if answer else None
-            return SearchResult(closes, patterns, n, message, kinds, self.probes, bound, time.perf_counter() - start)
+            elapsed = time.perf_counter() - start
+            return SearchResult(closes, patterns, n, message, kinds, self.probes, bound, elapsed, limit)
 
         baseline = self.probe([], "baseline")
         if baseline.passed:
             return result(True, ([], (0, depth - 1)), "the candidate passes as it is: nothing needs float32", [])
         everything = self.probe(ids(operators), "all")
         if not everything.passed:
-            return result(
-                False,
-                None,
-                f"no set of float32 operators closes it: with every operator the family can widen in float32 "
-                f"({everything.operators}) it still fails at {everything.first_failure} (tolerance used "
-                f"{everything.tolerance_used:.3g}): not a precision defect",
-                [],
-            )
+            message, limit = self._unclosed(baseline, everything)
+            return result(False, None, message, [], limit)
         kinds = [{"kind": op, **self._alone(self.probe(ids([op]), "kind"), baseline)} for op in operators]
         chosen = self._choose(operators, kinds, ids)
         lo, hi = 0, depth - 1
@@ -241,6 +255,27 @@ class PrecisionSearch:
             f"as the policy has it: tolerance used {baseline.tolerance_used:.3g} -> {final.tolerance_used:.3g}"
         )
         return result(True, (chosen, (lo, hi)), message, kinds)
+
+    def _unclosed(self, baseline: Probe, everything: Probe) -> tuple[str, str]:
+        """Why every operator in float32 still fails: (the message, "storage" or "defect")."""
+        said = (
+            f"no set of float32 operators closes it: with every operator the family can widen in float32 "
+            f"({everything.operators}) it still fails at {everything.first_failure} (tolerance used "
+            f"{baseline.tolerance_used:.3g} -> {everything.tolerance_used:.3g})"
+        )
+        dtype = getattr(getattr(self.candidate.runtime, "policy", None), "activations", "float32")
+        unit = ROUNDING.get(str(dtype))
+        error = everything.failing_relative_rms
+        if unit is None or error is None or error > ROUNDING_UNITS * unit:
+            return f"{said}: not a precision defect", "defect"
+        return (
+            f"{said}, with a relative error of {error:.2g} ({error / unit:.1f} units of {dtype} round-off): what "
+            f"is left is the policy's own {dtype} storage (the weights and the values between operators, which "
+            "stay in it whatever operator computes in float32; the worst element moves by chance). It is no defect "
+            f"of an operator: the contract asks more than {dtype} holds. Judge this candidate under a contract for "
+            f"{dtype} work (e.g. parameters/contracts/default.yaml), or run it in float32",
+            "storage",
+        )
 
     @staticmethod
     def _alone(probe: Probe, baseline: Probe) -> dict:

@@ -13,6 +13,7 @@ from driftscope.core.names import safe_name
 from driftscope.errors import HypothesisPatchError, OutputError, ParameterError, TapFileError
 from driftscope.replay.recapture import how
 from driftscope.run.candidates import Pairs, judge_candidate
+from driftscope.run.isolated import capture_isolated, isolated
 from driftscope.run.refcache import capture_cached
 
 if TYPE_CHECKING:
@@ -28,13 +29,19 @@ if TYPE_CHECKING:
 STOPS_THE_RUN = (OSError, OutputError, HypothesisPatchError, ParameterError)
 
 
-def _capture(report: Report, out: Path, spec: RuntimeSpec, runtime: Runtime, inputs, plan, reference: bool, log):
-    """(TapSet, weight dtypes, the reference cache's outcome or None)."""
+def _capture(
+    report: Report, out: Path, spec: RuntimeSpec, runtime: Runtime, inputs, plan, reference: bool, log, detail
+):
+    """(TapSet, weight dtypes, the reference cache's outcome or None). A candidate running a patch from outside
+    driftscope is captured in a process of its own (``run.isolated``): a crash there costs that candidate."""
     base = out / "taps" / safe_name(spec.display)
 
     def progress(message: str, label: str = spec.display) -> None:
         log(f"  {label}: {message}")
 
+    if not reference and isolated(spec):
+        tapset, dtypes = capture_isolated(runtime.source, spec, inputs, plan, base, log, detail)
+        return tapset, dtypes, None
     if not reference:
         tapset = runtime.capture(inputs, plan, base, progress=progress)
         return tapset, runtime.weight_dtypes(), None
@@ -63,7 +70,7 @@ def capture_one(
     log(f"capture {spec.display}: {len(plan)} stages")
     is_reference = spec.display == params.reference_label
     try:
-        tapset, dtypes, cached = _capture(report, out, spec, runtime, inputs, plan, is_reference, log)
+        tapset, dtypes, cached = _capture(report, out, spec, runtime, inputs, plan, is_reference, log, detail)
     except Exception as err:  # a candidate that cannot load or capture: its pairs could not run, the others still do
         if is_reference or isinstance(err, STOPS_THE_RUN):
             raise  # nothing to compare without the reference; a full disk or a user's failing patch stops the run
@@ -101,7 +108,8 @@ def capture_one(
         report.data["reference_cache"] = {"label": spec.display, **cached}
     report.save()
     if cached is None or cached["status"] != "hit":
-        log(f"  {spec.display}: done in {runtime.timings.get('capture_s', 0.0):.1f}s")
+        seconds = runtime.timings.get("capture_s", (tapset.meta.get("timings") or {}).get("capture_s", 0.0))
+        log(f"  {spec.display}: done in {seconds:.1f}s")
     narrows = params.narrow and how(runtime) is not None
     if not is_reference and (narrows or (params.replays(spec.display) and runtime.can_replay)):
         reference = tapsets[params.reference_label]

@@ -18,9 +18,10 @@ Where: ``<reference cache>/inputs/`` (``run.refcache.cache_root``): ``$DRIFTSCOP
 ``$DRIFTSCOPE_CACHE/reference``, else ``reference`` of the user cache folder; ``off`` (or ``--reference-cache off``)
 turns both off. An entry ``<root>/inputs/<key>/`` holds ``inputs.safetensors`` (the arrays) and, written last
 and atomically, ``entry.json`` (the identity, the other fields as JSON, the tensor file's size and SHA-256,
-the inputs' digest and summary, who stored it); no pickle. An entry is read and written under its ``flock``.
-On load the record, the tensor file's size and SHA-256, and the decoded inputs' digest and summary are
-checked; an entry that does not hold is refused (logged, removed) and the inputs prepared and stored again.
+the inputs' digest and summary, who stored it; sealed as the reference cache's entries are); no pickle. An entry
+is read and written under its ``flock``. On load the record's seal, the tensor file's size and SHA-256, and the
+decoded inputs' digest and summary are checked; an entry that does not hold is refused (logged, removed) and the
+inputs prepared and stored again.
 Inputs that JSON cannot hold faithfully (a NaN, a numpy scalar in the facts) are not stored.
 """
 
@@ -47,7 +48,7 @@ from driftscope.families import get_family
 from driftscope.families.checkpoints import prepare_inputs
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.inputs.text_inputs import TextInputs
-from driftscope.run.refcache import StaleEntry, cache_root, entry_record
+from driftscope.run.refcache import StaleEntry, cache_root, entry_record, sealed_record
 from driftscope.run.runlock import run_lock
 
 if TYPE_CHECKING:
@@ -261,7 +262,8 @@ class InputsEntry:
             "summary": _normal(inputs.summary()),
             "stored": {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **stored_by},
         }
-        text = json.dumps(record, indent=1, allow_nan=False) + "\n"
+        json.dumps(record, allow_nan=False)  # inputs JSON cannot hold faithfully raise here, before any write
+        text = json.dumps(sealed_record(record), indent=1) + "\n"
         write_bytes_atomic(self.dir / TENSORS, data)
         write_text_atomic(self.dir / ENTRY, text)
         self.outcome.update(status="stored", stored=record["stored"])

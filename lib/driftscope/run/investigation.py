@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from driftscope.capture.runtime_checks import apply_checks
 from driftscope.capture.runtimes import get_runtime
-from driftscope.core.names import remove_partial_files, safe_name
+from driftscope.core.names import new_run_id, remove_partial_files, safe_name, writing_for
 from driftscope.core.paths import project_root
 from driftscope.errors import (
     DriftscopeError,
@@ -37,6 +37,7 @@ from driftscope.run.outdirs import interactive_out_dir
 from driftscope.run.params import Parameters, load_parameters
 from driftscope.run.preflight import check_parameters
 from driftscope.run.report import Report
+from driftscope.run.reuse import reads, stale_reason
 from driftscope.run.runlock import RunLock, held_by_parent, run_lock, run_pid, wait_for_result
 from driftscope.run.substitution import explain_answer
 from driftscope.taps.stages import StagePlan
@@ -123,6 +124,10 @@ def _finished(params: Parameters, out: Path, waited: bool, parent: bool = False)
             )
         return None
     status = previous.status
+    stale = None if parent or status != "complete" else stale_reason(previous.data, params)
+    if stale:
+        log(f"not reusing the finished run in {out}: {stale}; running it again")
+        return None
     if status == "complete":
         if waited and (out / LOG_NAME).exists():  # show the progress of the run waited for
             print((out / LOG_NAME).read_text(), end="", flush=True)
@@ -140,9 +145,28 @@ def _finished(params: Parameters, out: Path, waited: bool, parent: bool = False)
     return None
 
 
+def _previous_run_id(report_path: Path) -> str | None:
+    """The run id of the run that last wrote ``report_path`` (whose partial files a kill may have left), if any."""
+    import json
+
+    try:
+        data = json.loads(report_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data.get("run_id") if isinstance(data, dict) and isinstance(data.get("run_id"), str) else None
+
+
 def _investigate(params: Parameters, out: Path, report_path: Path) -> Report:
+    previous = _previous_run_id(report_path)
+    run_id = new_run_id()
+    with writing_for(run_id):  # every partial file this run writes carries its id
+        return _investigate_as(params, out, report_path, previous, run_id)
+
+
+def _investigate_as(params: Parameters, out: Path, report_path: Path, previous: str | None, run_id: str) -> Report:
     report = Report.start(
         report_path,
+        run_id=run_id,
         name=params.name,
         description=params.description,
         commit=current_commit(project_root(params.source)),
@@ -153,9 +177,9 @@ def _investigate(params: Parameters, out: Path, report_path: Path) -> Report:
         host=socket.gethostname(),
         environment=fingerprint(),
     )
-    removed = remove_partial_files(out)
+    removed = remove_partial_files(out, previous)  # the last run's own, named by its id: never a pattern
     if removed:
-        log(f"removed {len(removed)} partial file(s) an earlier run left (e.g. {removed[0].name})")
+        log(f"removed {len(removed)} partial file(s) the last run left (e.g. {removed[0].name})")
     try:
         _run(params, report, out)
     except BaseException as err:
@@ -216,6 +240,7 @@ def _power(params: Parameters, report: Report, out: Path, checkpoint, inputs, re
 def _run(params: Parameters, report: Report, out: Path) -> None:
     report.step("parameters")
     contract = check_parameters(params)  # every parameter error before any model loads
+    report.data["reads"] = reads(params)  # what the run reads, by content: a later reuse checks it
     report.step("checkpoint")
     checkpoint = open_checkpoint(params.checkpoint, params.family)
     family = get_family(checkpoint.family)

@@ -56,6 +56,25 @@ def _judged(report: Report, plan, pair: str) -> list[str]:
     ]
 
 
+def _outside(report: Report, pair: str, judged: list[str]) -> list[str]:
+    """What fails the pair outside the stages a probe judges (the text side, the index math, a failed check or
+    coverage): no float32 operator of the image path is known to change it."""
+    inside = set(judged)
+    found = [
+        row.stage
+        for row in report.rows
+        if (row.pair or row.candidate) == pair
+        and (row.failed or row.status == "not_judged")
+        and row.stage not in inside
+        and not row.stage.startswith("vision.")  # a narrowed substage of the image path: its block is judged
+    ]
+    label = next((p["candidate"] for p in report.data.get("pairs", []) if p["key"] == pair), pair)
+    checks = (report.data.get("checks") or {}).get(label) or []
+    found += [f"the {c['check']} check" for c in checks if c.get("status") not in ("pass", "warn")]
+    found += list(((report.data.get("coverage") or {}).get(pair) or {}).get("problems") or [])
+    return found
+
+
 def _candidate(report: Report, spec: dict, inputs, log) -> Candidate:
     runtime = _runtime(report, spec)
     own = report.tapset(spec["label"])
@@ -125,11 +144,25 @@ def precision_search(
         "run_seconds": _run_seconds(report),
     }
     entry["ratio"] = entry["seconds"] / entry["run_seconds"] if entry["run_seconds"] else None
-    if not result.closes:
+    outside = _outside(report, candidate, judged) if verdict != "pass" else []
+    entry["outside"] = outside
+    if outside and result.closes and not result.answer:  # everything it can judge passes: the failure is elsewhere
+        entry.update(closes=False, limit="outside")
+        entry["message"] = (
+            f"the candidate fails outside what the search can widen: {', '.join(outside[:3])}"
+            + (f" and {len(outside) - 3} more" if len(outside) > 3 else "")
+            + " (it keeps operators of the image path in float32 and judges the image path's stages, which pass)"
+        )
+    elif outside:
+        entry["message"] += (
+            f"; outside what it widens the run also fails at {', '.join(outside[:3])}: only the real run of the "
+            "policy says whether that follows"
+        )
+    if not entry["closes"] and entry.get("limit") == "defect":  # a patch for a defect, not for storage
         entry["defect_patches"] = _defect_patches(family, spec, result)
         if entry["defect_patches"]:
             entry["message"] += f"; patches the family declares for it: {', '.join(entry['defect_patches'])}"
-    if result.closes and result.answer:
+    if entry["closes"] and result.answer:
         policy = {"base": spec["policy"], "f32": result.answer}
         entry["policy_file"] = str(_write_policy(report, spec, policy, entry).relative_to(report.directory))
         entry["mixed_policy"] = policy
@@ -138,8 +171,36 @@ def precision_search(
     entry["total_seconds"] = time.perf_counter() - start
     report.data.setdefault("precision", {})[label] = entry
     report.save()
-    log(f"precision: {result.message}")
+    log(f"precision: {entry['message']}")
     return entry
+
+
+def run_of(params, given: str, out: Path, log: Callable[[str], None] = print) -> Report:
+    """The finished run of ``params`` (the parameter file ``given``) in ``out``, its investigation run first where
+    there is none (its notebooks are not rendered); a run of another parameter file (``--run``) is a
+    :class:`ParameterError`."""
+    if not (out / "report.json").exists():  # the run the search starts from: made now
+        from driftscope.run.investigation import investigate
+
+        log(f"no run of {given} in {out}: running its investigation first")
+        investigate(params, out, reuse=True)
+    report = Report.load(out / "report.json")
+    if report.data.get("parameters_digest") != params.digest:
+        raise ParameterError(
+            f"the run in {out} is not a run of {given} (it ran {report.data.get('parameters_file')})",
+            f"pass the parameter file that run used, or --run a run of {given} (driftscope run it first)",
+        )
+    return report
+
+
+def precision_exit_code(entry: dict, log: Callable[[str], None]) -> int:
+    """0: a set of float32 operators closes the failure and the real run of its policy passes (unverified: and
+    nothing fails outside what the search judged); 1 otherwise."""
+    verified = entry.get("verified") or {}
+    if verified:
+        log(f"verified by a real run: {verified['label']} {verified['verdict']} ({verified['report']})")
+        return 0 if entry["closes"] and verified["verdict"] == "pass" else 1
+    return 0 if entry["closes"] and not entry.get("outside") else 1  # a failure it did not judge is no pass
 
 
 def _defect_patches(family, spec: dict, result) -> list[str]:

@@ -8,6 +8,7 @@ the contract.
 from __future__ import annotations
 
 from driftscope.capture.runtimes import get_runtime
+from driftscope.errors import ParameterError
 from driftscope.judge.contract import Contract, load_contract
 from driftscope.run.params import Parameters
 
@@ -28,15 +29,23 @@ def check_parameters(params: Parameters) -> Contract:
 
 
 def _check_stage_selection(params: Parameters) -> None:
-    """The stage selection against the checkpoint's tower, when its config can be read now (else the checkpoint
-    step says what is wrong with it): a block index it does not have is a parameter error."""
+    """The stage selection and each mixed policy's float32 operators against the checkpoint's tower, when its config
+    can be read now (else the checkpoint step says what is wrong with it): a block index it does not have, or an
+    operator the runtime cannot keep in float32, is a parameter error."""
     import json
 
     from driftscope.families import detect_family, get_family
 
     try:
         config = json.loads((params.checkpoint / "config.json").read_text())
-        plan = get_family(detect_family(config, params.family)).vision_plan(config)
+        family = get_family(detect_family(config, params.family))
+        plan = family.vision_plan(config)
     except Exception:  # noqa: BLE001 - an unreadable or unknown checkpoint is the checkpoint step's to report
         return
     params.stages.check_depth(plan.depth)
+    for position, spec in enumerate(params.runtimes):  # a mixed policy's float32 operators, each one it can widen
+        if spec.options.get("f32"):
+            try:
+                get_runtime(spec.runtime).check_float32(spec.options["f32"], family, plan)
+            except ParameterError as err:
+                raise ParameterError(f"runtimes[{position}] ({spec.display}): {err.problem}", err.fix) from None

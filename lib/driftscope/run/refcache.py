@@ -12,10 +12,12 @@ Where: ``$DRIFTSCOPE_REFERENCE_CACHE`` (a directory, or ``off``), else ``$DRIFTS
 the ``reference`` folder of the user cache folder (``core.paths.cache_root``); ``driftscope run|batch
 --reference-cache DIR|off`` sets it.
 An entry ``<root>/<key>/`` holds ``taps.safetensors``, ``taps.json`` and, written last and atomically,
-``entry.json`` (the identity, the tensor file's size and SHA-256, who stored it). An entry is read and written
-only under its ``flock`` (``run.runlock``): concurrent batch workers that need the same reference wait for
-the first one's capture and then reuse it instead of computing it twice. An entry whose identity, size,
-digest or sidecar does not hold is refused (logged, removed) and the reference captured and stored again.
+``entry.json`` (the identity, the tensor file's size and SHA-256, who stored it), sealed (``core.seal``: an HMAC
+under a key kept outside the cache), so data rewritten together with its recorded digests is refused too. An entry
+is read and written only under its ``flock`` (``run.runlock``): concurrent batch workers that need the same
+reference wait for the first one's capture and then reuse it instead of computing it twice. An entry whose
+identity, seal, size, digest or sidecar does not hold is refused (logged, removed) and the reference captured and
+stored again.
 Nothing is ever evicted: remove the directory to reclaim its space.
 """
 
@@ -37,6 +39,8 @@ from typing import TYPE_CHECKING, Any
 from driftscope.core.atomic import place_file_atomic, write_json_atomic
 from driftscope.core.digests import file_sha256, tree_digest
 from driftscope.core.paths import cache_root as driftscope_cache
+from driftscope.core.seal import holds, seal
+from driftscope.core.seal import key_path as seal_key_path
 from driftscope.errors import DriftscopeError, ParameterError
 from driftscope.run.runlock import run_lock
 from driftscope.taps.sidecar import FORMAT_VERSION, validate_sidecar
@@ -78,7 +82,7 @@ def _sha(data: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _source_digest(objects: list[Any]) -> str:
+def source_digest(objects: list[Any]) -> str:
     """SHA-256 of the source files defining ``objects`` (modules, classes, functions), each read once."""
     files = []
     for obj in objects:
@@ -112,7 +116,7 @@ def _patch_identity(runtime: Runtime) -> dict | None:
     if runtime.patch is None:
         return None
     function = runtime.patch.resolve()
-    return {"target": runtime.patch.target, "kwargs": runtime.patch.kwargs, "source": _source_digest([function])}
+    return {"target": runtime.patch.target, "kwargs": runtime.patch.kwargs, "source": source_digest([function])}
 
 
 def _array_digest(array: Any) -> str | None:
@@ -146,7 +150,7 @@ def identity(runtime: Runtime, inputs: ModelInputs, plan: StagePlan, root: Path 
         "tap_format": FORMAT_VERSION,
         "runtime": runtime.name,
         "versions": {**runtime.versions(), "numpy": _version("numpy"), "python": platform.python_version()},
-        "code": _source_digest(code_objects(runtime)),
+        "code": source_digest(code_objects(runtime)),
         "policy": runtime.policy.to_dict(),
         "options": {key: value for key, value in sorted(runtime.options.items()) if key != "label"},
         "patch": _patch_identity(runtime),
@@ -176,7 +180,7 @@ def mutation_capture(log: Callable[[str], None], stored_by: dict, outcomes: list
 def mutation_identity(mutation: Any) -> dict:
     """What a power mutation adds to a capture's identity: its name, settings and the source of its functions."""
     functions = [f for f in (mutation.install, mutation.during, mutation.inputs) if f is not None]
-    return {"mutation": {"name": mutation.name, "settings": mutation.settings, "code": _source_digest(functions)}}
+    return {"mutation": {"name": mutation.name, "settings": mutation.settings, "code": source_digest(functions)}}
 
 
 def _version(name: str) -> str:
@@ -206,7 +210,19 @@ def entry_record(folder: Path, key: str, identity: Any, whose: str) -> dict | No
         raise StaleEntry("its record names another key")
     if record.get("identity") != identity:
         raise StaleEntry(f"its recorded identity is not {whose}")
+    if not holds({k: v for k, v in record.items() if k != "seal"}, record.get("seal")):
+        raise StaleEntry(
+            f"its seal does not hold: {ENTRY} was not written by driftscope under this machine's key "
+            f"({seal_key_path()}), or was changed since"
+        )
     return record
+
+
+def sealed_record(record: dict) -> dict:
+    """``record`` as ``entry.json`` holds it (plain JSON) with its seal (``core.seal``): the digests it records
+    vouch for the entry's files only together with a key that does not live in the cache."""
+    plain = json.loads(json.dumps(record, default=str))
+    return {**plain, "seal": seal(plain)}
 
 
 class Entry:
@@ -292,7 +308,7 @@ class Entry:
             "sidecar": {"bytes": self.sidecar_path.stat().st_size, "sha256": file_sha256(self.sidecar_path)},
             "stored": {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **stored_by},
         }
-        write_json_atomic(self.dir / ENTRY, json.loads(json.dumps(record, default=str)))
+        write_json_atomic(self.dir / ENTRY, sealed_record(record))
         self.outcome.update(status="stored", stored=record["stored"])
         self.log(f"  stored the reference taps in the cache: {self.dir}")
 

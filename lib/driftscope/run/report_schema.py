@@ -31,8 +31,14 @@ SCHEMA: dict[str, Any] = {
             "type": "array",
             "items": {
                 "type": "object",
-                "required": ["stage", "status"],
-                "properties": {"stage": {"type": "string"}, "status": {"type": "string"}},
+                "required": ["stage", "status", "reference", "candidate", "position"],
+                "properties": {
+                    "stage": {"type": "string"},
+                    "status": {"type": "string"},
+                    "reference": {"type": "string"},
+                    "candidate": {"type": "string"},
+                    "position": {"type": "integer"},
+                },
             },
         },
         "pairs": {
@@ -43,6 +49,8 @@ SCHEMA: dict[str, Any] = {
         "stage_plan": {"type": "array", "items": {"type": "object", "required": ["id"]}},
         "first_divergence": {"type": "object"},
         "coverage": {"type": "object"},
+        # what the run read, by content (run.reuse): a reuse of the finished run checks it
+        "reads": {"type": "object"},
         "checks": {"type": "object"},
         # driftscope precision's searches, by candidate label (added after the run; absent until one ran)
         "precision": {

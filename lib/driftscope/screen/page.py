@@ -15,15 +15,26 @@ from driftscope.core.names import url_path
 THUMB_PX = 96
 
 
+#: what stands for a thumbnail of an image that cannot be read (truncated, not an image, gone): a grey square
+UNREADABLE = "data:image/svg+xml;base64," + base64.b64encode(
+    b'<svg xmlns="http://www.w3.org/2000/svg" width="96" height="96"><rect width="96" height="96" fill="#ddd"/>'
+    b'<text x="48" y="52" font-size="11" text-anchor="middle">unreadable</text></svg>'
+).decode("ascii")
+
+
 def thumbnail(path: Path) -> str:
-    """``path`` as a small PNG data URI (at most :data:`THUMB_PX` on its longer side)."""
+    """``path`` as a small PNG data URI (at most :data:`THUMB_PX` on its longer side); :data:`UNREADABLE` for an
+    image that cannot be read (the ranking says why that input could not run)."""
     from PIL import Image
 
-    with Image.open(path) as image:
-        image = image.convert("RGB")
-        image.thumbnail((THUMB_PX, THUMB_PX))
-        buffer = io.BytesIO()
-        image.save(buffer, format="PNG")
+    try:
+        with Image.open(path) as image:
+            image = image.convert("RGB")
+            image.thumbnail((THUMB_PX, THUMB_PX))
+            buffer = io.BytesIO()
+            image.save(buffer, format="PNG")
+    except Exception:  # noqa: BLE001 - PIL raises OSError, ValueError, DecompressionBombError... for a bad file
+        return UNREADABLE
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 

@@ -20,6 +20,7 @@ import numpy as np
 from safetensors import safe_open
 
 from driftscope.core.atomic import write_json_atomic
+from driftscope.core.names import partial_path
 from driftscope.errors import OutputError, TapFileError, output_error
 from driftscope.model.weightfile import read_header, unique_keys
 from driftscope.taps.background import BackgroundWrites, owned
@@ -85,7 +86,7 @@ class TapWriter:
         self.stages: dict[str, dict] = {}
         self._entries: dict[str, dict] = {}
         self._reserve = reserve_header
-        self._partial = self.tensor_path.with_name(self.tensor_path.name + ".partial")
+        self._partial = partial_path(self.tensor_path)
         self._handle = open(self._partial, "wb")
         self._handle.write(b"\0" * (8 + reserve_header))
         self._offset = 0

@@ -64,12 +64,17 @@ def coverage_line(report: Report) -> str | None:
     if not short:
         counts = sorted({(entry["compared"], entry["model_stages"]) for entry in coverage.values()})
         each = ", ".join(f"{compared} ({model} model stages)" for compared, model in counts)
-        return f"Coverage: every pair compared every stage either side captured: {text(each)} per pair"
+        judged = min((entry.get("judged_fraction", 1.0) for entry in coverage.values()), default=1.0)
+        some = f"; {judged:.2%} of the elements judged (the rest non-finite on both sides)" if judged < 1 else ""
+        return f"Coverage: every pair compared every stage either side captured: {text(each)} per pair{some}"
     parts = []
     for key, entry in short.items():
         gaps = [f"{len(stages)} missing on the {side}" for side, stages in entry.get("missing", {}).items()]
         gaps += [f"{len(entry['not_judged'])} not judged"] if entry.get("not_judged") else []
         gaps += ["no model stage"] if entry["compared"] and not entry["model_stages"] else []
+        gaps += (
+            [f"{entry['judged_fraction']:.2%} of its elements judged"] if entry.get("judged_fraction", 1) < 1 else []
+        )
         counted = f"compared {entry['compared']} of {entry['stages']}"
         parts.append(f"{code(report.pair_title(key))} {counted} ({text(', '.join(gaps))})")
     return "**Coverage falls short** (a gate needs coverage): " + "; ".join(parts)

@@ -160,6 +160,10 @@ def rendered_current(out_dir: Path, params) -> bool:
         return False
     if report.status != "complete" or report.data.get("parameters_digest") != params.digest:
         return False
+    from driftscope.run.reuse import stale_reason
+
+    if stale_reason(report.data, params):  # re-judged under another contract, or what it read changed since
+        return False
     for name in params.notebooks:
         stem = Path(out_dir) / Path(name).stem
         pages = [stem.with_suffix(".ipynb"), stem.with_suffix(".html"), stem.with_name(stem.name + ".nocode.html")]

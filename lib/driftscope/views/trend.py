@@ -43,7 +43,12 @@ def reports(commit_dir: Path, unreadable: dict[str, str] | None = None) -> dict[
             if unreadable is not None:
                 unreadable[path.parent.name] = err.problem
             continue
-        found[report.data.get("name") or path.parent.name] = report
+        name = report.data.get("name") or path.parent.name
+        if name in found and unreadable is not None:  # a copied run directory: which one is the run is not known
+            unreadable[name] = (
+                f"two run directories hold a run named {name!r}: {found[name].directory.name}, {path.parent.name}"
+            )
+        found[name] = report
     return found
 
 
@@ -134,6 +139,7 @@ def diff_reports(a: Report, b: Report, factor: float = 1.5, floor: float = 1e-6)
             moved.append({"pair": pair, "before": sa, "after": sb})
     return {
         "verdict": {"before": a.verdict, "after": b.verdict},
+        "status": {"before": a.status, "after": b.status},
         "contract": contract_changes(a, b),
         "parameters": parameter_changes(a, b),
         "first_divergence": moved,
@@ -169,9 +175,32 @@ def diff_commits(dir_a: Path, dir_b: Path, factor: float = 1.5, floor: float = 1
     return out
 
 
-def diff_exit_code(diff: dict, fail_on: str | None = None) -> int:
+def missing_evidence(diff: dict) -> list[str]:
+    """What the later commit lacks that the earlier one judged: a run only in the earlier commit, a run that did not
+    complete in the later one, a pair's stage compared before and not after (``vanished``). With ``--fail-on
+    worse`` each is a failure of the comparison unless ``--allow-missing`` is given: no evidence is not a pass."""
+    before, after = diff["before"], diff["after"]
+    found = []
+    for name, run in diff["runs"].items():
+        status = (run.get("status") or {}).get("after", "complete")
+        vanished = [c for c in run.get("stages", []) if c["change"] == "vanished"]
+        if run.get("only_in") == before:
+            found.append(f"{name}: no run in {after}")
+        elif status != "complete":
+            found.append(f"{name}: its run in {after} did not complete ({status})")
+        elif vanished:
+            first = vanished[0]
+            found.append(
+                f"{name}: {len(vanished)} stage(s) judged in {before} are missing in {after} "
+                f"(e.g. {first['pair']} {first['stage']})"
+            )
+    return found
+
+
+def diff_exit_code(diff: dict, fail_on: str | None = None, allow_missing: bool = False) -> int:
     """2: a report could not be read; with ``fail_on="worse"``, 1 when a run got worse (a verdict no longer
-    passes, or a stage is worse beyond the noise floor: the CI gate); else 0."""
+    passes, or a stage is worse beyond the noise floor: the CI gate) or, unless ``allow_missing``, when the later
+    commit lacks evidence the earlier one had (:func:`missing_evidence`); else 0."""
     runs = diff["runs"].values()
     if any("unreadable" in run for run in runs):
         return 2
@@ -180,7 +209,8 @@ def diff_exit_code(diff: dict, fail_on: str | None = None) -> int:
     regressed = any(
         run.get("verdict", {}).get("before") == "pass" and run.get("verdict", {}).get("after") != "pass" for run in runs
     )
-    return 1 if regressed or worse_stages(diff) else 0
+    missing = [] if allow_missing else missing_evidence(diff)
+    return 1 if regressed or worse_stages(diff) or missing else 0
 
 
 def format_diff(diff: dict) -> str:
@@ -192,6 +222,9 @@ def format_diff(diff: dict) -> str:
         if "only_in" in run:
             lines.append(f"\n{name}: only in {run['only_in']}")
             continue
+        status = run.get("status") or {}
+        if status.get("after", "complete") != "complete":
+            lines.append(f"\n{name}: did not complete in {diff['after']} ({status['after']})")
         changed = [c for c in run["stages"] if c["change"] != "unchanged"]
         lines.append(
             f"\n{name}: verdict {run['verdict']['before']} -> {run['verdict']['after']}; "
@@ -212,6 +245,10 @@ def format_diff(diff: dict) -> str:
             before = "-" if change["before"] is None else f"{change['before']:.3g}"
             after = "-" if change["after"] is None else f"{change['after']:.3g}"
             lines.append(f"  {change['change']:9s} {change['pair']:24s} {change['stage']:40s} {before} -> {after}")
+    missing = missing_evidence(diff)
+    if missing:
+        lines.append("\nmissing in " + diff["after"] + " (a failure of `--fail-on worse` unless `--allow-missing`):")
+        lines += [f"  MISSING {line}" for line in missing]
     return "\n".join(lines)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
@@ -85,6 +86,19 @@ def refuse_weights(path: Path, engine: str, found: dict[str, Iterable[str]], der
             )
 
 
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+#: kind -> (whether a value is of it, an example): what :attr:`Runtime.OPTION_TYPES` names
+OPTION_KINDS: dict[str, tuple[Any, str]] = {
+    "positive whole number": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0, "2"),
+    "positive number": (lambda v: _number(v) and v > 0, "512"),
+    "text": (lambda v: isinstance(v, str) and bool(v.strip()), "a-name"),
+    "list of texts": (lambda v: isinstance(v, list) and all(isinstance(x, str) and x for x in v), "[a, b]"),
+}
+
+
 class Runtime(ABC):
     """Loads one checkpoint under one precision policy and captures stages of its vision tower."""
 
@@ -99,6 +113,8 @@ class Runtime(ABC):
     REQUIRES: dict[str, str] = {}
     #: driftscope's optional dependency group that installs them (``pip install 'driftscope[EXTRA]'``), if any
     EXTRA: str | None = None
+    #: option -> the kind of value it takes (:data:`OPTION_KINDS`), where it is not a fixed set
+    OPTION_TYPES: dict[str, str] = {}
 
     def __init__(
         self,
@@ -144,14 +160,35 @@ class Runtime(ABC):
     def mixed_policy(self) -> PrecisionPolicy:
         """The policy with ``options.f32``'s operators in float32 (``model.mixed``; under f32 there is nothing to
         widen)."""
-        from driftscope.model.mixed import expand, with_float32
+        from driftscope.model.mixed import with_float32
 
         if self.policy.activations == "float32" and (self.policy.dot_inputs or "float32") == "float32":
             raise ParameterError(
                 f"options.f32 widens operators of a half-precision policy, and {self.policy.name} is float32 already",
                 "drop options.f32, or give a half-precision policy (f16, bf16, f16-contract, f16-state)",
             )
-        return with_float32(self.policy, expand(self.options["f32"], self.family.plan_for(self.checkpoint).depth))
+        plan = self.family.plan_for(self.checkpoint)
+        return with_float32(self.policy, self.check_float32(self.options["f32"], self.family, plan))
+
+    @classmethod
+    def check_float32(cls, patterns: list, family: Family, plan: StagePlan) -> tuple[str, ...]:
+        """The stage ids ``options.f32`` names (``model.mixed.expand``), each an operator this runtime can keep in
+        float32 in ``family`` (``plan``: its full vision plan), else a :class:`ParameterError` naming the ones it
+        cannot (a block the tower does not have, an operator the family does not widen)."""
+        from driftscope.model.mixed import compress, expand
+
+        ids = expand(patterns, plan.depth)
+        templates = family.precision_operators(cls.name, plan)
+        allowed = {template.format(b=block) for template in templates for block in range(max(plan.depth, 1))}
+        unknown = [stage_id for stage_id in ids if stage_id not in allowed]
+        if unknown:
+            examples = ", ".join(t.replace("{b}", f"0-{plan.depth - 1}") for t in templates) or "none"
+            raise ParameterError(
+                f"options.f32 names {', '.join(compress(unknown)[:4])}: not an operator {cls.name} can keep in "
+                f"float32 in this {family.name} checkpoint (blocks 0-{plan.depth - 1})",
+                f"name operators it can: {examples}" if templates else "drop options.f32 for this runtime",
+            )
+        return ids
 
     @classmethod
     def known_options(cls) -> dict[str, str]:
@@ -182,6 +219,12 @@ class Runtime(ABC):
                 raise ParameterError(
                     f"{where}.{key}={options[key]!r} is not a value runtime {cls.name!r} accepts",
                     f"use one of: {', '.join(map(str, allowed))}",
+                )
+        for key, kind in {"label": "text", **cls.OPTION_TYPES}.items():
+            if key in options and not OPTION_KINDS[kind][0](options[key]):
+                raise ParameterError(
+                    f"{where}.{key}={options[key]!r} is not a {kind}, which runtime {cls.name!r} needs there",
+                    f"write e.g. {key}: {OPTION_KINDS[kind][1]}",
                 )
 
     @property

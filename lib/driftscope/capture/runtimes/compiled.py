@@ -51,7 +51,8 @@ class CompiledRuntime(Runtime):
         "f32": "stages whose operators compute in float32 under a half-precision policy (model.mixed; e.g. "
         "[vision.block.17-31.norm2]): compiled into the StableHLO, whole-graph only",
     }
-    OPTION_VALUES = {"graph": GRAPH_MODES, "decode": (True, False), "buckets": ("exact", "pow2")}
+    OPTION_VALUES = {"graph": GRAPH_MODES, "decode": (True, False), "buckets": ("exact", "pow2"), "taps": ("final",)}
+    OPTION_TYPES = {"whole_taps_mib": "positive number", "bucket": "positive whole number", "f32": "list of texts"}
     policies = (*COMPILED_POLICIES, *RUNTIME_POLICIES["jax"])  # q4-dequant: the dense dequantized checkpoint
 
     def __init__(self, checkpoint, policy: str = "f32", patch=None, options: dict | None = None):
@@ -294,6 +295,7 @@ class IreeRuntime(CompiledRuntime):
         "flags": "more iree-compile flags (a list)",
         "cache_dir": "where compiled artifacts are cached (default: $DRIFTSCOPE_CACHE, else the user cache folder)",
     }
+    OPTION_TYPES = {**CompiledRuntime.OPTION_TYPES, "target": "text", "flags": "list of texts", "cache_dir": "text"}
 
     def versions(self) -> dict[str, str]:
         return package_versions("jax", "iree-base-compiler", "iree-base-runtime")

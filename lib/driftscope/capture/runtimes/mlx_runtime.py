@@ -56,6 +56,7 @@ class MLXRuntime(Runtime):
         "[vision.block.17-31.norm2]), after the hypothesis patch",
     }
     OPTION_VALUES = {"rmsnorm": RMSNORM_FORMS}
+    OPTION_TYPES = {"f32": "list of texts"}
 
     def __init__(self, checkpoint, policy: str = "f32", patch=None, options: dict | None = None):
         super().__init__(checkpoint, policy, patch, options)

@@ -29,6 +29,7 @@ class TapfileRuntime(Runtime):
     policies = tuple(POLICIES.names())  # a label here: the engine applied its policy itself
     external = True
     OPTIONS = {"path": "the engine's TapSet (NAME.safetensors with its NAME.json sidecar)"}
+    OPTION_TYPES = {"path": "text"}
 
     def _load(self) -> Any:
         path = self.options.get("path")

@@ -58,6 +58,7 @@ class TransformersRuntime(Runtime):
         "threads": "torch threads (default: torch's own)",
         "attn_implementation": "the attention kernel transformers loads (default eager)",
     }
+    OPTION_TYPES = {"threads": "positive whole number", "attn_implementation": "text"}
     policies = ("f32", "f64", "tf32", *RUNTIME_POLICIES["transformers"])  # q4-dequant: the dense dequantized checkpoint
 
     def arithmetic(self) -> AbstractContextManager:

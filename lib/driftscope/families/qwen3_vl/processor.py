@@ -48,7 +48,7 @@ def prepare_inputs(
     (images, 3) int64, hashed in that order for the inputs digest."""
     processor = load_image_processor(checkpoint, **(overrides or {}))
     if video_paths and not image_paths:
-        return add_videos(checkpoint, None, list(video_paths), video_resize, processor)
+        return add_videos(checkpoint, None, list(video_paths), video_resize, processor, refuse_upscale=False)
     ran = run_processor(checkpoint, image_paths, processor, refuse_upscale=False)
     settings = contract_settings(processor)
     stated = stated_settings(checkpoint.path)
@@ -82,4 +82,4 @@ def prepare_inputs(
         + (f", upscaled by min_pixels ({'; '.join(upscaled)})" if upscaled else ""),
         warnings=[f"processor contract: {difference}" for difference in differences],
     )
-    return add_videos(checkpoint, inputs, list(video_paths), video_resize, processor)
+    return add_videos(checkpoint, inputs, list(video_paths), video_resize, processor, refuse_upscale=False)

@@ -75,8 +75,12 @@ def patchify_video(frames: np.ndarray, patch: int, merge: int, temporal: int) ->
     return np.ascontiguousarray(patches.reshape(t * h * w, channel * temporal * patch * patch)), [t, h, w]
 
 
-def run_video_processor(checkpoint: Checkpoint, video_paths: list, processor, resize: Resize) -> VideoRun:
-    """Run the video processor on ``video_paths`` with ``processor``'s settings and the family's ``resize``."""
+def run_video_processor(
+    checkpoint: Checkpoint, video_paths: list, processor, resize: Resize, refuse_upscale: bool = True
+) -> VideoRun:
+    """Run the video processor on ``video_paths`` with ``processor``'s settings and the family's ``resize``. A video
+    the bounds would upscale is refused as an image would be (``refuse_upscale``: the family refuses to upscale
+    images), else its facts say so (``upscaled_by_min_pixels``)."""
     from transformers.image_processing_backends import PilBackend
     from transformers.image_utils import SizeDict
 
@@ -94,6 +98,16 @@ def run_video_processor(checkpoint: Checkpoint, video_paths: list, processor, re
                 f"video {path} ({len(video.frames)} frames of {height}x{width}) cannot be resized: {err}",
                 "use more frames or a less extreme aspect ratio",
             ) from err
+        upscaled = int(resized[0]) * int(resized[1]) > height * width
+        if upscaled and refuse_upscale:
+            side = int(np.ceil(np.sqrt(min_pixels)))
+            raise InputError(
+                f"video {path}'s frames are {height}x{width} = {height * width} pixels; the processor would upscale "
+                f"them to {resized[0]}x{resized[1]} (min_pixels {min_pixels}) and the run would not test the video "
+                "you gave",
+                f"use frames of at least {side}x{side} pixels, or lower min_pixels in the checkpoint's "
+                "preprocessor_config.json (an image that small is refused too)",
+            )
         conversions, normalized = set(), []
         for frame in video.frames:
             rgb, conversion = as_processor_sees(frame, processor, path)
@@ -121,25 +135,33 @@ def run_video_processor(checkpoint: Checkpoint, video_paths: list, processor, re
                 "grid_thw": grid,
                 "conversions": sorted(c for c in conversions if c),
                 "bounds": {"min_pixels": min_pixels, "max_pixels": max_pixels, "from": source},
+                **({"upscaled_by_min_pixels": f"{height}x{width} -> {resized[0]}x{resized[1]}"} if upscaled else {}),
             }
         )
     return VideoRun(np.concatenate(all_patches), np.asarray(grids, dtype=np.int64), facts)
 
 
 def add_videos(
-    checkpoint: Checkpoint, inputs: ModelInputs | None, video_paths: list, resize: Resize, processor=None
+    checkpoint: Checkpoint,
+    inputs: ModelInputs | None,
+    video_paths: list,
+    resize: Resize,
+    processor=None,
+    refuse_upscale: bool = True,
 ) -> ModelInputs:
     """``inputs`` (the images' processor output, or None for a run of videos alone) with the videos packed
     after the images: one tower call over every grid, as each video is a grid with t > 1 (attention, windows
-    and rotary are per frame). No videos: ``inputs`` unchanged."""
+    and rotary are per frame). No videos: ``inputs`` unchanged. ``refuse_upscale``: as for the family's images."""
     if not video_paths:
         return inputs
     processor = processor or load_image_processor(checkpoint)
-    run = run_video_processor(checkpoint, list(video_paths), processor, resize)
+    run = run_video_processor(checkpoint, list(video_paths), processor, resize, refuse_upscale)
     merge = int(processor.merge_size)
     tokens = (run.grid_thw.prod(axis=1) // (merge * merge)).astype(np.int64)
     paths = [fact["video"] for fact in run.facts]
     headline = f"videos {run.grid_thw.tolist()}, {run.pixel_values.shape[0]} patches"
+    upscaled = [fact["upscaled_by_min_pixels"] for fact in run.facts if "upscaled_by_min_pixels" in fact]
+    headline += f", upscaled by min_pixels ({'; '.join(upscaled)})" if upscaled else ""
     if inputs is None:
         return ModelInputs(
             arrays={"pixel_values": run.pixel_values, "grid_thw": run.grid_thw},

@@ -10,7 +10,7 @@ quantizer); ``driftscope_quant.json`` records where the weights came from.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -27,9 +27,11 @@ def write_dense_checkpoint(
     copy_from: str | Path | None = None,
     provenance: dict | None = None,
     replace: bool = True,
+    finish: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write ``weights`` (float arrays widened to float32) and ``config`` as a dense checkpoint, atomically
-    (``replace=False``: keep a directory another process wrote there meanwhile)."""
+    (``replace=False``: keep a directory another process wrote there meanwhile). ``finish``: called with the
+    staged directory once its files are written, before it takes its place (e.g. to add a manifest of them)."""
     from safetensors.numpy import save_file
 
     stored = {
@@ -44,4 +46,6 @@ def write_dense_checkpoint(
         (tmp / "config.json").write_text(json.dumps(dense_config, indent=2) + "\n")
         if provenance is not None:
             (tmp / "driftscope_quant.json").write_text(json.dumps(provenance, indent=1, sort_keys=True) + "\n")
+        if finish is not None:
+            finish(tmp)
     return Path(out_dir)
