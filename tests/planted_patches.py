@@ -105,6 +105,37 @@ def cache_one_slot_off(model, layer: int = 1, from_step: int = 3, **_):
     return model
 
 
+def nudge_cached_keys(model, layer: int = 0, positions: tuple = (8, 12), size: float = 2e-3, **_):
+    """A defect as small as RoPE's round-off at position 4,096, planted at low positions of mlx-vlm's KV cache: in
+    decoder ``layer``, the keys of ``positions`` (a range) get ``size`` added to their first channel as the prefill
+    writes them (what attention reads from the cache, and what the cache taps hold)."""
+    import mlx.core as mx
+    from mlx_vlm.models.cache import KVCache
+
+    start, stop = positions
+
+    class Nudged(KVCache):
+        def update_and_fetch(self, keys, values):
+            at = self.offset
+            if at < stop and at + keys.shape[2] > start:
+                index = mx.arange(at, at + keys.shape[2])
+                rows = ((index >= start) & (index < stop)).astype(keys.dtype)[None, None, :, None]
+                channel = (mx.arange(keys.shape[-1]) == 0).astype(keys.dtype)
+                keys = keys + size * rows * channel
+            return super().update_and_fetch(keys, values)
+
+    language = model.language_model
+    original = getattr(language, "make_cache", None)
+
+    def make_cache():
+        cache = list(original()) if original is not None else [KVCache() for _ in language.layers]
+        cache[layer] = Nudged()
+        return cache
+
+    object.__setattr__(language, "make_cache", make_cache)
+    return model
+
+
 def shift_decode_rope_delta(model, shift: int = 1, **_):
     """A decode-only position defect in mlx-vlm's Qwen decoders: after the prefill (the call that carries the
     pixels) the language model's stored M-RoPE delta is off by ``shift``, so every generated token sits ``shift``
@@ -120,6 +151,32 @@ def shift_decode_rope_delta(model, shift: int = 1, **_):
         return out
 
     language.__class__ = type(f"Shifted{base.__name__}", (base,), {"__call__": __call__})
+    return model
+
+
+def misapply_decode_rope_delta(model, shift: int = 1, from_step: int = 2, **_):
+    """A fault in applying the M-RoPE delta, not in storing it: mlx-vlm's Qwen decoder keeps the right
+    ``_rope_deltas``, but from decode step ``from_step`` on (the call feeding the answer's token ``from_step - 1``)
+    the positions its layers are given are ``shift`` too late."""
+    import mlx.core as mx
+
+    language = model.language_model
+    inner = language.model
+    prompt: list[int] = []
+
+    class Misplaced:
+        def __call__(self, inputs, cache=None, **kwargs):
+            offset = int(cache[0].offset) if cache and cache[0] is not None else 0
+            if not prompt:
+                prompt.append(offset + inputs.shape[-1])  # the first call is the prefill
+            elif kwargs.get("position_ids") is not None and offset - prompt[0] + 1 >= from_step:
+                kwargs["position_ids"] = kwargs["position_ids"] + mx.array(shift, dtype=kwargs["position_ids"].dtype)
+            return inner(inputs, cache=cache, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(inner, name)
+
+    object.__setattr__(language, "model", Misplaced())
     return model
 
 

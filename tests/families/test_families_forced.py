@@ -163,11 +163,11 @@ def _one_slot_off(name: str) -> dict:
         if "mlx" in get_family(n).engines
     ],
 )
-def test_a_cache_written_one_slot_off_from_step_3_is_localized_to_its_layer_and_step(name, tiny, tmp_path):
-    """A planted MLX decode defect (planted_patches.cache_one_slot_off: layer 1's entries one slot late from decode
-    step 3 on; composed after the port's known-defect fixes where it has any), teacher-forced on the same tokens as
-    transformers: the prefill cache and every other layer agree, and the forced cache of layer 1 first breaks at
-    step 3."""
+def test_a_cache_written_one_slot_off_from_step_4_is_localized_to_its_layer_and_step(name, tiny, tmp_path):
+    """A planted MLX decode defect (planted_patches.cache_one_slot_off: layer 1's entries one slot late from the
+    answer's token 3 on, which decode step 4 feeds; composed after the port's known-defect fixes where it has any),
+    teacher-forced on the same tokens as transformers: the prefill cache and every other layer agree, the forced
+    cache of layer 1 first breaks at step 4, and so does the forced answer (one step numbering for one call)."""
     checkpoint, base, plan = tiny(name)
     inputs = copy.deepcopy(base)
     inputs.text.max_new_tokens = 6
@@ -180,7 +180,7 @@ def test_a_cache_written_one_slot_off_from_step_3_is_localized_to_its_layer_and_
     runtime.release()
     np.testing.assert_array_equal(np.asarray(candidate["text.forced.tokens"]), inputs.text.forced)
     result = cache_pair(oracle, candidate, load_contract(ROOT / "parameters" / "contracts" / "strict.yaml"))
-    assert (result["first_layer"], result["first_step"]) == (1, 3), result
+    assert (result["first_layer"], result["first_step"]) == (1, 4), result
     assert result["first_position"] == len(inputs.text.input_ids) + 3
     stages = result["stages"]
     assert (
@@ -188,7 +188,9 @@ def test_a_cache_written_one_slot_off_from_step_3_is_localized_to_its_layer_and_
         and stages["text.cache.prefill.values"]["status"] == "pass"
     )
     forced = stages["text.cache.forced.keys"]["layers"]
-    assert forced[0]["status"] == "pass" and forced[1]["first_step"] == 3
-    assert all(head["first_step"] == 3 for head in forced[1]["heads"])  # every head of that layer, from that step
+    assert forced[0]["status"] == "pass" and forced[1]["first_step"] == 4
+    assert all(head["first_step"] == 4 for head in forced[1]["heads"])  # every head of that layer, from that step
     said = cache_sentence({"reference": ORACLE, "candidate": "mlx", "cache": result})
-    assert "layer 1's cache first differs at step 3 (head 0, keys" in said, said
+    assert "layer 1's cache first differs at step 4 (head 0, keys" in said, said
+    answer = forced_pair(oracle, candidate, load_contract(ROOT / "parameters" / "contracts" / "strict.yaml"))
+    assert answer["first_divergence"] == result["first_step"]  # the answer first diverges in the same call

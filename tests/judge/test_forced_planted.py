@@ -114,3 +114,46 @@ def test_a_real_text_side_defect_flips_confidently_under_the_same_contract(answe
         assert flip["label"] == ("confident" if margin > flip["allowed"] else "near-tie")
     assert result["confident_flips"] >= 1 and result["first_divergence"] == 0
     assert max(f["reference_margin"] for f in result["flips"]) > 10 * ALLOWS_IT.tolerance("text.forced.top5").atol
+
+
+@pytest.fixture(scope="module")
+def text_plan(tiny):
+    _, _, plan = tiny(NAME)
+    return StagePlan(plan.family, [s for s in plan if s.id.startswith("text.")], plan.depth, dict(plan.meta))
+
+
+def test_a_near_tie_flip_within_the_policys_band_is_reported_not_failed(answer, text_plan):
+    """The 1e-3 plant under a contract that allows it: the free-running tokens part at step 0 by a near-tie, so
+    the verdict reports it (a warning on the row, no divergence, not "data"), while the teacher-forced answer
+    goes on being compared at every step."""
+    from driftscope.judge.compare import compare_tapsets, first_divergence
+    from driftscope.judge.verdict import judge
+
+    inputs, reference, capture = answer
+    boosted = int(np.argsort(-np.asarray(reference[FORCED], np.float64)[0])[1])
+    candidate = capture("mlx", {"callable": f"{PATCHES}:scale_logits", "kwargs": {"tokens": [boosted]}})
+    assert int(np.asarray(candidate["text.generate.tokens"])[0]) != int(inputs.text.forced[0])  # they part
+    rows = {row.stage: row for row in compare_tapsets(reference, candidate, ALLOWS_IT, text_plan)}
+    tokens = rows["text.generate.tokens"]
+    assert tokens.status == "pass" and tokens.failures > 0
+    assert tokens.extra["near_tie"]["step"] == 0 and "near-tie flip" in tokens.warning
+    assert rows["text.generate.margins"].status == "pass"
+    assert first_divergence(list(rows.values())) is None
+    verdict = judge(reference, [candidate], ALLOWS_IT, text_plan)
+    assert verdict["verdict"]["per_candidate"][candidate.label] == "pass"
+    assert any("near-tie flip" in reason for reason in verdict["verdict"]["reasons"])  # reported
+    assert forced_pair(reference, candidate, ALLOWS_IT)["steps_compared"] == STEPS  # teacher forcing carries on
+
+
+def test_a_confident_flip_fails_the_verdict(answer, text_plan):
+    """The same plant under the strict contract (its 1e-3 is more than an f32 port may cost: confident), and a
+    real text-side defect under the lenient one: the free-running tokens' row fails, saying why."""
+    from driftscope.judge.compare import compare_tapsets
+
+    inputs, reference, capture = answer
+    boosted = int(np.argsort(-np.asarray(reference[FORCED], np.float64)[0])[1])
+    planted = capture("mlx", {"callable": f"{PATCHES}:scale_logits", "kwargs": {"tokens": [boosted]}})
+    for candidate, contract in ((planted, STRICT), (capture("mlx", DEFECT), ALLOWS_IT)):
+        rows = {row.stage: row for row in compare_tapsets(reference, candidate, contract, text_plan)}
+        tokens = rows["text.generate.tokens"]
+        assert tokens.status == "fail" and "confident flip at step 0" in tokens.note

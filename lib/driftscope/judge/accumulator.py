@@ -70,12 +70,19 @@ class Accumulator:
         self.atol_bound = 0  # failures where the reference is so small that atol alone sets the bound
         self.max_index: int | None = None
         self.max_values: tuple[float, float] | None = None
+        #: failures under the contract's own bound, where a derived allowance widens it (``judge.bounds``)
+        self.contract_failures = 0
+        self._extra: np.ndarray | None = None
 
-    def add(self, expected: np.ndarray, actual: np.ndarray, offset: int) -> None:
-        """Fold in ``expected``/``actual`` (same shape; ``offset``: flat index of their first element)."""
+    def add(self, expected: np.ndarray, actual: np.ndarray, offset: int, extra: np.ndarray | None = None) -> None:
+        """Fold in ``expected``/``actual`` (same shape; ``offset``: flat index of their first element); ``extra``:
+        an allowance per element added to the contract's bound (a bound derived from the arithmetic)."""
         e, a = expected.reshape(-1), actual.reshape(-1)
+        x = None if extra is None else np.asarray(extra, dtype=np.float64).reshape(-1)
         for start in range(0, e.size, CHUNK_ELEMENTS):
+            self._extra = None if x is None else x[start : start + CHUNK_ELEMENTS]
             self._add_chunk(e[start : start + CHUNK_ELEMENTS], a[start : start + CHUNK_ELEMENTS], offset + start)
+        self._extra = None
 
     def _add_chunk(self, expected: np.ndarray, actual: np.ndarray, offset: int) -> None:
         n = expected.size
@@ -135,6 +142,9 @@ class Accumulator:
         bound *= self.tol.rtol
         bound += self.tol.atol
         over = scratch.mask[:n]
+        if self._extra is not None:
+            self.contract_failures += int(np.count_nonzero(np.greater(diff, bound, out=over)))
+            bound += self._extra
         failing = int(np.count_nonzero(np.greater(diff, bound, out=over)))
         if failing:
             self.failures += failing

@@ -12,6 +12,7 @@ from driftscope.inputs.text_inputs import decode
 from driftscope.judge.cache import cache_pair
 from driftscope.judge.contract import Contract
 from driftscope.judge.forced import FORCED, forced_pair
+from driftscope.taps.stages import StagePlan
 from driftscope.taps.tapset import TapSet
 
 
@@ -28,6 +29,7 @@ def answer_parity(
     pairs: list[tuple[str, str]],
     context: int = 2,
     contract: Contract | None = None,
+    plan: StagePlan | None = None,
 ) -> dict:
     """Per runtime: tokens, text, margins, expected words; per pair: the first differing token and its margins,
     the teacher-forced comparison (``forced``: top-k maps, first divergence, flips and their labels) and the
@@ -69,7 +71,7 @@ def answer_parity(
                 ],
                 "prefill_top1_agree": runtimes[ref]["prefill_top1"] == runtimes[cand]["prefill_top1"],
                 "forced": forced_pair(tapsets[ref], tapsets[cand], contract),
-                "cache": cache_pair(tapsets[ref], tapsets[cand], contract),
+                "cache": cache_pair(tapsets[ref], tapsets[cand], contract, plan),
                 "dropped_words": dropped_words(checkpoint, runtimes[ref], runtimes[cand], tapsets[cand], expect),
             }
         )

@@ -10,9 +10,11 @@ import numpy as np
 
 from driftscope.core.numeric import top2_margin
 from driftscope.judge.accumulator import CHUNK_ELEMENTS, Accumulator, json_float, scratch
+from driftscope.judge.bounds import RotaryBound, bound_record, derived_bound
 from driftscope.judge.contract import Contract, Tolerance
 from driftscope.judge.coverage import JUDGED_FLOOR, judged_share
 from driftscope.judge.layout import align, count, paired_segments, take_rows
+from driftscope.judge.near_tie import settle_near_ties
 from driftscope.judge.rows import ComparisonRow, first_divergence, growth_stages, rows_frame  # noqa: F401 - re-exported
 from driftscope.judge.traversal import judge_traversal, traversal_order
 from driftscope.taps.stages import StagePlan, TokenOrder, orders_of
@@ -31,6 +33,7 @@ def compare_stage(
     orders: dict[str, TokenOrder] | None = None,
     integer: bool = False,
     data: bool = False,
+    derived: RotaryBound | None = None,
 ) -> ComparisonRow:
     """Compare one stage of two TapSets; never raises for data problems (they go in the row).
 
@@ -40,7 +43,10 @@ def compare_stage(
 
     ``integer``: the stage plan declares the stage integer (compared exactly); ``data``: the plan declares it data
     (inputs, index math: compared exactly, never replayed). A TapSet's sidecar never decides this: a sidecar
-    claiming ``integer`` for a float stage would switch the tolerance off."""
+    claiming ``integer`` for a float stage would switch the tolerance off.
+
+    ``derived``: a bound derived from the stage's arithmetic (``judge.bounds``, from the plan's declaration), added
+    to the contract's at each element; the row says which of the two judged it."""
     row = ComparisonRow(
         stage_id, reference.label, candidate.label, position, "pass", atol=tolerance.atol, rtol=tolerance.rtol
     )
@@ -88,6 +94,7 @@ def compare_stage(
 
     accumulator = Accumulator(tolerance)
     row.note = alignment.note
+    derived = None if alignment.reorders or not stored_ref else derived
     if alignment.reorders:  # whole arrays, in raster order: coordinates are raster coordinates of the active rows
         expected, actual = alignment.arrays(reference, candidate, stage_id)
         accumulator.add(expected, actual, 0)
@@ -104,8 +111,13 @@ def compare_stage(
                 a, b = ref_start + chunk, cand_start + chunk
                 expected = reference.rows_into(stage_id, a, a + rows, scratch.raw_bytes(0, size))
                 actual = candidate.rows_into(stage_id, b, b + rows, scratch.raw_bytes(1, size))
-                accumulator.add(expected, actual, a * inner)
-    return _finish(row, accumulator, stored_ref, tolerance)
+                extra = None if derived is None else derived.rows(expected, a)
+                accumulator.add(expected, actual, a * inner, extra)
+    row = _finish(row, accumulator, stored_ref, tolerance)
+    row.bound, row.bound_detail = bound_record(
+        derived, accumulator.contract_failures, accumulator.failures - accumulator.mismatch
+    )
+    return row
 
 
 def _judge_traversal(row: ComparisonRow, reference: TapSet, candidate: TapSet, order: TokenOrder) -> ComparisonRow:
@@ -244,11 +256,12 @@ def _finish(row: ComparisonRow, acc: Accumulator, shape: tuple[int, ...], tol: T
 def compare_tapsets(
     reference: TapSet, candidate: TapSet, contract: Contract, plan: StagePlan | None = None
 ) -> list[ComparisonRow]:
-    """Every stage either side captured, compared in execution order (integer where ``plan`` says so)."""
+    """Every stage either side captured, compared in execution order (integer where ``plan`` says so); free-running
+    tokens that part at a near-tie are reported, not failed (``judge.near_tie``)."""
     stage_ids = set(reference.stage_ids()) | set(candidate.stage_ids())
     ordered = plan.ordered(stage_ids) if plan is not None else sorted(stage_ids)
     orders = orders_of(plan)
-    return [
+    rows = [
         compare_stage(
             stage_id,
             reference,
@@ -258,6 +271,9 @@ def compare_tapsets(
             orders,
             integer=plan is not None and stage_id in plan and plan[stage_id].integer,
             data=plan is not None and stage_id in plan and plan[stage_id].data,
+            derived=derived_bound(plan[stage_id], reference, candidate) if plan and stage_id in plan else None,
         )
         for position, stage_id in enumerate(ordered)
     ]
+    settle_near_ties(rows, reference, candidate, contract)
+    return rows

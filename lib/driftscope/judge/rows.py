@@ -47,6 +47,11 @@ class ComparisonRow:
     max_candidate_value: float | None = None
     atol: float = 0.0
     rtol: float = 0.0
+    #: which bound judged the stage: ``contract`` (atol + rtol * |e| decided every element), or a bound derived
+    #: from the arithmetic that let some elements pass the contract alone fails (``judge.bounds``; e.g.
+    #: ``rotary round-off``), with its rule and counts in ``bound_detail``
+    bound: str = "contract"
+    bound_detail: dict | None = None
     integer: bool = False
     reference_shape: list[int] | None = None
     candidate_shape: list[int] | None = None
@@ -160,6 +165,7 @@ def rows_frame(rows: list[ComparisonRow]):
         "max_coords",
         "max_reference_value",
         "max_candidate_value",
+        "bound",
         "note",
         "warning",
     ]

@@ -346,6 +346,7 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
             params.text["expect"],
             [(p["reference"], p["candidate"]) for p in report.data["pairs"]],
             contract=contract,
+            plan=plan,
         )
         explain_answer(params, report, out, pairing.runtimes, inputs, tapsets, contract, plan, log)
     report.save()

@@ -70,7 +70,7 @@ def _tower(rows, outputs: list[str]) -> dict:
     }
 
 
-def _answer(checkpoint, reference: TapSet, candidate: TapSet, expect: list[str], contract: Contract) -> dict:
+def _answer(checkpoint, reference: TapSet, candidate: TapSet, expect: list[str], contract: Contract, plan=None) -> dict:
     from driftscope.judge.answer import answer_parity
 
     if "text.generate.tokens" not in reference or "text.generate.tokens" not in candidate:
@@ -83,6 +83,7 @@ def _answer(checkpoint, reference: TapSet, candidate: TapSet, expect: list[str],
         expect,
         [labels],
         contract=contract,
+        plan=plan,
     )
     ref, cand = parity["runtimes"][labels[0]], parity["runtimes"][labels[1]]
     pair = parity["pairs"][0]
@@ -135,7 +136,7 @@ def judge_input(job: Job, item: ScreenInput, contract: Contract) -> dict:
             continue
         candidate = TapSet(tap_base(job.out, item.key, label))
         entry = _tower(compare_tapsets(reference, candidate, contract, job.plan), outputs)
-        entry.update(_answer(job.checkpoint, reference, candidate, expect, contract))
+        entry.update(_answer(job.checkpoint, reference, candidate, expect, contract, job.plan))
         entry.update(divergence_score(entry))
         result["candidates"][label] = entry
     scored = [(label, entry) for label, entry in result["candidates"].items()]

@@ -10,15 +10,15 @@ from typing import Any
 import numpy as np
 
 from driftscope.core.numeric import top2_margin
-from driftscope.taps.stages import Stage, StagePlan
+from driftscope.taps.stages import Rotary, Stage, StagePlan
 from driftscope.taps.tapset import TapWriter
 
 Progress = Callable[[str], None]
 
 
-def decode_stages(max_new_tokens: int) -> list[Stage]:
+def decode_stages(max_new_tokens: int, rotary: Rotary | None = None) -> list[Stage]:
     """The stages :func:`put_greedy` writes: decoded past the prefill, functions of decode steps nothing captures,
-    so never replayed."""
+    so never replayed. ``rotary``: how the decoder rotates its keys (the cached keys are after RoPE)."""
     return [
         Stage(
             "text.generate.tokens", ("steps",), integer=True, description=f"greedy tokens ({max_new_tokens})", data=True
@@ -37,7 +37,7 @@ def decode_stages(max_new_tokens: int) -> list[Stage]:
             side=True,  # decode outputs: compared under their contract keys, never replayed (like the margins)
             description="teacher-forced logits: row i after feeding the reference's first i tokens (0: the prefill's)",
         ),
-        *cache_stages(),
+        *cache_stages(rotary),
     ]
 
 
@@ -45,11 +45,11 @@ def decode_stages(max_new_tokens: int) -> list[Stage]:
 CACHE_PHASES = {"prefill": "at the end of the prefill", "forced": "after the last teacher-forced step"}
 
 
-def cache_stages() -> list[Stage]:
+def cache_stages(rotary: Rotary | None = None) -> list[Stage]:
     """The KV cache :func:`put_greedy` writes from the decoder's ``cache_snapshot``: every attention layer's keys
-    (after RoPE) and values of every position, ``[layers, kv_heads, positions, head_dim]``. Layers that keep no
-    keys and values (a hybrid model's convolution or linear-attention state) are not in it: the sidecar's
-    ``decoder_layers`` names the layers it holds where the snapshot says."""
+    (after RoPE, rotated as ``rotary`` declares) and values of every position, ``[layers, kv_heads, positions,
+    head_dim]``. Layers that keep no keys and values (a hybrid model's convolution or linear-attention state) are
+    not in it: the sidecar's ``decoder_layers`` names the layers it holds where the snapshot says."""
     return [
         Stage(
             f"text.cache.{phase}.{kind}",
@@ -57,6 +57,7 @@ def cache_stages() -> list[Stage]:
             side=True,
             description=f"the KV cache's {kind} {said}, attention layers only"
             + (" (after RoPE)" if kind == "keys" else ""),
+            rotary=rotary if kind == "keys" else None,
         )
         for phase, said in CACHE_PHASES.items()
         for kind in ("keys", "values")

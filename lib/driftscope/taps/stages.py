@@ -3,8 +3,9 @@
 A stage declares its axes, its token order (``window`` or ``raster``; ``none`` for tensors without
 tokens), the unit of a token row (``patch`` or ``merged``), and whether its values are integers
 (compared exactly). A ``data`` stage (processor output, index math) is not computed by the model's
-operators: it is compared exactly and never replayed. Two runtimes' taps are compared only through these
-declarations.
+operators: it is compared exactly and never replayed. A ``rotary`` stage holds vectors rotated by RoPE: its
+float32 round-off grows with the position, and the judge derives the bound it may use from the declaration
+(``judge.bounds``, docs/bounds.md). Two runtimes' taps are compared only through these declarations.
 """
 
 from __future__ import annotations
@@ -14,6 +15,33 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class Rotary:
+    """How a stage's vectors are rotated by RoPE (its last axis: the first ``2 * len(inv_freq)`` channels rotate,
+    any further ones do not).
+
+    ``inv_freq``: each frequency's angle per position (radians); ``pairing``: which channels rotate together,
+    ``half`` (channel i with i + d/2, transformers' ``rotate_half``) or ``interleaved`` (2i with 2i + 1);
+    ``axis``: the stage's axis of positions; ``positions``: the integer stage holding each position's rotary
+    positions (tokens on its last axis; leading axes, e.g. M-RoPE's t, h, w, are maxed over), None when a
+    position is its index. Positions past those the stage holds (decoded tokens) continue one a step."""
+
+    inv_freq: tuple[float, ...]
+    pairing: str = "half"
+    axis: int = -2
+    positions: str | None = None
+
+    @classmethod
+    def default(cls, theta: float, rotary_dim: int, **declared) -> Rotary:
+        """The standard frequencies ``theta ** (-2i / rotary_dim)``, computed in float64."""
+        inv_freq = float(theta) ** (-np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim)
+        return cls(tuple(float(f) for f in inv_freq), **declared)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Rotary:
+        return cls(**{**data, "inv_freq": tuple(float(f) for f in data["inv_freq"])})
 
 
 @dataclass(frozen=True)
@@ -30,16 +58,23 @@ class Stage:
     side: bool = False  # a side input (e.g. RoPE tables), not on the activation path
     description: str = ""
     data: bool = False  # inputs or index math, not the model's operators: compared exactly, never replayed
+    rotary: Rotary | None = None  # vectors rotated by RoPE: the judge derives a position-dependent bound
 
     def to_dict(self) -> dict:
         out = asdict(self)
         out["axes"] = list(self.axes)
+        if self.rotary is None:
+            out.pop("rotary")  # plans without RoPE stages read as they did
+        else:
+            out["rotary"]["inv_freq"] = list(self.rotary.inv_freq)
         return out
 
     @classmethod
     def from_dict(cls, data: dict) -> Stage:
         data = dict(data)
         data["axes"] = tuple(data.get("axes", ()))
+        if isinstance(data.get("rotary"), dict):
+            data["rotary"] = Rotary.from_dict(data["rotary"])
         return cls(**data)
 
 

@@ -21,7 +21,7 @@ def cache_sentence(pair: dict) -> str:
     cache, who = pair["cache"], f"{pair['candidate']} vs {pair['reference']}"
     if cache["first_layer"] is None:
         return f"{who}: every layer's cache agrees within the contract, prefill and teacher-forced"
-    where = "in the prefill" if cache["first_step"] is None else f"at step {cache['first_step']}"
+    where = "in the prefill (step 0)" if not cache["first_step"] else f"at step {cache['first_step']}"
     stage = cache["first_stage"].rsplit(".", 1)[1]
     return (
         f"{who}: layer {cache['first_layer']}'s cache first differs {where} (head {cache['first_head']}, "
@@ -41,9 +41,7 @@ def cache_frame(report: Report):
         {
             "pair": f"{pair['candidate']} vs {pair['reference']}",
             "first layer": _or(pair["cache"]["first_layer"], "none"),
-            "first step": _or(
-                pair["cache"]["first_step"], "prefill" if pair["cache"]["first_layer"] is not None else ""
-            ),
+            "first step": _or(pair["cache"]["first_step"], ""),
             "head": _or(pair["cache"]["first_head"], ""),
             "stage": _or(pair["cache"]["first_stage"], ""),
             "summary": cache_sentence(pair),

@@ -52,7 +52,7 @@ def _cache_said(cache: dict | None) -> str:
         return "the KV cache was not compared"
     if cache.get("first_layer") is None:
         return "every layer's KV cache agrees"
-    where = "in the prefill" if cache.get("first_step") is None else f"at step {cache['first_step']}"
+    where = "in the prefill (step 0)" if not cache.get("first_step") else f"at step {cache['first_step']}"
     kind = str(cache.get("first_stage") or "").rsplit(".", 1)[-1]
     return f"layer {cache['first_layer']}'s KV cache first differs {where} (head {cache['first_head']}, {kind})"
 

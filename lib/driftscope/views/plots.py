@@ -86,7 +86,9 @@ def _pairs_failing_first(report: Report, status_columns: list[str]) -> list[str]
 
 
 def stage_table(report: Report, only_failing: bool = False):
-    """Stage x runtime-pair table of status, max_abs and failures (a pandas Styler, failures in red)."""
+    """Stage x runtime-pair table of status, max_abs and failures (a pandas Styler, failures in red); a pair some
+    of whose stages were judged by a bound derived from the arithmetic (``judge.bounds``) gets a column naming the
+    bound of each such stage."""
     import pandas as pd
 
     frame = report.frame()
@@ -101,12 +103,18 @@ def stage_table(report: Report, only_failing: bool = False):
     names = {"max_abs": "max |a - e|", "failures": "failures"}
     wide.columns = [f"{candidate} {names[metric]}" for metric, candidate in wide.columns]
     status.columns = [f"{candidate} status" for candidate in status.columns]
-    table = pd.concat([status, wide], axis=1).droplevel("order")
+    parts = [status, wide]
+    derived = frame[frame["bound"].fillna("contract") != "contract"]
+    if not derived.empty:
+        bounds = derived.pivot_table(index=["order", "stage"], columns="pair", values="bound", aggfunc="first")
+        bounds.columns = [f"{candidate} bound" for candidate in bounds.columns]
+        parts.append(bounds)
+    table = pd.concat(parts, axis=1).droplevel("order")
     table = table[
         [
             f"{pair} {metric}"
             for pair in _pairs_failing_first(report, list(status.columns))
-            for metric in ("status", names["max_abs"], "failures")
+            for metric in ("status", names["max_abs"], "failures", "bound")
             if f"{pair} {metric}" in table.columns
         ]
     ]

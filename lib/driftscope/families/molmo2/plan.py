@@ -10,7 +10,7 @@ decoder's attention mask are integers (compared exactly).
 from __future__ import annotations
 
 from driftscope.taps.sink import decode_stages
-from driftscope.taps.stages import Stage, StagePlan
+from driftscope.taps.stages import Rotary, Stage, StagePlan
 
 from ...errors import CheckpointError
 from .config import read_facts
@@ -195,7 +195,8 @@ def replay_inputs(stage_id: str, plan: StagePlan) -> tuple[str, ...] | None:
 
 def text_stages(config: dict, max_new_tokens: int) -> list[Stage]:
     """After the projector: the prompt, the merged embeddings, the decoder's mask, each layer, logits, tokens."""
-    layers = read_facts(config).text.layers
+    facts = read_facts(config).text
+    layers = facts.layers
     stages = [
         Stage("text.input_ids", ("tokens",), integer=True, description="prompt token ids", data=True),
         Stage(
@@ -222,6 +223,12 @@ def text_stages(config: dict, max_new_tokens: int) -> list[Stage]:
     stages += [
         Stage("text.norm.last", ("text_hidden",), description="final norm, last position"),
         Stage("text.logits.last", ("vocab",), description="prefill logits, last position"),
-        *decode_stages(max_new_tokens),
+        *decode_stages(max_new_tokens, decoder_rotary(facts)),
     ]
     return stages
+
+
+def decoder_rotary(text) -> Rotary | None:
+    """How the decoder rotates its keys (``rotate_half`` over the whole head, a position its index); None for a
+    scaled RoPE, whose frequencies are not ``theta ** (-2i / d)`` (the contract alone judges it)."""
+    return Rotary.default(text.rope_theta, text.head_dim) if text.rope_type == "default" else None

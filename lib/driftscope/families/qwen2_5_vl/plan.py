@@ -5,7 +5,7 @@ from __future__ import annotations
 from driftscope.taps.stages import Stage, StagePlan
 
 from ..base import block_substages
-from ..qwen_shared.plan import TEXT_INPUT, edge_replay_inputs, head_stages, layer_index, prompt_stages
+from ..qwen_shared.plan import TEXT_INPUT, decoder_rotary, edge_replay_inputs, head_stages, layer_index, prompt_stages
 
 NAME = "qwen2_5_vl"
 
@@ -232,7 +232,7 @@ def text_stages(config: dict, max_new_tokens: int) -> list[Stage]:
             Stage(f"text.layer.{i}", ("tokens", "hidden"), description=f"text layer {i} output, every position"),
             Stage(f"text.layer.{i}.last", ("hidden",), description=f"text layer {i} output, last position"),
         ]
-    return stages + head_stages(max_new_tokens)
+    return stages + head_stages(max_new_tokens, decoder_rotary(config, 1e6))
 
 
 #: The merger's pieces, in execution order: what narrowing captures when the merger's output diverges first.

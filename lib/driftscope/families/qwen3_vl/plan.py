@@ -12,7 +12,15 @@ from __future__ import annotations
 
 from driftscope.taps.stages import Stage, StagePlan
 
-from ..qwen_shared.plan import TEXT_INPUT, edge_replay_inputs, head_stages, layer_index, prompt_stages, text_layers
+from ..qwen_shared.plan import (
+    TEXT_INPUT,
+    decoder_rotary,
+    edge_replay_inputs,
+    head_stages,
+    layer_index,
+    prompt_stages,
+    text_layers,
+)
 
 NAME = "qwen3_vl"
 
@@ -169,7 +177,7 @@ def text_stages(config: dict, max_new_tokens: int) -> list[Stage]:
                     description=f"text layer {i} output at the image slots after adding DeepStack branch {i}",
                 ),
             ]
-    return stages + head_stages(max_new_tokens)
+    return stages + head_stages(max_new_tokens, decoder_rotary(config, 5e6))
 
 
 def text_layer_input(layer: int, branches: int) -> str:

@@ -4,7 +4,7 @@ the last, and what their replays read (the decoder layers between are each famil
 from __future__ import annotations
 
 from driftscope.taps.sink import decode_stages
-from driftscope.taps.stages import Stage, StagePlan
+from driftscope.taps.stages import Rotary, Stage, StagePlan
 
 #: The whole prompt's input embeddings (image slots from ``text.embeds.image``, the rest from ``text.embeds.text``),
 #: a view the replay context builds: what text layer 0 reads.
@@ -33,20 +33,37 @@ def prompt_stages() -> list[Stage]:
     ]
 
 
-def head_stages(max_new_tokens: int) -> list[Stage]:
+def decoder_rotary(config: dict, default_theta: float) -> Rotary | None:
+    """How the decoder rotates its keys: M-RoPE's frequencies over the whole head (the t, h, w sections split
+    the frequencies, each position's largest of the three bounds its angle), positions from ``text.position_ids``.
+    None for a scaled RoPE (its frequencies are not ``theta ** (-2i / d)``): the contract alone judges it."""
+    text = dict(config.get("text_config") or config)
+    rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
+    if str(rope.get("rope_type", rope.get("type", "default"))) not in ("default", "mrope"):
+        return None
+    heads = int(text.get("num_attention_heads") or 0)
+    head_dim = int(text.get("head_dim") or (int(text.get("hidden_size") or 0) // heads if heads else 0))
+    if head_dim < 2:
+        return None
+    theta = float(rope.get("rope_theta", text.get("rope_theta", default_theta)))
+    return Rotary.default(theta, head_dim, positions="text.position_ids")
+
+
+def head_stages(max_new_tokens: int, rotary: Rotary | None = None) -> list[Stage]:
     """The final norm and logits at the last position, then what is decoded after the prefill: greedy and
-    teacher-forced."""
+    teacher-forced (the cached keys rotated as ``rotary`` declares)."""
     return [
         Stage("text.norm.last", ("hidden",), description="final norm, last position"),
         Stage("text.logits.last", ("vocab",), description="prefill logits, last position"),
         Stage(
             "text.rope_delta",
-            ("batch",),
+            ("steps",),
             integer=True,
-            description="M-RoPE offset the decoder used for generated positions (after the decode)",
+            description="the M-RoPE offset each decode step applied to its token (position its layers were given "
+            "minus sequence index), steps 1, 2, ...",
             data=True,
         ),
-        *decode_stages(max_new_tokens),
+        *decode_stages(max_new_tokens, rotary),
     ]
 
 
