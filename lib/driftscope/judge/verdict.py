@@ -6,6 +6,7 @@ from __future__ import annotations
 from driftscope.judge.compare import ComparisonRow, compare_tapsets, first_divergence, growth_stages
 from driftscope.judge.contract import Contract
 from driftscope.judge.coverage import COMPARED, pair_coverage
+from driftscope.judge.decode_site import decode_site
 from driftscope.judge.lineage import row_lineage
 from driftscope.taps.stages import StagePlan
 from driftscope.taps.tapset import TapSet
@@ -58,6 +59,9 @@ def judge(
         rows.extend(pair_rows)
         divergence = first_divergence(pair_rows)
         first[key] = None if divergence is None else _divergence_record(divergence)
+        site = decode_site(pair_rows, ref, candidate, contract, plan) if divergence is not None else None
+        if site is not None:  # a decode-only defect: its step, and the layer and position or the position stage
+            first[key]["decode"] = site
         lineage[key] = None
         if first[key] and first[key]["max_coords"] and divergence.status == "fail":
             lineage[key] = row_lineage(ref, candidate, plan, contract, divergence.stage, first[key]["max_coords"])
@@ -68,7 +72,9 @@ def judge(
         compared_rows = [row for row in pair_rows if row.status in COMPARED]
         failed = divergence is not None or not compared_rows or not coverage[key]["complete"]
         per_candidate[key] = "fail" if failed else "pass"
-        if divergence is not None:
+        if site is not None:
+            reasons.append(f"{key}: {site['text']} (first divergent stage {divergence.stage})")
+        elif divergence is not None:
             reasons.append(f"{key}: first divergence at {divergence.stage} ({_divergence_reason(divergence)})")
         if not compared_rows:
             reasons.append(f"{key}: no stage was compared (every stage skipped by the contract or missing)")

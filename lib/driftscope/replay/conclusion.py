@@ -10,6 +10,8 @@
   Also when the error first rises above round-off, before the first divergence, at a stage nothing replays (a
   module's captured input: a merge or a scale in the model's own code) while every stage before that agrees: it
   enters there (``stage``), though the contract breaks later.
+- **decode**: the prefill agrees and decoding first differs (``judge.decode_site``): the step, then the decoder
+  layer and position whose KV cache breaks, or the position stage (``text.rope_delta``).
 - **agreement**: nothing diverges; **not replayed**: something diverges but no replay says why.
 """
 
@@ -108,12 +110,22 @@ def _entry_point(rows: list[ComparisonRow], first: ComparisonRow, labels: dict, 
     return {}
 
 
-def conclude(drill: Drilldown | None, rows: list[ComparisonRow], plan: StagePlan) -> dict:
-    """The pair's conclusion: ``kind``, the stages it rests on, and ``text`` (one sentence)."""
+def conclude(drill: Drilldown | None, rows: list[ComparisonRow], plan: StagePlan, decode: dict | None = None) -> dict:
+    """The pair's conclusion: ``kind``, the stages it rests on, and ``text`` (one sentence). ``decode``: where a
+    decode-only defect starts (``judge.decode_site``), when the first divergence is a decode stage."""
     first = first_divergence(rows)
     if first is None:
         return {"kind": "agreement", "text": "every compared stage is within the contract"}
     where = {"first_divergence": first.stage}
+    if decode is not None:
+        keep = ("kind", "step", "layer", "position", "head", "stage")
+        return {
+            **where,
+            **{k: v for k, v in decode.items() if k in keep},
+            "site": decode["kind"],
+            "kind": "decode",
+            "text": decode["text"],
+        }
     if first.stage in plan and plan[first.stage].data:
         return {
             "kind": "data",

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from driftscope.core.names import safe_name
 from driftscope.judge.compare import compare_stage
+from driftscope.judge.decode_site import decode_site
 from driftscope.judge.rows import ComparisonRow, first_divergence
 from driftscope.taps.stages import StagePlan, orders_of
 from driftscope.taps.tapunion import TapUnion
@@ -199,7 +200,7 @@ def judge_pair(
         candidate.taps,
         narrower.record(out),
         drill,
-        conclude(drill, rows, plan),
+        conclude(drill, rows, plan, decode_site(rows, reference.run, candidate.run, contract, plan)),
     )
 
 

@@ -17,8 +17,8 @@ from driftscope.inputs.processor_output import ModelInputs
 from driftscope.taps.mlx_hooks import Recording, cache_snapshot, dtype_name, list_item, module_attr, shadow, to_numpy
 from driftscope.taps.sink import StageSink, put_greedy
 
-from ..qwen_shared.mlx_text import mlx_vision_kwargs, replay_text
-from ..qwen_shared.text import put_decode_delta, put_text_inputs
+from ..qwen_shared.mlx_text import decode_step, mlx_vision_kwargs, replay_text
+from ..qwen_shared.text import AppliedOffsets, put_text_inputs
 from .geometry.windows import unique_consecutive
 from .mlx_config import load_mlx_model
 from .mlx_config import unrepresentable as unrepresentable  # the MLX runtime asks it before loading
@@ -214,16 +214,17 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink, tower: Any = 
         mx.eval(logits)
     final = to_numpy(logits[0, -1])
     sink.put("text.logits.last", final)
+    offsets = AppliedOffsets()
     put_greedy(
         sink,
         final,
-        lambda token: to_numpy(model.language_model(mx.array([[token]]), cache=cache).logits[0, -1]),
+        decode_step(model, cache, offsets),
         text.max_new_tokens,
         forced=text.forced,
         rewind=lambda count: [entry.trim(count) for entry in cache],  # drop the last ``count`` tokens
         snapshot=cache_snapshot(cache),  # the cache's keys and values, layer by layer
     )
-    put_decode_delta(sink, np.array(model.language_model._rope_deltas))  # what the decode steps added
+    offsets.put(sink)  # the offset each decode step applied
 
 
 def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:

@@ -13,7 +13,7 @@ from driftscope.taps.torch_hooks import cache_snapshot, replaced
 from driftscope.taps.torch_hooks import to_numpy as _np
 
 from ..qwen_shared.grids import cu_seqlens as grid_cu_seqlens
-from ..qwen_shared.text import put_decode_delta, put_text_inputs
+from ..qwen_shared.text import AppliedOffsets, put_text_inputs
 from ..qwen_shared.tower import torch_vision_kwargs
 from ..qwen_shared.tower import tower_inputs as _tower_inputs
 from ..qwen_shared.tower import visual as _visual
@@ -181,14 +181,23 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink, tower: Any = 
     sink.put("text.logits.last", logits)
     cache = out.cache  # the decode steps append to it in place
 
+    offsets = AppliedOffsets()
+
     def step(token: int) -> np.ndarray:
-        with torch.no_grad():
-            return _np(model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True).logits[0, -1])
+        index = cache.get_seq_length()
+        handle = language.register_forward_pre_hook(
+            lambda module, args, kwargs: offsets.record(_np(kwargs["position_ids"]), index), with_kwargs=True
+        )
+        try:
+            with torch.no_grad():
+                return _np(model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True).logits[0, -1])
+        finally:
+            handle.remove()
 
     step.rewind = lambda count: cache.crop(-count)  # drop the last ``count`` tokens
     step.cache_snapshot = cache_snapshot(cache)  # the cache's keys and values, layer by layer
     put_greedy(sink, logits, step, text.max_new_tokens, forced=text.forced)
-    put_decode_delta(sink, _np(model.model.rope_deltas))  # what the decode steps added
+    offsets.put(sink)  # the offset each decode step applied
 
 
 def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:

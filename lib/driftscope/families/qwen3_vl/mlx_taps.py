@@ -20,8 +20,8 @@ from driftscope.taps.mlx_hooks import Recording, cache_snapshot, dtype_name, lis
 from driftscope.taps.sink import StageSink, put_greedy
 
 from ...errors import ParameterError
-from ..qwen_shared.mlx_text import mlx_vision_kwargs, replay_text
-from ..qwen_shared.text import put_decode_delta, put_text_inputs
+from ..qwen_shared.mlx_text import decode_step, mlx_vision_kwargs, replay_text
+from ..qwen_shared.text import AppliedOffsets, put_text_inputs
 from .mlx_config import load_mlx_model
 from .plan import block_stage_id, deepstack_stage_id, parse_stage
 
@@ -191,16 +191,17 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
         mx.eval(logits)
     last = to_numpy(logits[0, -1])
     sink.put("text.logits.last", last)
+    offsets = AppliedOffsets()
     put_greedy(
         sink,
         last,
-        lambda token: to_numpy(model.language_model(mx.array([[token]]), cache=cache).logits[0, -1]),
+        decode_step(model, cache, offsets),
         text.max_new_tokens,
         forced=text.forced,
         rewind=lambda count: [entry.trim(count) for entry in cache],  # drop the last ``count`` tokens
         snapshot=cache_snapshot(cache),  # the cache's keys and values, layer by layer
     )
-    put_decode_delta(sink, np.array(model.language_model._rope_deltas))  # what the decode steps added
+    offsets.put(sink)  # the offset each decode step applied
 
 
 def _merger_replay(merger, kind: str, x):

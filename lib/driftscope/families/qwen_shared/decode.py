@@ -9,6 +9,8 @@ import numpy as np
 
 from driftscope.taps.sink import compiled_cache
 
+from .text import AppliedOffsets
+
 
 def greedy_decoder(
     runtime,
@@ -38,9 +40,11 @@ def greedy_decoder(
         "length": keys.shape[1] if length is None else length,
     }
     function = jax.jit(decode, keep_unused=True)
+    offsets = AppliedOffsets()
 
     def step(token: int) -> np.ndarray:
         at = state["length"]
+        offsets.record(np.array([at + rope_delta]), at)  # the position the graph is given for this token
         scalars = (
             np.array([token], np.int32),
             np.array([at + rope_delta], np.int32),
@@ -54,6 +58,6 @@ def greedy_decoder(
         state["length"] -= count
 
     step.rewind = rewind
-    step.rope_delta = rope_delta  # the offset every step above placed its token with
+    step.offsets = offsets  # the offset each step above placed its token with (``text.rope_delta``)
     step.cache_snapshot = lambda kind: compiled_cache(state, kind)  # [layers, seq, kv_heads, head_dim] arrays
     return step

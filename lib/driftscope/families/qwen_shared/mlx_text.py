@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from driftscope.taps.mlx_hooks import to_numpy
+from driftscope.taps.mlx_hooks import list_item, to_numpy
 
 from .plan import layer_index
 from .transformers_text import select_rows
@@ -73,3 +73,34 @@ def mlx_vision_kwargs(model: Any, inputs: Any) -> dict[str, Any]:
         out["pixel_values_videos"] = mx.array(parts["video_pixels"]).astype(dtype)
         out["video_grid_thw"] = mx.array(parts["video_grid"])
     return out
+
+
+class _Positions:
+    """A decoder layer (the first), recording the M-RoPE positions each call passes it."""
+
+    def __init__(self, layer: Any, cache: list, offsets: Any):
+        self.layer, self.cache, self.offsets = layer, cache, offsets
+
+    def __call__(self, *args, **kwargs):
+        positions = args[3] if len(args) > 3 else kwargs.get("position_ids")
+        self.offsets.record(None if positions is None else np.array(positions), self.cache[0].offset)
+        return self.layer(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.layer, name)
+
+
+def decode_step(model: Any, cache: list, offsets: Any):
+    """``step(token) -> logits`` of mlx-vlm's decoder on ``cache``, recording into ``offsets``
+    (``qwen_shared.text.AppliedOffsets``) the position its first layer is given for the token (what is used, after
+    whatever the decoder did with its stored delta)."""
+    import mlx.core as mx
+
+    language = model.language_model
+    layers = language.model.layers
+
+    def step(token: int) -> np.ndarray:
+        with list_item(layers, 0, _Positions(layers[0], cache, offsets)):
+            return to_numpy(language(mx.array([[token]]), cache=cache).logits[0, -1])
+
+    return step

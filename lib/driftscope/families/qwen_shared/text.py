@@ -80,12 +80,30 @@ def put_text_inputs(
     sink.put("text.embeds.text_slots_changed", np.array([changed], dtype=np.int64))
 
 
-def put_decode_delta(sink, rope_delta) -> None:
-    """``text.rope_delta``: the M-RoPE offset the decoder placed generated tokens with (position = sequence index
-    + delta), read from the decoder's own state once it has decoded, so a decode-only offset defect is caught
-    apart from the prompt's ``text.rope_deltas``."""
-    if rope_delta is not None:
-        sink.put("text.rope_delta", np.asarray(rope_delta).astype(np.int64).reshape(-1))
+class AppliedOffsets:
+    """``text.rope_delta``: the M-RoPE offset each decode step applied to the token it fed, i.e. the position the
+    decoder's layers rotated it by (the largest of t, h, w) minus its sequence index, one per step 1, 2, ... (a
+    token rewound and fed again: the teacher-forced call's). Read from what the layers received, never from the
+    delta the decoder stores, so a fault in applying the delta shows here, apart from the prompt's
+    ``text.rope_deltas``."""
+
+    def __init__(self) -> None:
+        self.by_index: dict[int, int] = {}
+
+    def record(self, positions, index: int) -> None:
+        """One decode call's ``positions`` (its M-RoPE rows, the last three t, h, w; None: the decoder placed the
+        token at its index) for the token at sequence ``index``."""
+        if positions is None:
+            self.by_index[int(index)] = 0
+            return
+        rows = np.asarray(positions)
+        rows = rows[-3:] if rows.ndim == 3 else rows  # transformers 5 may put a text row before t, h, w
+        self.by_index[int(index)] = int(rows.max()) - int(index)
+
+    def put(self, sink) -> None:
+        if self.by_index:
+            offsets = [self.by_index[index] for index in sorted(self.by_index)]
+            sink.put("text.rope_delta", np.asarray(offsets, dtype=np.int64))
 
 
 def tied_head(config: dict) -> tuple[str, ...]:

@@ -20,7 +20,7 @@ from driftscope.taps.substitute import image_rows
 
 from ...qwen_shared.decode import greedy_decoder
 from ...qwen_shared.mrope import prompt_positions
-from ...qwen_shared.text import put_decode_delta, put_text_inputs
+from ...qwen_shared.text import put_text_inputs
 from ..geometry import VisionBucket, interpolation, pack_bucket
 from ..plan import deepstack_stage_id, parse_stage
 from .config import VisionSpec
@@ -194,7 +194,8 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
     if decode:
         step = _decoder(runtime, spec, weights, cache, int(delta), text.max_new_tokens)
         put_greedy(sink, np.asarray(out["text.logits.last"]), step, text.max_new_tokens, forced=text.forced)
-        put_decode_delta(sink, getattr(step, "rope_delta", None))
+        if step is not None:
+            step.offsets.put(sink)  # the offset each decode step applied
 
 
 def _decoder(runtime, spec, weights: dict, cache: tuple, rope_delta: int, max_new_tokens: int):

@@ -18,7 +18,7 @@ from ...qwen3_vl.emitter import program as dense
 from ...qwen3_vl.emitter.model import FINAL, final_ids
 from ...qwen_shared.decode import greedy_decoder
 from ...qwen_shared.mrope import prompt_positions
-from ...qwen_shared.text import put_decode_delta, put_text_inputs
+from ...qwen_shared.text import put_text_inputs
 from ..plan import moe_piece
 
 DECODES = dense.DECODES
@@ -89,7 +89,8 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
 
         decoder = greedy_decoder(runtime, step, weights, cache, int(delta), text.max_new_tokens)
         put_greedy(sink, np.asarray(out["text.logits.last"]), decoder, text.max_new_tokens, forced=text.forced)
-        put_decode_delta(sink, getattr(decoder, "rope_delta", None))
+        if decoder is not None:
+            decoder.offsets.put(sink)  # the offset each decode step applied
 
 
 def replay_call(model: EmittedModel, stage_id: str, inputs: list[np.ndarray], ctx: Any, contract: Contract):
