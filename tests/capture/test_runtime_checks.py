@@ -87,7 +87,7 @@ def test_a_stopped_engine_could_not_run_and_its_error_is_shown(checked_run, caps
     # the stages it wrote all pass: they never make a pass of the runtime
     written = [row for row in report["rows"] if row["candidate"] == "stopped" and row["status"] != "missing"]
     assert written and all(row["status"] == "pass" for row in written)
-    assert any("stopped: complete could not run" in reason for reason in report["verdict"]["reasons"])
+    assert any("stopped: could not run (its capture did not run to the end)" in r for r in report["verdict"]["reasons"])
     assert main(["show", str(out)]) == 2  # the run could not judge every runtime
     shown = capsys.readouterr().out
     assert "| `stopped vs transformers:f32` | could not run |" in shown and "engine OOM at block 5" in shown
@@ -214,3 +214,19 @@ def test_49_8_the_stored_dtype_decides_when_it_is_narrower_than_the_declared_one
     text = dtype_check(engine("text-bf16", {**dict.fromkeys(vision, "F32"), "text.logits.last": "BF16"}))
     assert text["status"] == "fail" and "bfloat16" in text["detail"], text
     assert dtype_check(engine("honest", dict.fromkeys(vision, "F32")))["status"] == "pass"
+
+
+def test_a_check_that_did_not_pass_is_said_in_words_in_the_reasons():
+    """ "mlx:f32: could not run (it did not load): ..." where the reasons once read "loaded could not run: ..."."""
+    from driftscope.capture.runtime_checks import apply_checks, check
+
+    data = {"verdict": {"status": "pass", "per_candidate": {}, "reasons": []}, "pairs": []}
+    checks = {
+        "mlx:f32": [check("loaded", "could not run", "ImportError: no module named mlx")],
+        "ext": [check("inputs_digest", "fail", "inputs_digest abc is not this run's def: other inputs")],
+    }
+    apply_checks(data, checks)
+    reasons = data["verdict"]["reasons"]
+    assert "mlx:f32: could not run (it did not load): ImportError: no module named mlx" in reasons
+    assert not any("loaded could not run" in reason for reason in reasons)
+    assert "ext: it ran on other inputs (fail): inputs_digest abc is not this run's def: other inputs" in reasons

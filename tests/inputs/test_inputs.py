@@ -31,3 +31,18 @@ def test_every_array_is_an_inputs_stage_and_the_summary_shows_the_family_facts(s
     summary = shapes_inputs.summary()
     assert summary["grid_thw"] == [[1, 32, 32]] and summary["patches"] == 1024 and summary["resized"] == [[448, 448]]
     assert summary["digest"] == shapes_inputs.digest and shapes_inputs.headline == "grid [[1, 32, 32]], 1024 patches"
+
+
+def test_an_animated_image_is_refused_naming_its_format(tmp_path):
+    """PIL's copy of an image no longer knows its format: the message names the file's own ("animated GIF")."""
+    import pytest
+    from driftscope.errors import InputError
+    from driftscope.inputs.processor_output import load_image
+    from PIL import Image
+
+    path = tmp_path / "moving.gif"
+    frames = [Image.new("RGB", (8, 8), (10 * k, 0, 0)) for k in range(3)]
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=100)
+    with pytest.raises(InputError, match=r"has 3 frames \(an animated GIF\)") as caught:
+        load_image(path)
+    assert "None" not in caught.value.problem

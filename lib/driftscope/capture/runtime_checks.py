@@ -179,10 +179,29 @@ def apply_checks(data: dict, checks: dict[str, list[dict]]) -> None:
         for key in keys or [label]:
             if _RANK[status] > _RANK.get(per_pair.get(key, "pass"), 1):
                 per_pair[key] = status
-        reasons.extend(f"{label}: {entry['check']} {entry['status']}: {entry['detail']}" for entry in bad)
+        reasons.extend(f"{label}: {_said(entry)}: {entry['detail']}" for entry in bad)
     worst = max(per_pair.values(), key=lambda status: _RANK.get(status, 1), default="pass")
     if _RANK.get(worst, 1) > 0:  # a runtime that could not run leaves the run unjudged: exit 2, not 1
         verdict["status"] = COULD_NOT_RUN if worst == COULD_NOT_RUN else "fail"
+
+
+#: what a check that did not pass says of its runtime, in a verdict's reasons
+_FAILED = {
+    "readable": "its tap file could not be read",
+    "loaded": "it did not load",
+    "complete": "its capture did not run to the end",
+    "inputs_digest": "it ran on other inputs",
+    "policy": "its policy is not what the parameter file says",
+    "compute_dtype": "it computed in another dtype than its policy declares",
+}
+
+
+def _said(entry: dict) -> str:
+    """A check that did not pass, in words: "could not run (it did not load)", "check 'policy' warns (...)"."""
+    what = _FAILED.get(entry["check"], f"check {entry['check']!r}")
+    if entry["status"] == COULD_NOT_RUN:
+        return f"could not run ({what})"
+    return f"{what} ({entry['status']})" if entry["check"] in _FAILED else f"{what} {entry['status']}s"
 
 
 def checks_markdown(data: dict, statuses: tuple[str, ...] = ("warn", "fail", COULD_NOT_RUN)) -> str:

@@ -262,10 +262,16 @@ class Family:
     def hypothesis_module(self) -> ModuleType:
         return _module(self.hypotheses)
 
-    def ready_patches(self, stage: str, runtime: str, model_type: str | None = None) -> list[str]:
+    def ready_patches(
+        self, stage: str, runtime: str, model_type: str | None = None, activations: str | None = None
+    ) -> list[str]:
         """The ready patches (``driftscope.hypotheses:NAME``) the family declares as closing an error that
         ``runtime``'s operator introduces at ``stage`` (its hypotheses module's ``CLOSES``), in declared order; a
-        patch that names its ``model_types`` (a generic family's stage ids are every model's) only for those."""
+        patch that names its ``model_types`` (a generic family's stage ids are every model's) only for those.
+
+        An entry may say which activation dtypes its error lives in (``precisions``, e.g. a norm computed in
+        float32 closes only a half-precision one): given the candidate's ``activations``, a patch that cannot
+        change anything there (it is computing in float32 already) is not suggested."""
         closes = getattr(self.hypothesis_module(), "CLOSES", {})
         return [
             f"driftscope.hypotheses:{name}"
@@ -273,6 +279,7 @@ class Family:
             if runtime in where["runtimes"]
             and any(fnmatch.fnmatchcase(stage, p) for p in where["stages"])
             and ("model_types" not in where or model_type in where["model_types"])
+            and (activations is None or activations in where.get("precisions", (activations,)))
         ]
 
     def text(self, key: str) -> str:

@@ -76,13 +76,14 @@ def load_image(path: str | Path):
     try:
         with Image.open(path) as handle:
             frames = int(getattr(handle, "n_frames", 1))
+            kind = handle.format or path.suffix.lstrip(".").upper() or "image"  # a copy no longer knows its format
             handle.load()
             image = handle.copy()
     except (UnidentifiedImageError, OSError) as err:
         raise InputError(f"{path} is not an image PIL can read ({err})", "pass a PNG or JPEG file") from err
     if frames > 1:  # PIL would hand over the first frame alone: the others would be dropped without a word
         raise InputError(
-            f"image {path} has {frames} frames (an animated {image.format}); driftscope compares one still "
+            f"image {path} has {frames} frames (an animated {kind}); driftscope compares one still "
             "image per entry of 'images'",
             "list it under 'videos' to compare it as a video (families that take video), or pass one frame "
             "(e.g. save the frame you mean as a PNG) under 'images'",

@@ -36,18 +36,24 @@ def teacher_force(inputs, reference) -> None:
 
 
 def with_ready_patches(
-    conclusion: dict, family: str, runtime: str, own: str | None = None, model_type: str | None = None
+    conclusion: dict,
+    family: str,
+    runtime: str,
+    own: str | None = None,
+    model_type: str | None = None,
+    activations: str | None = None,
 ) -> dict:
     """``conclusion`` with the ready patches its family declares for the operator it says introduces the error,
     or for the data stage (index math, e.g. positions) or the stage no replay reaches that first differs
-    (``ready_patches``: absent where none matches or nothing is introduced), but the candidate's ``own``."""
+    (``ready_patches``: absent where none matches or nothing is introduced), but the candidate's ``own`` and those
+    that cannot apply to a runtime computing in ``activations`` (a float32 norm patch on a float32 runtime)."""
     from driftscope.families import get_family
 
     kind = conclusion.get("kind")
     if kind not in ("introduced", "data", "unreplayed"):
         return conclusion
     stage = conclusion.get("stage") or conclusion.get("first_divergence")  # unreplayed: where the error enters
-    patches = [p for p in get_family(family).ready_patches(stage, runtime, model_type) if p != own]
+    patches = [p for p in get_family(family).ready_patches(stage, runtime, model_type, activations) if p != own]
     return {**conclusion, "ready_patches": patches} if patches else conclusion
 
 
@@ -94,6 +100,7 @@ def judge_candidate(
         runtime.name,
         runtime.patch.target if runtime.patch else None,
         plan.meta.get("model_type"),
+        runtime.policy.activations,
     )
     log(f"  {label}: {result.conclusion['text']}")
     report.save()

@@ -207,7 +207,7 @@ def _defect_patches(family, spec: dict, result) -> list[str]:
     """When no float32 set closes it: the ready patches the family declares for the stage still failing with every
     operator in float32, and its known-defect fixes for the runtime, unless the candidate runs that patch already."""
     failing = result.probes[-1].first_failure if result.probes else None
-    found = family.ready_patches(failing, spec["runtime"]) if failing else []
+    found = family.ready_patches(failing, spec["runtime"], activations="float32") if failing else []  # all in f32
     known = family.known_defects.get(spec["runtime"])
     if known and known not in found:
         found.append(known)

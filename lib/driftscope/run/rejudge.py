@@ -23,6 +23,7 @@ def _runtime_of(report: Report, label: str) -> tuple[str, str | None]:
 
 def _rejudge_replay(report: Report, rows: list[dict], contract: Contract) -> tuple[dict, dict]:
     """Every replay's labels and every pair's conclusion again, under ``contract``."""
+    from driftscope.judge.decode_site import decode_site
     from driftscope.replay.conclusion import conclude
     from driftscope.replay.drilldown import judge_replay
     from driftscope.run.candidates import with_ready_patches
@@ -45,9 +46,12 @@ def _rejudge_replay(report: Report, rows: list[dict], contract: Contract) -> tup
             out[label] = dict(drill.to_dict(), tapset=entry["tapset"])
         if label in (report.data.get("conclusions") or {}):
             runtime, own = _runtime_of(report, label)
-            concluded = conclude(drill, accumulated, report.plan)
-            model_type = report.plan.meta.get("model_type")
-            conclusions[label] = with_ready_patches(concluded, report.plan.family, runtime, own, model_type)
+            decode = decode_site(accumulated, *report.pair_tapsets(label), contract, report.plan)
+            concluded = conclude(drill, accumulated, report.plan, decode)
+            model_type, activations = report.plan.meta.get("model_type"), report.activations(label)
+            conclusions[label] = with_ready_patches(
+                concluded, report.plan.family, runtime, own, model_type, activations
+            )
     return out, conclusions
 
 
@@ -102,7 +106,8 @@ def rejudge(report_path: str | Path, contract: Contract, out_path: str | Path | 
             if pair.get("cache") is not None:
                 from driftscope.judge.cache import cache_pair
 
-                pair["cache"] = cache_pair(report.tapset(pair["reference"]), report.tapset(pair["candidate"]), contract)
+                tapsets = report.tapset(pair["reference"]), report.tapset(pair["candidate"])
+                pair["cache"] = cache_pair(*tapsets, contract, report.plan)
         if data["answer"].get("three_way"):  # the peer's bounds (peer_factor, peer_floor) follow the new contract
             from driftscope.judge.three_way import three_way
 

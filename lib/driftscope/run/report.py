@@ -150,6 +150,12 @@ class Report:
             f"use one of {[r['label'] for r in self.data.get('runtimes', [])]}",
         )
 
+    def activations(self, label: str) -> str | None:
+        """The activation dtype the runtime labelled ``label`` computed in, as its policy says (None: not said)."""
+        entry = next((r for r in self.data.get("runtimes", []) if r.get("label") == label), None)
+        policy = (entry or {}).get("policy")
+        return policy.get("activations") if isinstance(policy, dict) else None
+
     def runtime_spec(self, label: str) -> dict | None:
         """The parameter file's entry for the runtime labelled ``label`` (its runtime, policy, patch, options)."""
         runtimes = (self.data.get("parameters") or {}).get("runtimes", [])

@@ -64,7 +64,7 @@ def introduced_groups(report: Report, key: str) -> list[dict]:
             from driftscope.families import get_family
 
             model_type = (report.data.get("plan_meta") or {}).get("model_type")
-            found = get_family(family).ready_patches(group["stages"][0], runtime, model_type)
+            found = get_family(family).ready_patches(group["stages"][0], runtime, model_type, report.activations(key))
             patches = [p for p in found if p != own]
         if stages and stages[0] == conclusion.get("stage") and group["stages"][0] == stages[0]:
             patches = list(dict.fromkeys([*(conclusion.get("ready_patches") or []), *patches]))

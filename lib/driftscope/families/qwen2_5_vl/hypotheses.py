@@ -18,9 +18,14 @@ __all__ = [
 
 
 #: Which introduced errors each ready patch closes (``Family.ready_patches``): the runtime and the stages where
-#: the error it addresses is introduced (a half-precision norm2 on MLX).
+#: the error it addresses is introduced (a half-precision norm2 on MLX: ``precisions``, the activation dtypes it
+#: can change anything in).
 CLOSES = {
-    "norm2_in_float32": {"runtimes": ("mlx",), "stages": ("vision.block.*.norm2",)},
+    "norm2_in_float32": {
+        "runtimes": ("mlx",),
+        "stages": ("vision.block.*.norm2",),
+        "precisions": ("float16", "bfloat16"),
+    },
     "video_time_positions": {"runtimes": ("mlx",), "stages": ("text.position_ids",)},
 }
 
