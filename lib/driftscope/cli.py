@@ -50,10 +50,14 @@ def _run(args: argparse.Namespace) -> int:
     report = Report.load(out / "report.json")
     log(f"report: {report.path} (verdict {report.verdict})")
     code = _exit_code(report)
+    stopped = report.status != "complete"
+    if errors and not stopped and "investigation" not in errors:
+        _pages_beside_the_verdict(report, errors)  # a page that failed never replaces the verdict
+        if code != 2:
+            return 0 if args.no_gate else code
     if errors or code == 2:
         from driftscope.views.failure import summary_lines
 
-        stopped = report.status != "complete"
         error_type = (report.data.get("error") or {}).get("type")
         for line in summary_lines(errors, report.data.get("stopped_at") if stopped else None, error_type):
             log(line)
@@ -61,6 +65,17 @@ def _run(args: argparse.Namespace) -> int:
             log(f"the investigation {report.stopped()}")
         return 2
     return 0 if args.no_gate else code
+
+
+def _pages_beside_the_verdict(report, errors: dict[str, str]) -> None:
+    """Log each page that failed and record it in the report (``pages_failed``), next to the verdict it leaves
+    as it is."""
+    from driftscope.run.investigation import log
+
+    report.data["pages_failed"] = dict(errors)
+    report.save()
+    for name, error in errors.items():
+        log(f"page {name} failed: {error} (the verdict, {report.verdict}, stands; the page shows the error)")
 
 
 def _reference_cache(args: argparse.Namespace) -> None:

@@ -164,6 +164,11 @@ def recapture_hint(pair: str, layers: list[int], report: Report | None = None) -
     patches = conclusion.get("ready_patches") or []
     if not patches:
         return hint
+    if conclusion.get("kind") == "data":  # index math, no block's operator: the patch re-runs the pair
+        return f"**Ready patch**: {code(conclusion.get('first_divergence'))} (data: inputs or index math) first " + (
+            f"differs; the family's ready patch for it is {code(patches[0])}: run the pair again with it (its "
+            f"`patch:` in the parameter file; a block captured again here would not reach it).\n\n{hint}"
+        )
     return (
         f"**Ready patch**: {code(conclusion['stage'])} introduces this pair's error, and the family's ready patch "
         f'for it is {code(patches[0])}: set `patch = "{patches[0]}"` and run this cell again.\n\n{hint}'

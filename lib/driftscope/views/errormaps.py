@@ -173,6 +173,8 @@ def patch_error_grid(report: Report, stage: str, pair: str, image: int = 0, repl
     """Per-patch RMS error of ``stage`` for one image, as an [h, w] grid in raster (image) layout (NaN where no
     patch is; 0 only where the patch is exactly equal); None when the stage's rows are not the image's patches
     (a text stage: one row per prompt token)."""
+    if stage.startswith("text."):
+        return None  # one row per prompt token (or a cache's layer): no image's patches to draw
     difference = stage_difference(report, stage, pair, replay)
     reference, _ = _pair_tapsets(report, pair)
     per_row = np.sqrt(np.mean(difference.diff**2, axis=1))
@@ -180,9 +182,10 @@ def patch_error_grid(report: Report, stage: str, pair: str, image: int = 0, repl
     order = TokenOrder.of(report.plan, difference.token_order)
     if order is not None and order.index in reference:  # back to raster order with the reference's own index
         per_row = order.to_raster(per_row, np.asarray(reference[order.index]), unit)
-    tokens = _layout(report, reference, unit)[image]
-    if stage.startswith("text.") or len(per_row) < tokens.stop:
-        return None
+    layout = _layout(report, reference, unit)
+    if image >= len(layout) or len(per_row) < layout[image].stop:
+        return None  # the stage's rows are not that image's patches (a family lays out no token of this unit)
+    tokens = layout[image]
     values = per_row[tokens.start : tokens.stop]
     grid = np.full(tokens.shape, np.nan)  # a cell no patch covers: a gap, not an error of 0
     grid[tokens.cells[:, 0], tokens.cells[:, 1]] = values[: len(tokens.cells)]

@@ -137,6 +137,21 @@ def _past(first: dict) -> str:
     return ("" if tolerance is None else _number(tolerance, 4)) + excess
 
 
+#: The headline table's columns, in order.
+DIVERGENCE_COLUMNS = (
+    "runtime pair",
+    "verdict",
+    "first divergence",
+    "failures",
+    "worst failing element",
+    "expected",
+    "actual",
+    "its tolerance (past it)",
+    "atol-bound",
+    "most tolerance used",
+    "suspected cause",
+    "ready patch",
+)
 #: The headline table's columns that wrap (long words and sentences): the table fits the page.
 HEADLINE_WRAP = (
     "runtime pair",
@@ -180,7 +195,7 @@ def divergence_frame(report: Report):
                 "ready patch": patch_text(report, key),
             }
         )
-    frame = pd.DataFrame(records)
+    frame = pd.DataFrame(records, columns=DIVERGENCE_COLUMNS)  # no pair at all (no candidate loaded): no rows
     failing = frame["verdict"].ne("pass")  # the failing pairs first, each group in the report's order
     return pd.concat([frame[failing], frame[~failing]]).reset_index(drop=True)
 

@@ -87,6 +87,8 @@ def details_markdown(report: Report) -> list[str]:
         lines.append(f"\n- {text(reason)}")
     for warning in data.get("warnings") or []:
         lines.append(f"\n- **warning**: {text(warning)}")
+    for name, error in (data.get("pages_failed") or {}).items():
+        lines.append(f"\n- **page {text(name)} failed** (the verdict stands): {text(error)}")
     lines += [f"\n- {line}" for line in not_compared_lines(report)]
     coverage = coverage_line(report)
     lines += [f"\n- {coverage}"] if coverage else []
