@@ -252,8 +252,8 @@ def video_time_shift(model, shift: int = 1, **_):
     object.__setattr__(language, "get_rope_index", get_rope_index)
 
 
-def wrong_eps(model, block: int = 1, eps: float = 10.0, **_):
-    """Not a precision defect: vision block ``block``'s norm1 with a wrong epsilon (mlx-vlm's Qwen2.5-VL RMSNorm or
-    Qwen3-VL LayerNorm: both keep it in ``eps``)."""
-    model.vision_tower.blocks[block].norm1.eps = eps
+def wrong_eps(model, block: int = 1, eps: float = 10.0, norm: str = "norm1", **_):
+    """Not a precision defect: vision block ``block``'s ``norm`` (norm1 or norm2) with a wrong epsilon (mlx-vlm's
+    Qwen2.5-VL RMSNorm or Qwen3-VL LayerNorm: both keep it in ``eps``)."""
+    getattr(model.vision_tower.blocks[block], norm).eps = eps
     return model

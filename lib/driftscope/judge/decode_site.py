@@ -115,7 +115,12 @@ def decode_site(
         return None
     kind = min(evidence, key=lambda k: (evidence[k]["step"], ORDER.index(k)))
     site = evidence[kind]
-    text = f"the prefill agrees; decoding first differs at step {site['step']}: {site['text']}" + "".join(
+    said = (
+        f"the prefill agrees; decoding first differs at step {site['step']}"
+        if site["step"]
+        else "every other prefill stage agrees; the prefill's own KV cache first differs (step 0)"
+    )
+    text = f"{said}: {site['text']}" + "".join(
         f"; {SAID[other]} from step {entry['step']}" for other, entry in evidence.items() if other != kind
     )
     return {"kind": kind, **site, "text": text, "evidence": evidence, "first_divergence": first.stage}

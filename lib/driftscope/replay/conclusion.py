@@ -1,7 +1,8 @@
 """What a pair's narrowing and replay conclude, in one sentence with its evidence.
 
 - **introduced**: a stage's operator, fed the reference's own input, already breaks the contract: that operator
-  introduces the error.
+  introduces the error. Every site is said (``sites``): each finest stage the replay labels introduced (a stage
+  none of whose introduced pieces is finer), with its own operator and evidence, in execution order.
 - **accumulation**: every op-local replay passes while accumulated stages fail: no operator introduces the error;
   it accumulates from the drift's onset, amplified where a stage multiplies the incoming error (the chain).
 - **data**: the first divergence is a data stage (inputs, index math): there is no operator to replay.
@@ -34,6 +35,32 @@ def _onset(rows: list[ComparisonRow], plan: StagePlan) -> str | None:
         if row.relative_rms > DRIFT_FLOOR:
             return row.stage
     return None
+
+
+def introduced_sites(drill: Drilldown) -> list[dict]:
+    """Each finest stage the replay labels introduced (none of its introduced pieces finer), in execution order:
+    ``{"stage", "op_local_failures", "op_local_relative_rms", "within"}`` (``within``: the coarser introduced
+    stages around it, e.g. its block replayed whole)."""
+    introduced = [label for label in drill.labels if label["label"] == "introduced"]
+    names = [label["stage"] for label in introduced]
+    sites = []
+    for label in introduced:
+        stage = label["stage"]
+        if any(other.startswith(stage + ".") for other in names):
+            continue  # a piece of it introduces the error: that piece is the site
+        sites.append(
+            {
+                "stage": stage,
+                "op_local_failures": label["op_local_failures"],
+                "op_local_relative_rms": label["op_local_relative_rms"],
+                "within": [other for other in names if stage.startswith(other + ".")],
+            }
+        )
+    return sites
+
+
+def _evidence(site: dict) -> str:
+    return f"{site['op_local_failures']} elements over tolerance, relative RMS {site['op_local_relative_rms']:.3g}"
 
 
 def _times(factor: float | None) -> str:
@@ -141,17 +168,25 @@ def conclude(drill: Drilldown | None, rows: list[ComparisonRow], plan: StagePlan
             "so whether an operator introduces it is not known",
         }
     labels = {label["stage"]: label for label in drill.labels}
-    introduced = drill.first_introduced
-    if introduced:
-        label = labels[introduced]
-        between = _between(introduced, labels, plan)
+    sites = introduced_sites(drill)
+    if sites:
+        first_site, others = sites[0], sites[1:]
+        between = _between(first_site["stage"], labels, plan)
+        text = (
+            f"{first_site['stage']} introduces the error: its operator fed the reference's own input already fails "
+            f"({_evidence(first_site)})" + between.get("text", "")
+        )
+        text += "".join(
+            f"; {site['stage']} introduces error too ({_evidence(site)})"
+            + _between(site["stage"], labels, plan).get("text", "")
+            for site in others
+        )
         return {
             "kind": "introduced",
             **where,
-            "stage": introduced,
-            "text": f"{introduced} introduces the error: its operator fed the reference's own input already fails "
-            f"({label['op_local_failures']} elements over tolerance, relative RMS "
-            f"{label['op_local_relative_rms']:.3g})" + between.get("text", ""),
+            "stage": first_site["stage"],
+            "sites": sites,
+            "text": text,
             **({"between": between["unaligned"]} if between else {}),
         }
     unreplayed = _entry_point(rows, first, labels, plan) or _unreplayed(first, rows, plan, labels)

@@ -5,7 +5,9 @@ were not asked for, a head whose parts were left out), both sides capture those 
 (``recapture``: re-run from each side's stored inputs where the runtime can start mid-tower, else a targeted
 forward) and the pair is compared again; this repeats down to the finest stage the family declares. The
 candidate is then replayed on the reference's inputs over the narrowed plan (``drill_down``); if the first stage
-it introduces error in still has pieces nobody captured, those are captured and replayed too.
+it introduces error in still has pieces nobody captured, those are captured and replayed too, and so are those
+of every other stage the replay labels introduced (a second defect in a later block), up to ``SITE_BUDGET``
+more; the record says which were left (``not_narrowed``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ if TYPE_CHECKING:
     from driftscope.taps.tapset import TapSet
 
 MAX_STEPS = 8  # a family's stage hierarchy is a few levels deep; this only stops a plan that refines forever
+#: introduced stages narrowed beyond the first one's (each costs a capture of its pieces on both sides)
+SITE_BUDGET = 4
 
 
 @dataclass
@@ -108,6 +112,8 @@ class Narrower:
         self.inputs, self.full, self.contract, self.out = inputs, full, contract, out
         self.cache, self.log = cache, log
         self.steps: list[dict] = []
+        self.budget = SITE_BUDGET  # narrowings left for introduced stages past the first one's
+        self.not_narrowed: list[str] = []
 
     def narrow(self, target: str, stages: list[str], plan: StagePlan, rows: list) -> tuple[StagePlan, list] | None:
         """Capture ``stages`` (the pieces of ``target``) on both sides; the pair's plan and rows with them, or
@@ -156,7 +162,30 @@ class Narrower:
             for name, side in (("reference", self.reference), ("candidate", self.candidate))
         }
         added = [stage for step in self.steps if "error" not in step for stage in step["stages"]]
-        return {"added": added, "steps": self.steps, "tapsets": parts}
+        return {
+            "added": added,
+            "steps": self.steps,
+            "tapsets": parts,
+            "site_budget": SITE_BUDGET,
+            "not_narrowed": self.not_narrowed,
+        }
+
+    def targets(self, drill: Drilldown, plan: StagePlan) -> list[str]:
+        """The introduced stages whose pieces nobody captured yet, in execution order: the first one always, the
+        others while the budget lasts (the rest are recorded as not narrowed)."""
+        tried = {step["target"] for step in self.steps}
+        introduced = [label["stage"] for label in drill.labels if label["label"] == "introduced"]
+        found = [stage for stage in introduced if stage not in tried and _finer(stage, plan, self.full)]
+        chosen = []
+        for stage in found:
+            if stage == drill.first_introduced:
+                chosen.append(stage)
+            elif self.budget > 0:
+                self.budget -= 1
+                chosen.append(stage)
+            elif stage not in self.not_narrowed:
+                self.not_narrowed.append(stage)
+        return chosen
 
 
 def judge_pair(
@@ -184,12 +213,14 @@ def judge_pair(
     drill = None
     if replay and getattr(candidate.runtime, "can_replay", False):
         drill = _drill(reference, candidate, rows, contract, plan, out, label, log)
-        for _ in range(MAX_STEPS if narrow else 0):  # the first stage introducing error may itself have pieces
-            stages = _finer(drill.first_introduced, plan, full)
-            narrowed = narrower.narrow(drill.first_introduced, stages, plan, rows) if stages else None
-            if narrowed is None:
+        for _ in range(MAX_STEPS if narrow else 0):  # each stage introducing error may itself have pieces
+            narrowed = False
+            for target in narrower.targets(drill, plan):
+                step = narrower.narrow(target, _finer(target, plan, full), plan, rows)
+                if step is not None:
+                    (plan, rows), narrowed = step, True
+            if not narrowed:
                 break
-            plan, rows = narrowed
             drill = _drill(reference, candidate, rows, contract, plan, out, label, log)
     for row in rows:
         row.pair = label

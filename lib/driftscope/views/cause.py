@@ -41,24 +41,60 @@ def _spans(numbers: list[int]) -> str:
     return ", ".join(spans)
 
 
+def _where(operator: str, stages: list[str], indices: list[tuple[int, ...]]) -> str:
+    """Where an operator's stages sit, in words: ``"blocks 0-3, 7"``, ``"at 18, 24"``, or the one stage's id."""
+    first = sorted({at[0] for at in indices if at})
+    word = operator.split(".*", 1)[0].rsplit(".", 1)[-1]  # "block" in vision.block.*.mlp.act
+    spans = _spans(first)
+    where = f"{word}s {spans}" if word in COUNTED else (f"at {spans}" if first else f"{len(stages)} stages")
+    return stages[0] if len(stages) == 1 else where
+
+
+def _site_groups(sites: list[dict]) -> list[dict]:
+    """The conclusion's sites grouped by operator, each group with the coarser stages around its own sites
+    (``within``: e.g. its blocks replayed whole), never another operator's."""
+    groups: dict[str, dict] = {}
+    for site in sites:
+        operator, indices = operator_of(site["stage"])
+        group = groups.setdefault(operator, {"operator": operator, "stages": [], "indices": [], "outer": []})
+        group["stages"].append(site["stage"])
+        group["indices"].append(indices)
+        group["outer"] += [outer for outer in site.get("within") or [] if outer not in group["outer"]]
+    for group in groups.values():
+        outer = group.pop("outer")
+        within = [operator_of(stage) for stage in outer]
+        group["within"] = _where(within[0][0], outer, [at for _, at in within]) if outer else ""
+        group["within_count"] = len(outer)
+    return list(groups.values())
+
+
 def introduced_groups(report: Report, key: str) -> list[dict]:
-    """Every stage the pair's replay labels *introduced*, grouped by operator in execution order:
-    ``{"operator", "stages", "where", "patches"}`` (``where``: e.g. ``"blocks 0-24"``; ``patches``: the family's
-    ready patches for it, less the one the candidate already runs)."""
+    """Every site the pair's replay labels *introduced* (the conclusion's ``sites``: the finest introduced
+    stages, else every introduced stage), grouped by operator in execution order: ``{"operator", "stages",
+    "where", "patches", "within"}`` (``where``: e.g. ``"blocks 0-24"``; ``within``: the coarser stages around them
+    that introduce error too; ``patches``: the family's ready patches for it, less the one the candidate runs)."""
     labels = ((report.data.get("replay") or {}).get(key) or {}).get("labels") or []
     stages = [label["stage"] for label in labels if label.get("label") == "introduced"]
     conclusion = (report.data.get("conclusions") or {}).get(key) or {}
+    sites = conclusion.get("sites") or []
+    if sites:
+        return _with_patches(report, key, conclusion, _site_groups(sites))
     if not stages and conclusion.get("kind") == "introduced":
         stages = [conclusion["stage"]]
     groups: dict[str, dict] = {}
     for stage in stages:
         operator, indices = operator_of(stage)
-        groups.setdefault(operator, {"operator": operator, "stages": [], "indices": []})
+        groups.setdefault(operator, {"operator": operator, "stages": [], "indices": [], "within": ""})
         groups[operator]["stages"].append(stage)
         groups[operator]["indices"].append(indices)
+    return _nest(_with_patches(report, key, conclusion, list(groups.values())))
+
+
+def _with_patches(report: Report, key: str, conclusion: dict, groups: list[dict]) -> list[dict]:
+    """Each group with where it sits and the family's ready patches for its operator (less the candidate's own)."""
     family, runtime, own = report.data.get("family"), _runtime(report, key), _own_patch(report, key)
     shown = []
-    for group in groups.values():
+    for group in groups:
         patches = []
         if family and runtime:
             from driftscope.families import get_family
@@ -66,15 +102,11 @@ def introduced_groups(report: Report, key: str) -> list[dict]:
             model_type = (report.data.get("plan_meta") or {}).get("model_type")
             found = get_family(family).ready_patches(group["stages"][0], runtime, model_type, report.activations(key))
             patches = [p for p in found if p != own]
-        if stages and stages[0] == conclusion.get("stage") and group["stages"][0] == stages[0]:
+        if group["stages"][0] == conclusion.get("stage"):
             patches = list(dict.fromkeys([*(conclusion.get("ready_patches") or []), *patches]))
-        first = sorted({indices[0] for indices in group.pop("indices") if indices})
-        word = group["operator"].split(".*", 1)[0].rsplit(".", 1)[-1]  # "block" in vision.block.*.mlp.act
-        count, spans = len(group["stages"]), _spans(first)
-        where = f"{word}s {spans}" if word in COUNTED else (f"at {spans}" if first else f"{count} stages")
-        where = group["stages"][0] if count == 1 else where
-        shown.append({**group, "where": where, "patches": patches, "within": ""})
-    return _nest(shown)
+        where = _where(group["operator"], group["stages"], group.pop("indices"))
+        shown.append({**group, "where": where, "patches": patches})
+    return shown
 
 
 def _nest(groups: list[dict]) -> list[dict]:
@@ -87,7 +119,7 @@ def _nest(groups: list[dict]) -> list[dict]:
             inner[id(outer)] = found
     for outer_id, found in inner.items():
         outer = next(g for g in groups if id(g) == outer_id)
-        found["within"] = outer["where"]
+        found["within"], found["within_count"] = outer["where"], len(outer["stages"])
         found["patches"] = list(dict.fromkeys([*found["patches"], *outer["patches"]]))
     return [g for g in groups if id(g) not in inner]
 
@@ -108,7 +140,8 @@ def cause_text(report: Report, key: str) -> str:
         parts = []
         for group in groups[:SHOWN_OPERATORS]:
             notes = [] if len(group["stages"]) == 1 else [group["where"]]
-            notes += [f"replayed whole, {group['within']} introduce error too"] if group["within"] else []
+            verb = "introduces" if group.get("within_count") == 1 else "introduce"
+            notes += [f"replayed whole, {group['within']} {verb} error too"] if group["within"] else []
             name = group["stages"][0] if len(group["stages"]) == 1 else group["operator"]
             parts.append(name + (f" ({'; '.join(notes)})" if notes else ""))
         more = len(groups) - SHOWN_OPERATORS

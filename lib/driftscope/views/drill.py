@@ -42,8 +42,11 @@ def choose(report: Report, pair: str | None, layers: list[int] | None, stage: st
 def focus_markdown(report: Report, pair: str, layers: list[int], stage: str | None) -> str:
     """What this page drills into, and where the replay found the first introduced error, in words."""
     replay = (report.data.get("replay") or {}).get(pair)
+    sites = ((report.data.get("conclusions") or {}).get(pair) or {}).get("sites") or []
     if replay is None:
         introduced = "no replay of this pair (its candidate cannot replay single stages, or `replay` left it out)"
+    elif len(sites) > 1:
+        introduced = f"{len(sites)} sites introduce error: " + ", ".join(code(site["stage"]) for site in sites)
     elif replay.get("first_introduced"):
         introduced = f"the first stage that introduces error is {code(replay['first_introduced'])}"
     else:
