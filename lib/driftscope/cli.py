@@ -52,7 +52,9 @@ def _run(args: argparse.Namespace) -> int:
     code = _exit_code(report)
     stopped = report.status != "complete"
     if errors and not stopped and "investigation" not in errors:
-        _pages_beside_the_verdict(report, errors)  # a page that failed never replaces the verdict
+        from driftscope.views.failure import pages_beside_the_verdict
+
+        pages_beside_the_verdict(report, errors, log)  # a page that failed never replaces the verdict
         if code != 2:
             return 0 if args.no_gate else code
     if errors or code == 2:
@@ -65,17 +67,6 @@ def _run(args: argparse.Namespace) -> int:
             log(f"the investigation {report.stopped()}")
         return 2
     return 0 if args.no_gate else code
-
-
-def _pages_beside_the_verdict(report, errors: dict[str, str]) -> None:
-    """Log each page that failed and record it in the report (``pages_failed``), next to the verdict it leaves
-    as it is."""
-    from driftscope.run.investigation import log
-
-    report.data["pages_failed"] = dict(errors)
-    report.save()
-    for name, error in errors.items():
-        log(f"page {name} failed: {error} (the verdict, {report.verdict}, stands; the page shows the error)")
 
 
 def _reference_cache(args: argparse.Namespace) -> None:

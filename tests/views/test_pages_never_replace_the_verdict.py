@@ -114,9 +114,9 @@ def test_a_page_that_fails_is_reported_beside_the_verdict(tmp_path, capsys):
     (tmp_path / "nb" / "02_layer_drilldown.ipynb").write_text(json.dumps(broken))
     errors = run_notebooks(["02_layer_drilldown"], out, params, True, ROOT, notebook_dir=tmp_path / "nb")
     assert "02_layer_drilldown" in errors
-    from driftscope.cli import _pages_beside_the_verdict
+    from driftscope.views.failure import pages_beside_the_verdict
 
-    _pages_beside_the_verdict(report, errors)
+    pages_beside_the_verdict(report, errors, print)
     assert Report.load(out).data["pages_failed"].keys() == {"02_layer_drilldown"}
     capsys.readouterr()
     assert main(["show", str(out)]) == 1

@@ -149,3 +149,12 @@ def notebook_error(error: str, stopped_at: str | None, error_type: str | None) -
     if not stopped_at:
         return error
     return f"{STOPPED_WITH} ({error_type or 'error'} at {stopped_at}); rendered with its error"
+
+
+def pages_beside_the_verdict(report, errors: dict[str, str], log) -> None:
+    """Log each page that failed after a finished run and record it in the report (``pages_failed``), next to the
+    verdict it leaves as it is."""
+    report.data["pages_failed"] = dict(errors)
+    report.save()
+    for name, error in errors.items():
+        log(f"page {name} failed: {error} (the verdict, {report.verdict}, stands; the page shows the error)")
