@@ -29,8 +29,8 @@ class MLXTaps(Protocol):
 
     def load(self, path: Path, config: dict) -> Any: ...
 
-    # optional: the settings of a config the family's mlx-vlm port cannot represent, each naming its key
-    # (``unrepresentable(config) -> list[str]``), asked before loading
+    # optional: the settings of a config (and of the weights at a path) the family's mlx-vlm port cannot represent,
+    # each naming its key (``unrepresentable(config, path) -> list[str]``), asked before loading
 
     def rms_norms(self, model: Any) -> list[tuple[Any, str]]: ...
 
@@ -117,7 +117,9 @@ class MLXRuntime(Runtime):
     def refuse_unrepresentable(self) -> None:
         """Refuse, before loading, a config whose settings the family's mlx-vlm port cannot represent: the port is
         the limit there, not config.json."""
-        limits = getattr(self.taps, "unrepresentable", lambda config: [])(self.checkpoint.config)
+        limits = getattr(self.taps, "unrepresentable", lambda config, path: [])(
+            self.checkpoint.config, self.checkpoint.path
+        )
         if limits:
             version = package_versions("mlx-vlm").get("mlx-vlm", "?")
             raise PortLimitError(

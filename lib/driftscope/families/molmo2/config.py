@@ -207,23 +207,6 @@ def read_facts(config: dict) -> Molmo2Facts:
     return facts
 
 
-#: The ViT layers mlx-vlm 0.7.10's Molmo2 builds whatever the config declares (it caps the hub's 27 at 25).
-MLX_VIT_LAYERS = 25
-
-
-def unrepresentable(config: dict) -> list[str]:
-    """The settings of ``config`` mlx-vlm's Molmo2 port cannot represent, each naming its key."""
-    facts = read_facts(config)
-    deep = [layer for layer in facts.selected_layers if layer >= MLX_VIT_LAYERS]
-    if not deep:
-        return []
-    key = "adapter_config.vit_layers" if facts.layout == "hub" else "vision_feature_layer"
-    return [
-        f"{key} {list(facts.adapter.configured_layers)} selects layer {', '.join(map(str, deep))} of the "
-        f"{facts.vit.declared_depth} declared ViT layers; mlx-vlm's Molmo2 keeps only {MLX_VIT_LAYERS}"
-    ]
-
-
 def mlx_config(config: dict) -> dict:
     """The config mlx-vlm 0.7.10's Molmo2 reads: hub-layout ``vit_config`` / ``adapter_config.vit_layers``
     and text keys ``qkv_bias`` / ``layer_norm_eps`` / ``rope_theta``. Layer indices pass through unchanged."""

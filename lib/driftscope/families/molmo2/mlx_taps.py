@@ -21,7 +21,7 @@ from driftscope.taps.mlx_hooks import Recording, dtype_name, list_item, module_a
 from driftscope.taps.sink import StageSink
 
 from .config import load_mlx_model
-from .config import unrepresentable as unrepresentable  # the MLX runtime asks it before loading
+from .mlx_limits import unrepresentable as unrepresentable  # the MLX runtime asks it before loading
 from .mlx_text import capture_text, decoder, replay_text
 from .plan import block_stage_id, parse_stage
 

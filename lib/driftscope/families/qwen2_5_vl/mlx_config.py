@@ -46,7 +46,7 @@ def adapt_config(config: dict) -> dict:
 MLX_SPATIAL_MERGE = 2
 
 
-def unrepresentable(config: dict) -> list[str]:
+def unrepresentable(config: dict, path=None) -> list[str]:
     """The settings of ``config`` mlx-vlm's Qwen2.5-VL port cannot represent, each naming its key."""
     merge = int((config.get("vision_config") or {}).get("spatial_merge_size", MLX_SPATIAL_MERGE))
     if merge == MLX_SPATIAL_MERGE:
