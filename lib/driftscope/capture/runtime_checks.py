@@ -36,6 +36,16 @@ def failed(err: BaseException, loaded: bool) -> list[dict]:
     return [check("loaded" if not loaded else "complete", COULD_NOT_RUN, detail + (f" (fix: {fix})" if fix else ""))]
 
 
+def audit_checks(tapset: TapSet) -> list[dict]:
+    """The load audit of the runtime that captured ``tapset`` (``capture.load_audit``, kept in its sidecar): a
+    candidate that did not load its checkpoint fails; one whose family declares no layout for it is a warning."""
+    record = tapset.meta.get("load_audit")
+    if not record:
+        return []
+    status = {"pass": "pass", "fail": "fail"}.get(record.get("status"), "warn")
+    return [check("load_audit", status, str(record.get("detail", "")))]
+
+
 def declared_policy(meta: dict) -> dict | None:
     """The policy a sidecar declares, as an object (a bare name becomes ``{"name": ...}``); None if it declares none."""
     policy = meta.get("policy")
@@ -193,6 +203,7 @@ _FAILED = {
     "inputs_digest": "it ran on other inputs",
     "policy": "its policy is not what the parameter file says",
     "compute_dtype": "it computed in another dtype than its policy declares",
+    "load_audit": "it did not load what its checkpoint holds",
 }
 
 

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from driftscope.inputs.processor_output import ModelInputs
     from driftscope.inputs.text_inputs import TextInputs
     from driftscope.model.checkpoint import Checkpoint
+    from driftscope.model.load_layout import LoadLayout
     from driftscope.taps.stages import Stage, StagePlan
     from driftscope.taps.tapset import TapSet
 
@@ -173,6 +174,11 @@ def block_substages(stage_id: str, plan: StagePlan) -> tuple[str, ...]:
     return tuple(s.id for s in plan if s.block == stage.block and s.substage is not None)
 
 
+def no_load_layout(runtime: str, checkpoint: Checkpoint) -> LoadLayout | None:
+    """The default ``Family.load_layout``: nothing declared, so no runtime's load is audited."""
+    return None
+
+
 def no_derived_weights(config: dict) -> tuple[str, ...]:
     """The default ``Family.derived_weights``: every tensor is loaded, none is derived from another."""
     return ()
@@ -243,6 +249,11 @@ class Family:
             vision = set(self.plan_for(checkpoint).ids())
             return [stage for stage in self.checkpoint_plan(checkpoint, max_new_tokens) if stage.id not in vision]
         return self.text_stages(checkpoint.config, max_new_tokens)
+
+    #: how each runtime holds this checkpoint's tensors (``model.load_layout.LoadLayout``: renames, transposes,
+    #: splits, what is not loaded or not read), by runtime name; the load audit checks every load against it
+    #: (``capture.load_audit``), None: that runtime's load is not audited
+    load_layout: Callable[[str, Checkpoint], LoadLayout | None] = no_load_layout
 
     def supports(self, runtime: str) -> bool:
         return runtime in self.engines

@@ -165,3 +165,18 @@ class TensorFiles:
         out = aligned_empty(entry.shape, np.float32)
         out[...] = widen(raw)
         return out
+
+    def read_rows(self, name: str, rows) -> np.ndarray:
+        """Rows ``rows`` (indices along the first axis) of the tensor, float32: a sample of a large tensor, each row
+        read on its own."""
+        entry = self.entries[name]
+        stored, widen = DTYPES[entry.dtype]
+        rows = [int(row) for row in rows]
+        per_row = entry.nbytes // max(entry.shape[0], 1)
+        raw = np.empty((len(rows), *entry.shape[1:]), dtype=stored)
+        view = memoryview(raw.reshape(-1)).cast("B")
+        with open(entry.file, "rb") as handle:
+            for at, row in enumerate(rows):
+                handle.seek(entry.start + row * per_row)
+                handle.readinto(view[at * per_row : (at + 1) * per_row])
+        return raw if stored is np.float32 else widen(raw).astype(np.float32)

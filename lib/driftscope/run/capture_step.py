@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from driftscope.capture.runtime_checks import capture_checks, failed, observed_dtypes, unreadable
+from driftscope.capture.runtime_checks import audit_checks, capture_checks, failed, observed_dtypes, unreadable
 from driftscope.core.names import safe_name
 from driftscope.errors import HypothesisPatchError, OutputError, ParameterError, TapFileError
 from driftscope.replay.recapture import how
@@ -69,6 +69,7 @@ def capture_one(
     report.step(f"capture:{spec.display}")
     log(f"capture {spec.display}: {len(plan)} stages")
     is_reference = spec.display == params.reference_label
+    runtime.strict_audit = is_reference  # a reference that did not load its checkpoint stops the run
     try:
         tapset, dtypes, cached = _capture(report, out, spec, runtime, inputs, plan, is_reference, log, detail)
     except Exception as err:  # a candidate that cannot load or capture: its pairs could not run, the others still do
@@ -85,6 +86,7 @@ def capture_one(
     tapsets[spec.display] = tapset
     external = runtime.external
     report.data["checks"][spec.display] = capture_checks(tapset, inputs.digest, spec.policy if external else None)
+    report.data["checks"][spec.display] += audit_checks(tapset)
     report.data["runtimes"].append(
         {
             "label": spec.display,

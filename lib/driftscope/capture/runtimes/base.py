@@ -247,10 +247,31 @@ class Runtime(ABC):
             self.quantized = quantized_weights(self.source, self.policy, self.options, self.family)
             self.checkpoint = self.quantized.checkpoint
         self.model = self._load()
+        self.audit_load()  # before any capture, and before a patch changes what was loaded
         if self.patch is not None:
             with hypotheses_of(self.checkpoint.family):
                 self.model = self.patch.apply(self.model)
         self.timings["load_s"] = time.perf_counter() - start
+
+    #: whether a load audit with findings stops this runtime (the run's reference: nothing compares against it)
+    strict_audit: bool = False
+
+    def audit_load(self) -> None:
+        """Check every loaded parameter against the checkpoint (``capture.load_audit``): the record goes into the
+        capture's sidecar; the reference (``strict_audit``) stops on a finding."""
+        from driftscope.capture.load_audit import audit, refuse_reference
+
+        if self.quantized is not None:
+            self.load_audit = {"status": "not audited", "detail": "quantized weights: the quantization checks own them"}
+            return
+        self.load_audit = audit(self)
+        if self.strict_audit:
+            refuse_reference(self.load_audit, self)
+
+    def loaded_tensors(self) -> dict:
+        """``{name: (shape, dtype, rows(index or None) -> float array)}`` of every parameter the loaded model holds
+        (the load audit's view of it); an engine that loads nothing holds nothing."""
+        return {}
 
     def release(self) -> None:
         """Drop the loaded model (its memory, by a full collection where reference counting did not free it, as
@@ -283,6 +304,7 @@ class Runtime(ABC):
             "checkpoint": str(self.source.path),
             "family": self.checkpoint.family,
             "options": self.options,
+            **({"load_audit": _audit_summary(self.load_audit)} if getattr(self, "load_audit", None) else {}),
             **({"quantization": self.quantized.report} if self.quantized else {}),
         }
 
@@ -376,3 +398,9 @@ def substitution_target(runtime: Runtime, owner: Any, name: str) -> Any:
             "substitute with transformers or mlx, whose decoders take their embeddings as an argument",
         )
     return target
+
+
+def _audit_summary(record: dict) -> dict:
+    """The load audit as a sidecar keeps it (so a cached reference capture still says how it was loaded)."""
+    keep = ("status", "checked", "sampled", "corrected", "notes", "detail")
+    return {key: record[key] for key in keep if key in record} | {"findings": list(record.get("findings") or [])[:20]}

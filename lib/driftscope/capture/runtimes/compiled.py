@@ -73,6 +73,15 @@ class CompiledRuntime(Runtime):
     def refuse_unread(self, text: bool) -> None:
         refuse_unread(self, text)
 
+    def loaded_tensors(self) -> dict:
+        """The weights the emitter read at load (the tower's; the text side's are read, by name and shape, at the
+        text capture), as the program receives them."""
+        weights = self.model.weights if isinstance(getattr(self.model, "weights", None), dict) else {}
+        return {
+            name: (tuple(value.shape), str(value.dtype), lambda rows, v=value: v if rows is None else v[rows])
+            for name, value in weights.items()
+        }
+
     def weight_dtypes(self) -> dict[str, int]:
         from collections import Counter
 

@@ -96,6 +96,18 @@ class MLXRuntime(Runtime):
             use_manual_rmsnorm(self.taps.rms_norms(model))
         return model
 
+    def loaded_tensors(self) -> dict:
+        import mlx.core as mx
+        from mlx.utils import tree_flatten
+
+        def rows_of(array):
+            return lambda rows: np.array((array if rows is None else array[mx.array(rows)]).astype(mx.float32))
+
+        return {
+            name: (tuple(array.shape), dtype_name(array), rows_of(array))
+            for name, array in tree_flatten(self.model.parameters())
+        }
+
     def check_capture(self, inputs: ModelInputs, plan: StagePlan) -> None:
         """Refuse a text capture whose dense stacked experts MLX's CPU backend cannot multiply in this dtype."""
         if inputs.text is None or not any(stage.id.startswith("text.") for stage in plan):

@@ -57,8 +57,11 @@ class TransformersRuntime(Runtime):
     OPTIONS = {
         "threads": "torch threads (default: torch's own)",
         "attn_implementation": "the attention kernel transformers loads (default eager)",
+        "load_fixes": "true (default): the family's corrections of what transformers' own load gets wrong (e.g. "
+        "a square stacked expert left untransposed); false: its load as it is, which the load audit then judges",
     }
     OPTION_TYPES = {"threads": "positive whole number", "attn_implementation": "text"}
+    OPTION_VALUES = {"load_fixes": (True, False)}
     policies = ("f32", "f64", "tf32", *RUNTIME_POLICIES["transformers"])  # q4-dequant: the dense dequantized checkpoint
 
     def arithmetic(self) -> AbstractContextManager:
@@ -84,10 +87,22 @@ class TransformersRuntime(Runtime):
             **dict(getattr(self.taps, "LOAD_KWARGS", {})),
         )
         refuse_partial_load(self.checkpoint.path, info, self.family.derived_weights(self.checkpoint.config))
+        correct = getattr(self.taps, "correct_load", None)  # optional: (model, checkpoint) -> names put right
+        if correct is not None and self.options.get("load_fixes", True):
+            self.load_corrections = list(correct(model, self.checkpoint))
         return model.eval()
 
     def versions(self) -> dict[str, str]:
         return package_versions("torch", "transformers")
+
+    def loaded_tensors(self) -> dict:
+        def rows_of(param):
+            return lambda rows: (param.detach() if rows is None else param.detach()[rows]).double().numpy()
+
+        return {
+            name: (tuple(param.shape), str(param.dtype).removeprefix("torch."), rows_of(param))
+            for name, param in self.model.named_parameters()
+        }
 
     def weight_dtypes(self) -> dict[str, int]:
         from collections import Counter

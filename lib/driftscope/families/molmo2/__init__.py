@@ -22,6 +22,7 @@ from pathlib import Path
 from driftscope.core.paths import REPO_ROOT as _ROOT
 
 from ..base import Family, TinyFixture
+from .held import molmo2_layout
 from .plan import NAME, replay_inputs, text_stages, vision_plan
 from .processor import prepare_inputs
 from .replay import ReplayContext
@@ -69,4 +70,5 @@ FAMILY = Family(
     precision=f"{__name__}.precision",
     known_defects={"mlx": "driftscope.hypotheses:mlx_vlm_fixes"},  # mlx-vlm 0.7.10's three (hypotheses.py)
     text_weights=("model.transformer.*", "lm_head.weight"),  # the decoder (both layouts)
+    load_layout=molmo2_layout,
 )

@@ -19,6 +19,7 @@ from pathlib import Path
 from driftscope.core.paths import REPO_ROOT as _ROOT
 
 from ..base import Family, TinyFixture
+from ..qwen_shared.held import qwen_layout
 from ..qwen_shared.plan import text_layers
 from ..qwen_shared.text import TEXT_WEIGHTS, build_text_inputs, tied_head
 from .plan import NAME, check_config, replay_inputs, substages_of, text_stages, vision_plan
@@ -60,6 +61,7 @@ FAMILY = Family(
     substages_of=substages_of,
     quantization=f"{__name__}.quantization",
     derived_weights=tied_head,
+    load_layout=qwen_layout,
     text_weights=TEXT_WEIGHTS,
     check_config=check_config,
     videos=True,

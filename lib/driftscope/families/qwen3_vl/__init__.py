@@ -24,6 +24,7 @@ from pathlib import Path
 from driftscope.core.paths import REPO_ROOT as _ROOT
 
 from ..base import Family, TinyFixture
+from ..qwen_shared.held import qwen_layout
 from ..qwen_shared.text import TEXT_WEIGHTS, build_text_inputs, tied_head
 from .plan import NAME, replay_inputs, text_stages, vision_plan
 from .processor import prepare_inputs
@@ -64,6 +65,7 @@ FAMILY = Family(
     quantization=f"{__name__}.quantization",
     precision=f"{__name__}.precision",
     derived_weights=tied_head,
+    load_layout=qwen_layout,
     text_weights=TEXT_WEIGHTS,
     videos=True,
 )

@@ -42,7 +42,9 @@ def adapt_config(config: dict, vision_type: str = "qwen3_vl") -> dict:
             },
         )
     text["model_type"] = adapted.get("model_type", "qwen3_vl")
-    text.setdefault("tie_word_embeddings", adapted.get("tie_word_embeddings", False))
+    if "tie_word_embeddings" in adapted:  # transformers reads the top level (a re-saved MoE config has both)
+        text["tie_word_embeddings"] = bool(adapted["tie_word_embeddings"])
+    text.setdefault("tie_word_embeddings", False)
     adapted["text_config"] = text
     vision = dict(adapted.get("vision_config") or {})
     vision["model_type"] = vision_type
@@ -67,8 +69,9 @@ def check_config(config: dict) -> None:
         )
 
 
-def load_mlx_model(path: str | Path, config: dict, vision_type: str = "qwen3_vl") -> Any:
-    """mlx-vlm's Qwen3-VL ``Model`` with the checkpoint's safetensors weights (strict load)."""
+def load_mlx_model(path: str | Path, config: dict, vision_type: str = "qwen3_vl", prepare=None) -> Any:
+    """mlx-vlm's Qwen3-VL ``Model`` with the checkpoint's safetensors weights (strict load); ``prepare`` (tensors
+    -> tensors) puts a layout mlx-vlm's sanitizing does not expect into the one it does, before it runs."""
     from driftscope.model.blas import mlx_blas
 
     mlx_blas()  # before the first `import mlx.core`
@@ -89,6 +92,8 @@ def load_mlx_model(path: str | Path, config: dict, vision_type: str = "qwen3_vl"
         weights.update(mx.load(weight_file))
     for name in tied_head(config):  # derived from the embedding: mlx-vlm's tied model has no such parameter
         weights.pop(name, None)
+    if prepare is not None:
+        weights = prepare(weights)
     weights = utils.sanitize_weights(model, weights)
     weights = utils.sanitize_weights(model_module.VisionModel, weights, model_config.vision_config)
     weights = utils.sanitize_weights(model_module.LanguageModel, weights, model_config.text_config)
@@ -96,8 +101,10 @@ def load_mlx_model(path: str | Path, config: dict, vision_type: str = "qwen3_vl"
         utils.load_model_weights(model, adapted, weights, Path(path), strict=True)
     except ValueError as err:
         raise CheckpointError(
-            f"checkpoint {path} does not match mlx-vlm's Qwen3-VL model: {err}",
-            "check that config.json describes these weights (depth, hidden sizes, deepstack_visual_indexes)",
+            f"mlx-vlm's {vision_type} model does not take checkpoint {path}'s tensors as they are: {err}",
+            "where transformers loads this checkpoint, config.json describes these weights and the MLX port is the "
+            "limit: leave mlx out for it (the run's other runtimes still run); otherwise re-save config.json and "
+            "the weights together with save_pretrained",
         ) from err
     mx.eval(model.parameters())
     model.eval()

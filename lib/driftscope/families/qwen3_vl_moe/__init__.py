@@ -19,6 +19,7 @@ from ..base import Family, TinyFixture
 from ..qwen3_vl.processor import prepare_inputs
 from ..qwen3_vl.replay import ReplayContext
 from ..qwen_shared.text import TEXT_WEIGHTS, build_text_inputs, tied_head
+from .layout import moe_layout
 from .plan import NAME, replay_inputs, text_stages, vision_plan
 
 
@@ -59,6 +60,7 @@ FAMILY = Family(
     views=f"{__name__}.views",
     known_defects={"mlx": "driftscope.hypotheses:mlx_vlm_gelus"},
     derived_weights=tied_head,
+    load_layout=moe_layout,
     text_weights=TEXT_WEIGHTS,  # mlx-vlm 0.7.10 swaps the tower GELUs
     tiny=TinyFixture(
         directory=_ROOT / "fixtures" / "checkpoints" / "tiny-qwen3-vl-moe",

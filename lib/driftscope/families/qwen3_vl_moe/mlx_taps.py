@@ -22,6 +22,7 @@ from driftscope.taps.sink import StageSink
 
 from ..qwen3_vl import mlx_taps as dense
 from ..qwen3_vl.mlx_config import load_mlx_model
+from .layout import to_released
 from .plan import moe_piece, text_config
 
 rms_norms = dense.rms_norms
@@ -38,8 +39,14 @@ def mlx_view(config: dict) -> dict:
 
 
 def load(path: Path, config: dict) -> Any:
-    """mlx-vlm's Qwen3-VL-MoE model with the checkpoint's weights (strict load, config adapted in memory)."""
-    return load_mlx_model(path, mlx_view(config), vision_type="qwen3_vl_moe")
+    """mlx-vlm's Qwen3-VL-MoE model with the checkpoint's weights (strict load, config adapted in memory): stacked
+    experts in transformers 5's layout are put in the released one first, the only one mlx-vlm's sanitizing reads
+    (it transposes whatever it finds)."""
+
+    def released(weights: dict) -> dict:
+        return {name: to_released(config, name, value) for name, value in weights.items()}
+
+    return load_mlx_model(path, mlx_view(config), vision_type="qwen3_vl_moe", prepare=released)
 
 
 def routing_weights(block: Any, logits, chosen):

@@ -58,6 +58,12 @@ def released_expert_layout(out_dir: Path) -> None:
     and mlx-vlm's sanitize expects; transformers 5's ``save_pretrained`` writes its in-memory layout instead."""
     from safetensors.torch import load_file, save_file
 
+    from .layout import RELEASED_VERSION
+
+    config_path = out_dir / "config.json"  # as the released checkpoints' config.json says (a square expert's layout)
+    config = json.loads(config_path.read_text())
+    config["transformers_version"] = RELEASED_VERSION
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     for path in sorted(out_dir.glob("*.safetensors")):
         tensors = load_file(path)
         for name in [n for n in tensors if n.endswith((".experts.gate_up_proj", ".experts.down_proj"))]:
@@ -91,7 +97,7 @@ def make_checkpoint(out_dir: Path, spec: SyntheticQwen3VLMoeSpec) -> Path:
         min_pixels=base.min_pixels,
         max_pixels=base.max_pixels,
         patch_size=base.patch_size,
-        merge_size=2,
+        merge_size=base.spatial_merge_size,
         temporal_patch_size=2,
         image_mean=[0.5, 0.5, 0.5],
         image_std=[0.5, 0.5, 0.5],

@@ -18,9 +18,12 @@ from driftscope.taps.sink import StageSink
 from driftscope.taps.torch_hooks import to_numpy as _np
 
 from ..qwen3_vl import transformers_taps as dense
+from .layout import correct_transformers
 from .plan import moe_piece
 
 MODEL_CLASS = "Qwen3VLMoeForConditionalGeneration"
+#: transformers 5.24 keeps a square stacked expert of the released layout untransposed: the runtime has it put right
+correct_load = correct_transformers
 #: the oracle's experts: transformers' plain loop over the experts (its grouped kernels refuse float64)
 LOAD_KWARGS = {"experts_implementation": "eager"}
 run_vision = dense.run_vision

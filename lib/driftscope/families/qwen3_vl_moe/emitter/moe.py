@@ -19,6 +19,7 @@ from driftscope.model.weightfile import TensorFiles
 from driftscope.taps.jax.layers import Contract, linear
 
 from ....errors import CheckpointError
+from ..layout import saved_by_v5
 from ..plan import sparse_layers, text_config
 
 
@@ -32,6 +33,8 @@ class MoeSpec:
     intermediate: int
     normalize: bool = True
     layers: tuple[int, ...] = ()
+    #: whether config.json was written by transformers 5 or later: a square expert is then in its layout
+    saved_by_v5: bool = True
 
     @classmethod
     def from_config(cls, config: dict) -> MoeSpec:
@@ -43,13 +46,15 @@ class MoeSpec:
             intermediate=int(text["moe_intermediate_size"]),
             normalize=bool(text.get("norm_topk_prob", True)),
             layers=tuple(sparse_layers(config)),
+            saved_by_v5=saved_by_v5(config),
         )
 
 
 def load_moe_weights(path: str | Path, spec: MoeSpec, layer: int) -> dict[str, np.ndarray]:
     """Layer ``layer``'s router [experts, hidden] and experts in transformers' in-memory layout (``gate_up``
     [experts, 2 x intermediate, hidden], ``down`` [experts, hidden, intermediate]), from either on-disk layout
-    (the released checkpoints store both transposed; transformers 5's ``save_pretrained`` does not)."""
+    (the released checkpoints store both transposed; transformers 5's ``save_pretrained`` does not; a square one is
+    in the layout of the transformers version that wrote config.json: ``qwen3_vl_moe.layout``)."""
     files = TensorFiles(path)
     prefix = f"model.language_model.layers.{layer}.mlp."
     e, h, i = spec.experts, spec.hidden, spec.intermediate
@@ -69,7 +74,8 @@ def load_moe_weights(path: str | Path, spec: MoeSpec, layer: int) -> dict[str, n
                 "the weights and config.json disagree: re-save the checkpoint or fix the config",
             )
         value = np.asarray(files.read(key), dtype=np.float32)
-        weights[name] = value if found == shape else np.ascontiguousarray(value.transpose(0, 2, 1))
+        in_v5 = found == shape and (found != released or spec.saved_by_v5)
+        weights[name] = value if in_v5 else np.ascontiguousarray(value.transpose(0, 2, 1))
     return weights
 
 

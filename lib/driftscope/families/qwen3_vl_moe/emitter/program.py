@@ -59,7 +59,9 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
     merged = image_rows(text, tower[FINAL])  # the tower's output (or substituted rows)
     embeds[image] = merged
     put_text_inputs(inputs, sink, embeds, rows, positions, np.array([delta]))
-    deepstack = np.stack([tower[stage] for stage in final_ids(vision)[1:]]).astype(np.float32)
+    branches = [tower[stage] for stage in final_ids(vision)[1:]]  # none without DeepStack (mlx-vlm's tester)
+    deepstack = np.stack(branches) if branches else np.zeros((0, *tower[FINAL].shape))
+    deepstack = deepstack.astype(np.float32)
     contract = runtime.contract
     decode = runtime.options.get("decode", True) is not False and sink.wants("text.generate.tokens")
     keep = decode and text.max_new_tokens > 1

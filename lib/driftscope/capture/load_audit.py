@@ -1,0 +1,157 @@
+"""The load audit: every parameter a runtime loaded equals the checkpoint's tensor under the transform its family
+declares (``Family.load_layout``, ``model.load_layout``), checked right after the load, before any capture and
+before a hypothesis patch changes anything.
+
+Per loaded parameter: the checkpoint tensor its family's declaration names, transformed (transposed, split,
+stacked) and cast to the dtype the runtime holds, must be equal to it, bit for bit. A tensor over
+``FULL_ELEMENTS`` elements is checked on ``SAMPLED_ROWS`` rows spread over its first axis (the record says so).
+A parameter no checkpoint tensor makes (random values a loader filled in), a checkpoint tensor the runtime does
+not hold, and a value that differs are each findings, named by tensor. On the reference a finding stops the run
+(nothing can be compared against a wrongly loaded reference); on a candidate it is that candidate's finding: its
+check ``load audit`` fails and its pairs with it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from typing import Any
+
+import numpy as np
+
+from driftscope.errors import CheckpointError
+from driftscope.model.load_layout import Held, LoadLayout
+
+FULL_ELEMENTS = 1 << 22  # 4 M elements (16 MB in float32): checked whole below this
+SAMPLED_ROWS = 16
+SHOWN = 5  # findings named in a message
+
+
+class LoadAuditError(CheckpointError):
+    """The reference runtime did not load what its checkpoint holds."""
+
+
+def _rename(name: str, layout: LoadLayout) -> str:
+    for pattern, replacement in layout.renames:
+        name = re.sub(pattern, replacement, name)
+    return name
+
+
+def declared(layout: LoadLayout, names: list[str]) -> dict[str, tuple[tuple[str, ...], Held]]:
+    """Loaded name -> (the checkpoint tensors it is made of, how) for every checkpoint tensor ``names``."""
+    renamed = {_rename(name, layout): name for name in names}
+    out: dict[str, tuple[tuple[str, ...], Held]] = {}
+    for new, original in renamed.items():
+        rule = next((r for r in layout.rules if re.fullmatch(r.pattern, new)), None)
+        for held in rule.held if rule is not None else (Held(),):
+            target = re.sub(rule.pattern, held.name, new) if rule is not None else new
+            sources = held.sources or (original,)
+            out[target] = (sources, held)
+    return out
+
+
+def _sampled(shape: tuple[int, ...], held: Held) -> np.ndarray | None:
+    """Rows of the first axis to check, or None to check the whole tensor (small, or an operation moves rows)."""
+    size = int(np.prod(shape)) if shape else 1
+    keeps_rows = all(
+        (op[0] == "transpose" and op[1][0] == 0) or (op[0] == "half" and op[1] % len(shape) != 0) for op in held.ops
+    )
+    if size <= FULL_ELEMENTS or not shape or not keeps_rows or held.sources[1:]:
+        return None
+    return np.unique(np.linspace(0, shape[0] - 1, SAMPLED_ROWS).round().astype(np.int64))
+
+
+def _expected(files, sources: tuple[str, ...], held: Held, rows: np.ndarray | None) -> np.ndarray:
+    value = (
+        files.read_rows(sources[0], rows)
+        if rows is not None
+        else np.concatenate([files.read(source) for source in sources], axis=0)
+    )
+    for op in held.ops:
+        if op[0] == "transpose":
+            value = value.transpose(op[1])
+        elif op[0] == "half":
+            axis, which = op[1], op[2]
+            size = value.shape[axis] // 2
+            value = np.take(value, np.arange(which * size, (which + 1) * size), axis=axis)
+        elif op[0] == "rows":
+            value = value[op[1] : op[2]]
+    return value
+
+
+def _cast(value: np.ndarray, dtype: str) -> np.ndarray:
+    """``value`` rounded to the runtime's dtype (as its loader casts: round to nearest even), as float64."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return value.astype(ml_dtypes.bfloat16).astype(np.float64)
+    return value.astype(dtype).astype(np.float64) if dtype in ("float16", "float32", "float64") else value
+
+
+def audit(runtime: Any) -> dict:
+    """The audit record of ``runtime``'s loaded model: what was checked, how, and every finding."""
+    from driftscope.model.weightfile import TensorFiles
+
+    layout = runtime.family.load_layout(runtime.name, runtime.checkpoint)
+    if layout is None:
+        return {"status": "not declared", "detail": f"the {runtime.family.name} family declares no layout for "
+                f"{runtime.name}: its load was not audited"}  # fmt: skip
+    files = TensorFiles(runtime.checkpoint.path)
+    wanted = declared(layout, files.names())
+    loaded = runtime.loaded_tensors()
+    findings, checked, sampled = [], 0, []
+    for name, (shape, dtype, rows_of) in loaded.items():
+        if name not in wanted:
+            if not any(fnmatch.fnmatchcase(name, p) for p in layout.not_from_checkpoint):
+                findings.append(f"{name}: loaded, but no checkpoint tensor makes it (random values a loader filled?)")
+            continue
+        sources, held = wanted[name]
+        rows = _sampled(shape, held)
+        expected = _expected(files, sources, held, rows)
+        if tuple(expected.shape) != (tuple(shape) if rows is None else (len(rows), *shape[1:])):
+            made = list(expected.shape)
+            findings.append(f"{name}: held as {list(shape)}, the checkpoint's {sources[0]} makes {made}")
+            continue
+        actual = rows_of(rows)
+        checked += 1
+        if rows is not None:
+            sampled.append(name)
+        if not np.array_equal(_cast(expected, dtype), np.asarray(actual, dtype=np.float64)):
+            differ = int(np.count_nonzero(_cast(expected, dtype) != np.asarray(actual, dtype=np.float64)))
+            findings.append(
+                f"{name}: {differ} of {expected.size} values differ from the checkpoint's {sources[0]} "
+                f"under the declared transform {list(held.ops) or 'none'}"
+            )
+    for name in sorted(set(wanted) - set(loaded)):
+        sources = wanted[name][0]
+        if not any(fnmatch.fnmatchcase(_rename(source, layout), p) for source in sources for p in layout.not_held):
+            findings.append(f"{name}: the checkpoint holds {sources[0]}, the runtime does not hold it")
+    return {
+        "status": "fail" if findings else "pass",
+        "checked": checked,
+        "sampled": {"tensors": len(sampled), "rows": SAMPLED_ROWS, "over_elements": FULL_ELEMENTS},
+        "corrected": list(getattr(runtime, "load_corrections", []) or []),
+        "notes": list(layout.notes),
+        "findings": findings,
+        "detail": _detail(runtime, checked, sampled, findings),
+    }
+
+
+def _detail(runtime: Any, checked: int, sampled: list[str], findings: list[str]) -> str:
+    how = f"{checked} parameters equal the checkpoint's tensors under the declared transforms" + (
+        f" ({len(sampled)} over {FULL_ELEMENTS} elements on {SAMPLED_ROWS} sampled rows each)" if sampled else ""
+    )
+    if not findings:
+        return how
+    more = f" and {len(findings) - SHOWN} more" if len(findings) > SHOWN else ""
+    return f"{runtime.label} did not load what the checkpoint holds: " + "; ".join(findings[:SHOWN]) + more
+
+
+def refuse_reference(record: dict, runtime: Any) -> None:
+    """Stop the run when the reference's load audit has findings (nothing can be compared against it)."""
+    if record.get("findings"):
+        raise LoadAuditError(
+            record["detail"],
+            "the reference must hold exactly the checkpoint's weights: check the family's declared layout and the "
+            "loader (transformers' own load: options.load_fixes), or make another runtime the reference",
+        )
