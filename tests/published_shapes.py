@@ -8,6 +8,7 @@ size; the widths and depths are cut so a 4,096-position prefill runs in seconds.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 
@@ -56,22 +57,7 @@ QWEN3_VL_32B = SyntheticQwen3VLSpec(
 #: Qwen3-VL-30B-A3B: the 32B's tower, 32 / 4 heads of 128, experts 768 wide against a 2048 hidden (here 96 / 256),
 #: 8 chosen of 128 (here 2 of 8)
 QWEN3_VL_30B_A3B = SyntheticQwen3VLMoeSpec(
-    base=SyntheticQwen3VLSpec(
-        vision_depth=4,
-        vision_hidden=144,
-        vision_heads=2,
-        vision_intermediate=538,
-        deepstack_visual_indexes=(1, 2, 3),
-        text_hidden=256,
-        text_layers=2,
-        text_heads=8,
-        text_kv_heads=1,
-        text_head_dim=128,
-        text_intermediate=768,
-        mrope_section=(24, 20, 20),
-        rope_theta=5e6,
-        seed=52,
-    ),
+    base=replace(QWEN3_VL_32B, text_intermediate=768, seed=52),
     num_experts=8,
     experts_per_token=2,
     moe_intermediate=96,

@@ -19,14 +19,14 @@ import numpy as np
 
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.taps.sink import StageSink, put_greedy
-from driftscope.taps.torch_hooks import cache_snapshot, replaced
+from driftscope.taps.torch_hooks import replaced
 from driftscope.taps.torch_hooks import to_numpy as _np
 
 from ..qwen_shared.text import AppliedOffsets, put_text_inputs
 from ..qwen_shared.tower import torch_vision_kwargs
 from ..qwen_shared.tower import tower_inputs as _tower_inputs
 from ..qwen_shared.tower import visual as _visual
-from ..qwen_shared.transformers_text import replay_text
+from ..qwen_shared.transformers_text import decode_step, replay_text
 from .plan import block_stage_id, deepstack_stage_id, parse_stage
 
 MODEL_CLASS = "Qwen3VLForConditionalGeneration"
@@ -197,20 +197,7 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
     cache = out.cache  # the decode steps append to it in place
 
     offsets = AppliedOffsets()
-
-    def step(token: int) -> np.ndarray:
-        index = cache.get_seq_length()
-        handle = language.register_forward_pre_hook(
-            lambda module, args, kwargs: offsets.record(_np(kwargs["position_ids"]), index), with_kwargs=True
-        )
-        try:
-            with torch.no_grad():
-                return _np(model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True).logits[0, -1])
-        finally:
-            handle.remove()
-
-    step.rewind = lambda count: cache.crop(-count)  # drop the last ``count`` tokens
-    step.cache_snapshot = cache_snapshot(cache)  # the cache's keys and values, layer by layer
+    step = decode_step(model, cache, offsets)
     put_greedy(sink, logits, step, text.max_new_tokens, forced=text.forced)
     offsets.put(sink)  # the offset each decode step applied
 

@@ -55,3 +55,29 @@ def replay_text(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -
         mask = create_causal_mask(config=language.config, inputs_embeds=x, attention_mask=None, cache=None)
         out = layer(x, attention_mask=mask, position_embeddings=language.rotary_emb(x, positions))
         return _np(select_rows((out[0] if isinstance(out, tuple) else out)[0], stage_id, ctx))
+
+
+def decode_step(model: Any, cache: Any, offsets: Any):
+    """``step(token) -> logits`` of transformers' decoder on ``cache``, recording into ``offsets``
+    (``qwen_shared.text.AppliedOffsets``) the M-RoPE positions its language model is given for the token; with
+    ``rewind`` and ``cache_snapshot`` as ``put_greedy`` reads them."""
+    import torch
+
+    from driftscope.taps.torch_hooks import cache_snapshot
+
+    language = model.model.language_model
+
+    def step(token: int) -> np.ndarray:
+        index = cache.get_seq_length()
+        handle = language.register_forward_pre_hook(
+            lambda module, args, kwargs: offsets.record(_np(kwargs["position_ids"]), index), with_kwargs=True
+        )
+        try:
+            with torch.no_grad():
+                return _np(model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True).logits[0, -1])
+        finally:
+            handle.remove()
+
+    step.rewind = lambda count: cache.crop(-count)  # drop the last ``count`` tokens
+    step.cache_snapshot = cache_snapshot(cache)  # the cache's keys and values, layer by layer
+    return step
