@@ -32,6 +32,7 @@ def _run(args: argparse.Namespace) -> int:
     from driftscope.run.params import load_parameters
     from driftscope.run.preflight import check_parameters
     from driftscope.run.report import Report
+    from driftscope.views.failure import pages_beside_the_verdict
     from driftscope.views.render import rendered_current
     from driftscope.views.render_process import investigate_and_render
 
@@ -49,14 +50,10 @@ def _run(args: argparse.Namespace) -> int:
     errors = investigate_and_render(params, Path(params.source).resolve(), out, not args.force, Path.cwd(), log)
     report = Report.load(out / "report.json")
     log(f"report: {report.path} (verdict {report.verdict})")
-    code = _exit_code(report)
-    stopped = report.status != "complete"
-    if errors and not stopped and "investigation" not in errors:
-        from driftscope.views.failure import pages_beside_the_verdict
-
-        pages_beside_the_verdict(report, errors, log)  # a page that failed never replaces the verdict
-        if code != 2:
-            return 0 if args.no_gate else code
+    code, stopped = _exit_code(report), report.status != "complete"
+    if errors and not stopped and "investigation" not in errors and code != 2:  # a failed page: the verdict stands
+        pages_beside_the_verdict(report, errors, log)
+        return 0 if args.no_gate else code
     if errors or code == 2:
         from driftscope.views.failure import summary_lines
 
