@@ -155,3 +155,20 @@ def refuse_reference(record: dict, runtime: Any) -> None:
             "the reference must hold exactly the checkpoint's weights: check the family's declared layout and the "
             "loader (transformers' own load: options.load_fixes), or make another runtime the reference",
         )
+
+
+def audit_runtime(runtime: Any) -> dict:
+    """``runtime``'s load audit record (a quantized policy's weights are the quantization checks' own); on the
+    reference (``runtime.strict_audit``) a finding stops it."""
+    if runtime.quantized is not None:
+        return {"status": "not audited", "detail": "quantized weights: the quantization checks own them"}
+    record = audit(runtime)
+    if runtime.strict_audit:
+        refuse_reference(record, runtime)
+    return record
+
+
+def audit_summary(record: dict) -> dict:
+    """The load audit as a sidecar keeps it (so a cached reference capture still says how it was loaded)."""
+    keep = ("status", "checked", "sampled", "corrected", "notes", "detail")
+    return {key: record[key] for key in keep if key in record} | {"findings": list(record.get("findings") or [])[:20]}

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from driftscope.capture.load_audit import audit_runtime, audit_summary
 from driftscope.capture.patches import HypothesisPatch
 from driftscope.capture.quantized import QuantizedWeights, check_policy_fits, quantized_weights
 from driftscope.core.extras import install_extra, missing_modules
@@ -259,14 +260,7 @@ class Runtime(ABC):
     def audit_load(self) -> None:
         """Check every loaded parameter against the checkpoint (``capture.load_audit``): the record goes into the
         capture's sidecar; the reference (``strict_audit``) stops on a finding."""
-        from driftscope.capture.load_audit import audit, refuse_reference
-
-        if self.quantized is not None:
-            self.load_audit = {"status": "not audited", "detail": "quantized weights: the quantization checks own them"}
-            return
-        self.load_audit = audit(self)
-        if self.strict_audit:
-            refuse_reference(self.load_audit, self)
+        self.load_audit = audit_runtime(self)
 
     def loaded_tensors(self) -> dict:
         """``{name: (shape, dtype, rows(index or None) -> float array)}`` of every parameter the loaded model holds
@@ -304,7 +298,7 @@ class Runtime(ABC):
             "checkpoint": str(self.source.path),
             "family": self.checkpoint.family,
             "options": self.options,
-            **({"load_audit": _audit_summary(self.load_audit)} if getattr(self, "load_audit", None) else {}),
+            **({"load_audit": audit_summary(self.load_audit)} if getattr(self, "load_audit", None) else {}),
             **({"quantization": self.quantized.report} if self.quantized else {}),
         }
 
@@ -398,9 +392,3 @@ def substitution_target(runtime: Runtime, owner: Any, name: str) -> Any:
             "substitute with transformers or mlx, whose decoders take their embeddings as an argument",
         )
     return target
-
-
-def _audit_summary(record: dict) -> dict:
-    """The load audit as a sidecar keeps it (so a cached reference capture still says how it was loaded)."""
-    keep = ("status", "checked", "sampled", "corrected", "notes", "detail")
-    return {key: record[key] for key in keep if key in record} | {"findings": list(record.get("findings") or [])[:20]}
