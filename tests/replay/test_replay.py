@@ -149,7 +149,7 @@ def test_peer_relative_verdict(captures, full_plan):
     assert block["peer_rmse"] == pytest.approx(rmse["mlx:f32"], rel=1e-6)
     assert block["candidate_rmse"] == pytest.approx(rmse["mlx:f16"], rel=1e-6)
     assert block["bound"] == pytest.approx(4.0 * rmse["mlx:f32"] + 1e-6) and block["status"] == "fail"
-    generous = Contract.from_dict({"stages": [{"pattern": "vision.*", "peer_factor": 1e9}]})
+    generous = Contract.from_dict({"stages": [{"pattern": "vision.*", "peer_factor": 1000, "peer_floor": 1.0}]})
     assert (
         peer_verdict(rows, "transformers:f32", "mlx:f32", generous, full_plan)["candidates"]["mlx:f16"]["status"]
         == "pass"

@@ -39,8 +39,20 @@ HOLDER = textwrap.dedent(
         (out / "investigation.log").write_text("[driftscope 00:00:00] capture mlx:f32: 71 stages\\n")
         (out / "held").touch()
         time.sleep(hold)
-        if status == "complete":  # a judged run: a verdict and its rows, as the report schema asks
-            report.data.update(status="complete", verdict={{"status": "pass", "reasons": []}}, rows=[])
+        if status == "complete":  # a judged run: a verdict and its rows, as the report schema asks, and what a
+            # finished run records for its reuse (its contract, runtimes, reference and what it read)
+            from driftscope.judge.contract import load_contract
+            from driftscope.run.reuse import reads
+
+            report.data.update(
+                status="complete",
+                verdict={{"status": "pass", "reasons": []}},
+                rows=[],
+                contract=load_contract(params.contract).to_dict(),
+                runtimes=[{{"label": spec.display}} for spec in params.runtimes],
+                reference=params.reference_label,
+                reads=reads(params),
+            )
             report.step("done")
         else:
             report.fail(RuntimeError("planted crash"))

@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from driftscope.judge.compare import ComparisonRow, compare_tapsets
-from driftscope.judge.contract import Contract
+from driftscope.judge.contract import Contract, Tolerance
 from driftscope.taps.stages import StagePlan
 from driftscope.taps.tapset import TapSet
 
@@ -21,7 +21,9 @@ def relative_verdict(
     high: TapSet, oracle: TapSet, candidates: list[TapSet], plan: StagePlan, factor: float = 4.0, floor: float = 1e-6
 ) -> dict:
     """Per candidate and stage: both RMSEs against ``high``, the bound, and pass/fail."""
-    loose = Contract.from_dict({"default": {"atol": 1e30, "rtol": 0.0}})
+    # only the RMS errors are read: the rows' own pass/fail is not this verdict's (no user contract is made here,
+    # so the parameters step's refusal of contracts that judge nothing does not apply)
+    loose = Contract("rmse-only", Tolerance(atol=1e30, rtol=0.0))
     oracle_rms = {row.stage: row.rms for row in compare_tapsets(high, oracle, loose, plan) if not row.integer}
     out: dict = {"high": high.label, "oracle": oracle.label, "factor": factor, "floor": floor, "candidates": {}}
     for candidate in candidates:
