@@ -62,6 +62,18 @@ def _jsonschema_without_iri_grammar() -> None:
 _jsonschema_without_iri_grammar()
 
 
+def _mlx_on_openblas() -> None:
+    """MLX's CPU matmuls on the OpenBLAS driftscope loads before ``mlx.core``, as in every driftscope process,
+    whichever test module imports ``mlx.core`` first (a test that imports it directly would otherwise leave the
+    wheel's reference BLAS to every later test of its worker)."""
+    from driftscope.model.blas import mlx_blas
+
+    mlx_blas()
+
+
+_mlx_on_openblas()
+
+
 def shared_root() -> Path:
     """The folder every worker of this test run shares (set up before the first test; a fresh temporary
     folder when called outside a test run)."""

@@ -44,8 +44,9 @@ def test_a_checkpoint_that_disagrees_with_its_config_is_named(tmp_path):
         shutil.copy(checkpoint().path / name, tmp_path / name)
     wrong = {**config(), "vision_config": {**config()["vision_config"], "depth": 5}}
     (tmp_path / "config.json").write_text(json.dumps(wrong))
-    with pytest.raises(CheckpointError, match="does not match mlx-vlm's Qwen3-VL model"):
+    with pytest.raises(CheckpointError, match="mlx-vlm's qwen3_vl model does not take checkpoint") as err:
         load_mlx_model(tmp_path, wrong)
+    assert "vision_tower.blocks.5" in err.value.problem and "save_pretrained" in err.value.fix
 
 
 def test_the_manual_rmsnorm_experiment_says_qwen3_vl_has_no_rmsnorm_to_swap(tmp_path):
