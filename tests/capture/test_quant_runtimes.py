@@ -242,11 +242,19 @@ def test_an_investigation_reports_the_attribution_and_the_linear_controls(tiny_c
 def test_49_5_a_cached_dense_checkpoint_changed_since_it_was_written_is_written_again(q4):
     """The dense dequantized checkpoint is a cache entry: its weights rewritten in place are refused by its sealed
     manifest, and the dequantized weights written again (bit for bit what they were)."""
-    first = get_runtime("transformers")(q4.checkpoint, "q4-dequant").checkpoint.path
+    def dense_path():
+        runtime = get_runtime("transformers")(q4.checkpoint, "q4-dequant")
+        runtime.load()  # the dense checkpoint is what loads: a cache entry, never the source's folder
+        path = runtime.checkpoint.path
+        runtime.release()
+        return path
+
+    first = dense_path()
+    assert first != q4.checkpoint.path and q4.checkpoint.path not in first.parents
     weights = first / "model.safetensors"
     honest = weights.read_bytes()
     data = bytearray(honest)
     data[-4:] = np.float32(7.0).tobytes()
     weights.write_bytes(bytes(data))
-    again = get_runtime("transformers")(q4.checkpoint, "q4-dequant").checkpoint.path
+    again = dense_path()
     assert again == first and (again / "model.safetensors").read_bytes() == honest
