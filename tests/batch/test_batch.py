@@ -219,7 +219,7 @@ def test_runs_that_cannot_execute_never_show_green(tmp_path, good_run):
     by_name = {s["name"]: s for s in result.summaries}
     assert by_name["good"]["verdict"] == "pass" and not by_name["good"]["error"] and by_name["good"]["reused"]
     assert by_name["bad"]["status"] == "error" and "missing.png" in by_name["bad"]["error"]
-    assert by_name["nobook"]["verdict"] == "pass", by_name["nobook"]  # the run's error says why, if it ever is not
+    assert by_name["nobook"]["verdict"] == "error", by_name["nobook"]  # refused at its parameters: nothing ran
     assert "99_no_such_notebook" in by_name["nobook"]["error"]
     assert result.code == exit_code(result.summaries) == 2
     directory = tmp_path / "out" / result.commit

@@ -242,6 +242,7 @@ def test_an_investigation_reports_the_attribution_and_the_linear_controls(tiny_c
 def test_49_5_a_cached_dense_checkpoint_changed_since_it_was_written_is_written_again(q4):
     """The dense dequantized checkpoint is a cache entry: its weights rewritten in place are refused by its sealed
     manifest, and the dequantized weights written again (bit for bit what they were)."""
+
     def dense_path():
         runtime = get_runtime("transformers")(q4.checkpoint, "q4-dequant")
         runtime.load()  # the dense checkpoint is what loads: a cache entry, never the source's folder

@@ -285,8 +285,15 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
     attribution = attribution_section(data.get("attribution"), labels)
     notebooks = data.get("notebooks", ["01_stage_parity"])
     checked(notebooks, list, "notebooks", "[01_stage_parity]")
+    from driftscope.core.paths import NOTEBOOKS
+
+    shipped = sorted(path.stem for path in NOTEBOOKS.glob("*.ipynb"))
     for name in notebooks:
         checked(name, str, "notebooks entries", "01_stage_parity (a notebook's name in notebooks/)")
+        if name.removesuffix(".ipynb") not in shipped:  # refused before anything runs, not after the verdict
+            raise ParameterError(
+                f"notebooks: {name!r} is no notebook of driftscope's", f"use some of: {', '.join(shipped)}"
+            )
     name = data.get("name") or (Path(source).stem if source else "run")
     return Parameters(
         name=checked(name, str, "name", "shapes-mlx-f16"),
