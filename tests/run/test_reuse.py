@@ -124,3 +124,25 @@ def test_49_2_a_finished_run_is_not_reused_once_the_checkpoint_or_a_tap_file_cha
     assert not batch_reuses(params, out)
     code, said = run(capsys, params, out)
     assert "the checkpoint's content changed since it ran" in said and code != 0, said
+
+
+def test_the_code_digest_changes_with_the_code_not_with_the_labs_copies_beside_it(tmp_path):
+    """A notebook saved in the lab leaves ``.ipynb_checkpoints`` beside the package's notebooks: not code, so a
+    finished run stays reusable; a changed module is code."""
+    from driftscope.run.reuse import code_digest
+
+    package = tmp_path / "driftscope"
+    (package / "notebooks").mkdir(parents=True)
+    (package / "core.py").write_text("X = 1\n")
+    (package / "notebooks" / "01.ipynb").write_text("{}")
+    before = code_digest(package)
+    (package / "notebooks" / ".ipynb_checkpoints").mkdir()
+    (package / "notebooks" / ".ipynb_checkpoints" / "01-checkpoint.ipynb").write_text("{}")
+    (package / "__pycache__").mkdir()
+    (package / "__pycache__" / "core.cpython-311.pyc").write_bytes(b"\0")
+    assert code_digest(package) == before
+    (package / "core.py").write_text("X = 2\n")
+    assert code_digest(package) != before
+    (package / "core.py").write_text("X = 1\n")
+    (package / "notebooks" / "01.ipynb").write_text('{"cells": []}')
+    assert code_digest(package) != before

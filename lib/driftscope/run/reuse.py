@@ -51,11 +51,17 @@ def _version(name: str) -> str | None:
         return None
 
 
+def _is_code(relative: Path) -> bool:
+    """Whether a file under the package is its code or data: not a compiled cache, not hidden."""
+    return "__pycache__" not in relative.parts and not any(part.startswith(".") for part in relative.parts)
+
+
 def code_digest(package: Path = PACKAGE_DIR) -> str:
     """SHA-256 of driftscope's package source (``package``: the one that runs the parameters): every file's
-    relative name and bytes, compiled caches left out."""
+    relative name and bytes, compiled caches and hidden files left out (the lab's ``.ipynb_checkpoints`` beside
+    the package's notebooks is the lab's copy, not code)."""
     digest = hashlib.sha256()
-    for file in sorted(p for p in Path(package).rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+    for file in sorted(p for p in Path(package).rglob("*") if p.is_file() and _is_code(p.relative_to(package))):
         digest.update(file.relative_to(package).as_posix().encode() + b"\0" + content_sha256(file).encode() + b"\n")
     return digest.hexdigest()
 
