@@ -293,6 +293,18 @@ class Family:
             and (activations is None or activations in where.get("precisions", (activations,)))
         ]
 
+    def defect_of(self, patch: str) -> dict[str, str]:
+        """What the family knows of the defect a ready patch (``NAME`` or ``driftscope.hypotheses:NAME``) closes:
+        ``{"defect": ..., "patch": ...}``, the defect in words (its ``CLOSES`` entry) and what the patch does (its
+        docstring's first paragraph); {} for a name the family does not declare."""
+        name = patch.rsplit(":", 1)[-1]
+        module = self.hypothesis_module()
+        entry = getattr(module, "CLOSES", {}).get(name)
+        if entry is None:
+            return {}
+        doc = " ".join((getattr(getattr(module, name, None), "__doc__", None) or "").strip().split("\n\n")[0].split())
+        return {"defect": str(entry.get("defect", "")), "patch": doc}
+
     def text(self, key: str) -> str:
         """The family's sentence for ``key`` (one of ``PROSE_KEYS``) on a generic page; "" when it has none."""
         if key not in PROSE_KEYS:

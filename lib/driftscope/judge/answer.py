@@ -16,6 +16,12 @@ from driftscope.taps.stages import StagePlan
 from driftscope.taps.tapset import TapSet
 
 
+def _pieces(checkpoint, tokens: list[int]) -> list[str | None]:
+    """Each token decoded alone; None for a token whose bytes are no whole UTF-8 character (the page shows its id)."""
+    pieces = [decode(checkpoint, [token]) for token in tokens]
+    return [None if "\ufffd" in piece else piece for piece in pieces]
+
+
 def _words(text: str, expect: list[str]) -> dict[str, bool]:
     lowered = text.lower()
     return {word: bool(re.search(rf"\b{re.escape(word.lower())}\b", lowered)) for word in expect}
@@ -46,6 +52,8 @@ def answer_parity(
         runtimes[label] = {
             "tokens": tokens,
             "text": text,
+            # a text with bytes no token completes as UTF-8 (U+FFFD): each token alone, None where it is such bytes
+            **({"pieces": _pieces(checkpoint, tokens)} if "\ufffd" in text else {}),
             "margins": margins,
             "expected_words": _words(text, expect),
             "prefill_top1": None if logits is None else int(np.argmax(logits)),

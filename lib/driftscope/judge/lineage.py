@@ -31,6 +31,34 @@ def patch_rows_per_unit(plan: StagePlan) -> dict[str, int]:
     return {"patch": 1}
 
 
+def row_axis_count(plan: StagePlan, stage_id: str) -> int:
+    """How many leading axes of ``stage_id`` together index its token rows: those of its axes that begin the plan's
+    ``row_axes`` (Molmo2's ``crops, patches``: 2 on a ViT stage, 1 on a pooled one), at least 1."""
+    declared, axes, lead = list(plan.meta.get("row_axes") or []), plan[stage_id].axes, 0
+    while lead < min(len(declared), len(axes)) and axes[lead] == declared[lead]:
+        lead += 1
+    return max(lead, 1)
+
+
+class _Rows:
+    """One side's stage read as token rows over its ``lead`` leading axes (raveled), so a crop's patch is a row."""
+
+    def __init__(self, tapset, stage_id: str, lead: int):
+        self.tapset, self.stage_id, self.lead = tapset, stage_id, lead
+        self.shape = tuple(tapset.shape(stage_id))
+
+    @property
+    def length(self) -> int:
+        return int(np.prod(self.shape[: self.lead], dtype=np.int64)) if self.shape else 1
+
+    def row(self, index: int) -> np.ndarray:
+        if self.lead == 1:
+            return self.tapset.rows(self.stage_id, index, index + 1)
+        at = np.unravel_index(index, self.shape[: self.lead])
+        outer = self.tapset.rows(self.stage_id, int(at[0]), int(at[0]) + 1)[0]
+        return outer[tuple(int(i) for i in at[1:])][None]
+
+
 def _order(tapset, stage_id: str, orders: dict[str, TokenOrder]) -> TokenOrder | None:
     name = tapset.declaration(stage_id).get("token_order")
     return orders.get(name) if name not in (None, "none", "raster") else None
@@ -44,11 +72,14 @@ def _active_to_stored(ranges: list[tuple[int, int]], index: int) -> int | None:
     return None
 
 
-def stored_row(tapset, stage_id: str, raster: int, orders: dict[str, TokenOrder]) -> int | None:
-    """Where raster row ``raster`` (of the stage's own unit, over its active rows) is stored on this side."""
+def stored_row(
+    tapset, stage_id: str, raster: int, orders: dict[str, TokenOrder], length: int | None = None
+) -> int | None:
+    """Where raster row ``raster`` (of the stage's own unit, over its active rows) is stored on this side;
+    ``length``: the stage's rows when they span several leading axes (default: its first axis)."""
     shape = tapset.shape(stage_id)
     declaration = tapset.declaration(stage_id)
-    ranges = active_ranges(declaration, shape[0])
+    ranges = active_ranges(declaration, shape[0] if length is None else length)
     order = _order(tapset, stage_id, orders)
     index = raster
     if order is not None:
@@ -64,13 +95,16 @@ def stored_row(tapset, stage_id: str, raster: int, orders: dict[str, TokenOrder]
     return _active_to_stored(ranges, index)
 
 
-def raster_row(reference, candidate, stage_id: str, row: int, orders: dict[str, TokenOrder]) -> int | None:
+def raster_row(
+    reference, candidate, stage_id: str, row: int, orders: dict[str, TokenOrder], length: int | None = None
+) -> int | None:
     """The raster row (over active rows) of a reported coordinate's row: a reordered comparison reports raster
-    coordinates already; otherwise they are the reference's stored coordinates."""
+    coordinates already; otherwise they are the reference's stored coordinates. ``row``: already raveled over the
+    stage's row axes when they are several (``length`` rows in all)."""
     alignment = align(stage_id, reference, candidate, orders)
     if alignment.reorders:
         return row
-    ranges = alignment.reference_rows
+    ranges = alignment.reference_rows if length is None else active_ranges(reference.declaration(stage_id), length)
     offset = 0
     for start, stop in ranges:
         if start <= row < stop:
@@ -114,7 +148,10 @@ def row_lineage(
     if stage_id not in plan or not coords or plan[stage_id].token_unit is None:
         return None
     orders = orders_of(plan)
-    start = raster_row(reference, candidate, stage_id, int(coords[0]), orders)
+    lead = min(row_axis_count(plan, stage_id), len(coords))
+    rows = _Rows(reference, stage_id, lead)
+    flat = int(np.ravel_multi_index([int(c) for c in coords[:lead]], rows.shape[:lead])) if lead > 1 else int(coords[0])
+    start = raster_row(reference, candidate, stage_id, flat, orders, rows.length if lead > 1 else None)
     if start is None:
         return None
     per_unit = patch_rows_per_unit(plan)
@@ -127,13 +164,18 @@ def row_lineage(
             continue  # the activation path only
         if stage.id not in reference or stage.id not in candidate:
             continue
+        if stage.token_unit != unit and not {stage.token_unit, unit} <= set(per_unit):
+            continue  # a unit the plan gives no patch rows for (Molmo2's pooled tokens): no row to map to
         size = per_unit.get(stage.token_unit, 1)
         rasters = sorted({patch // size for patch in patches})
-        sides = [[stored_row(tapset, stage.id, r, orders) for r in rasters] for tapset in (reference, candidate)]
+        count_of = row_axis_count(plan, stage.id)
+        sided = [_Rows(tapset, stage.id, count_of) for tapset in (reference, candidate)]
+        length = sided[0].length if count_of > 1 else None
+        sides = [[stored_row(s.tapset, stage.id, r, orders, length) for r in rasters] for s in sided]
         if any(row is None for side in sides for row in side):
             continue
-        expected = np.concatenate([reference.rows(stage.id, r, r + 1) for r in sides[0]])
-        actual = np.concatenate([candidate.rows(stage.id, r, r + 1) for r in sides[1]])
+        expected = np.concatenate([sided[0].row(r) for r in sides[0]])
+        actual = np.concatenate([sided[1].row(r) for r in sides[1]])
         tolerance = contract.tolerance(stage.id)
         entries.append(
             {
@@ -143,4 +185,7 @@ def row_lineage(
                 **_row_error(expected, actual, tolerance.atol, tolerance.rtol),
             }
         )
-    return {"stage": stage_id, "coords": [int(c) for c in coords], "raster_row": start, "unit": unit, "stages": entries}
+    found = {"stage": stage_id, "coords": [int(c) for c in coords], "raster_row": start, "unit": unit}
+    if lead > 1:  # where the row sits over the axes that index it, e.g. {"crops": 0, "patches": 264}
+        found["row_at"] = {axis: int(c) for axis, c in zip(plan[stage_id].axes[:lead], coords[:lead], strict=True)}
+    return {**found, "stages": entries}

@@ -27,6 +27,7 @@ from driftscope.families import get_family
 from driftscope.families.checkpoints import open_checkpoint
 from driftscope.judge.compare import compare_tapsets
 from driftscope.judge.verdict import judge
+from driftscope.judge.yardstick import apply_yardsticks, yardsticks
 from driftscope.model.checkpoint_storage import checkpoint_storage
 from driftscope.replay.narrowing import ReferenceCache
 from driftscope.run.candidates import Pairs, teacher_force
@@ -320,6 +321,7 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
     report.data.update(judge(reference, candidates, contract, plan, extra, compared, pairing.sides))
     report.data["warnings"] = report.data["warnings"] + inputs.warnings  # e.g. a processor unlike its config
     apply_checks(report.data, report.data["checks"])
+    apply_yardsticks(report.data, yardsticks(report.data["runtimes"], params.relative, params.reference_label))
     if params.relative:
         from driftscope.judge.relative import peer_verdict, relative_verdict
 
@@ -349,6 +351,11 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
             plan=plan,
         )
         explain_answer(params, report, out, pairing.runtimes, inputs, tapsets, contract, plan, log)
+    if any((conclusion or {}).get("ready_patches") for conclusion in report.data["conclusions"].values()):
+        from driftscope.run.ready_trial import try_ready_patches
+
+        report.step("patch trials")  # the first screen shows each ready patch tried, before and after
+        report.data["patch_trials"] = try_ready_patches(report, log)
     report.save()
     if params.power:
         _power(params, report, out, checkpoint, inputs, reference, contract, plan)

@@ -1,5 +1,7 @@
 """Change one thing and re-run one cell: capture one block's stages of a runtime pair's candidate again with a
-hypothesis patch applied, and compare them with the reference's capture, reusing every capture the run made.
+hypothesis patch applied, and compare them with the reference's capture, reusing every capture the run made (a
+stage in no block, such as a mask or the positions, is captured alone). A failing run tries each pair's ready patch
+this way itself (:mod:`driftscope.run.ready_trial`), so its first screen shows the patch's before and after.
 
 Only the candidate runs again (its model is loaded with the run's own patch, then ``patch``); the reference's
 TapSet is the run's own when it holds the block's stages, else they are captured once and kept under
@@ -31,10 +33,11 @@ FOLDER = "recapture"
 
 @dataclass
 class Recapture:
-    """One block of a pair captured again: its rows with the patch, and the run's rows at the same stages."""
+    """One block (or one stage in no block) of a pair captured again: its rows with the patch, and the run's rows
+    at the same stages."""
 
     pair: str
-    block: int
+    block: int | None
     patch: str | None
     stages: list[str]
     rows: list[ComparisonRow]
@@ -48,7 +51,8 @@ class Recapture:
         from driftscope.judge.rows import share_of_tolerance
 
         what = f"with {code(self.patch)}" if self.patch else "with no patch (as the run did)"
-        lines = [f"Re-captured block {self.block} of {code(self.pair)} {what} in {self.seconds:.1f} s."]
+        where = f"block {self.block}" if self.block is not None else code(", ".join(self.stages))
+        lines = [f"Re-captured {where} of {code(self.pair)} {what} in {self.seconds:.1f} s."]
         failing = [row.stage for row in self.rows if row.failed]
         lines.append(
             f"Failing stages now: {', '.join(code(stage) for stage in failing)}." if failing else "No stage fails now."
@@ -101,16 +105,24 @@ def _pair(report: Report, pair: str) -> tuple[str, str]:
 
 def block_plan(plan: StagePlan, block: int) -> StagePlan:
     """The block's stages (its substages and output) and the token-order stages comparing them needs."""
+    if not any(stage.block == block for stage in plan):
+        raise ParameterError(f"the stage plan has no block {block}", f"use a block from 0 to {plan.depth - 1}")
+    return stages_plan(plan, [stage.id for stage in plan if stage.block == block])
+
+
+def stages_plan(plan: StagePlan, stage_ids: list[str]) -> StagePlan:
+    """``stage_ids`` (in the plan's order) and the token-order stages comparing them needs."""
     orders = orders_of(plan).values()
     helpers = {name for order in orders for name in (order.index, order.segments) if name}
-    kept = [stage for stage in plan if stage.block == block or stage.id in helpers]
-    if not any(stage.block == block for stage in kept):
-        raise ParameterError(f"the stage plan has no block {block}", f"use a block from 0 to {plan.depth - 1}")
+    wanted = set(stage_ids)
+    kept = [stage for stage in plan if stage.id in wanted or stage.id in helpers]
     return StagePlan(plan.family, kept, plan.depth, dict(plan.meta))
 
 
-def _block(plan: StagePlan) -> int:
-    return next(stage.block for stage in plan if stage.block is not None)
+def _focus(plan: StagePlan, wanted: set[str]) -> str:
+    """A name for the captured stages' folder: ``block5``, or the one stage's safe name."""
+    blocks = {stage.block for stage in plan if stage.id in wanted}
+    return f"block{blocks.pop()}" if len(blocks) == 1 and None not in blocks else safe_name("+".join(sorted(wanted)))
 
 
 @contextlib.contextmanager
@@ -157,12 +169,19 @@ def _capture(report: Report, label: str, patch: HypothesisPatch | None, plan: St
 
 
 def _full_plan(report: Report) -> StagePlan:
-    """Every vision stage the checkpoint's family can tap (the run's plan holds only the stages it selected)."""
+    """Every stage the checkpoint's family can tap (the run's plan holds only the stages it selected): the vision
+    plan, and the text stages too where the run followed a prompt."""
     from driftscope.families import get_family
     from driftscope.families.checkpoints import open_checkpoint
 
     checkpoint = open_checkpoint(report.data["checkpoint"], report.data.get("family"))
-    return get_family(checkpoint.family).plan_for(checkpoint)
+    family = get_family(checkpoint.family)
+    full = family.plan_for(checkpoint)
+    prompt = (report.data.get("parameters") or {}).get("text")
+    if not prompt:
+        return full
+    text = family.text_stages_for(checkpoint, int(prompt.get("max_new_tokens") or 0))
+    return StagePlan(full.family, full.stages + text, full.depth, dict(full.meta))
 
 
 def _inputs(report: Report):
@@ -188,17 +207,17 @@ def _inputs(report: Report):
     return inputs
 
 
-def _reference(report: Report, label: str, plan: StagePlan, inputs, log) -> TapSet:
+def _reference(report: Report, label: str, plan: StagePlan, focus: str, inputs, log) -> TapSet:
     """The run's reference TapSet when it holds every stage of ``plan``, else a capture of them (kept)."""
     tapset = report.tapset(label)
     if all(stage.id in tapset for stage in plan):
         return tapset
-    out = report.directory / FOLDER / f"{safe_name(label)}-block{_block(plan)}"
+    out = report.directory / FOLDER / f"{safe_name(label)}-{focus}"
     if (out.with_suffix(".json")).exists():
         kept = TapSet(out)
         if kept.meta.get("complete") and kept.meta.get("inputs_digest") == inputs.digest:
             return kept
-    log(f"the run did not capture {label}'s block {_block(plan)} stages: capturing them once (kept in {out.parent})")
+    log(f"the run did not capture {label}'s {focus} stages: capturing them once (kept in {out.parent})")
     return _capture(report, label, None, plan, inputs, out, log)
 
 
@@ -213,24 +232,51 @@ def recapture_block(
     ``"file.py:function"`` or ``{callable: ..., kwargs: {...}}``; None: as the run did) and compare it with the
     reference. Nothing else runs again: the reference's capture is the run's (or, when the run did not capture
     this block's substages, one made once and kept)."""
-    start = time.perf_counter()
     report = report if isinstance(report, Report) else Report.load(report)
+    return _recapture(report, pair, block_plan(_full_plan(report), int(block)), patch, log)
+
+
+def recapture_stages(
+    report: Report | str | Path,
+    pair: str,
+    stages: list[str],
+    patch: str | dict | None = None,
+    log: Callable[[str], None] = print,
+) -> Recapture:
+    """As :func:`recapture_block`, for stages in no block (a mask, the positions, the embeddings): ``stages`` of
+    ``pair``'s candidate captured again with ``patch`` and compared with the reference."""
+    report = report if isinstance(report, Report) else Report.load(report)
+    full = _full_plan(report)
+    unknown = [stage for stage in stages if stage not in full]
+    if unknown:
+        raise ParameterError(f"the checkpoint's family taps no stage {unknown[0]!r}", "use a stage of the run's plan")
+    return _recapture(report, pair, stages_plan(full, stages), patch, log)
+
+
+def _recapture(report: Report, pair: str, plan: StagePlan, patch, log) -> Recapture:
+    start = time.perf_counter()
     reference_label, candidate_label = _pair(report, pair)
-    plan = block_plan(_full_plan(report), int(block))
+    blocks = {stage.block for stage in plan if stage.block is not None}
+    block = blocks.pop() if len(blocks) == 1 else None
+    wanted = {stage.id for stage in plan if (stage.block == block if block is not None else not _helper(plan, stage))}
+    focus = _focus(plan, wanted)
     hypothesis = parse_patch(patch)
     if hypothesis is not None:
         hypothesis.resolve()  # an unimportable patch fails here, before a model loads
     inputs = _inputs(report)
-    reference = _reference(report, reference_label, plan, inputs, log)
+    reference = _reference(report, reference_label, plan, focus, inputs, log)
     digest = hashlib.sha256(json.dumps(patch, sort_keys=True, default=str).encode()).hexdigest()[:8]
-    out = report.directory / FOLDER / f"{safe_name(candidate_label)}-block{block}-{digest}"
+    out = report.directory / FOLDER / f"{safe_name(candidate_label)}-{focus}-{digest}"
     candidate = _capture(report, candidate_label, hypothesis, plan, inputs, out, log)
     written = report.data["contract"]
     contract = Contract.from_dict({k: v for k, v in written.items() if k != "source"}, written.get("source"))
     compared = compare_tapsets(reference, candidate, contract, plan)
-    rows = [r for r in compared if r.stage in plan and plan[r.stage].block == int(block)]  # a capture may add inputs
+    rows = [r for r in compared if r.stage in wanted]  # a capture may add inputs
     before = {r.stage: r for r in report.rows if (r.pair or r.candidate) == pair and r.stage in plan}
     described = None if hypothesis is None else hypothesis.target
-    return Recapture(
-        pair, int(block), described, [r.stage for r in rows], rows, before, candidate, time.perf_counter() - start
-    )
+    return Recapture(pair, block, described, [r.stage for r in rows], rows, before, candidate, time.perf_counter() - start)
+
+
+def _helper(plan: StagePlan, stage) -> bool:
+    """A token-order index stage the comparison needs, not one the caller asked for."""
+    return any(stage.id in (order.index, order.segments) for order in orders_of(plan).values())

@@ -9,6 +9,7 @@ from driftscope.errors import ReportError
 from driftscope.judge.compare import ComparisonRow
 from driftscope.judge.contract import Contract
 from driftscope.judge.verdict import judge
+from driftscope.judge.yardstick import apply_yardsticks, yardsticks
 from driftscope.run.report import Report
 from driftscope.taps.tapset import TapSet
 
@@ -78,6 +79,8 @@ def rejudge(report_path: str | Path, contract: Contract, out_path: str | Path | 
     data.update(judge(reference, candidates, contract, report.plan, extra, narrowed=report.narrowed_sides()))
     data["warnings"] = data["warnings"] + list((data.get("inputs") or {}).get("warnings", []))
     apply_checks(data, data.get("checks") or {})
+    relative = (data.get("parameters") or {}).get("relative")
+    apply_yardsticks(data, yardsticks(data.get("runtimes") or [], relative, reference_label))
     data["replay"], data["conclusions"] = _rejudge_replay(report, data["rows"], contract)
     if data.get("peer_relative"):
         from driftscope.judge.relative import peer_verdict

@@ -89,6 +89,11 @@ def investigate_top(
                     pair: (first or {}).get("stage")
                     for pair, first in (report.data.get("first_divergence") or {}).items()
                 },
+                first_failures={  # how many elements fail there: one of 65,536 reads otherwise as a whole stage
+                    pair: [first["failures"], first["elements"]]
+                    for pair, first in (report.data.get("first_divergence") or {}).items()
+                    if first and first.get("elements")
+                },
                 conclusions={
                     label: conclusion.get("text")
                     for label, conclusion in (report.data.get("conclusions") or {}).items()

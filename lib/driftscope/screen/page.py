@@ -11,6 +11,7 @@ from pathlib import Path
 
 from driftscope.core.atomic import write_text_atomic
 from driftscope.core.names import url_path
+from driftscope.screen.score import NEAR_TIE_WEIGHT
 
 THUMB_PX = 96
 
@@ -49,8 +50,10 @@ def _run_link(out: Path, investigation: dict | None) -> tuple[str | None, str]:
     pages = investigation.get("pages") or []
     target = next((p for p in ("01_stage_parity.nocode.html", "01_stage_parity.html") if p in pages), None)
     verdict = investigation.get("verdict") or "could not run"
-    firsts = [stage for stage in (investigation.get("first_divergence") or {}).values() if stage]
-    text = verdict + (f" at {firsts[0]}" if firsts else "")
+    firsts = [(pair, stage) for pair, stage in (investigation.get("first_divergence") or {}).items() if stage]
+    counts = (investigation.get("first_failures") or {}).get(firsts[0][0]) if firsts else None
+    elements = f" ({counts[0]:,} of {counts[1]:,} elements)" if counts else ""
+    text = verdict + (f" at {firsts[0][1]}{elements}" if firsts else "")
     parts = investigation["dir"].split("/") + ([target] if target else ["report.json"])
     return (url_path(*parts) if (run_dir / parts[-1]).exists() or target else None), text
 
@@ -80,7 +83,14 @@ def page_rows(out: Path, data: dict, items: dict) -> list[dict]:
                 "failures": "" if not worst else f"{worst.get('tower_failures', 0)} / {worst.get('tower_elements', 0)}",
                 "failures_value": worst.get("tower_failure_fraction") or 0,
                 "prefill": "" if agree is None else ("agree" if agree else "differs"),
-                "first": "identical" if worst and first is None else ("" if first is None else f"step {first}"),
+                "first": "identical"
+                if worst and first is None
+                else ("" if first is None else f"step {first}")
+                + (
+                    f" ({worst['first_difference_label']})"
+                    if first is not None and worst.get("first_difference_label")
+                    else ""
+                ),
                 "first_value": 1e9 if first is None else first,
                 "dropped": " ".join(worst.get("dropped_words") or []),
                 "run_href": href,
@@ -105,6 +115,7 @@ def render_page(out: Path, data: dict, items: dict) -> str:
         stages=data.get("stages") or [],
         commit=data.get("commit"),
         rows=page_rows(out, data, items),
+        near_tie_share=f"{NEAR_TIE_WEIGHT:.0%}",
     )
 
 

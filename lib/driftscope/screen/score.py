@@ -12,6 +12,10 @@ with the reference and each at most about 1 (so the score reads as "how many way
   differs at its first token scores 1);
 - ``words``: the share of the expected words the reference says that the candidate's answer drops.
 
+A flip the teacher-forced decode labels **near-tie** (the reference's top two tokens within the error the
+candidate's policy allows: noise, not a defect) is discounted: when the answers first differ at a near-tie, the
+``prefill``, ``greedy`` and ``words`` terms count ``NEAR_TIE_WEIGHT`` of their value (the page labels the step).
+
 An input's score is its worst candidate's; ties are broken by the tower output's share of its tolerance. A
 candidate that could not run on an input scores nothing and is listed as such (it is not a deviation of the input).
 """
@@ -32,6 +36,8 @@ from driftscope.screen.plan import tower_outputs
 from driftscope.taps.tapset import TapSet
 
 SCORE_TERMS = ("tower", "failures", "prefill", "greedy", "words")
+#: what an answer that first differs at a near-tie flip counts of its answer terms (module docstring)
+NEAR_TIE_WEIGHT = 0.05
 
 
 def _finite(value, default: float = 0.0) -> float:
@@ -49,6 +55,8 @@ def divergence_score(candidate: dict) -> dict:
     said = [w for w, ok in (candidate.get("reference_words") or {}).items() if ok]
     dropped = [w for w in said if not (candidate.get("expected_words") or {}).get(w)]
     words = len(dropped) / len(said) if said else 0.0
+    weight = NEAR_TIE_WEIGHT if candidate.get("first_difference_label") == "near-tie" else 1.0
+    prefill, greedy, words = prefill * weight, greedy * weight, words * weight
     terms = {"tower": tower, "failures": failures, "prefill": prefill, "greedy": greedy, "words": words}
     return {"score": float(sum(terms.values())), "terms": terms}
 
@@ -99,6 +107,7 @@ def _answer(checkpoint, reference: TapSet, candidate: TapSet, expect: list[str],
         "dropped_words": [entry["word"] for entry in pair["dropped_words"] if entry["in_reference"]],
         "forced_first_divergence": (pair["forced"] or {}).get("first_divergence"),
         "confident_flips": (pair["forced"] or {}).get("confident_flips"),
+        "first_difference_label": _flip_label(pair),
     }
     if "text.logits.last" in reference and "text.logits.last" in candidate:
         agreement = logit_agreement(
@@ -112,6 +121,15 @@ def _answer(checkpoint, reference: TapSet, candidate: TapSet, expect: list[str],
             prefill_margin_candidate=agreement["margin_candidate"],
         )
     return out
+
+
+def _flip_label(pair: dict) -> str | None:
+    """The teacher-forced label (``near-tie``, ``confident``) of the flip at the step where the free-running answers
+    first differ: both runtimes were asked the same question there. None when they do not differ or the step was
+    not decoded teacher-forced."""
+    first = pair.get("first_difference")
+    flips = (pair.get("forced") or {}).get("flips") or []
+    return next((flip["label"] for flip in flips if flip["step"] == first), None) if first is not None else None
 
 
 def judge_input(job: Job, item: ScreenInput, contract: Contract) -> dict:

@@ -34,6 +34,20 @@ def random_weights_note(report: Report) -> str:
     )
 
 
+def readable(entry: dict) -> str:
+    """A runtime's decoded text as a reader can take it: where tokens decode to bytes that are no whole UTF-8
+    character (a random-weight model's, U+FFFD in the text), each such token as its id, e.g. ``⟨id 241⟩``, the others
+    as their text (control characters escaped)."""
+    pieces = entry.get("pieces")
+    if pieces is None:
+        said = entry.get("text", "")
+        return escaped(said) if "\ufffd" not in said else escaped(said).replace("\\ufffd", "⟨undecodable⟩")
+    return "".join(
+        escaped(piece) if piece is not None else f"⟨id {token}⟩"
+        for piece, token in zip(pieces, entry["tokens"], strict=False)
+    )
+
+
 def _prefill_rows(report: Report) -> dict[str, dict]:
     """Each candidate's prefill logits against the main reference's (its ``text.logits.last`` row's extra)."""
     reference = report.data.get("reference")
@@ -69,7 +83,7 @@ def texts_frame(report: Report):
                 "top-5 overlap": 1.0 if label == reference else logits.get("top5_overlap"),
                 "prefill margin": logits.get("margin_candidate", ((entry or {}).get("margins") or [None])[0]),
                 "tokens": " ".join(map(str, entry["tokens"])) if entry else "does not decode (prefill only)",
-                "text": escaped(entry["text"]) if entry else "",  # random weights decode to \ufffd: escaped
+                "text": readable(entry) if entry else "",
                 "expected words found": (", ".join(w for w, ok in found.items() if ok) or "none") if entry else "",
             }
         )

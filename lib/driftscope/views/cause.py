@@ -60,6 +60,10 @@ def _site_groups(sites: list[dict]) -> list[dict]:
         group["stages"].append(site["stage"])
         group["indices"].append(indices)
         group["outer"] += [outer for outer in site.get("within") or [] if outer not in group["outer"]]
+    for operator in list(groups):  # whole blocks whose pieces were not captured, around an operator that was:
+        inner = next((g for name, g in groups.items() if name.startswith(operator + ".")), None)
+        if inner is not None:  # one answer: that operator, its error seen in those blocks too
+            inner["outer"] += [stage for stage in groups.pop(operator)["stages"] if stage not in inner["outer"]]
     for group in groups.values():
         outer = group.pop("outer")
         within = [operator_of(stage) for stage in outer]

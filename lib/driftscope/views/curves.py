@@ -59,6 +59,8 @@ def stage_blocks(report: Report) -> dict[str, int]:
 
 
 def _value(row, metric: str) -> float | None:
+    if row.integer and metric != "failures":  # an exact stage has no tolerance: equal ("="), else a mark on top
+        return None if row.failed else 0.0
     if metric == "tolerance_used":
         return share_of_tolerance(row)
     value = getattr(row, metric)

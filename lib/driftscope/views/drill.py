@@ -14,6 +14,7 @@ from .errormaps import StageDifference, magnitude_split, patch_error_grid
 from .notebook import coordinates, describe, plural
 from .plots import block_outputs, landmarks
 
+FEW = 3  # failures this few are named one by one, not as the top channels' share
 LABEL_COLORS = {"introduced": "#d62728", "amplified": "#ff7f0e", "inherited": "#1f77b4", "clean": "#bbbbbb"}
 
 
@@ -33,6 +34,10 @@ def choose(report: Report, pair: str | None, layers: list[int] | None, stage: st
     focus_pair, focus_stage = default_focus(report)
     pair = pair or focus_pair
     first_block = next((s["id"] for s in report.data.get("stage_plan", []) if s["id"] in block_outputs(report)), None)
+    if stage is None and pair == focus_pair and focus_stage in report.plan and report.plan[focus_stage].integer:
+        # an exact first divergence (a mask, an index) has no channels: the maps show the first float stage that fails
+        failing = [r.stage for r in report.rows if (r.pair or r.candidate) == pair and r.failed and not r.integer]
+        focus_stage = failing[0] if failing else None
     stage = stage or focus_stage or first_block
     if layers is None:
         layers = [block_of(stage)] if block_of(stage) is not None else [0]
@@ -41,12 +46,14 @@ def choose(report: Report, pair: str | None, layers: list[int] | None, stage: st
 
 def focus_markdown(report: Report, pair: str, layers: list[int], stage: str | None) -> str:
     """What this page drills into, and where the replay found the first introduced error, in words."""
+    from .finding import where_markdown
+
     replay = (report.data.get("replay") or {}).get(pair)
     sites = ((report.data.get("conclusions") or {}).get(pair) or {}).get("sites") or []
     if replay is None:
         introduced = "no replay of this pair (its candidate cannot replay single stages, or `replay` left it out)"
     elif len(sites) > 1:
-        introduced = f"{len(sites)} sites introduce error: " + ", ".join(code(site["stage"]) for site in sites)
+        introduced = f"{len(sites)} sites introduce error, by operator: {where_markdown(report, pair)}"
     elif replay.get("first_introduced"):
         introduced = f"the first stage that introduces error is {code(replay['first_introduced'])}"
     else:
@@ -147,6 +154,10 @@ def where_markdown(difference: StageDifference, share: float, collapsed: int) ->
     total = split["failures_small"] + split["failures_large"]
     if not total:
         return f"{code(difference.stage)}: no element fails; **{collapsed}** rows collapsed to zero."
+    if total <= FEW:  # a share of a handful says nothing: where each one is
+        at = np.argwhere(difference.failing)[:FEW]
+        where = ", ".join(f"token {int(row)}, channel {int(column)}" for row, column in at)
+        return f"{code(difference.stage)}: {plural(total, 'failure')}, at {where}; **{collapsed}** rows collapsed to zero."
     return (
         f"{code(difference.stage)}: the top 3 channels carry **{share:.0%}** of the {plural(total, 'failure')}; "
         f"**{collapsed}** rows collapsed to zero; by magnitude, {plural(split['failures_small'], 'failure')} at "
@@ -337,64 +348,3 @@ def spatial_map(report: Report, stage: str, pair: str, image: int = 0, replay: b
     right.set_ylabel("patch row")
     figure.colorbar(shown, ax=[left, right], label="RMS error per patch")
     return describe(figure, f"Per-patch RMS error of {stage} ({pair}) over the resized image and alone, raster order.")
-
-
-def conclusion_markdown(report: Report, pair: str) -> str:
-    """The pair's conclusion in words, and where its first divergence's worst token row sits (Markdown)."""
-    from driftscope.core.markup import code, text
-
-    conclusion = (report.data.get("conclusions") or {}).get(pair)
-    lineage = (report.data.get("lineage") or {}).get(pair)
-    lines = [f"**{text(conclusion['text'])}**" if conclusion else "No conclusion recorded for this pair."]
-    added = ((report.data.get("narrowing") or {}).get(pair) or {}).get("added") or []
-    if added:
-        lines.append(f"Narrowing captured {len(added)} stages for this pair (e.g. {code(added[0])}).")
-    if lineage:
-        lines.append(
-            f"The worst failing element of {code(lineage['stage'])} is at {code(coordinates(lineage['coords']))}: "
-            "token row "
-            f"{lineage['raster_row']} ({text(lineage['unit'])} unit, raster order), followed back below."
-        )
-    return "\n\n".join(lines)
-
-
-def row_lineage(report: Report, pair: str) -> Figure:
-    """The first divergence's worst token row at every earlier captured stage: its worst element's excess over
-    its tolerance (>= 1 fails) and its relative RMS error, in execution order; narrowed stages hollow."""
-    lineage = (report.data.get("lineage") or {}).get(pair)
-    figure = Figure(figsize=(11, 3.8), layout="constrained")
-    axis = figure.subplots()
-    if not lineage or not lineage["stages"]:
-        axis.text(0.5, 0.5, f"no token row to follow for {pair}", ha="center", transform=axis.transAxes)
-        axis.set_axis_off()
-        return figure
-    stages = lineage["stages"]
-    added = set(((report.data.get("narrowing") or {}).get(pair) or {}).get("added") or [])
-    from .axes import from_numbers, legend_markers, log_range, markers
-
-    xs = np.arange(len(stages))
-    # None (no finite value) is a marker along the top and 0 (exactly equal) one along the bottom, never a number
-    excess = from_numbers(s["max_excess"] for s in stages)
-    relative = from_numbers(s["relative_rms"] for s in stages)
-    axis.plot(xs, excess.values, color="#d62728", linewidth=1.2, label="worst element: |a - e| / tolerance")
-    axis.plot(xs, relative.values, color="#444444", linestyle="--", linewidth=1.0, label="row relative RMS error")
-    hollow = [s["stage"] in added for s in stages]
-    for drawn, color in ((excess, "#d62728"), (relative, "#444444")):
-        faces = ["none" if narrowed else color for narrowed in hollow]
-        axis.scatter(xs, drawn.values, s=22, zorder=3, edgecolors=color, facecolors=faces)
-        markers(axis, xs, drawn, color)
-    axis.axhline(1.0, color="black", linestyle=":", linewidth=1, label="tolerance")
-    legend_markers(axis, [excess, relative])
-    axis.set_yscale("log")
-    axis.set_ylim(*log_range([excess.values, relative.values], 1.0))
-    axis.set_xticks(xs, [s["stage"].split(".", 1)[-1] for s in stages], rotation=90, fontsize=7)
-    axis.set_title(
-        f"{pair}: token row {lineage['raster_row']} of {lineage['stage']} back through the tower "
-        "(hollow: captured by narrowing)",
-        fontsize=9,
-    )
-    axis.legend(fontsize=8, loc="upper left")
-    axis.grid(True, alpha=0.3)
-    return describe(
-        figure, f"{pair}: the first divergence's worst token row at every earlier stage, error over tolerance."
-    )

@@ -144,21 +144,27 @@ def three_way_frame(report: Report):
             "peer's error RMS": entry.get("peer_rmse"),
             "ratio": entry.get("ratio"),
             "overlap": entry.get("overlap"),
-            "verdict": entry.get("verdict", entry.get("status")),
+            "verdict": _within(entry.get("verdict", entry.get("status")), result.get("peer_dtype")),
             "KV cache error RMS": (entry.get("cache") or {}).get("candidate_rmse"),
             "peer's KV cache error RMS": (entry.get("cache") or {}).get("peer_rmse"),
-            "KV cache verdict": _cache_verdict(entry.get("cache")),
+            "KV cache verdict": _cache_verdict(entry.get("cache"), result.get("peer_dtype")),
         }
         for label, entry in (result.get("candidates") or {}).items()
     ]
     return pd.DataFrame(records)
 
 
-def _cache_verdict(cache: dict | None) -> str:
+def _within(verdict, dtype: str | None) -> str:
+    """The three-way verdict as said of a candidate that may compute in float32: its error is within what the
+    peer's half precision costs (never "half-precision", which would name the candidate's own dtype)."""
+    return f"within what {dtype or 'half precision'} costs" if verdict == "half-precision" else str(verdict)
+
+
+def _cache_verdict(cache: dict | None, dtype: str | None = None) -> str:
     if not cache:
         return "not compared"
     if cache.get("first_layer") is None:
-        return str(cache.get("verdict"))
+        return _within(cache.get("verdict"), dtype)
     return f"{cache.get('verdict')} from layer {cache['first_layer']}"
 
 

@@ -87,12 +87,18 @@ def verdict_markdown(report: Report) -> str:
     verdict = data.get("verdict") or {}
     contract = data.get("contract") or {}
     tolerance = contract.get("default") or {}
-    per_pair = verdict.get("per_candidate") or {}
+    yardsticks = verdict.get("yardsticks") or {}  # measured and shown, never counted
+    per_pair = {key: status for key, status in (verdict.get("per_candidate") or {}).items() if key not in yardsticks}
     failing = [key for key, status in per_pair.items() if status != "pass"]
     unrun = sum(status == COULD_NOT_RUN for status in per_pair.values())
+    measured = "; ".join(
+        f"{code(report.pair_title(key))} is a yardstick ({text(why)}), measured and shown, not counted"
+        for key, why in yardsticks.items()
+    )
     head = (
         f"**Verdict: {text(str(verdict.get('status', 'unknown')).upper())}**: {len(failing) - unrun} of "
-        f"{len(per_pair)} runtime pairs fail{f', {unrun} could not run' if unrun else ''}. "
+        f"{len(per_pair)} runtime pairs fail{f', {unrun} could not run' if unrun else ''}"
+        f"{f' ({measured})' if measured else ''}. "
         f"Run {code(data.get('name'))}, commit {code(data.get('commit'))}, reference "
         f"{code(data.get('reference'))}, contract {code(contract.get('name'))} (atol {text(tolerance.get('atol'))}, "
         f"rtol {text(tolerance.get('rtol'))}: an element fails where |a - e| > atol + rtol·|e|)."
@@ -179,10 +185,11 @@ def divergence_frame(report: Report):
     for key in report.pair_keys():
         first = (data.get("first_divergence") or {}).get(key) or {}
         row = _row(rows, key, first.get("stage"))
+        yardstick = key in ((data.get("verdict") or {}).get("yardsticks") or {})
         records.append(
             {
-                "runtime pair": report.pair_title(key),
-                "verdict": per_pair.get(key, ""),
+                "runtime pair": report.pair_title(key) + (" (yardstick)" if yardstick else ""),
+                "verdict": per_pair.get(key, "") + (" (yardstick, not counted)" if yardstick else ""),
                 "first divergence": first.get("stage", "none"),
                 "failures": f"{first['failures']} / {first['elements']}" if first else "0",
                 "worst failing element": "" if not first else coordinates(first.get("max_coords")),
@@ -196,17 +203,24 @@ def divergence_frame(report: Report):
             }
         )
     frame = pd.DataFrame(records, columns=DIVERGENCE_COLUMNS)  # no pair at all (no candidate loaded): no rows
-    failing = frame["verdict"].ne("pass")  # the failing pairs first, each group in the report's order
-    return pd.concat([frame[failing], frame[~failing]]).reset_index(drop=True)
+    failing = frame["verdict"].isin(("fail", COULD_NOT_RUN))  # failing pairs first, then yardsticks, then the rest
+    yardstick = frame["verdict"].str.endswith("(yardstick, not counted)")
+    rest = ~failing & ~yardstick
+    return pd.concat([frame[failing], frame[yardstick], frame[rest]]).reset_index(drop=True)
 
 
 def headline(report: Report):
     """Display the verdict, the first-divergence table and the tolerance curve (the first screen of 01)."""
     from IPython.display import Markdown, display
 
+    from .finding import banners
+
     display(Markdown(verdict_markdown(report)))
     if report.status != "complete":
         return
+    found = banners(report)  # each failing pair's mechanism, its ready patch as tried, its quantized attribution
+    if found:
+        display(Markdown(found))
     cached = reference_cache_line(report)
     if cached:
         display(Markdown(cached))
@@ -243,6 +257,11 @@ def _element(row) -> tuple[object, float | None, float | None]:
     return row.max_coords, row.max_reference_value, row.max_candidate_value
 
 
+def exact_note(row) -> str:
+    """What an exact stage (integers, a mask, indices: no tolerance) says: how many of its entries differ."""
+    return f"exact stage: {row.failures:,} of {row.elements:,} entries differ" if row.failures else "exact stage: equal"
+
+
 def stage_frame(report: Report):
     """The compact stage table: failing and first-divergent stages first, then block outputs and the plan's
     landmarks (and their parts), each pair in execution order; the pair in the first column. Stages nobody
@@ -265,6 +284,7 @@ def stage_frame(report: Report):
     records = []
     for *_, row in sorted(chosen, key=lambda item: item[:3]):
         coords, expected, actual = _element(row)
+        exact = bool(row.integer)  # compared exactly: no tolerance, no RMS, no cosine to speak of
         records.append(
             {
                 "runtime pair": report.pair_title(row.pair or row.candidate),
@@ -272,15 +292,15 @@ def stage_frame(report: Report):
                 "status": row.status,
                 "failures": row.failures,
                 "elements": row.elements,
-                "tolerance used": share_of_tolerance(row),
+                "tolerance used": None if exact else share_of_tolerance(row),
                 "max |a - e|": row.max_abs,
-                "relative RMS": row.relative_rms,
-                "cosine": row.cosine,
+                "relative RMS": None if exact else row.relative_rms,
+                "cosine": None if exact else row.cosine,
                 "element (worst failing, else largest |a - e|)": coordinates(coords),
                 "expected": expected,
                 "actual": actual,
-                "atol-bound failures": row.atol_bound_failures if row.failures else None,
-                "note": row.note,
+                "atol-bound failures": row.atol_bound_failures if row.failures and not exact else None,
+                "note": "; ".join(filter(None, [exact_note(row) if exact else "", row.note])),
             }
         )
     return pd.DataFrame(records)
@@ -300,8 +320,11 @@ def inputs_frame(report: Report):
     }
 
     def shown(value) -> str:
+        """A size or a grid as ``14 x 14``, several as ``14 x 14, 14 x 14``; None as "none"."""
         if value is None:
             return "none"
+        if isinstance(value, list) and any(isinstance(v, list) for v in value):
+            return ", ".join(shown(v) for v in value)
         return " x ".join(map(str, value)) if isinstance(value, list) else str(value)
 
     return pd.DataFrame(
@@ -331,8 +354,10 @@ def inputs_markdown(report: Report) -> str:
     ]
     prompt = inputs.get("text")
     if prompt:
+        expect = prompt.get("expect") or []
+        words = f"expected words: {', '.join(code(w) for w in expect)}" if expect else "no expected words (`text.expect`)"
         lines.append(
             f"Prompt ({text(prompt.get('tokens'))} tokens, {text(prompt.get('max_new_tokens'))} generated): "
-            f"{code(prompt.get('prompt'))}; expected words: {', '.join(code(w) for w in prompt.get('expect') or [])}"
+            f"{code(prompt.get('prompt'))}; {words}"
         )
     return "\n\n".join(line for line in lines if line)

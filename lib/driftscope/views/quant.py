@@ -128,8 +128,11 @@ def quantized_items(report: Report) -> list[Any]:
         figure = attribution_figure(report)
         if figure is not None:
             items.append(figure)
-    for entry in (report.data.get("linear_replay") or {}).values():
-        items.append(Markdown(f"**Same-input linear replay**: {text(entry['verdict'])}"))
+    from .finding import quantized_mechanism
+
+    for label, entry in (report.data.get("linear_replay") or {}).items():  # the module named as the banner names it
+        said = quantized_mechanism(report, label) or text(entry["verdict"])
+        items.append(Markdown(f"**Same-input linear replay**, {code(label)}: {said}"))
     frame = linear_replay_frame(report)
     if not frame.empty:
         items.append(table(frame, highlight=None))

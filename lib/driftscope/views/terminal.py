@@ -33,7 +33,9 @@ def lineage_text(report: Report, label: str, shown: int = 6) -> str:
     stages = lineage["stages"]
     picked = stages if len(stages) <= shown else [*stages[: shown // 2], None, *stages[-(shown - shown // 2) :]]
     steps = ["..." if entry is None else f"{entry['stage']} {_number(entry['max_excess'], 2)}" for entry in picked]
-    return f"{lineage['unit']} row {lineage['raster_row']} (raster order), tolerance used per stage: " + " -> ".join(
+    at = ", ".join(f"{axis} {index}" for axis, index in (lineage.get("row_at") or {}).items())
+    where = f"{lineage['unit']} row {lineage['raster_row']} ({at + '; ' if at else ''}raster order)"
+    return f"{where}, tolerance used per stage: " + " -> ".join(
         steps
     )
 

@@ -33,8 +33,23 @@ _DEFECT_STAGES = {
     "layers_from_declared_depth": ("vision.selected.*",),
     "bidirectional_image_mask": ("text.attention_mask", "text.layer.*"),
 }
-CLOSES = {name: {"runtimes": ("mlx",), "stages": stages} for name, stages in _DEFECT_STAGES.items()}
-CLOSES["mlx_vlm_fixes"] = {"runtimes": ("mlx",), "stages": tuple(p for s in _DEFECT_STAGES.values() for p in s)}
+#: Each defect in words: what mlx-vlm computes where the checkpoint declares otherwise (a failing run's first screen).
+_DEFECTS = {
+    "tanh_gelu": "mlx-vlm's ViT MLP computes MLX's fast GELU, x * sigmoid(1.702 x), where the checkpoint declares "
+    "the tanh GELU (gelu_pytorch_tanh)",
+    "layers_from_declared_depth": "mlx-vlm resolves the adapter's vit_layers [-3, -9] against the 25 ViT layers it "
+    "keeps, not the depth the config declares, so it feeds the pooling other layers than the checkpoint names",
+    "bidirectional_image_mask": "mlx-vlm's decoder mask is causal over the image tokens too, where transformers lets "
+    "them attend to each other both ways (mm_token_type_ids)",
+}
+CLOSES = {
+    name: {"runtimes": ("mlx",), "stages": stages, "defect": _DEFECTS[name]} for name, stages in _DEFECT_STAGES.items()
+}
+CLOSES["mlx_vlm_fixes"] = {
+    "runtimes": ("mlx",),
+    "stages": tuple(p for s in _DEFECT_STAGES.values() for p in s),
+    "defect": "; ".join(_DEFECTS.values()),
+}
 
 
 def _mlx_vlm(model: Any, patch: str) -> Any:

@@ -180,7 +180,7 @@ def prepare_inputs(checkpoint: Checkpoint, image_paths: list[str | Path]) -> Mod
             "resized": [list(layout.resized) for layout in out.layouts],  # the high-resolution canvas
             "tiling": [list(layout.tiling) for layout in out.layouts],
             "crops": out.num_crops.tolist(),
-            "grids": out.grids.tolist(),
+            "grids": [[grid[:2], grid[2:]] for grid in out.grids.tolist()],  # low-res rows x cols, high-res
             "padded_tokens": [int((layout.valid_counts < 4).sum()) for layout in out.layouts],
             "processor": {
                 "crop_size": spec.crop_size,

@@ -141,7 +141,8 @@ def geometry_claims(image_paths: list[Path], checkpoint: str | Path | None = Non
         GeometryClaim(
             "a pooler that mishandles padded slots (averaging all slots, or reading -1 as patch 0)",
             any(padded),
-            f"{sum(padded)} pooled tokens (per image {padded}) pool fewer than {slots} patches"
+            f"{sum(padded)} pooled tokens{'' if len(padded) == 1 else ' (per image: ' + listed(padded, ', ') + ')'} "
+            f"pool fewer than {slots} patches"
             if any(padded)
             else "every pooled token has all its patches: there are no padded slots (use a size whose token grid "
             "has an odd side)",

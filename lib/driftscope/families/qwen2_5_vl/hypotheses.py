@@ -25,8 +25,15 @@ CLOSES = {
         "runtimes": ("mlx",),
         "stages": ("vision.block.*.norm2",),
         "precisions": ("float16", "bfloat16"),
+        "defect": "the block's second RMSNorm squares and sums its input in the half-precision activation dtype, "
+        "where the reference computes it in float32",
     },
-    "video_time_positions": {"runtimes": ("mlx",), "stages": ("text.position_ids",)},
+    "video_time_positions": {
+        "runtimes": ("mlx",),
+        "stages": ("text.position_ids",),
+        "defect": "mlx-vlm steps a video's M-RoPE time positions by 1 per temporal patch, never reading "
+        "second_per_grid_ts, where transformers steps them by tokens_per_second * second_per_grid_t",
+    },
 }
 
 

@@ -22,6 +22,9 @@ CLOSES = {
     "mlx_vlm_gelus": {
         "runtimes": ("mlx",),
         "stages": ("vision.block.*.mlp.act", "vision.deepstack.*.act", "vision.merger.act"),
+        "defect": "mlx-vlm's Qwen3-VL-MoE tower swaps its two GELUs: its blocks' MLP computes the exact (erf) GELU "
+        "where the checkpoint declares gelu_pytorch_tanh, and its patch mergers the tanh GELU where transformers' "
+        "are exact",
     }
 }
 

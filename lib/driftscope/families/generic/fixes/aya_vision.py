@@ -19,6 +19,8 @@ CLOSES = {
         "runtimes": ("transformers",),
         "stages": ("text.logits.last",),
         "model_types": ("aya_vision",),
+        "defect": "transformers' Aya Vision computes the logits with its own lm_head and never multiplies them by the "
+        "Cohere2 text config's logit_scale, which Cohere2 (and mlx-vlm) do",
     }
 }
 

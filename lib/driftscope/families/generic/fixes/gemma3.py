@@ -15,7 +15,15 @@ from ..patching import mlx_call, mlx_vlm_port
 
 __all__ = ["gemma3_embed_scale"]
 
-CLOSES = {"gemma3_embed_scale": {"runtimes": ("mlx",), "stages": ("text.layer.0.input",), "model_types": ("gemma3",)}}
+CLOSES = {
+    "gemma3_embed_scale": {
+        "runtimes": ("mlx",),
+        "stages": ("text.layer.0.input",),
+        "model_types": ("gemma3",),
+        "defect": "mlx-vlm rounds the text embedding scale sqrt(hidden_size) to bfloat16 whatever the model's dtype, "
+        "where transformers multiplies by it in the weights' dtype",
+    }
+}
 
 #: model type -> runtime -> the ready patch that closes every defect found in that runtime's port of it (the
 #: sweep runs each failing model type again with these)

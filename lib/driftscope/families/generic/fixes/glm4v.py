@@ -19,7 +19,13 @@ from ..patching import mlx_call, mlx_vlm_port
 __all__ = ["glm4v_bicubic_positions"]
 
 CLOSES = {
-    "glm4v_bicubic_positions": {"runtimes": ("mlx",), "stages": ("vision.embeddings",), "model_types": ("glm4v",)}
+    "glm4v_bicubic_positions": {
+        "runtimes": ("mlx",),
+        "stages": ("vision.embeddings",),
+        "model_types": ("glm4v",),
+        "defect": "mlx-vlm interpolates the vision position table bilinearly with zero padding, where transformers "
+        "samples it bicubically with border padding: any image whose patch grid is not the table's own size differs",
+    }
 }
 
 #: model type -> runtime -> the ready patch that closes every defect found in that runtime's port of it (the

@@ -40,13 +40,23 @@ _STAGES = {
     "hunyuan_vl_xdrope_positions": ("text.layer.*.self_attn",),
 }
 _STAGES["hunyuan_vl_fixes"] = tuple(stage for stages in _STAGES.values() for stage in stages)
+_DEFECTS = {
+    "hunyuan_vl_vision_hidden_act": "mlx-vlm's vision tower reads vision_config.hidden_act and never uses it: its "
+    "block MLP and patch merger apply the exact GELU where transformers applies hidden_act",
+    "hunyuan_vl_xdrope_positions": "mlx-vlm's XD-RoPE positions start an image at every image token and stack the "
+    "axes [p, t, h, w] where transformers orders them [p, w, h, t]",
+}
+_DEFECTS["hunyuan_vl_fixes"] = "; ".join(_DEFECTS.values())
 CLOSES = {
-    name: {"runtimes": ("mlx",), "stages": stages, "model_types": ("hunyuan_vl",)} for name, stages in _STAGES.items()
+    name: {"runtimes": ("mlx",), "stages": stages, "model_types": ("hunyuan_vl",), "defect": _DEFECTS[name]}
+    for name, stages in _STAGES.items()
 }
 CLOSES["hunyuan_vl_xdrope_sections"] = {
     "runtimes": ("transformers",),
     "stages": ("text.layer.*.self_attn",),
     "model_types": ("hunyuan_vl",),
+    "defect": "transformers gives each XD-RoPE axis 2 * section contiguous channels of the duplicated frequencies, so "
+    "rotate_half's partner channels take different axes' positions; the original code splits each half alike",
 }
 
 #: model type -> runtime -> the ready patch that closes every defect found in that runtime's port of it (the

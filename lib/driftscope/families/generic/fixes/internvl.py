@@ -19,6 +19,8 @@ CLOSES = {
         "runtimes": ("mlx",),
         "stages": ("vision.block.*.mlp.activation_fn", "vision.block.*.mlp", "projector.act", "projector"),
         "model_types": ("internvl",),
+        "defect": "mlx-vlm computes every vision MLP and projector GELU as the tanh approximation whatever the "
+        "config's hidden_act and projector_hidden_act declare (the exact erf GELU for InternVL3)",
     }
 }
 

@@ -17,7 +17,13 @@ __all__ = ["llava_text_mlp_hidden_act"]
 MODEL_TYPES = ("llava", "llava_next", "llava_onevision")
 
 CLOSES = {
-    "llava_text_mlp_hidden_act": {"runtimes": ("mlx",), "stages": ("text.layer.*.mlp",), "model_types": MODEL_TYPES}
+    "llava_text_mlp_hidden_act": {
+        "runtimes": ("mlx",),
+        "stages": ("text.layer.*.mlp",),
+        "model_types": MODEL_TYPES,
+        "defect": "mlx-vlm's text MLP is always SwiGLU, down(silu(gate(x)) * up(x)), whatever the text config's "
+        "hidden_act declares; transformers gates with that activation",
+    }
 }
 
 #: model type -> runtime -> the ready patch that closes every defect found in that runtime's port of it (the

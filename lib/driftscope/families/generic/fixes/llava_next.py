@@ -23,12 +23,22 @@ from .llava import llava_text_mlp_hidden_act
 __all__ = ["llava_next_anyres_merge", "llava_next_fixes"]
 
 _MERGE = ("text.layer.0.*", "text.layer.0")
+_MERGE_DEFECT = (
+    "mlx-vlm merges the image into the prompt unlike LLaVA-NeXT: it never packs the anyres features (no unpadded grid "
+    "with a newline after each row) and puts one feature block at each image token, dropping the text between them"
+)
 CLOSES = {
-    "llava_next_anyres_merge": {"runtimes": ("mlx",), "stages": _MERGE, "model_types": ("llava_next",)},
+    "llava_next_anyres_merge": {
+        "runtimes": ("mlx",),
+        "stages": _MERGE,
+        "model_types": ("llava_next",),
+        "defect": _MERGE_DEFECT,
+    },
     "llava_next_fixes": {
         "runtimes": ("mlx",),
         "stages": (*_MERGE, "text.layer.*.mlp"),
         "model_types": ("llava_next",),
+        "defect": _MERGE_DEFECT + "; its text MLP is always SwiGLU whatever the text config's hidden_act says",
     },
 }
 

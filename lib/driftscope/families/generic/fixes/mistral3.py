@@ -17,6 +17,8 @@ CLOSES = {
         "runtimes": ("mlx",),
         "stages": ("vision.block.*.feed_forward",),
         "model_types": ("mistral3",),
+        "defect": "mlx-vlm's Pixtral vision MLP gates with silu whatever the vision config's hidden_act declares; "
+        "transformers gates with that activation",
     }
 }
 

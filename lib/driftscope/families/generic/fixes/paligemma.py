@@ -30,8 +30,16 @@ _STAGES = {
     "paligemma_positions_from_one": ("text.cache.*.keys",),
 }
 _STAGES["paligemma_fixes"] = tuple(stage for stages in _STAGES.values() for stage in stages)
+_DEFECTS = {
+    "paligemma_image_scale": "mlx-vlm divides the image features by the square root of the composite config's "
+    "hidden_size (2048 by default), not the text model's width its embedding scale multiplies them by",
+    "paligemma_positions_from_one": "mlx-vlm rotates queries and keys from position 0, where transformers' "
+    "PaliGemma counts positions from 1: the KV cache holds keys rotated one position apart",
+}
+_DEFECTS["paligemma_fixes"] = "; ".join(_DEFECTS.values())
 CLOSES = {
-    name: {"runtimes": ("mlx",), "stages": stages, "model_types": ("paligemma",)} for name, stages in _STAGES.items()
+    name: {"runtimes": ("mlx",), "stages": stages, "model_types": ("paligemma",), "defect": _DEFECTS[name]}
+    for name, stages in _STAGES.items()
 }
 
 #: model type -> runtime -> the ready patch that closes every defect found in that runtime's port of it (the
