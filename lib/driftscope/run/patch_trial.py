@@ -274,7 +274,9 @@ def _recapture(report: Report, pair: str, plan: StagePlan, patch, log) -> Recapt
     rows = [r for r in compared if r.stage in wanted]  # a capture may add inputs
     before = {r.stage: r for r in report.rows if (r.pair or r.candidate) == pair and r.stage in plan}
     described = None if hypothesis is None else hypothesis.target
-    return Recapture(pair, block, described, [r.stage for r in rows], rows, before, candidate, time.perf_counter() - start)
+    return Recapture(
+        pair, block, described, [r.stage for r in rows], rows, before, candidate, time.perf_counter() - start
+    )
 
 
 def _helper(plan: StagePlan, stage) -> bool:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from driftscope.core.markup import code
 from driftscope.run.report import Report
@@ -186,6 +187,7 @@ def margin_plot(report: Report) -> Figure:
     for pair in answer.get("pairs", []):
         if pair["first_difference"] is not None:
             axis.axvline(pair["first_difference"], color="#d62728", linestyle="--", linewidth=1)
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are counted
     axis.set_xlabel("generated step")
     axis.set_ylabel("top-1 minus top-2 logit")
     axis.set_title("logit margin along the greedy sequence (dashed: first differing token)")

@@ -176,32 +176,52 @@ def integer_ticks(axis) -> None:
     axis.yaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def stage_ticks(axes, stages: list[str], blocks: dict[str, int]) -> None:
-    """Label every stage on the bottom panel. Past ``GROUPED_AT`` stages, a block's stages are labelled by their
-    substage (``attn.q``; the block's output ``out``), shaded alternately, and the block named above the top panel."""
-    if len(stages) <= GROUPED_AT or not blocks:
-        axes[-1].set_xticks(range(len(stages)), [stage_label(s) for s in stages], rotation=90, fontsize=7)
-        return
-    labels, spans = [], []
+NAMED_FROM = 3  # a block with this many stages on the axis is named above them; a shorter one in its tick labels
+
+
+def stage_groups(stages: list[str], blocks: dict[str, int]) -> tuple[list[str], list[list]]:
+    """Tick labels for a long stage axis and the runs of one block's stages, ``[block, first, last, named]``: a
+    block with :data:`NAMED_FROM` stages or more is named above them and its ticks say the substage (``attn.q``; its
+    output ``out``); a shorter one (a block whose output alone was captured) says its block in each tick (``b5``,
+    ``b5.attn.q``), so block names never crowd each other above the panel."""
+    spans: list[list] = []
     for index, stage_id in enumerate(stages):
         block = blocks.get(stage_id)
         if block is None:
-            labels.append(stage_label(stage_id))
             continue
-        prefix = f"b{block}."
-        short = stage_label(stage_id)
-        labels.append(short[len(prefix) :] if short.startswith(prefix) else "out")
         if spans and spans[-1][0] == block and spans[-1][2] == index - 1:
             spans[-1][2] = index
         else:
-            spans.append([block, index, index])
+            spans.append([block, index, index, False])
+    for span in spans:
+        span[3] = span[2] - span[1] + 1 >= NAMED_FROM
+    named = {index for block, start, stop, name in spans if name for index in range(start, stop + 1)}
+    labels = []
+    for index, stage_id in enumerate(stages):
+        short = stage_label(stage_id)
+        block = blocks.get(stage_id)
+        if index not in named or block is None:
+            labels.append(short)
+            continue
+        prefix = f"b{block}."
+        labels.append(short[len(prefix) :] if short.startswith(prefix) else "out")
+    return labels, spans
+
+
+def stage_ticks(axes, stages: list[str], blocks: dict[str, int]) -> None:
+    """Label every stage on the bottom panel. Past ``GROUPED_AT`` stages, a block's stages are shaded alternately
+    and labelled as :func:`stage_groups` says (a block of several stages named above the top panel)."""
+    if len(stages) <= GROUPED_AT or not blocks:
+        axes[-1].set_xticks(range(len(stages)), [stage_label(s) for s in stages], rotation=90, fontsize=7)
+        return
+    labels, spans = stage_groups(stages, blocks)
     axes[-1].set_xticks(range(len(stages)), labels, rotation=90, fontsize=6.5)
-    for number, (block, start, stop) in enumerate(spans):
+    for number, (block, start, stop, named) in enumerate(spans):
         for axis in axes:
             if number % 2 == 0:
                 axis.axvspan(start - 0.5, stop + 0.5, color="#000000", alpha=0.05, linewidth=0, zorder=0)
-        name = f"block {block}" if stop - start >= 3 else f"b{block}"  # a block of one or two stages: short
-        axes[0].text((start + stop) / 2, 1.01, name, transform=axes[0].get_xaxis_transform(),
-                     ha="center", va="bottom", fontsize=6.5, color="#333333")  # fmt: skip
+        if named:
+            axes[0].text((start + stop) / 2, 1.01, f"block {block}", transform=axes[0].get_xaxis_transform(),
+                         ha="center", va="bottom", fontsize=6.5, color="#333333")  # fmt: skip
     if axes[0].get_title():  # above the block names
         axes[0].set_title(axes[0].get_title(), fontsize=9, pad=13)

@@ -11,6 +11,8 @@ from driftscope.run.report import Report
 
 from .notebook import describe
 
+COLUMNS = 4  # panels per row of the heat map (one per pair)
+
 
 def _cache_pairs(report: Report) -> list[dict]:
     return [pair for pair in (report.data.get("answer") or {}).get("pairs", []) if pair.get("cache")]
@@ -66,8 +68,13 @@ def cache_heatmap(report: Report, phase: str = "forced") -> Figure:
     """Per pair, the relative L-inf error of each layer (rows) and head (columns: keys, then values) of the
     ``phase`` cache; an x marks a layer and head whose cache breaks the contract."""
     pairs = [pair for pair in _cache_pairs(report) if _errors(pair["cache"], phase) is not None]
-    figure = Figure(figsize=(4 + 2.2 * max(len(pairs), 1), 3.2), layout="constrained")
-    axes = figure.subplots(1, max(len(pairs), 1), squeeze=False)[0]
+    columns = min(max(len(pairs), 1), COLUMNS)
+    rows = -(-max(len(pairs), 1) // columns)
+    figure = Figure(figsize=(1.5 + 3.2 * columns, 0.6 + 3.0 * rows), layout="constrained")
+    grid = figure.subplots(rows, columns, squeeze=False)
+    axes = list(grid.ravel())
+    for spare in axes[len(pairs) :] if pairs else []:
+        spare.set_axis_off()
     image, exact = None, 0
     colours = matplotlib.colormaps["magma"].with_extremes(bad="#ffffff")
     for axis, pair in zip(axes, pairs, strict=False):
@@ -83,10 +90,15 @@ def cache_heatmap(report: Report, phase: str = "forced") -> Figure:
                     if head["first_position"] is not None:
                         column = kind_index * heads + head["head"]
                         axis.text(column, layer["layer"], "x", ha="center", va="center", color="#00e0ff")
-        axis.set_xticks(range(2 * heads), [f"k{h}" for h in range(heads)] + [f"v{h}" for h in range(heads)])
+        axis.set_xticks(range(2 * heads), [f"k{h}" for h in range(heads)] + [f"v{h}" for h in range(heads)],
+                        rotation=90 if heads > 3 else 0, fontsize=7 if heads > 3 else 9)  # fmt: skip
+        axis.set_yticks(range(errors.shape[0]))  # one tick per decoder layer, never a half layer
         axis.set_ylabel("layer")
-        axis.set_title(f"{pair['candidate']}", fontsize=9)
+        axis.set_xlabel("head (k: keys, v: values)")
+        axis.set_title(f"{pair['candidate']} vs {pair['reference']}", fontsize=9)  # one title per pair
     if image is not None:
         equal = f"; white: exactly equal ({exact} layer-heads)" if exact else ""
-        figure.colorbar(image, ax=list(axes), label=f"log10 relative L-inf, from 1e-8 (x: breaks the contract{equal})")
+        figure.colorbar(image, ax=axes, label="log10 relative L-inf")
+        figure.suptitle(f"The {phase} KV cache: relative L-inf error from 1e-8 (x: breaks the contract{equal})",
+                        fontsize=9)  # fmt: skip
     return describe(figure, f"The {phase} KV cache's relative error per layer and head for {len(pairs)} pairs.")

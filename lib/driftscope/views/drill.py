@@ -11,7 +11,7 @@ from driftscope.core.markup import code, text
 from driftscope.run.report import Report
 
 from .errormaps import StageDifference, magnitude_split, patch_error_grid
-from .notebook import coordinates, describe, plural
+from .notebook import describe, plural
 from .plots import block_outputs, landmarks
 
 FEW = 3  # failures this few are named one by one, not as the top channels' share
@@ -157,7 +157,9 @@ def where_markdown(difference: StageDifference, share: float, collapsed: int) ->
     if total <= FEW:  # a share of a handful says nothing: where each one is
         at = np.argwhere(difference.failing)[:FEW]
         where = ", ".join(f"token {int(row)}, channel {int(column)}" for row, column in at)
-        return f"{code(difference.stage)}: {plural(total, 'failure')}, at {where}; **{collapsed}** rows collapsed to zero."
+        return (
+            f"{code(difference.stage)}: {plural(total, 'failure')}, at {where}; **{collapsed}** rows collapsed to zero."
+        )
     return (
         f"{code(difference.stage)}: the top 3 channels carry **{share:.0%}** of the {plural(total, 'failure')}; "
         f"**{collapsed}** rows collapsed to zero; by magnitude, {plural(split['failures_small'], 'failure')} at "

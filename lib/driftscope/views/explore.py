@@ -14,6 +14,7 @@ from .errormaps import stage_difference
 from .interactive import WIDGET_MIME, Interactive, channel_map_figure, error_curves_figure
 
 ALL = "every stage"
+FADED = 0.25  # the opacity of the pairs the pickers did not choose
 STATIC = (
     "In JupyterLab this cell shows pickers for the runtime pair, the block, the stage and the channel, with the "
     "error curve, the channel map and the chosen channel's error per token under them (hover for values). "
@@ -36,12 +37,16 @@ class Explorer:
         pair = pair or next(iter(diverged), pairs[0] if pairs else None)
         stage = stage or diverged.get(pair) or (self._stages[0] if self._stages else None)
         blocks = sorted(set(self._blocks.values()))
+        fit = {"style": {"description_width": "initial"}}  # the label as wide as its word, not a fixed 90 px
         self.pair = widgets.Dropdown(options=[(report.pair_title(k), k) for k in pairs], value=pair,
-                                     description="pair")  # fmt: skip
+                                     description="pair", layout=widgets.Layout(width="22em"), **fit)  # fmt: skip
         self.block = widgets.Dropdown(options=[(ALL, None)] + [(f"block {b}", b) for b in blocks],
-                                      value=self._blocks.get(stage), description="block")  # fmt: skip
-        self.stage = widgets.Dropdown(options=self._stage_options(), value=stage, description="stage")
-        self.channel = widgets.BoundedIntText(value=0, min=0, max=0, description="channel")
+                                      value=self._blocks.get(stage), description="block",
+                                      layout=widgets.Layout(width="11em"), **fit)  # fmt: skip
+        self.stage = widgets.Dropdown(options=self._stage_options(), value=stage, description="stage",
+                                      layout=widgets.Layout(width="24em"), **fit)  # fmt: skip
+        self.channel = widgets.BoundedIntText(value=0, min=0, max=0, description="channel",
+                                              layout=widgets.Layout(width="10em"), **fit)  # fmt: skip
         self.outputs = {name: widgets.Output() for name in ("curve", "map", "channel")}
         self.figures: dict[str, object] = {}
         self.note = widgets.HTML()
@@ -49,9 +54,11 @@ class Explorer:
         self.block.observe(lambda _: self._block_changed(), names="value")
         self.stage.observe(lambda _: self.update(), names="value")
         self.channel.observe(lambda _: self.update(channel_only=True), names="value")
-        self.box = widgets.VBox(
-            [widgets.HBox([self.pair, self.block, self.stage, self.channel]), self.note, *self.outputs.values()]
+        pickers = widgets.HBox(  # a narrow page wraps the pickers onto a second row instead of scrolling sideways
+            [self.pair, self.block, self.stage, self.channel],
+            layout=widgets.Layout(flex_flow="row wrap", width="100%", max_width="100%"),
         )
+        self.box = widgets.VBox([pickers, self.note, *self.outputs.values()], layout=widgets.Layout(max_width="100%"))
         self.update()
 
     def _stage_options(self) -> list[str]:
@@ -79,7 +86,7 @@ class Explorer:
             self.figures["curve"] = error_curves_figure(
                 self.report, metrics=("tolerance_used",), height=300, static=False
             )
-            self._highlight(self.figures["curve"].figure, stage)
+            self._highlight(self.figures["curve"].figure, stage, pair)
             self.difference = stage_difference(self.report, stage, pair) if pair and stage else None
             if self.difference is not None:
                 self.figures["map"] = channel_map_figure(self.difference, fallback=False)
@@ -96,7 +103,13 @@ class Explorer:
             )
         self._show(channel_only)
 
-    def _highlight(self, figure, stage: str | None) -> None:
+    def _highlight(self, figure, stage: str | None, pair: str | None) -> None:
+        """The chosen pair's curve drawn bold and the others faded (their hover stays); the chosen stage's line."""
+        for trace in figure.data:
+            chosen = trace.legendgroup == pair
+            trace.opacity = 1.0 if chosen else FADED
+            if chosen and trace.mode and "lines" in trace.mode:
+                trace.line.width = 3
         if stage in self._stages:
             figure.add_vline(x=self._stages.index(stage), line={"color": "#444444", "width": 2, "dash": "dot"})
 

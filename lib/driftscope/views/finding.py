@@ -71,7 +71,9 @@ def trial_line(report: Report, key: str) -> str:
     trial = (report.data.get("patch_trials") or {}).get(key)
     if not trial:
         suggested = patch_text(report, key)
-        return f"Ready patch: {code(suggested)} (not tried by the run)." if suggested not in ("", "none declared") else ""
+        return (
+            f"Ready patch: {code(suggested)} (not tried by the run)." if suggested not in ("", "none declared") else ""
+        )
     patch = code(trial["patch"].rsplit(":", 1)[-1])
     if trial["status"] != "tried":
         return f"Ready patch {patch}: {text(trial['status'])} ({text(trial.get('why', ''))})."
@@ -126,7 +128,9 @@ def quantized_mechanism(report: Report, key: str) -> str:
     row, stages = one_module(stage, rows)
     if row is None or row.get("label") not in CAUSES or row["label"] == "none":
         return f"Same-input linear replay: {text(linear['verdict'].split(': ', 1)[-1])}" if linear else ""
-    others = [r for r in rows if r is not row and r.get("label") == row["label"] and r.get("stage_label") == "introduced"]
+    others = [
+        r for r in rows if r is not row and r.get("label") == row["label"] and r.get("stage_label") == "introduced"
+    ]
     activations = f" on {text(linear.get('activations'))} activations" if linear.get("activations") else ""
     said = (
         f"{text(CAUSES[row['label']])}{activations} introduces the error at the quantized linear "
@@ -135,6 +139,26 @@ def quantized_mechanism(report: Report, key: str) -> str:
         f"{row['dequantized_vs_reference']:.2g} from the reference"
     )
     return said + (f"; so do {len(others)} more quantized linears" if others else "")
+
+
+def accumulation_markdown(report: Report, key: str, conclusion: dict) -> str:
+    """Drift no operator introduces, in words: the candidate's rounding (its activation dtype) accumulating from
+    the onset, where it is amplified most, and where it first breaks the contract, with how many elements."""
+    dtype = report.activations(key)
+    onset = conclusion.get("onset") or conclusion.get("first_divergence")
+    rounding = f"{text(dtype)} rounding" if dtype else "rounding"
+    said = f"no single operator introduces it: {rounding} accumulates from {code(onset)}"
+    chain = conclusion.get("amplified") or []
+    if chain:
+        strongest = max(chain, key=lambda link: link.get("factor") or 0.0)
+        said += f", amplified most at {code(strongest['stage'])}" + (
+            f" (x{strongest['factor']:.3g})" if strongest.get("factor") else ""
+        )
+    first = (report.data.get("first_divergence") or {}).get(key) or {}
+    if first.get("stage"):
+        said += f", until {code(first['stage'])}, where {first.get('failures', 0):,} of {first.get('elements', 0):,}"
+        said += " elements break the contract"
+    return said
 
 
 def attribution_line(report: Report, key: str) -> str:
@@ -163,6 +187,8 @@ def finding_markdown(report: Report, key: str) -> str:
         mechanism = quantized
     elif conclusion.get("kind") == "introduced":
         mechanism = f"introduced at {where_markdown(report, key)}; the family declares no defect there"
+    elif conclusion.get("kind") == "accumulation":
+        mechanism = accumulation_markdown(report, key, conclusion)
     else:
         mechanism = where_markdown(report, key) or text(conclusion.get("text", ""))
     lines = [f"**Finding, {code(report.pair_title(key))}**: {mechanism}."]

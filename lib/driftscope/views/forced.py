@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from driftscope.judge.contract import FORCED_KEYS
 from driftscope.run.report import Report
@@ -76,6 +77,7 @@ def topk_map(report: Report) -> Figure:
                     axis.text(column, row, "x", ha="center", va="center", color="#00e0ff", fontsize=9)
         axis.set_yticks(range(len(KEYS)), [key.rsplit(".", 1)[1] for key in KEYS])
         axis.set_title(f"{pair['candidate']} vs {pair['reference']}", fontsize=9)
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are counted
         axis.set_xlabel("teacher-forced step")
     if image is not None:
         figure.colorbar(image, ax=list(axes), label="log10 tolerance used (x: fails)")
@@ -118,6 +120,7 @@ def forced_margin_plot(report: Report) -> Figure:
         axis.set_yscale("log")  # round-off errors and logit margins are decades apart
         axis.set_ylim(bottom, top)
         axis.set_title(f"{pair['candidate']} vs {pair['reference']}", fontsize=9)
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are counted
         axis.set_xlabel("teacher-forced step")
         axis.set_ylabel("logit")
         axis.grid(True, alpha=0.3)

@@ -19,7 +19,7 @@ import numpy as np
 from driftscope.core.markup import html_text
 from driftscope.run.report import Report
 
-from .axes import COMPARED, GROUPED_AT, UNCOMPARABLE, log_range, stage_label
+from .axes import COMPARED, GROUPED_AT, UNCOMPARABLE, log_range, stage_groups, stage_label
 from .curves import COLORS, METRICS, error_curves, first_divergences, pair_series, plotted_stages, stage_blocks
 from .errormaps import StageDifference
 from .notebook import alt_text
@@ -56,13 +56,15 @@ class Interactive:
         from IPython.core.pylabtools import print_figure
 
         png = base64.b64encode(print_figure(self.fallback, "png", bbox_inches="tight")).decode("ascii")
+        from .figure_facts import facts_json
+
         data = {
             PLOTLY_MIME: json.loads(self.figure.to_json()),
             "text/html": self.html(),
             "image/png": png,
             "text/plain": self.alt,
         }
-        return data, {"image/png": {"alt": self.alt}}
+        return data, {"image/png": {"alt": self.alt, "figure": facts_json(self.fallback, drawn=True)}}
 
 
 def _g(value) -> str:
@@ -180,11 +182,7 @@ def _range(metric: str, values: list[np.ndarray]) -> tuple[float, float]:
 def _axes(figure, report: Report, stages: list[str], metrics, values_by: dict) -> None:
     blocks = stage_blocks(report)
     grouped = len(stages) > GROUPED_AT and blocks
-    labels = []
-    for stage_id in stages:
-        short = stage_label(stage_id)
-        block = blocks.get(stage_id)
-        labels.append(short.split(".", 1)[1] if grouped and block is not None and "." in short else short)
+    labels, spans = stage_groups(stages, blocks) if grouped else ([stage_label(s) for s in stages], [])
     for number, metric in enumerate(metrics, start=1):
         figure.update_yaxes(title_text=METRICS.get(metric, metric), row=number, col=1, showgrid=True)
         if metric == "failures":
@@ -201,18 +199,11 @@ def _axes(figure, report: Report, stages: list[str], metrics, values_by: dict) -
                              annotation_text="tolerance (above: fails)", annotation_position="top left")  # fmt: skip
     figure.update_xaxes(tickmode="array", tickvals=list(range(len(stages))), ticktext=labels, tickangle=-90,
                         tickfont={"size": 9}, range=[-0.7, len(stages) - 0.3])  # fmt: skip
-    if grouped:
-        spans = []  # [block, first index, last index] of each run of one block's stages
-        for index, stage_id in enumerate(stages):
-            block = blocks.get(stage_id)
-            if block is not None and spans and spans[-1][0] == block and spans[-1][2] == index - 1:
-                spans[-1][2] = index
-            elif block is not None:
-                spans.append([block, index, index])
-        for number, (block, start, stop) in enumerate(spans):
-            if number % 2 == 0:  # alternate shading: where one block ends and the next begins
-                figure.add_vrect(x0=start - 0.5, x1=stop + 0.5, fillcolor="#000000", opacity=0.06, line_width=0)
-            figure.add_annotation(x=(start + stop) / 2, y=1.0, xref="x", yref="y domain", text=f"b{block}",
+    for number, (block, start, stop, named) in enumerate(spans):  # runs of one block's stages (stage_groups)
+        if number % 2 == 0:  # alternate shading: where one block ends and the next begins
+            figure.add_vrect(x0=start - 0.5, x1=stop + 0.5, fillcolor="#000000", opacity=0.06, line_width=0)
+        if named:
+            figure.add_annotation(x=(start + stop) / 2, y=1.0, xref="x", yref="y domain", text=f"block {block}",
                                   showarrow=False, yanchor="bottom", font={"size": 9})  # fmt: skip
 
 

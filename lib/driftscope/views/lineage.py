@@ -77,8 +77,7 @@ def row_lineage(report: Report, pair: str) -> Figure:
     axis.set_ylim(*log_range([excess.values, relative.values], 1.0))
     axis.set_xticks(xs, [s["stage"].split(".", 1)[-1] for s in stages], rotation=90, fontsize=7)
     axis.set_title(
-        f"{pair}: {row_words(lineage)} of {lineage['stage']} back through the tower "
-        "(hollow: captured by narrowing)",
+        f"{pair}: {row_words(lineage)} of {lineage['stage']} back through the tower (hollow: captured by narrowing)",
         fontsize=9,
     )
     axis.legend(fontsize=8, loc="upper left")

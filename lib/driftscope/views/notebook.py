@@ -52,7 +52,10 @@ def alt_text(figure) -> str:
 def _png(figure) -> tuple[bytes, dict]:
     from IPython.core.pylabtools import print_figure
 
-    return print_figure(figure, "png", bbox_inches="tight"), {"alt": alt_text(figure)}
+    from .figure_facts import facts_json
+
+    png = print_figure(figure, "png", bbox_inches="tight")  # drawn: its facts reuse the layout
+    return png, {"alt": alt_text(figure), "figure": facts_json(figure, drawn=True)}
 
 
 def setup() -> None:
@@ -140,8 +143,13 @@ def investigate(params_path: str | Path, out_dir: str | Path | None = None, reus
     return report, ProgressLog(buffer.getvalue())
 
 
+#: a table with more rows than this scrolls in a box of its own, its header kept in view (every row is still there)
+LONG_TABLE = 30
+
+
 def scroll(styler):
-    """A pandas Styler's HTML (every row) in a box that scrolls sideways, its first column kept in view."""
+    """A pandas Styler's HTML (every row) in a box that scrolls sideways, its first column kept in view; a table of
+    more than :data:`LONG_TABLE` rows also scrolls down inside its box, its header kept at the top."""
     from IPython.display import HTML
 
     styler = styler.set_table_styles(
@@ -149,10 +157,16 @@ def scroll(styler):
             {"selector": "td, th", "props": "white-space:nowrap;padding:2px 8px;font-size:12px;text-align:left"},
             {"selector": "tbody th, td:first-child, th:first-child", "props": "position:sticky;left:0"},
             {"selector": "tbody th, th:first-child", "props": "background-color:#fff"},
+            {"selector": "thead th", "props": "position:sticky;top:0;z-index:2;background-color:#fff"},
+            {"selector": "thead th:first-child", "props": "z-index:3"},
         ],
         overwrite=False,
     )
-    return HTML(f'<div class="driftscope-table" style="overflow-x:auto;max-width:100%">{styler.to_html()}</div>')
+    tall = len(styler.data) > LONG_TABLE
+    box = "overflow:auto;max-width:100%;max-height:70vh" if tall else "overflow-x:auto;max-width:100%"
+    return HTML(
+        f'<div class="driftscope-table{" driftscope-long" if tall else ""}" style="{box}">{styler.to_html()}</div>'
+    )
 
 
 def _cell(value):

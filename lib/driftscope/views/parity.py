@@ -355,7 +355,9 @@ def inputs_markdown(report: Report) -> str:
     prompt = inputs.get("text")
     if prompt:
         expect = prompt.get("expect") or []
-        words = f"expected words: {', '.join(code(w) for w in expect)}" if expect else "no expected words (`text.expect`)"
+        words = (
+            f"expected words: {', '.join(code(w) for w in expect)}" if expect else "no expected words (`text.expect`)"
+        )
         lines.append(
             f"Prompt ({text(prompt.get('tokens'))} tokens, {text(prompt.get('max_new_tokens'))} generated): "
             f"{code(prompt.get('prompt'))}; {words}"

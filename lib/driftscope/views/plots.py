@@ -156,7 +156,7 @@ def mutation_curves(report: Report) -> Figure:
     xs = np.arange(len(stages), dtype=float)
     shared = all("tolerance_used" in r for m in detected for r in m["rows"])
     metric, label = ("tolerance_used", "share of tolerance used") if shared else ("max_abs", "max |a - e|")
-    figure = Figure(figsize=(14, 2.6 * max(len(detected), 1) + 1.2), layout="constrained")
+    figure = Figure(figsize=(14, 3.8 * max(len(detected), 1) + 1.2), layout="constrained")
     axes = figure.subplots(max(len(detected), 1), 1, sharex=True, squeeze=False)[:, 0]
     every = report.rows
     real = [pair_series(report, key, stages, metric, every) for key in report.pair_keys()]
@@ -182,6 +182,8 @@ def mutation_curves(report: Report) -> Figure:
         axis.grid(True, alpha=0.3)
         axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), borderaxespad=0.0)
     stage_ticks(axes, stages, stage_blocks(report))
+    for axis in axes:  # every panel names its stages (a panel read alone must say where its star is)
+        axis.tick_params(axis="x", labelbottom=True)
     axes[-1].set_xlim(-0.7, len(stages) - 0.3)
     tolerance = "; black line: the tolerance" if shared else ""
     figure.suptitle(

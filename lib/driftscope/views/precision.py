@@ -118,10 +118,10 @@ def probes_frame(entry: dict):
             {
                 "probe": probe["index"],
                 "phase": probe["phase"],
-                "in float32": ", ".join(probe["f32"]) or "(nothing: the run as it was)",
-                "operators": probe["operators"],
                 "status": "pass" if probe["passed"] else "fail",
                 "tolerance used": probe["tolerance_used"],
+                "in float32": ", ".join(probe["f32"]) or "(nothing: the run as it was)",
+                "operators": probe["operators"],
                 "worst stage": probe["worst_stage"] or "",
                 "stages re-run": probe["recaptured"],
                 "seconds": probe["seconds"],
@@ -134,6 +134,7 @@ def probes_frame(entry: dict):
 def probe_curve(entry: dict):
     """Tolerance used (log) per probe, passing probes green, failing red; the line at 1 is the contract."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     from .notebook import describe
 
@@ -145,6 +146,7 @@ def probe_curve(entry: dict):
     axis.scatter(x, y, c=["#2a8a3a" if p["passed"] else "#c0392b" for p in probes], zorder=3)
     axis.axhline(1.0, color="#333", linestyle="--", linewidth=1)
     axis.set_yscale("log")
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))  # probes are counted
     axis.set_xlabel("probe")
     axis.set_ylabel("tolerance used (worst stage)")
     axis.set_title(f"{entry['candidate']}: probes of the precision search")
@@ -161,9 +163,10 @@ def show_probes(entry: dict) -> None:
     import matplotlib.pyplot as plt
     from IPython.display import display
 
+    from .interactive_more import probes_figure
     from .notebook import table
 
-    figure = probe_curve(entry)
-    display(figure)
-    plt.close(figure)
-    display(table(probes_frame(entry)))
+    shown = probes_figure(entry)  # hover a probe for what it kept in float32
+    display(shown)
+    plt.close(shown.fallback)
+    display(table(probes_frame(entry), wrap=("in float32", "worst stage"), fit=True))  # fits 1400 px, status in view

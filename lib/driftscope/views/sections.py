@@ -22,6 +22,7 @@ class Section:
     applies: Callable[..., bool]
     why_not: str  # why the page leaves it out, said after its title
     level: int = 2
+    part_of: str | None = None  # a subsection: left out with its section, said there once
 
 
 def _answer(report: Report) -> dict:
@@ -131,6 +132,26 @@ SECTIONS: dict[str, Section] = {
         _forced,
         "no candidate decoded teacher-forced",
     ),
+    "topk_map": Section(
+        "06",
+        "Top-k tolerance maps",
+        "The share of its tolerance the worst of the reference's top-k tokens uses at each step; `x` marks a step "
+        "that breaks it.",
+        _forced,
+        "",
+        level=3,
+        part_of="forced",
+    ),
+    "margins": Section(
+        "06",
+        "Margins against the error band",
+        "The reference's top-1 minus top-2 margin at each teacher-forced step, the error the candidate may make on it "
+        "(shaded) and the error it made; a dashed line marks a flip with its label.",
+        _forced,
+        "",
+        level=3,
+        part_of="forced",
+    ),
     "substitution": Section(
         "06",
         "Which side caused it: substitution",
@@ -169,10 +190,10 @@ SECTIONS: dict[str, Section] = {
         "06",
         "The KV cache, per layer and head",
         "Each decoder layer's cached keys (after RoPE) and values of every position, at the end of the prefill and "
-        "after the last teacher-forced step (prompt plus the reference's tokens: the same inputs in every runtime). Per "
-        "pair: which layer's cache first differs, at which step (one numbering on this page: step 0 is the prefill, "
-        "step i the decode call that feeds token i - 1 at position prompt length + i - 1 and gives token i) and head; "
-        "then the teacher-forced cache's relative error per layer and head.",
+        "after the last teacher-forced step (prompt plus the reference's tokens: the same inputs in every runtime). "
+        "Per pair: which layer's cache first differs, at which step (one numbering on this page: step 0 is the "
+        "prefill, step i the decode call that feeds token i - 1 at position prompt length + i - 1 and gives token i) "
+        "and head; then the teacher-forced cache's relative error per layer and head.",
         _cache,
         "no runtime's KV cache was compared",
         level=3,
@@ -203,6 +224,6 @@ def left_out(report: Report, page: str, **context) -> str:
     missing = [
         f"*{section.title}* ({section.why_not})"
         for section in SECTIONS.values()
-        if section.page == page and not section.applies(report, **context)
+        if section.page == page and section.part_of is None and not section.applies(report, **context)
     ]
     return f"Not on this page, as this run has nothing for them: {'; '.join(missing)}." if missing else ""

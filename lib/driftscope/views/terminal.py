@@ -35,9 +35,7 @@ def lineage_text(report: Report, label: str, shown: int = 6) -> str:
     steps = ["..." if entry is None else f"{entry['stage']} {_number(entry['max_excess'], 2)}" for entry in picked]
     at = ", ".join(f"{axis} {index}" for axis, index in (lineage.get("row_at") or {}).items())
     where = f"{lineage['unit']} row {lineage['raster_row']} ({at + '; ' if at else ''}raster order)"
-    return f"{where}, tolerance used per stage: " + " -> ".join(
-        steps
-    )
+    return f"{where}, tolerance used per stage: " + " -> ".join(steps)
 
 
 def summary(report: Report, form: str = "auto") -> str:

@@ -6,6 +6,7 @@ import math
 import subprocess
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 
@@ -272,14 +273,20 @@ def stage_commit_heatmap(out_root: Path, commits: list[str], run: str, pair: str
                 if stage in metrics and stage not in stage_order:
                     stage_order.append(stage)
         columns.append(metrics)
-    grid = np.array(
-        [[math.log10(max(c.get(s, np.nan), 1e-12)) if s in c else np.nan for c in columns] for s in stage_order]
-    )
+    values = np.array([[c.get(s, np.nan) if s in c else np.nan for c in columns] for s in stage_order], dtype=float)
+    positive = values[np.isfinite(values) & (values > 0)]
+    low = math.log10(positive.min()) if positive.size else 0.0
+    high = math.log10(positive.max()) if positive.size else 1.0
+    with np.errstate(divide="ignore", invalid="ignore"):  # exactly equal: below the scale (white), not 1e-12
+        grid = np.where(values > 0, np.log10(values), np.where(values == 0, low - 1.0, np.nan))
+    colours = matplotlib.colormaps["viridis"].with_extremes(under="#ffffff", bad="#d9d9d9")
     figure = Figure(figsize=(1.2 * len(commits) + 4, 0.16 * max(len(stage_order), 10) + 1.5), layout="constrained")
     axis = figure.subplots()
-    shown = axis.imshow(grid if grid.size else np.zeros((1, 1)), aspect="auto", cmap="viridis", interpolation="nearest")
+    shown = axis.imshow(grid if grid.size else np.zeros((1, 1)), aspect="auto", cmap=colours, interpolation="nearest",
+                        vmin=low, vmax=max(high, low + 1e-9))  # fmt: skip
     axis.set_xticks(range(len(commits)), commits, rotation=45, fontsize=8)
     axis.set_yticks(range(len(stage_order)), [s.replace("vision.", "") for s in stage_order], fontsize=6)
     axis.set_title(f"{run}: log10 max_abs per stage and commit" + (f" ({pair})" if pair else ""))
-    figure.colorbar(shown, ax=axis, label="log10 max_abs")
+    exact = int((values == 0).sum())
+    figure.colorbar(shown, ax=axis, label=f"log10 max_abs (white: exactly equal, {exact} cells; grey: not captured)")
     return figure

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
+from matplotlib.ticker import MaxNLocator
 
 from driftscope.core.markup import listed
 
@@ -82,11 +84,14 @@ def pooling_windows(image_path: str | Path, spec: CropSpec = CropSpec()) -> Figu
     figure = Figure(figsize=(10, 4.4), layout="constrained")
     axes = figure.subplots(1, 2)
     slots = spec.pooling[0] * spec.pooling[1]
+    colours = matplotlib.colormaps["viridis"].resampled(slots + 1)  # one colour per whole count of patches
     for axis, grid, name in ((axes[0], low, "low-res"), (axes[1], high, "high-res")):
-        shown = axis.imshow(grid, cmap="viridis", vmin=0, vmax=slots, interpolation="nearest")
+        shown = axis.imshow(grid, cmap=colours, vmin=-0.5, vmax=slots + 0.5, interpolation="nearest")
         padded = int((grid < slots).sum())
         axis.set_title(f"{name}: {grid.shape[0]}x{grid.shape[1]} tokens, {padded} padded", fontsize=9)
         axis.set_xlabel("token column")
         axis.set_ylabel("token row")
-    figure.colorbar(shown, ax=axes.tolist(), label="valid patches")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axis.yaxis.set_major_locator(MaxNLocator(integer=True))
+    figure.colorbar(shown, ax=axes.tolist(), label="valid patches", ticks=range(slots + 1))  # whole patches only
     return figure
