@@ -72,7 +72,7 @@ def test_the_replay_curve_marks_an_exact_block_instead_of_a_floor(tmp_path):
 
 
 def test_the_row_lineage_draws_a_missing_excess_along_the_top(tmp_path):
-    from driftscope.views.drill import row_lineage
+    from driftscope.views.lineage import row_lineage
 
     stages = [
         {"stage": "vision.block.0", "max_excess": 0.0, "relative_rms": 0.0},
@@ -125,7 +125,8 @@ def test_an_exactly_equal_cache_head_is_white_and_counted(tmp_path):
     shown = np.ma.getdata(figure.axes[0].images[0].get_array()).astype(float)
     assert np.isnan(shown).sum() == 4  # the four exact zeros: no colour
     assert np.allclose(shown[~np.isnan(shown)], np.log10([1e-3, 2e-5, 1e-2, 1e-4]))
-    assert "exactly equal (4 layer-heads)" in figure.axes[-1].get_ylabel()
+    assert "exactly equal (4 layer-heads)" in figure.get_suptitle()  # said above the panels (a colour bar's label
+    # long enough to say it was cut off at the figure's edge)
 
 
 def test_the_attribution_figure_marks_an_exact_reference(tmp_path):

@@ -89,7 +89,8 @@ def error_curves(
     """Per-stage error against execution order, one curve and marker per runtime pair: a gap where the pair did
     not compare a stage, "=" where it is exactly equal, the tolerance drawn where the metric has one (the range
     keeps headroom above it), counts on integer ticks, the stages grouped by block when there are many, and every
-    pair's first divergence starred. ``title``: the figure's own title (notebook 01's first screen has a heading)."""
+    pair's first divergence starred. ``title``: the figure's own title and the x axis's sentence (notebook 01's first
+    screen has a heading, and its paragraph below says what the marks are)."""
     stages = plotted_stages(report)
     figure = Figure(figsize=(14, height * len(metrics) + 1.3), layout="constrained")
     axes = figure.subplots(len(metrics), 1, sharex=True, squeeze=False)[:, 0]
@@ -125,9 +126,11 @@ def error_curves(
             axis.set_title("worst element's |a - e| / (atol + rtol·|e|) per stage: above 1 it fails", fontsize=9)
     stage_ticks(axes, stages, stage_blocks(report))
     axes[-1].set_xlim(-0.7, len(stages) - 0.3)
-    axes[-1].set_xlabel(
-        "stage, in execution order (★ and dashed line: a pair's first divergence; a gap: the pair did not compare it)"
-    )
+    if title:
+        axes[-1].set_xlabel(
+            "stage, in execution order (★ and dashed line: a pair's first divergence; a gap: the pair did not "
+            "compare it)"
+        )
     axes[0].legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, borderaxespad=0.0)
     if title:
         figure.suptitle(f"{report.data.get('name')}: error per stage, one curve per runtime pair", fontsize=11)

@@ -65,9 +65,9 @@ def _share(value) -> str:
     return "not compared" if value is None else f"{value:.3g}"
 
 
-def trial_line(report: Report, key: str) -> str:
+def trial_line(report: Report, key: str, named: bool = False) -> str:
     """The ready patch as the run tried it: the block (or stage), its worst stage before and after, and whether
-    it closes the error there; or why it was not tried."""
+    it closes the error there; or why it was not tried. ``named``: the sentence before named the patch."""
     trial = (report.data.get("patch_trials") or {}).get(key)
     if not trial:
         suggested = patch_text(report, key)
@@ -94,7 +94,8 @@ def trial_line(report: Report, key: str) -> str:
         else f"{len(trial.get('failing_after') or [])} stage(s) still fail: "
         + ", ".join(code(s) for s in trial.get("failing_after") or [])
     )
-    return f"Ready patch {patch} **tried on {where}** by the run ({trial.get('seconds', 0):.1f} s){change}; {verdict}."
+    said = "It was" if named else f"Ready patch {patch}"
+    return f"{said} **tried on {where}** by the run ({trial.get('seconds', 0):.1f} s){change}; {verdict}."
 
 
 def one_module(stage: str, rows: list[dict]) -> tuple[dict | None, list[str]]:
@@ -143,22 +144,18 @@ def quantized_mechanism(report: Report, key: str) -> str:
 
 def accumulation_markdown(report: Report, key: str, conclusion: dict) -> str:
     """Drift no operator introduces, in words: the candidate's rounding (its activation dtype) accumulating from
-    the onset, where it is amplified most, and where it first breaks the contract, with how many elements."""
+    the onset, and where it is amplified most (the table beside it says where it first breaks the contract)."""
     dtype = report.activations(key)
     onset = conclusion.get("onset") or conclusion.get("first_divergence")
     rounding = f"{text(dtype)} rounding" if dtype else "rounding"
-    said = f"no single operator introduces it: {rounding} accumulates from {code(onset)}"
+    said = f"{rounding} accumulates from {code(onset)} on"
     chain = conclusion.get("amplified") or []
     if chain:
         strongest = max(chain, key=lambda link: link.get("factor") or 0.0)
         said += f", amplified most at {code(strongest['stage'])}" + (
             f" (x{strongest['factor']:.3g})" if strongest.get("factor") else ""
         )
-    first = (report.data.get("first_divergence") or {}).get(key) or {}
-    if first.get("stage"):
-        said += f", until {code(first['stage'])}, where {first.get('failures', 0):,} of {first.get('elements', 0):,}"
-        said += " elements break the contract"
-    return said
+    return said + "; no single operator introduces it"
 
 
 def attribution_line(report: Report, key: str) -> str:
@@ -192,11 +189,12 @@ def finding_markdown(report: Report, key: str) -> str:
     else:
         mechanism = where_markdown(report, key) or text(conclusion.get("text", ""))
     lines = [f"**Finding, {code(report.pair_title(key))}**: {mechanism}."]
-    lines += [line for line in (trial_line(report, key), attribution_line(report, key)) if line]
+    named = bool(known.get("patch")) and patch == ((report.data.get("patch_trials") or {}).get(key) or {}).get("patch")
+    lines += [line for line in (trial_line(report, key, named), attribution_line(report, key)) if line]
     return "\n\n".join(lines)
 
 
-def banners(report: Report) -> str:
-    """Every failing pair's banner, one blockquote each (Markdown), failing pairs in the report's order."""
+def banners(report: Report) -> list[str]:
+    """Every failing pair's banner as one Markdown list item (its lines run on), in the report's order."""
     found = [finding_markdown(report, key) for key in report.pair_keys()]
-    return "\n\n".join("> " + said.replace("\n\n", "\n>\n> ") for said in found if said)
+    return ["- " + said.replace("\n\n", " ") for said in found if said]

@@ -1,10 +1,8 @@
-"""The interactive forms of notebook 06's KV-cache map and margin plot and of notebook 07's precision probes: plotly
-figures with the values under the cursor, each with its matplotlib figure as the static fallback
+"""The interactive forms of notebook 06's KV-cache map and margin plot (notebook 07's probes: ``views.precision``):
+plotly figures with the values under the cursor, each with its matplotlib figure as the static fallback
 (:class:`~driftscope.views.interactive.Interactive`: a page over the size budget shows the PNG)."""
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
@@ -87,38 +85,4 @@ def margins_figure(report: Report) -> Interactive:
                          title={"text": "logit margin along the greedy sequence (dashed: first differing token)",
                                 "font": {"size": 12}})  # fmt: skip
     fallback = margin_plot(report)
-    return Interactive(figure, fallback, "Interactive: " + alt_text(fallback))
-
-
-def probes_figure(entry: dict) -> Interactive:
-    """The precision search's probes in order: the worst stage's share of its tolerance (log), passing green,
-    failing red, the contract at 1; hover for the probe's phase, what it kept in float32 and its worst stage."""
-    import plotly.graph_objects as go
-
-    from .precision import probe_curve
-
-    probes = entry["probes"]
-    x = [p["index"] for p in probes]
-    y = [p["tolerance_used"] if p["tolerance_used"] and math.isfinite(p["tolerance_used"]) else None for p in probes]
-    custom = [[p["phase"], ", ".join(p["f32"]) or "nothing", p["worst_stage"] or "", "pass" if p["passed"] else "fail"]
-              for p in probes]  # fmt: skip
-    figure = go.Figure(
-        go.Scatter(
-            x=x,
-            y=y,
-            mode="lines+markers",
-            customdata=custom,
-            name="probes",
-            line={"color": "#999999", "width": 1},
-            marker={"size": 10, "color": ["#2a8a3a" if p["passed"] else "#c0392b" for p in probes]},
-            hovertemplate="probe %{x} (%{customdata[0]}): %{customdata[3]}<br>tolerance used %{y:.3g} at "
-            "%{customdata[2]}<br>in float32: %{customdata[1]}<extra></extra>",
-        )  # fmt: skip
-    )
-    figure.add_hline(y=1.0, line={"color": "#333333", "dash": "dash", "width": 1})
-    figure.update_xaxes(title_text="probe", dtick=1, tickformat="d")
-    figure.update_yaxes(title_text="tolerance used (worst stage)", type="log", exponentformat="power")
-    title = {"text": f"{entry['candidate']}: probes of the precision search", "font": {"size": 12}}
-    figure.update_layout(height=340, template="simple_white", showlegend=False, title=title)
-    fallback = probe_curve(entry)
     return Interactive(figure, fallback, "Interactive: " + alt_text(fallback))

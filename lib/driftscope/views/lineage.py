@@ -43,7 +43,8 @@ def row_words(lineage: dict) -> str:
     """Which token row a lineage follows: ``"token row 264 (crops 0, patches 264; patch unit, raster order)"`` where
     the family's rows span several axes, else ``"token row 12 (merged unit, raster order)"``."""
     at = ", ".join(f"{axis} {index}" for axis, index in (lineage.get("row_at") or {}).items())
-    return f"token row {lineage['raster_row']} ({at + '; ' if at else ''}{lineage['unit']} unit, raster order)"
+    unit = f"{lineage['unit']} unit, " if lineage.get("unit") else ""
+    return f"token row {lineage['raster_row']} ({at + '; ' if at else ''}{unit}raster order)"
 
 
 def row_lineage(report: Report, pair: str) -> Figure:

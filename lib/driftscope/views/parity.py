@@ -105,8 +105,10 @@ def verdict_markdown(report: Report) -> str:
     )
     if report.status != "complete":
         return head + f"\n\nRun **{text(report.status)}**: {text(report.stopped())}"
-    lines = [head, ""]
-    # each failing pair's suspected cause and ready patch are in the table below (divergence_frame)
+    from .finding import banners
+
+    lines = [head, "", *banners(report)]  # each failing pair's mechanism in words, its ready patch as the run tried it
+    # each failing pair's suspected cause and ready patch are in the table below too (divergence_frame)
     others = [r for r in verdict.get("reasons", []) if ": first divergence at " not in r]
     lines += [f"- {text(reason)}" for reason in others]
     lines += [f"- **warning**: {text(warning)}" for warning in data.get("warnings") or []]
@@ -213,14 +215,9 @@ def headline(report: Report):
     """Display the verdict, the first-divergence table and the tolerance curve (the first screen of 01)."""
     from IPython.display import Markdown, display
 
-    from .finding import banners
-
-    display(Markdown(verdict_markdown(report)))
+    display(Markdown(verdict_markdown(report)))  # with each failing pair's finding
     if report.status != "complete":
         return
-    found = banners(report)  # each failing pair's mechanism, its ready patch as tried, its quantized attribution
-    if found:
-        display(Markdown(found))
     cached = reference_cache_line(report)
     if cached:
         display(Markdown(cached))
@@ -228,7 +225,7 @@ def headline(report: Report):
         table(divergence_frame(report), highlight="verdict", wrap=HEADLINE_WRAP, fit=True, anywhere=("ready patch",))
     )
     if report.rows:
-        display(error_curves(report, metrics=("tolerance_used",), height=1.5, title=False))  # above the fold
+        display(error_curves(report, metrics=("tolerance_used",), height=1.2, title=False))  # above the fold
 
 
 def reference_cache_line(report: Report) -> str | None:

@@ -4,7 +4,13 @@ the verified run of the policy."""
 
 from __future__ import annotations
 
+import math
+from typing import TYPE_CHECKING
+
 from driftscope.core.markup import code
+
+if TYPE_CHECKING:
+    from .interactive import Interactive
 
 
 def load_run(params_path: str | None, out_dir: str | None = None):
@@ -163,10 +169,44 @@ def show_probes(entry: dict) -> None:
     import matplotlib.pyplot as plt
     from IPython.display import display
 
-    from .interactive_more import probes_figure
     from .notebook import table
 
     shown = probes_figure(entry)  # hover a probe for what it kept in float32
     display(shown)
     plt.close(shown.fallback)
     display(table(probes_frame(entry), wrap=("in float32", "worst stage"), fit=True))  # fits 1400 px, status in view
+
+
+def probes_figure(entry: dict) -> Interactive:
+    """The precision search's probes in order: the worst stage's share of its tolerance (log), passing green,
+    failing red, the contract at 1; hover for the probe's phase, what it kept in float32 and its worst stage."""
+    import plotly.graph_objects as go
+
+    from .interactive import Interactive
+    from .notebook import alt_text
+
+    probes = entry["probes"]
+    x = [p["index"] for p in probes]
+    y = [p["tolerance_used"] if p["tolerance_used"] and math.isfinite(p["tolerance_used"]) else None for p in probes]
+    custom = [[p["phase"], ", ".join(p["f32"]) or "nothing", p["worst_stage"] or "", "pass" if p["passed"] else "fail"]
+              for p in probes]  # fmt: skip
+    figure = go.Figure(
+        go.Scatter(
+            x=x,
+            y=y,
+            mode="lines+markers",
+            customdata=custom,
+            name="probes",
+            line={"color": "#999999", "width": 1},
+            marker={"size": 10, "color": ["#2a8a3a" if p["passed"] else "#c0392b" for p in probes]},
+            hovertemplate="probe %{x} (%{customdata[0]}): %{customdata[3]}<br>tolerance used %{y:.3g} at "
+            "%{customdata[2]}<br>in float32: %{customdata[1]}<extra></extra>",
+        )  # fmt: skip
+    )
+    figure.add_hline(y=1.0, line={"color": "#333333", "dash": "dash", "width": 1})
+    figure.update_xaxes(title_text="probe", dtick=1, tickformat="d")
+    figure.update_yaxes(title_text="tolerance used (worst stage)", type="log", exponentformat="power")
+    title = {"text": f"{entry['candidate']}: probes of the precision search", "font": {"size": 12}}
+    figure.update_layout(height=340, template="simple_white", showlegend=False, title=title)
+    fallback = probe_curve(entry)
+    return Interactive(figure, fallback, "Interactive: " + alt_text(fallback))
