@@ -75,6 +75,23 @@ def output_error(err: OSError, path) -> OutputError:
     )
 
 
+def did_you_mean(name: str, names: list[str], limit: int = 3) -> str:
+    """``"did you mean 'vision.block.5.mlp.act'? "`` for the names closest to a mistyped ``name`` (difflib's ratio,
+    dotted parts compared too), or "" when none is close."""
+    import difflib
+
+    close = difflib.get_close_matches(name, names, n=limit, cutoff=0.75)
+    if not close:  # a mistyped part of a long dotted id (``mlp.acts``) weighs little against the whole
+        parts = name.split(".")
+        same = [n for n in names if len(n.split(".")) == len(parts)]
+        scored = [
+            (sum(difflib.SequenceMatcher(None, a, b).ratio() for a, b in zip(parts, n.split("."), strict=True)), n)
+            for n in same
+        ]
+        close = [n for score, n in sorted(scored, reverse=True)[:limit] if score >= len(parts) - 0.5]
+    return f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+
+
 def some(names: list[str], limit: int = 5) -> str:
     """The first ``limit`` of ``names`` for an error message, and how many there are when that is not all."""
     return ", ".join(names[:limit]) + (f", ... ({len(names)} in all)" if len(names) > limit else "")

@@ -9,6 +9,8 @@
     run.rows                                    # every comparison row (pandas DataFrame)
     diff = run.pair("mlx:bf16").diff("vision.block.5")
     diff.max_abs, diff.worst, diff.delta        # candidate - reference, rows aligned as the comparison aligned them
+    run["mlx:f32"].sel("vision.block.5", tokens=12)   # by the stage's declared axis names; diff.sel(...) too
+    run["mlx:f32"].view("vision.block.5"), diff.view()  # treescope's array view, where treescope is installed
     run.report                                  # the run's Report (report.json)
 
 Nothing here runs a model or imports an ML framework: the arrays come from the TapSets on disk
@@ -18,7 +20,6 @@ and a difference render as HTML tables.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -27,11 +28,12 @@ from pathlib import Path
 import numpy as np
 
 from driftscope.core.markup import html_text as escape
-from driftscope.errors import ReportError, TapFileError, some
+from driftscope.errors import ReportError, TapFileError, did_you_mean, some
 from driftscope.judge.contract import Contract
 from driftscope.judge.layout import align
 from driftscope.judge.rows import ComparisonRow
 from driftscope.run.report import Report
+from driftscope.run.tap_views import axes_of, html_table, number, select, treescope_view
 from driftscope.taps.stages import orders_of
 from driftscope.taps.tapset import TapSet
 from driftscope.taps.tapunion import with_extras
@@ -44,19 +46,6 @@ def open_run(path: str | Path) -> Run:
 
     Raises :class:`~driftscope.errors.ReportError` when ``path`` holds no readable driftscope report."""
     return Run(Report.load(path))
-
-
-def _html_table(header: list[str], rows: list[list], caption: str = "") -> str:
-    head = "".join(f"<th>{escape(str(h))}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{escape(str(v))}</td>" for v in row) + "</tr>" for row in rows)
-    title = f"<caption style='text-align:left'>{escape(caption)}</caption>" if caption else ""
-    return f"<table>{title}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _number(value) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 class StageError(TapFileError, KeyError):
@@ -78,9 +67,22 @@ class Taps(Mapping):
         if stage_id not in self.tapset:
             raise StageError(
                 f"{self.label} captured no stage {stage_id!r}",
-                f"use one of its {len(self)} stages: {some(list(self), 8)} (`list(run[{self.label!r}])` lists them)",
+                f"{did_you_mean(stage_id, list(self))}use one of its {len(self)} stages: {some(list(self), 8)} "
+                f"(`list(run[{self.label!r}])` lists them)",
             )
         return self.tapset.mapped(stage_id)
+
+    def axes(self, stage_id: str) -> tuple[str, ...]:
+        """The names of ``stage_id``'s axes, as its sidecar declares them (e.g. ``("tokens", "hidden")``)."""
+        return axes_of(self.declaration(stage_id), len(self[stage_id].shape))
+
+    def sel(self, stage_id: str, **index) -> np.ndarray:
+        """``stage_id`` indexed by axis name, e.g. ``sel("vision.block.0", crops=0, patches=slice(0, 8))``."""
+        return select(self[stage_id], self.axes(stage_id), index, f"{self.label}'s {stage_id}")[0]
+
+    def view(self, stage_id: str):
+        """treescope's interactive view of the tap, its axes named (where treescope is installed)."""
+        return treescope_view(self[stage_id], self.axes(stage_id))
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.tapset.stage_ids())
@@ -111,7 +113,7 @@ class Taps(Mapping):
             [stage, "x".join(map(str, self.shape(stage))) or "scalar", self.tapset.stored_dtype(stage)]
             for stage in self
         ]
-        return _html_table(["stage", "shape", "stored"], rows, f"{self.label}: {len(self)} stages")
+        return html_table(["stage", "shape", "stored"], rows, f"{self.label}: {len(self)} stages")
 
 
 @dataclass
@@ -127,6 +129,7 @@ class Diff:
     rtol: float
     row: ComparisonRow | None = None
     note: str = ""
+    axes: tuple[str, ...] = ()  # the stage's declared axis names (``sel`` and ``view`` use them)
 
     @cached_property
     def delta(self) -> np.ndarray:
@@ -165,6 +168,18 @@ class Diff:
             "used": float(self.used[at]),
         }
 
+    def sel(self, **index) -> Diff:
+        """The difference at a part of the stage, by axis name: ``diff.sel(tokens=12)`` (both sides alike)."""
+        axes = self.axes or axes_of({}, self.delta.ndim)
+        what = f"{self.pair}'s {self.stage}"
+        reference, kept = select(self.reference, axes, index, what)
+        candidate, _ = select(self.candidate, axes, index, what)
+        return Diff(self.stage, self.pair, reference, candidate, self.atol, self.rtol, None, self.note, kept)
+
+    def view(self):
+        """treescope's interactive view of ``delta`` (coloured around zero, axes named), where it is installed."""
+        return treescope_view(self.delta, self.axes or axes_of({}, self.delta.ndim), around_zero=True)
+
     def __repr__(self) -> str:
         return f"<Diff {self.pair} at {self.stage}: max_abs {self.max_abs:.4g}, {self.failures} failures>"
 
@@ -172,20 +187,20 @@ class Diff:
         worst = self.worst
         rows = [
             ["shape", "x".join(map(str, self.delta.shape)) or "scalar"],
-            ["max |candidate - reference|", _number(self.max_abs)],
+            ["max |candidate - reference|", number(self.max_abs)],
             ["failures (over atol + rtol·|reference|)", f"{self.failures} of {self.delta.size}"],
             ["tolerance", f"atol {self.atol:g}, rtol {self.rtol:g}"],
             [
                 "worst element",
-                f"{worst.get('coords')}: {_number(worst.get('reference'))} -> "
-                f"{_number(worst.get('candidate'))} ({_number(worst.get('used'))} of its tolerance)",
+                f"{worst.get('coords')}: {number(worst.get('reference'))} -> "
+                f"{number(worst.get('candidate'))} ({number(worst.get('used'))} of its tolerance)",
             ],
         ]
         if self.row is not None:
-            rows.append(["the run's row", f"{self.row.status}, max_abs {_number(self.row.max_abs)}"])
+            rows.append(["the run's row", f"{self.row.status}, max_abs {number(self.row.max_abs)}"])
         if self.note:
             rows.append(["alignment", self.note])
-        table = _html_table(["", self.stage], rows, f"{self.pair}: {self.stage}")
+        table = html_table(["", self.stage], rows, f"{self.pair}: {self.stage}")
         if self.delta.ndim < 1 or not self.delta.size:
             return table
         return f"<div style='display:flex;gap:1em;align-items:flex-start'>{table}{self.heatmap_html()}</div>"
@@ -251,7 +266,7 @@ class Pair:
         if missing:
             raise StageError(
                 f"{' and '.join(missing)} captured no stage {stage_id!r}, so pair {self.key} has no difference there",
-                f"use a stage both sides captured, e.g. {some(self.stages, 6)}",
+                f"{did_you_mean(stage_id, self.stages)}use a stage both sides captured, e.g. {some(self.stages, 6)}",
             )
         alignment = align(stage_id, self.reference.tapset, self.candidate.tapset, orders_of(self.run.report.plan))
         if alignment.refusal:
@@ -263,9 +278,9 @@ class Pair:
                 "compare the two sides' arrays yourself: pair.reference[stage] and pair.candidate[stage]",
             )
         tolerance = self.run.contract.tolerance(stage_id)
-        return Diff(
-            stage_id, self.key, reference, candidate, tolerance.atol, tolerance.rtol, self.row(stage_id), alignment.note
-        )
+        axes = axes_of(self.reference.declaration(stage_id), reference.ndim)
+        row, note = self.row(stage_id), alignment.note
+        return Diff(stage_id, self.key, reference, candidate, tolerance.atol, tolerance.rtol, row, note, axes)
 
     def __repr__(self) -> str:
         return f"<Pair {self.candidate.label} vs {self.reference.label}: {len(self._rows)} stages>"
@@ -310,7 +325,8 @@ class Run:
     def _check_label(self, label: str) -> None:
         if label not in self.labels:
             raise TapFileError(
-                f"run {self.report.data.get('name')} has no runtime {label!r}", f"use one of {self.labels}"
+                f"run {self.report.data.get('name')} has no runtime {label!r}",
+                f"{did_you_mean(label, self.labels)}use one of {self.labels}",
             )
 
     def __getitem__(self, label: str) -> Taps:
@@ -335,7 +351,10 @@ class Run:
     def pair(self, key: str) -> Pair:
         """The judged pair ``key``: a candidate's label (against the reference) or an extra pair's key."""
         if key not in self.pairs:
-            raise ReportError(f"run {self.report.data.get('name')} judged no pair {key!r}", f"use one of {self.pairs}")
+            raise ReportError(
+                f"run {self.report.data.get('name')} judged no pair {key!r}",
+                f"{did_you_mean(key, self.pairs)}use one of {self.pairs}",
+            )
         reference, candidate = self.report.pair_tapsets(key)
         names = self._sides(key)
         rows = [row for row in self.report.rows if (row.pair or row.candidate) == key]
@@ -358,7 +377,7 @@ class Run:
         first = {(d.get("pair") or d.get("candidate")): d.get("stage") for d in self._first_divergences()}
         rows = [[key, first.get(key, "-")] for key in self.pairs]
         caption = f"{self.report.data.get('name')}: verdict {self.verdict} ({self.path})"
-        return _html_table(["pair", "first divergence"], rows, caption)
+        return html_table(["pair", "first divergence"], rows, caption)
 
     def _first_divergences(self) -> list[dict]:
         found = self.report.data.get("first_divergence") or {}

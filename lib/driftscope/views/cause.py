@@ -175,7 +175,9 @@ def patch_text(report: Report, key: str) -> str:
     trial = (report.data.get("patch_trials") or {}).get(key) or {}
     if trial.get("status") == "tried":  # the run tried it: say what it found there
         where = f"block {trial['block']}" if trial.get("block") is not None else ", ".join(trial.get("stages") or [])
-        return f"{trial['patch']} (tried on {where} by the run: {'closes it' if trial.get('closes') else 'still fails'})"
+        return (
+            f"{trial['patch']} (tried on {where} by the run: {'closes it' if trial.get('closes') else 'still fails'})"
+        )
     if conclusion.get("kind") in ("data", "unreplayed"):  # a stage no replay reaches: the pair run again with it
         patches = conclusion.get("ready_patches") or []
         return f"{', '.join(patches)} (run the pair again with it)" if patches else ""
