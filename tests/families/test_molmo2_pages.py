@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from conftest import ROOT
+from driftscope.run.report import Report
+from finding_support import shares_from_the_taps
+
+STAGE = "vision.block.0.mlp.act"
 
 
 def _words(html: str) -> str:
@@ -24,14 +29,31 @@ def test_the_gelu_defect_run_names_its_patch_on_the_first_screen(tmp_path):
     first = _words((out / "01_stage_parity.nocode.html").read_text())
     screen = first[: first.index("Stage table")]
     # the headline table's suspected cause and ready patch (issue 34 item 1)
-    # every block replay labels introduced is narrowed within the site budget (issue 50 item 6): the first ones to
-    # their GELU, the rest named as blocks
-    assert "introduced by 2 operators: vision.block.*.mlp.act (blocks 0-4;" in screen
-    assert "vision.block.* (blocks 5-24)" in screen
-    assert "driftscope.hypotheses:tanh_gelu (try on block 0 in notebook 02)" in screen
+    assert (
+        "introduced at vision.block.*.mlp.act (blocks 0-4; replayed whole, blocks 0-24 introduce error too)" in screen
+    )
+    assert "driftscope.hypotheses:tanh_gelu (tried on block 0 by the run: closes it)" in screen
     assert "driftscope.hypotheses:mlx_vlm_fixes" not in screen  # the candidate runs it already (skip: tanh_gelu)
+    # issue 53 item 1: the mechanism in words (the family's defect and the patch's docstring) and the ready patch as
+    # the run tried it on block 0, before and after, checked here against the TapSets
+    mechanism = "mlx-vlm's ViT MLP computes MLX's fast GELU, x * sigmoid(1.702 x), where the checkpoint declares the "
+    assert mechanism + "tanh GELU (gelu_pytorch_tanh)" in screen
+    assert "The ready patch tanh_gelu: Use the tanh-approximated GELU (torch's gelu_pytorch_tanh)" in screen
+    report = Report.load(out)
+    trial = report.data["patch_trials"]["mlx-without-tanh_gelu"]
+    assert (trial["status"], trial["block"], trial["closes"]) == ("tried", 0, True)
+    said = next(row for row in trial["rows"] if row["stage"] == STAGE)
+    before, after = shares_from_the_taps(report, "mlx-without-tanh_gelu", STAGE)
+    assert said["before_used"] == pytest.approx(before, rel=1e-4) and before > 100
+    assert said["after_used"] == pytest.approx(after, rel=1e-4) and after < 1
+    assert f"It was tried on block 0 by the run ({trial['seconds']:.1f} s): {STAGE} fail -> pass" in screen
+    # the worst failing element (0, 264, 15) is crop 0's patch 264, followed as such (issue 53 item 2)
+    lineage = report.data["lineage"]["mlx-without-tanh_gelu"]
+    assert lineage["coords"][:2] == [0, 264] and lineage["raster_row"] == 264
+    assert lineage["row_at"] == {"crops": 0, "patches": 264}
     drill = _words((out / "02_layer_drilldown.nocode.html").read_text())
-    assert "Ready patch" in drill and "driftscope.hypotheses:tanh_gelu" in drill
+    assert "token row 264 (crops 0, patches 264; patch unit, raster order)" in drill
+    assert mechanism in drill and "driftscope.hypotheses:tanh_gelu" in drill
     for page in (first, drill):
         assert "matches no stage" not in page and "Traceback" not in page
         assert not re.search(r"\bwindows?\b|M-RoPE|DeepStack", page, re.IGNORECASE), re.findall(

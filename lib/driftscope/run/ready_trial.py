@@ -27,8 +27,9 @@ def _used(row) -> float | None:
     return None if row is None or row.status not in ("pass", "fail") else share_of_tolerance(row)
 
 
-def summary(trial: Recapture) -> dict:
-    """What the report keeps of a trial: per stage the run's status and share of tolerance, then the patched ones."""
+def summary(trial: Recapture, directory=None) -> dict:
+    """What the report keeps of a trial: per stage the run's status and share of tolerance, then the patched ones,
+    and where the patched capture is (``tapset``, relative to ``directory``, the run's)."""
     rows = []
     for row in trial.rows:
         old = trial.before.get(row.stage)
@@ -51,6 +52,7 @@ def summary(trial: Recapture) -> dict:
         "failing_after": failing,
         "rows": rows,
         "seconds": round(trial.seconds, 2),
+        **({"tapset": str(trial.tapset.tensor_path.relative_to(directory))} if trial.tapset and directory else {}),
     }
 
 
@@ -89,7 +91,7 @@ def try_ready_patches(report: Report, log: Callable[[str], None], budget_s: floa
             trials[key] = {"status": "could not try", "patch": patches[0], "why": f"{type(err).__name__}: {err}"}
             log(f"  could not try it: {err}")
         else:
-            trials[key] = summary(trial)
+            trials[key] = summary(trial, report.directory)
             log(f"  {'closes it' if trials[key]['closes'] else 'still fails'} on {where} ({trial.seconds:.1f} s)")
         spent += time.perf_counter() - start
     return trials
