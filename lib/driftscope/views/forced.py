@@ -64,7 +64,7 @@ def topk_map(report: Report) -> Figure:
     """Per pair, the share of its tolerance the worst of the reference's top-k tokens uses at each step (k = 5,
     50, 1000, all): above 1 the step breaks the contract (hatched)."""
     pairs = _forced_pairs(report)
-    figure = Figure(figsize=(10, 0.9 + 1.1 * max(len(pairs), 1)), layout="constrained")
+    figure = Figure(figsize=(10, 0.9 + 1.7 * max(len(pairs), 1)), layout="constrained")
     axes = figure.subplots(max(len(pairs), 1), 1, squeeze=False)[:, 0]
     image = None
     for axis, pair in zip(axes, pairs, strict=False):

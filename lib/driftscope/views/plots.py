@@ -182,8 +182,9 @@ def mutation_curves(report: Report) -> Figure:
         axis.grid(True, alpha=0.3)
         axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), borderaxespad=0.0)
     stage_ticks(axes, stages, stage_blocks(report))
-    for axis in axes:  # every panel names its stages (a panel read alone must say where its star is)
-        axis.tick_params(axis="x", labelbottom=True)
+    size = axes[-1].get_xticklabels()[0].get_fontsize() if stages else 7
+    for axis in axes:  # every panel names its stages (a panel read alone must say where its star is), as the last
+        axis.tick_params(axis="x", labelbottom=True, labelrotation=90, labelsize=size)
     axes[-1].set_xlim(-0.7, len(stages) - 0.3)
     tolerance = "; black line: the tolerance" if shared else ""
     figure.suptitle(
