@@ -303,6 +303,25 @@ def rendered(tiny_checkpoint_dir):
 
 
 @pytest.fixture(scope="session")
+def answer_page(rendered):
+    """Notebook 06 (answer parity: ``rendered`` renders 01, 02 and 04) executed on a copy of ``rendered``'s run and
+    rendered: its no-code page, made once per test run."""
+
+    def render(base: Path):
+        import shutil
+
+        from driftscope.views.render import execute, to_html
+
+        _, out = rendered
+        shutil.copytree(out.parent, base / "run", ignore=shutil.ignore_patterns(".done"))
+        parameters = {"params_path": str(base / "run" / "p.yaml"), "out_dir": str(base / "run" / "out")}
+        to_html(execute("06_answer_parity", base / "pages", parameters, cwd=ROOT, log_output=False))
+        return base / "pages" / "06_answer_parity.nocode.html"
+
+    return computed_once("answer_page", render, lambda base: base / "pages" / "06_answer_parity.nocode.html")
+
+
+@pytest.fixture(scope="session")
 def crashed(tiny_checkpoint_dir):
     """``driftscope run`` of a run whose MLX candidate's patch raises while it loads, with notebooks 01 and 02:
     (exit code, everything it printed, output directory), run once per test run and shared by every worker."""

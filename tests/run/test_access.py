@@ -113,3 +113,50 @@ def test_wrong_names_say_what_exists(finished, tmp_path):
         run.pair("iree:f32")
     with pytest.raises(ReportError, match="holds no report.json"):
         driftscope.open_run(tmp_path)
+
+
+def test_a_mistyped_name_gets_a_did_you_mean(finished):
+    """Issue 53 item 10: a stage, runtime or pair one typo away from a real one is named in the fix."""
+    run = driftscope.open_run(finished)
+    with pytest.raises(TapFileError, match=r"(?s)no stage 'vision.block.5.mlp.acts'.*did you mean 'vision.block.5"):
+        run["mlx:f32"]["vision.block.5.mlp.acts"]
+    with pytest.raises(TapFileError, match=r"(?s)no runtime 'mlx:fp32'.*did you mean 'mlx:f32'"):
+        run["mlx:fp32"]
+    with pytest.raises(ReportError, match=r"(?s)no pair 'mlx:bf61'.*did you mean 'mlx:bf16'"):
+        run.pair("mlx:bf61")
+    with pytest.raises(TapFileError, match=r"(?s)no stage 'vision.blok.3'.*did you mean 'vision.block.3'"):
+        run.pair("mlx:bf16").diff("vision.blok.3")
+    with pytest.raises(TapFileError) as nothing_close:
+        run["mlx:f32"]["zzz"]
+    assert "did you mean" not in str(nothing_close.value)
+
+
+def test_taps_and_differences_by_their_axis_names(finished):
+    """``sel`` indexes by the sidecar's declared axis names (checked against the raw file with numpy), an unknown
+    name says the names there are; a difference keeps its names; treescope shows both where it is installed."""
+    run = driftscope.open_run(finished)
+    taps = run["mlx:f32"]
+    arrays, _ = raw(finished, "mlx:f32")
+    assert taps.axes("vision.block.3") == ("tokens", "hidden")
+    np.testing.assert_array_equal(taps.sel("vision.block.3", tokens=7), arrays["vision.block.3"][7])
+    np.testing.assert_array_equal(taps.sel("vision.block.3", hidden=slice(2, 5)), arrays["vision.block.3"][:, 2:5])
+    with pytest.raises(TapFileError, match=r"(?s)no axis 'token'.*did you mean 'tokens'"):
+        taps.sel("vision.block.3", token=7)
+    diff = run.pair("mlx:bf16").diff("vision.block.3")
+    assert diff.axes == ("tokens", "hidden")
+    row = diff.sel(tokens=7)
+    assert row.axes == ("hidden",) and np.array_equal(row.delta, diff.delta[7])
+    pytest.importorskip("treescope")
+    assert type(taps.view("vision.block.3")).__name__ == "TreescopeFigure"
+    assert type(diff.view()).__name__ == "TreescopeFigure"
+
+
+def test_without_treescope_the_view_says_how_to_get_it(finished, monkeypatch):
+    import sys
+
+    from driftscope.errors import RuntimeUnavailableError
+
+    monkeypatch.setitem(sys.modules, "treescope", None)  # as a machine without it: `import treescope` fails
+    run = driftscope.open_run(finished)
+    with pytest.raises(RuntimeUnavailableError, match="(?s)treescope is not installed.*pip install treescope"):
+        run["mlx:f32"].view("vision.block.3")

@@ -122,3 +122,12 @@ def test_the_explorer_recomputes_what_the_pickers_choose(rendered):
     profile = explorer.figures["channel"].figure.data[2]  # |a - e| of channel 3 along the tokens
     assert np.allclose(np.asarray(profile.y, dtype=np.float64), diff[:, 3], rtol=1e-5, atol=1e-12)
     assert "mlx:f32" in explorer.note.value and stage in explorer.note.value
+    # issue 53 item 9: the chosen pair's curve stands out (the others faded), and the pickers wrap on a narrow page
+    curve = explorer.figures["curve"].figure
+    chosen = [t for t in curve.data if t.legendgroup == "mlx:f32"]
+    assert chosen and all(t.opacity == 1.0 for t in chosen) and any(t.line.width == 3 for t in chosen)
+    assert all(t.opacity < 0.5 for t in curve.data if t.legendgroup not in (None, "mlx:f32"))
+    pickers = explorer.box.children[0]
+    assert pickers.layout.flex_flow == "row wrap" and pickers.layout.max_width == "100%"
+    widths = [float(w.layout.width.removesuffix("em")) for w in pickers.children]
+    assert sum(widths) * 14 <= 1400  # em at the lab's 14 px: the four fit one row of a 1400 px page

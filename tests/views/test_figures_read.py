@@ -6,7 +6,6 @@ tables scrolling in their own box with their header kept. By default the fixture
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 from chromium import chromium, needs_chromium
@@ -20,19 +19,6 @@ pytestmark = needs_chromium
 def browser():
     with chromium() as driver:
         yield driver
-
-
-@pytest.fixture(scope="module")
-def answer_page(rendered, tmp_path_factory):
-    """Notebook 06 (answer parity) rendered on a copy of the fixture run (which renders 01, 02 and 04 only)."""
-    from driftscope.views.render import execute, to_html
-
-    _, out = rendered
-    copy = tmp_path_factory.mktemp("answer") / "rendered"
-    shutil.copytree(out.parent, copy, ignore=shutil.ignore_patterns(".done"))
-    parameters = {"params_path": str(copy / "p.yaml"), "out_dir": str(copy / "out")}
-    executed = execute("06_answer_parity", copy / "pages", parameters, cwd=ROOT, log_output=False)
-    return to_html(executed)[1]
 
 
 def test_the_fixture_runs_pages_read(browser, rendered, answer_page):
