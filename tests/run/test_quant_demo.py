@@ -76,3 +76,30 @@ def test_notebook_02_shows_the_quantized_section(demo):
     assert FIRST_LINEAR.replace("_", "\\_") in html or FIRST_LINEAR in html
     section = [cell for cell in notebook["cells"] if "quantized_items" in "".join(cell["source"])][0]
     assert any("image/png" in o.get("data", {}) for o in section["outputs"])  # the attribution plot
+
+
+def test_the_first_screens_give_one_answer_for_the_fused_qkv(demo):
+    """Issue 53 item 1: notebook 01's first screen and notebook 02's top name the module the replay and the linear
+    controls both speak of once, with the q, k and v it computes, and the closer-to attribution beside it; the
+    quantized section of 02 says the same (no "attn.v" for a module 01 calls "attn.q")."""
+    import html
+    import re
+
+    _, out, report = demo
+
+    def words(name: str) -> str:
+        page = (out / f"{name}.nocode.html").read_text()
+        said = re.sub(r"\s+", " ", re.sub(r"<style.*?</style>|<script.*?</script>|<[^>]+>", " ", page, flags=re.S))
+        return html.unescape(re.sub(r"\s+([:;,.)])", r"\1", re.sub(r"\(\s+", "(", said)))
+
+    stages = ", ".join(f"vision.block.0.attn.{c}" for c in "qkv")
+    one = f"introduces the error at the quantized linear {FIRST_LINEAR} ({stages})"
+    first = words("01_stage_parity")
+    screen = first[: first.index("Stage table")]
+    assert "the fused kernel on float16 activations " + one in screen
+    assert "Closer-to attribution: " + report["attribution"]["verdict"] in screen
+    drill = words("02_layer_drilldown")
+    top = drill[: drill.index("Introduced, inherited or amplified")]
+    assert one in top and "Closer-to attribution" in top
+    assert f"Same-input linear replay, mlx:q4-f16: the fused kernel on float16 activations {one}" in drill
+    assert f"{FIRST_LINEAR} (vision.block.0.attn.v)" not in drill.split("Progress log")[0]  # the log is the run's
