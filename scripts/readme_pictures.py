@@ -6,8 +6,9 @@
 demo-shapes: docs/images/demo_error_curves.png (notebook 01's error curves: share of tolerance, max |a - e|,
 failures; the static form, which the README shows), docs/images/demo_first_screen.png (notebook 01's
 .nocode.html as headless Chromium shows it at 1400x900) and docs/images/demo_pictures.json (what the pictured run
-found: each failing pair's first divergence and failure count; tests/views/test_readme_pictures.py checks the README's
-captions against it, and a slow test checks it against a fresh run of the demo).
+found: each failing pair's first divergence and failure count, and the date and commit of the run, which the
+captions name the pictures by; tests/views/test_readme_pictures.py checks the README's captions against it, and a
+slow test checks it against a fresh run of the demo).
 
 case-layer17: docs/images/case17_first_screen.png (the same screen) and, from the executed notebook 02,
 case17_blocks.png (accumulated vs op-local error per block) and case17_channels.png (the channel map).
@@ -49,7 +50,8 @@ def summary(run: Path) -> Path:
                 "atol_bound_failures": found.get("atol_bound_failures"),
             }
     target = IMAGES / "demo_pictures.json"
-    written = {"run": report.data.get("name"), "verdict": report.verdict, "first_divergence": failing}
+    made = {"commit": report.data.get("commit"), "date": str(report.data.get("created", ""))[:10]}  # the figures' name
+    written = {"run": report.data.get("name"), "verdict": report.verdict, "first_divergence": failing, **made}
     target.write_text(json.dumps(written, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     return target
 
