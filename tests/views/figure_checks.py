@@ -47,7 +47,8 @@ return Array.from(document.querySelectorAll('div.js-plotly-plot')).map(plot => {
 """
 
 TABLES = """
-return Array.from(document.querySelectorAll('div.driftscope-table')).filter(b => b.querySelectorAll('tbody tr').length > 30)
+return Array.from(document.querySelectorAll('div.driftscope-table'))
+  .filter(b => b.querySelectorAll('tbody tr').length > 30)
   .map(b => {
     const style = getComputedStyle(b);
     const head = b.querySelector('thead th');

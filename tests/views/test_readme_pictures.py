@@ -35,9 +35,10 @@ def test_the_readme_captions_match_the_pictured_run():
         said = re.findall(r"here (\d+) of (\d+) failures are", captions)
         assert said == [(str(failing["atol_bound_failures"]), str(failing["failures"]))]
     # each picture is named by the date and commit of the run it shows (issue 53)
-    assert re.findall(r"made on (\d{4}-\d{2}-\d{2}) from commit `([^`]+)`", captions) == [
-        (pictured["date"], pictured["commit"])
-    ] * 2
+    assert (
+        re.findall(r"made on (\d{4}-\d{2}-\d{2}) from commit `([^`]+)`", captions)
+        == [(pictured["date"], pictured["commit"])] * 2
+    )
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     for picture in ("demo_first_screen.png", "demo_error_curves.png"):
         assert (IMAGES / picture).stat().st_size > 10_000 and f"](docs/images/{picture})" in readme
