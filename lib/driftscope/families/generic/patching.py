@@ -156,3 +156,17 @@ def mlx_vlm_port(model: Any, model_type: str, patch: str) -> Any:
             f"apply it to the mlx runtime of a {model_type} checkpoint",
         )
     return model
+
+
+def mlx_closes(defects: dict[str, tuple[tuple[str, ...], str]], whole: str, model_type: str) -> dict[str, dict]:
+    """A fix module's ``CLOSES`` for mlx-vlm's port of ``model_type``: each patch by name from ``defects`` (the stages
+    where its defect is introduced, and the defect in words), and ``whole``, the patch applying all of them (every
+    stage, every defect said)."""
+    closes = {
+        name: {"runtimes": ("mlx",), "stages": stages, "model_types": (model_type,), "defect": defect}
+        for name, (stages, defect) in defects.items()
+    }
+    every = tuple(stage for stages, _ in defects.values() for stage in stages)
+    said = "; ".join(defect for _, defect in defects.values())
+    closes[whole] = {"runtimes": ("mlx",), "stages": every, "model_types": (model_type,), "defect": said}
+    return closes

@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from ....errors import HypothesisPatchError
-from ..patching import mlx_activation, mlx_call, mlx_methods
+from ..patching import mlx_activation, mlx_call, mlx_closes, mlx_methods
 
 __all__ = [
     "hunyuan_vl_fixes",
@@ -35,22 +35,22 @@ __all__ = [
     "hunyuan_vl_xdrope_sections",
 ]
 
-_STAGES = {
-    "hunyuan_vl_vision_hidden_act": ("vision.block.*.mlp", "vision.patch_merger.proj_act"),
-    "hunyuan_vl_xdrope_positions": ("text.layer.*.self_attn",),
-}
-_STAGES["hunyuan_vl_fixes"] = tuple(stage for stages in _STAGES.values() for stage in stages)
-_DEFECTS = {
-    "hunyuan_vl_vision_hidden_act": "mlx-vlm's vision tower reads vision_config.hidden_act and never uses it: its "
-    "block MLP and patch merger apply the exact GELU where transformers applies hidden_act",
-    "hunyuan_vl_xdrope_positions": "mlx-vlm's XD-RoPE positions start an image at every image token and stack the "
-    "axes [p, t, h, w] where transformers orders them [p, w, h, t]",
-}
-_DEFECTS["hunyuan_vl_fixes"] = "; ".join(_DEFECTS.values())
-CLOSES = {
-    name: {"runtimes": ("mlx",), "stages": stages, "model_types": ("hunyuan_vl",), "defect": _DEFECTS[name]}
-    for name, stages in _STAGES.items()
-}
+CLOSES = mlx_closes(
+    {
+        "hunyuan_vl_vision_hidden_act": (
+            ("vision.block.*.mlp", "vision.patch_merger.proj_act"),
+            "mlx-vlm's vision tower reads vision_config.hidden_act and never uses it: its "
+            "block MLP and patch merger apply the exact GELU where transformers applies hidden_act",
+        ),
+        "hunyuan_vl_xdrope_positions": (
+            ("text.layer.*.self_attn",),
+            "mlx-vlm's XD-RoPE positions start an image at every image token and stack the "
+            "axes [p, t, h, w] where transformers orders them [p, w, h, t]",
+        ),
+    },
+    "hunyuan_vl_fixes",
+    "hunyuan_vl",
+)
 CLOSES["hunyuan_vl_xdrope_sections"] = {
     "runtimes": ("transformers",),
     "stages": ("text.layer.*.self_attn",),

@@ -27,29 +27,32 @@ from typing import Any
 
 import numpy as np
 
-from ..patching import checkpoint_config, mlx_activation, mlx_call, mlx_vlm_port
+from ..patching import checkpoint_config, mlx_activation, mlx_call, mlx_closes, mlx_vlm_port
 
 __all__ = ["idefics2_fixes", "idefics2_position_ids", "idefics2_sliding_window", "idefics2_tanh_gelu"]
 
-_STAGES = {
-    "idefics2_position_ids": ("vision.embeddings.position_embedding.input",),
-    "idefics2_tanh_gelu": ("vision.block.*.mlp.activation_fn",),
-    "idefics2_sliding_window": ("text.layer.*.self_attn",),
-}
-_STAGES["idefics2_fixes"] = tuple(stage for stages in _STAGES.values() for stage in stages)
-_DEFECTS = {
-    "idefics2_position_ids": "mlx-vlm buckets the vision patch positions with other boundaries than transformers "
-    "(n values from 1/n, digitize(right=True) - 1): every position id differs, the first row and column read -1",
-    "idefics2_tanh_gelu": "mlx-vlm's vision MLP computes the fast GELU x * sigmoid(1.702 x) whatever the checkpoint's "
-    "vision hidden_act declares (the tanh GELU by default)",
-    "idefics2_sliding_window": "mlx-vlm's Mistral text model attends causally over the whole prompt, where "
-    "transformers masks each query to the last sliding_window positions",
-}
-_DEFECTS["idefics2_fixes"] = "; ".join(_DEFECTS.values())
-CLOSES = {
-    name: {"runtimes": ("mlx",), "stages": stages, "model_types": ("idefics2",), "defect": _DEFECTS[name]}
-    for name, stages in _STAGES.items()
-}
+CLOSES = mlx_closes(
+    {
+        "idefics2_position_ids": (
+            ("vision.embeddings.position_embedding.input",),
+            "mlx-vlm buckets the vision patch positions with other boundaries than transformers "
+            "(n values from 1/n, digitize(right=True) - 1): every position id differs, the first row and column "
+            "read -1",
+        ),
+        "idefics2_tanh_gelu": (
+            ("vision.block.*.mlp.activation_fn",),
+            "mlx-vlm's vision MLP computes the fast GELU x * sigmoid(1.702 x) whatever the checkpoint's "
+            "vision hidden_act declares (the tanh GELU by default)",
+        ),
+        "idefics2_sliding_window": (
+            ("text.layer.*.self_attn",),
+            "mlx-vlm's Mistral text model attends causally over the whole prompt, where "
+            "transformers masks each query to the last sliding_window positions",
+        ),
+    },
+    "idefics2_fixes",
+    "idefics2",
+)
 
 #: model type -> runtime -> the ready patch that closes every defect found in that runtime's port of it (the
 #: sweep runs each failing model type again with these)

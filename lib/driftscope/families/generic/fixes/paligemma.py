@@ -21,26 +21,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..patching import mlx_call, mlx_vlm_port
+from ..patching import mlx_call, mlx_closes, mlx_vlm_port
 
 __all__ = ["paligemma_fixes", "paligemma_image_scale", "paligemma_positions_from_one"]
 
-_STAGES = {
-    "paligemma_image_scale": ("text.layer.0.input",),
-    "paligemma_positions_from_one": ("text.cache.*.keys",),
-}
-_STAGES["paligemma_fixes"] = tuple(stage for stages in _STAGES.values() for stage in stages)
-_DEFECTS = {
-    "paligemma_image_scale": "mlx-vlm divides the image features by the square root of the composite config's "
-    "hidden_size (2048 by default), not the text model's width its embedding scale multiplies them by",
-    "paligemma_positions_from_one": "mlx-vlm rotates queries and keys from position 0, where transformers' "
-    "PaliGemma counts positions from 1: the KV cache holds keys rotated one position apart",
-}
-_DEFECTS["paligemma_fixes"] = "; ".join(_DEFECTS.values())
-CLOSES = {
-    name: {"runtimes": ("mlx",), "stages": stages, "model_types": ("paligemma",), "defect": _DEFECTS[name]}
-    for name, stages in _STAGES.items()
-}
+CLOSES = mlx_closes(
+    {
+        "paligemma_image_scale": (
+            ("text.layer.0.input",),
+            "mlx-vlm divides the image features by the square root of the composite config's "
+            "hidden_size (2048 by default), not the text model's width its embedding scale multiplies them by",
+        ),
+        "paligemma_positions_from_one": (
+            ("text.cache.*.keys",),
+            "mlx-vlm rotates queries and keys from position 0, where transformers' "
+            "PaliGemma counts positions from 1: the KV cache holds keys rotated one position apart",
+        ),
+    },
+    "paligemma_fixes",
+    "paligemma",
+)
 
 #: model type -> runtime -> the ready patch that closes every defect found in that runtime's port of it (the
 #: sweep runs each failing model type again with these)
