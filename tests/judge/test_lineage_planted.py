@@ -1,8 +1,9 @@
 """The worst row's lineage follows the token the family lays out (issue 53 item 2): a defect planted in one token's
 row of one block's output, on each family's own capture, is named as that token, in raster order over the axes that
-index the family's rows (Molmo2's crops and patches, Qwen2.5-VL's window order restored), and every earlier stage
-of that token is clean. Where the planted row sits is computed here from the family's geometry, not from the
-lineage's own mapping. The generic family lays out no tokens: its lineage says so (None)."""
+index the family's rows (Molmo2's crops and patches, Qwen2.5-VL's window order restored, the raster order of Qwen3-VL
+and Qwen3-VL-MoE), and every earlier stage of that token is clean. Where the planted row sits is computed here from
+the family's geometry, not from the lineage's own mapping. The generic family lays out no tokens: its lineage says
+so (None)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def _window_position(checkpoint, reference, token: int) -> int:
     return int(np.flatnonzero(np.asarray(index) == token // merged)[0]) * merged + token % merged
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl", "molmo2"])
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "molmo2"])
 def test_a_planted_token_is_followed_as_that_token(family, runs, tiny, tmp_path):
     checkpoint, _, plan = tiny(family)
     _, reference = runs(family, "transformers")

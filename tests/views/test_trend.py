@@ -1,12 +1,15 @@
 """``driftscope diff A B --fail-on worse`` (views.trend): a run, or a stage judged in A, missing in B is a failure of
 the comparison unless ``--allow-missing``, and so is a run of B that did not complete (issue 49 item 6); a factor
-that judges nothing is refused (item 7). The reports are written by hand: only what diff reads."""
+that judges nothing is refused (item 7); the stage-by-commit heat map draws exact zeros as such (issue 53 item 5). The
+reports are written by hand: only what diff and the heat map read."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import matplotlib
+import pytest
 from driftscope.cli import main
 
 
@@ -84,3 +87,27 @@ def test_49_6_two_run_directories_of_one_run_name_are_not_one_run(tmp_path, caps
     report(tmp_path, "b", "one", same)
     code, out = diff(capsys, tmp_path)
     assert code == 2 and "two run directories hold a run named 'one': " in out
+
+
+def test_53_5_the_trend_heatmap_draws_exact_zeros_white_not_at_1e_minus_12(tmp_path):
+    """An exactly equal stage is its own colour (white, below the scale, counted in the colour bar's label), the
+    scale spans only the measured nonzero errors, and a stage one commit did not capture is grey."""
+    import math
+
+    import numpy as np
+    from driftscope.views.trend import stage_commit_heatmap
+
+    report(tmp_path, "a", "demo", {"vision.patch_embed": 0.0, "vision.block.0": 1e-3, "vision.block.1": 1e-1})
+    report(tmp_path, "b", "demo", {"vision.patch_embed": 0.0, "vision.block.0": 1e-2})
+    figure = stage_commit_heatmap(tmp_path, ["a", "b"], "demo")
+    axis = figure.axes[0]
+    (image,) = axis.get_images()
+    grid = np.ma.getdata(image.get_array())
+    low, high = image.get_clim()
+    assert (low, high) == (math.log10(1e-3), math.log10(1e-1))  # not stretched down to 1e-12 by the zeros
+    assert np.all(grid[0] < low)  # the exact zeros: below the scale, drawn as the colour map's "under"
+    assert image.cmap.get_under() == pytest.approx((1.0, 1.0, 1.0, 1.0))
+    assert grid[1].tolist() == pytest.approx([-3.0, -2.0]) and np.isnan(grid[2, 1])  # b did not capture block 1
+    assert image.cmap.get_bad() == pytest.approx(matplotlib.colors.to_rgba("#d9d9d9"))
+    (bar,) = [a for a in figure.axes if a is not axis]
+    assert "white: exactly equal, 2 cells" in bar.get_ylabel()
