@@ -17,10 +17,10 @@ IMAGES = ROOT / "docs" / "images"
 
 
 def _captions() -> str:
-    """The README's italic captions under the demo's two pictures."""
+    """The README's italic captions under the demo's two pictures, their lines joined (a phrase may wrap)."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     start = readme.index("(docs/images/demo_first_screen.png)")
-    return readme[start : readme.index("## ", start)]
+    return " ".join(readme[start : readme.index("## ", start)].split())
 
 
 def test_the_readme_captions_match_the_pictured_run():
