@@ -25,6 +25,13 @@ class TextInputs:
     #: the reference's greedy tokens [max_new_tokens], set once the reference has decoded: every candidate that
     #: decodes is also fed these, teacher-forced (``text.forced.*``); None for the reference itself, which free-runs
     forced: np.ndarray | None = None
+    #: the reference's answer a candidate's decode weighs its own against, to take teacher forcing and the KV-cache
+    #: taps only where its answer is in question (``taps.answer_question``): ``tokens`` and ``margins`` [steps], its
+    #: ``top_tokens`` and ``top_logits`` [steps, k] (descending); empty: every forced candidate takes them
+    reference_answer: dict[str, np.ndarray] = field(default_factory=dict)
+    #: the rule that weighs it: ``mode`` ("auto", or "always": the parameter file's ``text.forced``) and the
+    #: contract's ``top5`` and ``margins`` tolerances as ``[atol, rtol, max_failure_fraction]``
+    evidence_rule: dict | None = None
     #: substitution (``run.substitution``): rows [image tokens, hidden] that replace the runtime's own merged image
     #: embeddings at the image slots of the prefill (another runtime's ``text.embeds.image``); None: its own
     image_embeds: np.ndarray | None = None
