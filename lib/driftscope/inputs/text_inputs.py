@@ -103,5 +103,51 @@ def load_tokenizer(path: str | Path):
         ) from err
 
 
+#: tokenizer classes that encode as their tokenizer.json does (transformers' ``TokenizersBackend`` and Qwen's: no
+#: special tokens or normalization added around the file's own pipeline)
+FILE_TOKENIZERS = ("TokenizersBackend", "Qwen2Tokenizer", "Qwen2TokenizerFast")
+
+
+class FileTokenizer:
+    """A checkpoint's ``tokenizer.json`` through the ``tokenizers`` library alone (transformers' ``AutoTokenizer``
+    imports torch on the way): ``tokenizer(text)["input_ids"]`` and ``convert_tokens_to_ids`` as transformers' fast
+    tokenizer gives them for :data:`FILE_TOKENIZERS` (tests/inputs/test_text_inputs.py holds them equal)."""
+
+    def __init__(self, path: Path, config: dict):
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_file(str(path))
+        self.bos_token, self.eos_token = _token(config.get("bos_token")), _token(config.get("eos_token"))
+
+    def __call__(self, text: str) -> dict:
+        return {"input_ids": self.tokenizer.encode(text).ids}
+
+    def convert_tokens_to_ids(self, tokens: str | list[str]):
+        if isinstance(tokens, str):
+            return self.tokenizer.token_to_id(tokens)
+        return [self.tokenizer.token_to_id(token) for token in tokens]
+
+
+def _token(value) -> str | None:
+    """A special token as tokenizer_config.json states it (a string, or an added token's ``content``)."""
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def prompt_tokenizer(path: str | Path):
+    """What encodes a prompt: the checkpoint's ``tokenizer.json`` alone where its class adds nothing to it
+    (:class:`FileTokenizer`), else transformers' tokenizer (:func:`load_tokenizer`)."""
+    import json
+
+    folder = Path(path)
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    if (folder / "tokenizer.json").exists() and isinstance(config, dict):
+        if config.get("tokenizer_class") in FILE_TOKENIZERS and not config.get("add_bos_token"):
+            return FileTokenizer(folder / "tokenizer.json", config)
+    return load_tokenizer(folder)
+
+
 def decode(checkpoint, tokens: list[int]) -> str:
     return load_tokenizer(checkpoint.path).decode([int(t) for t in tokens], skip_special_tokens=False)
