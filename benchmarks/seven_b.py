@@ -51,7 +51,7 @@ def vm_hwm() -> int:
 
 
 def child(args) -> None:
-    """In a fresh process: one capture (``--capture``) or one plain forward (``--plain``), as JSON on stdout."""
+    """In a fresh process: one capture into ``--capture``, or else one plain forward; its figures as JSON on stdout."""
     from driftscope.capture.runtimes import get_runtime
     from driftscope.families.checkpoints import open_checkpoint
     from driftscope.model.blas import mlx_blas
@@ -68,7 +68,8 @@ def child(args) -> None:
         tapset = runtime.capture(inputs, whole_plan(checkpoint, TOKENS), Path(args.capture))
         seconds, record = runtime.timings["capture_s"], tapset.meta.get("streamed")
     else:
-        seconds = plain_whole(runtime, inputs, Path(tempfile.mkdtemp(prefix="driftscope-plain-")))
+        with tempfile.TemporaryDirectory(prefix="driftscope-plain-") as scratch:  # the final taps, not kept
+            seconds = plain_whole(runtime, inputs, Path(scratch))
         streamer = getattr(runtime, "_streamer", None)
         record = streamer.record() if streamer is not None else None
     print(json.dumps({"load_s": load_s, "seconds": seconds, "hwm": vm_hwm(), "streamed": record}))
@@ -244,17 +245,18 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.child:
         return child(args)
+    if args.check == args.investigate:
+        parser.error("say --check or --investigate")
     from make_3b_shaped import ensure_7b, ensure_whole
 
     out = Path(args.out or tempfile.mkdtemp(prefix="driftscope-7b-"))
     out.mkdir(parents=True, exist_ok=True)
+    print(f"outputs in {out}", flush=True)
     if args.check:
         checkpoint = Path(args.checkpoint) if args.checkpoint else ensure_whole(args.scale or 4)[0]
         return check(checkpoint, Path(args.image), out)
-    if args.investigate:
-        checkpoint = Path(args.checkpoint) if args.checkpoint else ensure_7b(args.scale or 1)
-        return investigate(checkpoint, Path(args.image), out)
-    parser.error("say --check or --investigate")
+    checkpoint = Path(args.checkpoint) if args.checkpoint else ensure_7b(args.scale or 1)
+    return investigate(checkpoint, Path(args.image), out)
 
 
 if __name__ == "__main__":
