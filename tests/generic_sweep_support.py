@@ -9,9 +9,9 @@ from pathlib import Path
 from conftest import ROOT
 
 
-def investigate_sweep(model_type: str, folder: Path, patch: str | None = None, **kwargs):
+def investigate_sweep(model_type: str, folder: Path, patch: str | None = None, forced: str = "auto", **kwargs):
     """The report of ``driftscope sweep``'s run of ``model_type`` into ``folder``; ``patch`` (``NAME`` of
-    ``driftscope.hypotheses``) with ``kwargs`` on the mlx runtime."""
+    ``driftscope.hypotheses``) with ``kwargs`` on the mlx runtime; ``forced`` its ``text.forced``."""
     from driftscope.batch.sweep import parameters
     from driftscope.run.investigation import investigate
     from driftscope.run.params import parse_parameters
@@ -19,6 +19,7 @@ def investigate_sweep(model_type: str, folder: Path, patch: str | None = None, *
     spec = copy.deepcopy(parameters(model_type, ROOT / "fixtures" / "checkpoints" / f"generic-{model_type}"))
     if patch is not None:
         spec["runtimes"][1]["patch"] = {"callable": f"driftscope.hypotheses:{patch}", "kwargs": kwargs}
+    spec["text"]["forced"] = forced
     report = investigate(parse_parameters(spec, source=None, base=ROOT), folder)
     report.folder = folder
     return report

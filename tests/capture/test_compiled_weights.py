@@ -51,3 +51,30 @@ def test_a_patched_runtime_keeps_its_tower_weights(tiny_checkpoint):
     runtime.patch = None
     assert drop_tower(runtime) is True and runtime.model.weights is None
     runtime.release()
+
+
+def test_f16_contract_holds_its_dot_weights_in_float16_with_the_same_taps(tiny, tmp_path, monkeypatch):
+    """Under f16-contract every dot rounds its weight to float16, so holding the dot-only weights
+    (``DOT_WEIGHTS``) in float16 from the read on gives the same taps bit for bit, in half their memory; the tied
+    head is the embedding (a gather) and stays float32, and so do norms and biases."""
+    import driftscope.families.qwen2_5_vl.emitter.program as program
+    from driftscope.model.weightfile import TensorFiles, matching
+    from driftscope.taps.stages import StagePlan
+
+    checkpoint, inputs, plan = tiny("qwen2_5_vl")
+    plan = StagePlan(plan.family, [s for s in plan if ".block.1." not in s.id], plan.depth, dict(plan.meta))
+    captured, held, declared = {}, {}, program.DOT_WEIGHTS
+    for half in (True, False):
+        monkeypatch.setattr(program, "DOT_WEIGHTS", declared if half else ())
+        runtime = get_runtime("jax")(checkpoint, "f16-contract")
+        runtime.load()  # the tower's weights (the text side's are read at the text capture, the same way)
+        held[half] = {name: str(array.dtype) for name, array in runtime.model.weights.items()}
+        assert runtime.load_audit["status"] == "pass"
+        captured[half] = runtime.capture(inputs, plan, tmp_path / f"half-{half}")
+        runtime.release()
+    names = TensorFiles(checkpoint.path).names()
+    dots = {name.removeprefix("model.").removeprefix("visual.") for name in matching(names, declared)}
+    assert {name for name, dtype in held[True].items() if dtype == "float16"} == dots & set(held[True])
+    assert set(held[False].values()) == {"float32"} and "blocks.0.norm1.weight" not in dots
+    for stage in captured[False].stage_ids():
+        np.testing.assert_array_equal(np.asarray(captured[True][stage]), np.asarray(captured[False][stage]), stage)

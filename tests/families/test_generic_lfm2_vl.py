@@ -10,7 +10,8 @@ from generic_sweep_support import investigate_sweep, rows, verdict
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    return investigate_sweep("lfm2_vl", tmp_path_factory.mktemp("lfm2_vl"))
+    # the KV cache of every candidate (taken only where an answer is in question by default)
+    return investigate_sweep("lfm2_vl", tmp_path_factory.mktemp("lfm2_vl"), forced="always")
 
 
 def _sidecar(report, label: str) -> dict:

@@ -55,7 +55,9 @@ def test_identical_frames_give_transformers_image_processor_output(name, tmp_pat
     (tmp_path / "clip").mkdir()
     for k in range(2):
         frame.save(tmp_path / "clip" / f"frame_{k}.png")
-    processor = load_image_processor(checkpoint)
+    from transformers import AutoImageProcessor
+
+    processor = AutoImageProcessor.from_pretrained(str(checkpoint.path), backend="pil")  # transformers' own
     expected = processor(images=[frame], do_resize=False, return_tensors="np")
     video = prepare_inputs(checkpoint, [], [tmp_path / "clip"])
     assert video["grid_thw"].tolist() == np.asarray(expected["image_grid_thw"]).tolist()

@@ -61,12 +61,15 @@ def _sampled(shape: tuple[int, ...], held: Held) -> np.ndarray | None:
     return np.unique(np.linspace(0, shape[0] - 1, SAMPLED_ROWS).round().astype(np.int64))
 
 
-def _expected(files, sources: tuple[str, ...], held: Held, rows: np.ndarray | None) -> np.ndarray:
-    value = (
-        files.read_rows(sources[0], rows)
-        if rows is not None
-        else np.concatenate([files.read(source) for source in sources], axis=0)
-    )
+def held_value(files, sources: tuple[str, ...], held: Held, rows: np.ndarray | None) -> np.ndarray:
+    """The value a runtime holds made from the checkpoint's ``sources`` under ``held``'s operations (the whole
+    tensor, or its ``rows``), read through ``files`` (``read``, ``read_rows``: ``TensorFiles`` or a memory map)."""
+    if rows is not None:
+        value = files.read_rows(sources[0], rows)
+    elif len(sources) == 1:
+        value = files.read(sources[0])
+    else:
+        value = np.concatenate([files.read(source) for source in sources], axis=0)
     for op in held.ops:
         if op[0] == "transpose":
             value = value.transpose(op[1])
@@ -107,7 +110,7 @@ def audit(runtime: Any) -> dict:
             continue
         sources, held = wanted[name]
         rows = _sampled(shape, held)
-        expected = _expected(files, sources, held, rows)
+        expected = held_value(files, sources, held, rows)
         if tuple(expected.shape) != (tuple(shape) if rows is None else (len(rows), *shape[1:])):
             made = list(expected.shape)
             findings.append(f"{name}: held as {list(shape)}, the checkpoint's {sources[0]} makes {made}")

@@ -1,4 +1,5 @@
-"""Numbers several layers share: a logit margin, a relative RMS error, and the check of a user's ratio or floor."""
+"""Numbers several layers share: a logit margin and the band a policy allows it, a relative RMS error, and the
+check of a user's ratio or floor."""
 
 from __future__ import annotations
 
@@ -13,6 +14,26 @@ def top2_margin(logits: np.ndarray) -> float:
     """Top-1 minus top-2 logit (a near-tie is a small margin)."""
     top = np.sort(np.asarray(logits, dtype=np.float64))[-2:]
     return float(top[1] - top[0])
+
+
+#: mantissa bits of the dtypes a policy computes in (one unit of least precision at x: 2**(floor(log2|x|) - bits))
+MANTISSA_BITS = {"float64": 52, "float32": 23, "float16": 10, "bfloat16": 7}
+
+
+def ulp(value: float, dtype: str) -> float:
+    """One unit of least precision of ``value`` in ``dtype`` (float32's when the dtype is not known)."""
+    bits = MANTISSA_BITS.get(str(dtype), 23)
+    magnitude = abs(float(value))
+    if not math.isfinite(magnitude) or magnitude == 0:
+        return 0.0
+    return 2.0 ** (math.floor(math.log2(magnitude)) - bits)
+
+
+def margin_band(top: float, other: float, atol: float, rtol: float, dtype: str) -> float:
+    """The error a runtime computing in ``dtype`` may make on the margin between two logits: each one's tolerance
+    ``atol + rtol * |x|`` at its magnitude, but at least one unit of least precision of each in ``dtype``. A margin
+    at most this is a near tie: a precision the contract allows could flip it."""
+    return float(sum(max(atol + rtol * abs(float(value)), ulp(value, dtype)) for value in (top, other)))
 
 
 def relative_rms(actual: np.ndarray, expected: np.ndarray) -> float:

@@ -94,12 +94,10 @@ def load_image(path: str | Path):
 def as_processor_sees(image, processor, path: str | Path) -> tuple[Any, str | None]:
     """The RGB image the checkpoint's processor makes of ``image`` and what was done (None: it was RGB).
 
-    Transparency is composited onto white and grayscale or palette images are expanded, with transformers'
-    own ``convert_to_rgb`` (what Hugging Face image processors run when ``do_convert_rgb`` is set)."""
-    from PIL import Image
-    from transformers.image_transforms import convert_to_rgb
-
-    from driftscope.inputs.rgb import has_transparency
+    Transparency is composited onto white and grayscale or palette images are expanded, as transformers' own
+    ``convert_to_rgb`` does (what Hugging Face image processors run when ``do_convert_rgb`` is set;
+    ``inputs.rgb``, tests/inputs/test_rgb.py holds the two equal on every PIL mode), without importing it."""
+    from driftscope.inputs.rgb import has_transparency, to_rgb
 
     if image.mode == "RGB":
         return image, None
@@ -109,5 +107,5 @@ def as_processor_sees(image, processor, path: str | Path) -> tuple[Any, str | No
             "save the image as RGB, or set do_convert_rgb: true in the checkpoint's preprocessor_config.json",
         )
     done = "transparency composited onto white" if has_transparency(image) else "converted to RGB"
-    converted = Image.fromarray(convert_to_rgb(image, return_numpy=True))
+    converted = to_rgb(image)
     return converted, f"{image.mode}: {done} (as the processor's convert_to_rgb does)"

@@ -1,9 +1,9 @@
 """An image in RGB as Hugging Face image processors make it, without importing transformers.
 
-The notebooks draw the run's inputs as the processor saw them; importing ``transformers.image_transforms`` for that
-imports torch and transformers into every notebook kernel (~4.7 CPU-seconds a kernel on the CI machine). The
-investigation itself keeps transformers' own function (``processor_output.as_processor_sees``);
-tests/inputs/test_rgb.py holds this one equal to it on every PIL mode.
+The notebooks draw the run's inputs as the processor saw them, and a run prepares its inputs with it
+(``processor_output.as_processor_sees``); importing ``transformers.image_transforms`` for that imports torch and
+transformers (~4.7 CPU-seconds on the CI machine). tests/inputs/test_rgb.py holds this one equal to transformers'
+own on every PIL mode.
 """
 
 from __future__ import annotations

@@ -25,6 +25,13 @@ class TextInputs:
     #: the reference's greedy tokens [max_new_tokens], set once the reference has decoded: every candidate that
     #: decodes is also fed these, teacher-forced (``text.forced.*``); None for the reference itself, which free-runs
     forced: np.ndarray | None = None
+    #: the reference's answer a candidate's decode weighs its own against, to take teacher forcing and the KV-cache
+    #: taps only where its answer is in question (``taps.answer_question``): ``tokens`` and ``margins`` [steps], its
+    #: ``top_tokens`` and ``top_logits`` [steps, k] (descending); empty: every forced candidate takes them
+    reference_answer: dict[str, np.ndarray] = field(default_factory=dict)
+    #: the rule that weighs it: ``mode`` ("auto", or "always": the parameter file's ``text.forced``) and the
+    #: contract's ``top5`` and ``margins`` tolerances as ``[atol, rtol, max_failure_fraction]``
+    evidence_rule: dict | None = None
     #: substitution (``run.substitution``): rows [image tokens, hidden] that replace the runtime's own merged image
     #: embeddings at the image slots of the prefill (another runtime's ``text.embeds.image``); None: its own
     image_embeds: np.ndarray | None = None
@@ -94,6 +101,52 @@ def load_tokenizer(path: str | Path):
             f"checkpoint {path} has no tokenizer transformers can load ({err})",
             "save the tokenizer next to the weights (tokenizer.json, tokenizer_config.json)",
         ) from err
+
+
+#: tokenizer classes that encode as their tokenizer.json does (transformers' ``TokenizersBackend`` and Qwen's: no
+#: special tokens or normalization added around the file's own pipeline)
+FILE_TOKENIZERS = ("TokenizersBackend", "Qwen2Tokenizer", "Qwen2TokenizerFast")
+
+
+class FileTokenizer:
+    """A checkpoint's ``tokenizer.json`` through the ``tokenizers`` library alone (transformers' ``AutoTokenizer``
+    imports torch on the way): ``tokenizer(text)["input_ids"]`` and ``convert_tokens_to_ids`` as transformers' fast
+    tokenizer gives them for :data:`FILE_TOKENIZERS` (tests/inputs/test_text_inputs.py holds them equal)."""
+
+    def __init__(self, path: Path, config: dict):
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_file(str(path))
+        self.bos_token, self.eos_token = _token(config.get("bos_token")), _token(config.get("eos_token"))
+
+    def __call__(self, text: str) -> dict:
+        return {"input_ids": self.tokenizer.encode(text).ids}
+
+    def convert_tokens_to_ids(self, tokens: str | list[str]):
+        if isinstance(tokens, str):
+            return self.tokenizer.token_to_id(tokens)
+        return [self.tokenizer.token_to_id(token) for token in tokens]
+
+
+def _token(value) -> str | None:
+    """A special token as tokenizer_config.json states it (a string, or an added token's ``content``)."""
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def prompt_tokenizer(path: str | Path):
+    """What encodes a prompt: the checkpoint's ``tokenizer.json`` alone where its class adds nothing to it
+    (:class:`FileTokenizer`), else transformers' tokenizer (:func:`load_tokenizer`)."""
+    import json
+
+    folder = Path(path)
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    if (folder / "tokenizer.json").exists() and isinstance(config, dict):
+        if config.get("tokenizer_class") in FILE_TOKENIZERS and not config.get("add_bos_token"):
+            return FileTokenizer(folder / "tokenizer.json", config)
+    return load_tokenizer(folder)
 
 
 def decode(checkpoint, tokens: list[int]) -> str:

@@ -37,9 +37,10 @@ def answer_parity(
     contract: Contract | None = None,
     plan: StagePlan | None = None,
 ) -> dict:
-    """Per runtime: tokens, text, margins, expected words; per pair: the first differing token and its margins,
-    the teacher-forced comparison (``forced``: top-k maps, first divergence, flips and their labels) and the
-    expected words the candidate drops (``dropped_words``)."""
+    """Per runtime: tokens, text, margins, expected words, and for a candidate weighed against the reference's
+    answer which evidence it took and why (``evidence``, ``taps.answer_question``); per pair: the first differing
+    token and its margins, the teacher-forced comparison (``forced``: top-k maps, first divergence, flips and their
+    labels) and the expected words the candidate drops (``dropped_words``)."""
     contract = contract or Contract()
     runtimes = {}
     for label, tapset in tapsets.items():
@@ -57,6 +58,7 @@ def answer_parity(
             "margins": margins,
             "expected_words": _words(text, expect),
             "prefill_top1": None if logits is None else int(np.argmax(logits)),
+            **({"evidence": tapset.meta["answer_evidence"]} if tapset.meta.get("answer_evidence") else {}),
         }
     comparisons = []
     for ref, cand in pairs:

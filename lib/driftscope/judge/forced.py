@@ -25,21 +25,11 @@ import math
 
 import numpy as np
 
+from driftscope.core.numeric import margin_band
 from driftscope.judge.contract import FORCED_KEYS, Contract, Tolerance
 from driftscope.taps.tapset import TapSet
 
 FORCED = "text.forced.logits"
-#: mantissa bits of the dtypes a policy computes in (one unit of least precision at x: 2**(floor(log2|x|) - bits))
-MANTISSA_BITS = {"float64": 52, "float32": 23, "float16": 10, "bfloat16": 7}
-
-
-def ulp(value: float, dtype: str) -> float:
-    """One unit of least precision of ``value`` in ``dtype`` (float32's when the dtype is not known)."""
-    bits = MANTISSA_BITS.get(str(dtype), 23)
-    magnitude = abs(float(value))
-    if not math.isfinite(magnitude) or magnitude == 0:
-        return 0.0
-    return 2.0 ** (math.floor(math.log2(magnitude)) - bits)
 
 
 def activation_dtype(tapset: TapSet) -> str:
@@ -151,12 +141,8 @@ def forced_pair(reference: TapSet, candidate: TapSet, contract: Contract) -> dic
 
 
 def _allowed(top: float, other: float, tolerance: Tolerance, dtype: str) -> float:
-    """The error a candidate may make on the margin between two reference logits: each one's contract tolerance
-    at its magnitude, but at least one unit of least precision of each in the candidate's dtype."""
-    total = 0.0
-    for value in (top, other):
-        total += max(float(tolerance.bound(float(value))), ulp(value, dtype))
-    return float(total)
+    """The error a candidate may make on the margin between two reference logits (``core.numeric.margin_band``)."""
+    return margin_band(top, other, tolerance.atol, tolerance.rtol, dtype)
 
 
 def _fed_tokens(reference: TapSet, candidate: TapSet) -> bool | None:

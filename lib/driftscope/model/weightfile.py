@@ -121,6 +121,23 @@ def recording_reads(path: str | Path, into: set[str]) -> Iterator[set[str]]:
         _LEDGERS.remove(entry)
 
 
+#: (checkpoint directory, fnmatch patterns of the tensors it reads in float16): ``half_reads``
+_HALVES: list[tuple[Path, tuple[str, ...]]] = []
+
+
+@contextmanager
+def half_reads(path: str | Path, patterns: Iterable[str]) -> Iterator[None]:
+    """While active, every tensor of ``path`` whose name matches one of ``patterns`` is read as float16 (rounded to
+    nearest even from its float32 value, as a graph's ``astype`` rounds it): a policy whose dot operands are
+    float16 holds those weights in half the memory, never as float32 all at once."""
+    entry = (Path(path).resolve(), tuple(patterns))
+    _HALVES.append(entry)
+    try:
+        yield
+    finally:
+        _HALVES.remove(entry)
+
+
 class TensorFiles:
     """Every tensor of a checkpoint directory (one file or a sharded index), read on demand."""
 
@@ -160,9 +177,10 @@ class TensorFiles:
             handle.seek(entry.start)
             if handle.readinto(memoryview(raw.reshape(-1)).cast("B")) != entry.nbytes:
                 raise CheckpointError(f"checkpoint file {entry.file} ends inside {name!r}", "re-save the checkpoint")
-        if stored is np.float32:
+        half = any(root == self._root and matching([name], patterns) for root, patterns in _HALVES)
+        if stored is np.float32 and not half:
             return raw
-        out = aligned_empty(entry.shape, np.float32)
+        out = aligned_empty(entry.shape, np.float16 if half else np.float32)
         out[...] = widen(raw)
         return out
 

@@ -25,14 +25,30 @@ class Pairs:
     added: set = field(default_factory=set)
 
 
-def teacher_force(inputs, reference) -> None:
+def teacher_force(inputs, reference, contract=None, mode: str = "auto") -> None:
     """Once the reference has decoded, every candidate that decodes is also fed its greedy tokens
-    (``TextInputs.forced``: the candidates' ``text.forced.*``); the reference itself free-ran."""
+    (``TextInputs.forced``: the candidates' ``text.forced.*``); the reference itself free-ran. With ``contract``,
+    each candidate takes that evidence only where its answer is in question (``taps.answer_question``: ``mode``
+    "auto"), or always (``mode`` "always", the parameter file's ``text: {forced: always}``)."""
     text = getattr(inputs, "text", None)
-    if text is not None and text.forced is None and reference is not None and "text.generate.tokens" in reference:
-        import numpy as np
+    if text is None or text.forced is not None or reference is None or "text.generate.tokens" not in reference:
+        return
+    import numpy as np
 
-        text.forced = np.asarray(reference["text.generate.tokens"], dtype=np.int64).copy()
+    from driftscope.taps.answer_question import evidence_rule, reference_answer
+
+    text.forced = np.asarray(reference["text.generate.tokens"], dtype=np.int64).copy()
+    if contract is None or "text.forced.logits" not in reference or "text.generate.margins" not in reference:
+        return
+    logits = "text.forced.logits"
+    rows = (reference.rows(logits, index, index + 1)[0] for index in range(reference.shape(logits)[0]))
+    text.reference_answer = reference_answer(text.forced, reference["text.generate.margins"], rows)
+    top5, margins = contract.tolerance("text.forced.top5"), contract.tolerance("text.generate.margins")
+    text.evidence_rule = evidence_rule(
+        mode,
+        (top5.atol, top5.rtol, top5.max_failure_fraction),
+        (margins.atol, margins.rtol, margins.max_failure_fraction),
+    )
 
 
 def with_ready_patches(

@@ -103,6 +103,7 @@ def capture_one(
             "quantization": tapset.meta.get("quantization"),
             "bucket": tapset.meta.get("bucket"),
             "stages": len(tapset.stage_ids()),
+            **({"answer_evidence": tapset.meta["answer_evidence"]} if tapset.meta.get("answer_evidence") else {}),
             **({"reference_cache": cached} if cached is not None else {}),
         }
     )

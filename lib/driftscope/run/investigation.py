@@ -302,7 +302,7 @@ def _run(params: Parameters, report: Report, out: Path) -> None:
             capture_one(
                 params, report, out, spec, runtime, inputs, plan, contract, tapsets, compared, pairing, log, _log_detail
             )
-            teacher_force(inputs, tapsets.get(params.reference_label))  # the candidates are fed its tokens too
+            teacher_force(inputs, tapsets.get(params.reference_label), contract, params.forced)  # fed its tokens
             for pair in pairs:
                 if pair not in pending and pair not in compared and all(label in tapsets for label in pair):
                     pending[pair] = comparer.submit(compare_tapsets, tapsets[pair[0]], tapsets[pair[1]], contract, plan)

@@ -22,6 +22,9 @@ TEXT_KEYS = {
     "prompt": "the prompt the image is asked with (default: a question about the image)",
     "max_new_tokens": "greedy tokens each runtime decodes (default 16, at least 1)",
     "expect": "words the reference's answer should contain, e.g. `[square, circle]` (default none)",
+    "forced": "`auto` (default): a candidate is teacher-forced on the reference's tokens, with its top-k maps and KV-"
+    "cache taps, where its answer is in question (tokens differ, a margin within its policy's band or out of "
+    "tolerance); `always`: every candidate that decodes",
 }
 POWER_KEYS = {
     "mutations": "the family's registered mutations to run: `all` (default) or a list of names",
@@ -110,10 +113,14 @@ def text_section(data: Any) -> dict | None:
     if tokens < 1:
         raise ParameterError(f"text.max_new_tokens must be at least 1, got {tokens}", "write e.g. 16")
     expect = checked(data.get("expect", []), list, "text.expect", "[square, circle, triangle]")
+    forced = checked(data.get("forced", "auto"), str, "text.forced", "auto")
+    if forced not in ("auto", "always"):
+        raise ParameterError(f"text.forced must be auto or always, got {forced!r}", "write auto or always")
     return {
         "prompt": checked(data.get("prompt", DEFAULT_PROMPT), str, "text.prompt", "'Name the shapes.'"),
         "max_new_tokens": tokens,
         "expect": [str(word) for word in expect],
+        "forced": forced,
     }
 
 

@@ -122,7 +122,8 @@ class Parameters:
     narrow: bool = True
     relative: dict | None = None
     power: dict | None = None
-    text: dict | None = None
+    text: dict | None = None  # the prompt's settings (``text_section`` less ``forced``)
+    forced: str = "auto"  # ``text.forced``: teacher forcing where the answer is in question, or always
     attribution: dict | None = None
     videos: list[Path] = field(default_factory=list)
     #: checkpoint, images and contract as the file wrote them (repository-relative paths, URLs): the run's
@@ -146,7 +147,7 @@ class Parameters:
             "narrow": self.narrow,
             "relative": self.relative,
             "power": self.power,
-            "text": self.text,
+            "text": self.text if self.forced == "auto" or not self.text else {**self.text, "forced": self.forced},
             **({"attribution": self.attribution} if self.attribution else {}),
             **({"videos": self.written.get("videos", [str(p) for p in self.videos])} if self.videos else {}),
         }
@@ -282,6 +283,7 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
     relative = relative_section(data.get("relative"), labels, reference or labels[0])
     power = power_section(data.get("power"))
     text = text_section(data.get("text"))
+    forced = text.pop("forced") if text else "auto"
     attribution = attribution_section(data.get("attribution"), labels)
     notebooks = data.get("notebooks", ["01_stage_parity"])
     checked(notebooks, list, "notebooks", "[01_stage_parity]")
@@ -314,6 +316,7 @@ def parse_parameters(data: Any, source: str | None = None, base: Path | None = N
         relative=relative,
         power=power,
         text=text,
+        forced=forced,
         attribution=attribution,
         written={
             "checkpoint": data["checkpoint"],

@@ -197,7 +197,8 @@ def _inputs(report: Report):
     inputs = prepare_inputs(checkpoint, images, videos)
     prompt = (report.data.get("parameters") or {}).get("text")
     if prompt:  # the prompt's ids are part of the digest the captures recorded
-        inputs.text = family.text_inputs(checkpoint, inputs, **prompt)
+        settings = {key: value for key, value in prompt.items() if key != "forced"}  # the decode's, not the prompt's
+        inputs.text = family.text_inputs(checkpoint, inputs, **settings)
     recorded = (report.data.get("inputs") or {}).get("digest")
     if recorded and inputs.digest != recorded:
         raise ParameterError(

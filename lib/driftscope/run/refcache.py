@@ -134,12 +134,17 @@ def _text_identity(inputs: ModelInputs) -> dict | None:
     text = inputs.text
     if text is None:
         return None
+    weighed = {}  # a capture weighing its answer against the reference's takes evidence where it is in question
+    if text.evidence_rule:
+        answer = {name: _array_digest(array) for name, array in sorted(text.reference_answer.items())}
+        weighed = {"evidence_rule": text.evidence_rule, "reference_answer": answer}
     return {
         "max_new_tokens": text.max_new_tokens,
         "image_token_id": text.image_token_id,
         "token_types": _array_digest(text.token_types),
         "forced": _array_digest(text.forced),
         "image_embeds": _array_digest(text.image_embeds),
+        **weighed,
     }
 
 

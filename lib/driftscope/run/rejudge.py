@@ -117,6 +117,14 @@ def rejudge(report_path: str | Path, contract: Contract, out_path: str | Path | 
             entry = data["answer"]["three_way"]
             tapsets = {r["label"]: report.tapset(r["label"]) for r in data.get("runtimes", [])}
             data["answer"]["three_way"] = three_way(tapsets, entry["reference"], entry["peer"], contract)
+        untaken = [
+            r["label"] for r in data.get("runtimes", []) if (r.get("answer_evidence") or {}).get("in_question") is False
+        ]
+        if untaken:  # decided at capture under the run's own tolerances (taps.answer_question)
+            data["warnings"] = list(data.get("warnings") or []) + [
+                f"{', '.join(untaken)}: no teacher-forced answer or KV cache to re-judge (the answer was not in "
+                "question under the run's contract); run again under this contract to weigh it again"
+            ]
     data["contract"] = contract.to_dict()
     data["rejudged_from"] = str(report.path)
     target = Path(out_path) if out_path else report.path

@@ -49,7 +49,9 @@ def _summary(forced: dict, tapset, out: Path) -> dict:
 
 def _run_substituted(runtime, inputs, plan: StagePlan, embeds: np.ndarray, tokens: np.ndarray, where: Path):
     run_inputs = copy.copy(inputs)
-    run_inputs.text = dataclasses.replace(inputs.text, forced=tokens.copy(), image_embeds=embeds)
+    run_inputs.text = dataclasses.replace(  # teacher-forced whatever its answer: the forced logits are the point
+        inputs.text, forced=tokens.copy(), image_embeds=embeds, reference_answer={}, evidence_rule=None
+    )
     try:
         return runtime.capture(run_inputs, plan, where)
     finally:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from driftscope.core.numeric import top2_margin
+from driftscope.taps.answer_question import AnswerQuestion
 from driftscope.taps.stages import Rotary, Stage, StagePlan
 from driftscope.taps.tapset import TapWriter
 
@@ -103,27 +104,76 @@ def put_greedy(
     ``step(token) -> logits`` runs the runtime's cached decode step; ``rewind(n)`` (or ``step.rewind``) drops the
     last ``n`` tokens fed to that cache. Free-running greedy gives ``text.generate.tokens`` and ``.margins`` (what
     users see). The forced pass gives ``text.forced.logits`` ``[steps, vocab]``: row ``i`` is the logits after
-    feeding ``forced[:i]`` (row 0 the prefill's), streamed to the TapSet a row at a time, and
-    ``text.forced.tokens`` (what was fed).
+    feeding ``forced[:i]`` (row 0 the prefill's), and ``text.forced.tokens`` (what was fed).
     Without ``forced`` (the reference) the forced tokens are the runtime's own greedy ones, so its forced logits are
-    its greedy logits. While the greedy tokens equal the forced ones the two passes share their steps; from the
-    first differing token on, the cache is rewound to it and the forced tokens are fed: at most ``steps - 1`` more
-    decode steps, none when the answers agree.
-    ``snapshot`` (or ``step.cache_snapshot``, see :data:`CacheSnapshot`) gives the KV cache: written as
-    ``text.cache.prefill.*`` before the first step and ``text.cache.forced.*`` once the forced pass is complete
-    (the cache then holds the prompt and every forced token but the last: the same inputs in every runtime).
+    its greedy logits, streamed to the TapSet a row at a time. While the greedy tokens equal the forced ones the
+    two passes share their steps; from the first differing token on, the cache is rewound to it and the forced
+    tokens are fed: at most ``steps - 1`` more decode steps, none when the answers agree.
+    ``snapshot`` (or ``step.cache_snapshot``, see :data:`CacheSnapshot`) gives the KV cache: ``text.cache.prefill.*``
+    as it was before the first step and ``text.cache.forced.*`` once the forced pass is complete (the cache then
+    holds the prompt and every forced token but the last: the same inputs in every runtime).
+    A candidate fed the reference's answer (``sink.question``, :class:`~driftscope.taps.answer_question.
+    AnswerQuestion`) free-runs first and takes the forced pass and the cache only where its answer is in question;
+    the sidecar's ``answer_evidence`` says which were taken and why.
     """
     rewind = rewind if rewind is not None else getattr(step, "rewind", None)
     snapshot = snapshot if snapshot is not None else getattr(step, "cache_snapshot", None)
-    put_cache(sink, "prefill", snapshot)
+    question = getattr(sink, "question", None) if forced is not None else None
+    if question is None or question.always:
+        put_cache(sink, "prefill", snapshot)
+        decode = _Decode(first_logits, step, max_new_tokens, forced, rewind)
+        sink.put_rows("text.forced.logits", decode.forced_rows())
+        decode.finish()
+        _put_answer(sink, decode, snapshot)
+        if question is not None:
+            question.weigh(decode.tokens, decode.margins, [])
+            sink.writer.meta["answer_evidence"] = question.record(True)
+        return
+    prefill = held_cache(sink, "prefill", snapshot)  # as it is now; written only if the answer is in question
     decode = _Decode(first_logits, step, max_new_tokens, forced, rewind)
-    sink.put_rows("text.forced.logits", decode.forced_rows())
-    decode.finish()
+    shared = decode.free_run()
+    why = question.weigh(decode.tokens, decode.margins, shared)
+    if not why:
+        sink.writer.meta["answer_evidence"] = question.record(False)
+        absent = sink.writer.meta.setdefault("declared_absent", {})
+        absent.update({stage: question.absent_because() for stage in EVIDENCE_STAGES if sink.wants(stage)})
+        sink.put("text.generate.tokens", np.array(decode.tokens, dtype=np.int64))
+        sink.put("text.generate.margins", np.array(decode.margins, dtype=np.float64))
+        return
+    prefill()
+    sink.put_rows("text.forced.logits", decode.forced_after(shared))
+    _put_answer(sink, decode, snapshot)
+    note = None if decode.forced_complete else "the tokens differ and this runtime's cache cannot be rewound"
+    sink.writer.meta["answer_evidence"] = question.record(decode.forced_complete, note)
+
+
+#: the answer's evidence a candidate takes only where its answer is in question (``taps.answer_question``)
+EVIDENCE_STAGES = ("text.forced.tokens", "text.forced.logits", *(stage.id for stage in cache_stages()))
+
+
+def _put_answer(sink, decode, snapshot) -> None:
     sink.put("text.generate.tokens", np.array(decode.tokens, dtype=np.int64))
     sink.put("text.generate.margins", np.array(decode.margins, dtype=np.float64))
     if decode.forced_complete:
         sink.put("text.forced.tokens", np.array(decode.forced, dtype=np.int64))
         put_cache(sink, "forced", snapshot)
+
+
+def held_cache(sink, phase: str, snapshot: CacheSnapshot | None) -> Callable[[], None]:
+    """The cache's keys and values for ``phase`` as they are now, held until the returned call writes them (a
+    decode appends to the cache and a rewind overwrites its tail, and a sliding window drops its head)."""
+    if snapshot is None or not any(sink.wants(f"text.cache.{phase}.{kind}") for kind in ("keys", "values")):
+        return lambda: None
+    layers = getattr(snapshot, "layers", None)
+    declared = {"decoder_layers": list(layers())} if layers is not None else {}
+    held = {kind: [np.array(layer, copy=True) for layer in snapshot(kind)] for kind in ("keys", "values")}
+
+    def write() -> None:
+        for kind, rows in held.items():
+            sink.put_rows(f"text.cache.{phase}.{kind}", rows, **declared)
+        held.clear()
+
+    return write
 
 
 class _Decode:
@@ -181,6 +231,32 @@ class _Decode:
                 yield np.asarray(self.step(self.forced[index - 1]), dtype=np.float32)
         self.forced_complete = True
 
+    def free_run(self) -> list[np.ndarray]:
+        """The greedy decode to its end; returns the rows it shares with the forced pass (row ``i`` while
+        ``tokens[:i]`` are the forced ones), held for :meth:`forced_after`."""
+        self._started = True
+        shared, agree = [], len(self.forced) >= self.steps
+        for index, logits in enumerate(self._greedy()):
+            agree = agree and (index == 0 or self.tokens[index - 1] == self.forced[index - 1])
+            if agree:
+                shared.append(logits)
+        return shared
+
+    def forced_after(self, shared: list[np.ndarray]):
+        """The forced rows after :meth:`free_run`: the ``shared`` ones, then, the cache rewound to the first
+        differing token, the forced tokens fed from there (none where the cache cannot be rewound)."""
+        if len(self.forced) < self.steps or (len(shared) < self.steps and self.rewind is None):
+            return
+        while shared:
+            self.rows += 1
+            yield shared.pop(0)
+        if self.rows < self.steps:
+            self.rewind(self.steps - self.rows)  # the cache holds tokens[: steps - 1]; keep tokens[: rows - 1]
+            for index in range(self.rows, self.steps):
+                self.rows += 1
+                yield np.asarray(self.step(self.forced[index - 1]), dtype=np.float32)
+        self.forced_complete = True
+
     def finish(self) -> None:
         if not self._started:  # the plan has no forced stage: decode greedily all the same
             for _ in self._greedy():
@@ -196,6 +272,8 @@ class StageSink:
         self.progress = progress
         self.count = 0
         self._last_report = time.monotonic()
+        #: the reference's answer a candidate's decode is weighed by (``taps.answer_question``; None: take all)
+        self.question: AnswerQuestion | None = None
 
     def put_bounds(self, stage_id: str, bounds: np.ndarray) -> None:
         """Attention bounds as segments (repeats dropped), recording how many empty windows there were."""

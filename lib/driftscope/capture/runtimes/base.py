@@ -28,6 +28,7 @@ from driftscope.model.checkpoint import Checkpoint
 from driftscope.model.policies import get_policy
 from driftscope.model.precision import PrecisionPolicy
 from driftscope.model.quant.policy import OPTION_KEYS, QuantizedPolicy
+from driftscope.taps.answer_question import AnswerQuestion
 from driftscope.taps.sink import Progress, StageSink
 from driftscope.taps.stages import StagePlan
 from driftscope.taps.tapset import WRITES, TapSet, TapWriter
@@ -329,6 +330,7 @@ class Runtime(ABC):
         self.check_capture(inputs, plan)
         writer = TapWriter(out_base, self.metadata(inputs), writes=str(self.options.get("tap_writes", "background")))
         sink = StageSink(writer, plan, progress)
+        sink.question = AnswerQuestion.of(inputs.text, self.policy.activations)
         start = time.perf_counter()
         try:
             self._capture(inputs, sink)

@@ -17,7 +17,7 @@ import numpy as np
 
 from driftscope.capture.runtimes.base import Runtime, package_versions, require
 from driftscope.capture.runtimes.compiled_taps import Bucket, padded_length
-from driftscope.capture.runtimes.compiled_weights import drop_tower, refuse_unread, restore_tower
+from driftscope.capture.runtimes.compiled_weights import drop_tower, refuse_unread, restore_tower, weight_reads
 from driftscope.capture.runtimes.jax_cache import use_persistent_cache
 from driftscope.errors import ParameterError
 from driftscope.inputs.processor_output import ModelInputs
@@ -62,10 +62,8 @@ class CompiledRuntime(Runtime):
 
     def _load(self) -> Any:
         require("jax", "jax", self.name, self.EXTRA)
-        from driftscope.model.weightfile import recording_reads
-
         self._read: set[str] = set()
-        with recording_reads(self.checkpoint.path, self._read):
+        with weight_reads(self):  # recorded; dot-only weights in float16 under f16-contract
             model = self.taps.load(self.checkpoint)
         self.refuse_unread(text=False)
         return model
@@ -219,10 +217,8 @@ class CompiledRuntime(Runtime):
     def _capture_text(self, inputs: ModelInputs, sink: StageSink) -> None:
         """The family's JAX text decoder on embeddings merged from this runtime's own tower output; then every
         tensor of the checkpoint must have been read."""
-        from driftscope.model.weightfile import recording_reads
-
         drop_tower(self)  # the text side never reads the tower's weights (where the family keeps them apart)
-        with recording_reads(self.checkpoint.path, self._read):
+        with weight_reads(self):
             self.taps.capture_text(self, inputs, sink, self._tower)
         self.refuse_unread(text=True)
 
@@ -236,7 +232,8 @@ class CompiledRuntime(Runtime):
         self.load()
         if not stage_id.startswith("text."):
             restore_tower(self)
-        kind, function, args = self.taps.replay_call(self.model, stage_id, inputs, ctx, self.contract)
+        with weight_reads(self):  # the text side's weights are read at its first replay
+            kind, function, args = self.taps.replay_call(self.model, stage_id, inputs, ctx, self.contract)
         cache = self.__dict__.setdefault("_replay_functions", {})
         if kind not in cache:
             import jax

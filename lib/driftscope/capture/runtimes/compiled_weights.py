@@ -11,11 +11,37 @@ weights, and what is read back would be the checkpoint's.
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import numpy as np
 
 from driftscope.core.memory import free, watch
+
+
+def half_weights(runtime: Any) -> tuple[str, ...]:
+    """The checkpoint tensors (fnmatch) ``runtime`` holds in float16: those its family's emitter reads only as dot
+    operands (``DOT_WEIGHTS``), under a policy whose every dot takes float16 operands (``f16-contract``; not a
+    mixed one, whose float32 operators read the same weights in float32). The graph rounds a float32 weight to
+    float16 at each dot anyway, so the result is the same, at half the memory."""
+    contract = runtime.contract
+    if contract.dot_inputs != "float16" or contract.f32 or runtime.quantized is not None:
+        return ()
+    return tuple(getattr(runtime.taps, "DOT_WEIGHTS", ()))
+
+
+@contextmanager
+def weight_reads(runtime: Any):
+    """Reading ``runtime``'s weights: each tensor's name recorded (``refuse_unread``), those of
+    :func:`half_weights` read as float16."""
+    from driftscope.model.weightfile import half_reads, recording_reads
+
+    with ExitStack() as stack:
+        stack.enter_context(recording_reads(runtime.checkpoint.path, runtime._read))
+        halves = half_weights(runtime)
+        if halves:
+            stack.enter_context(half_reads(runtime.checkpoint.path, halves))
+        yield
 
 
 def refuse_unread(runtime: Any, text: bool) -> None:
@@ -60,6 +86,7 @@ def restore_tower(runtime: Any) -> None:
     if not getattr(runtime, "tower_dropped", False) or runtime.model is None:
         return
     start = time.perf_counter()
-    runtime.model.weights = runtime.taps.load(runtime.checkpoint).weights
+    with weight_reads(runtime):
+        runtime.model.weights = runtime.taps.load(runtime.checkpoint).weights
     runtime.tower_dropped = False
     runtime.timings["reload_tower_s"] = runtime.timings.get("reload_tower_s", 0.0) + time.perf_counter() - start

@@ -59,9 +59,12 @@ class TransformersRuntime(Runtime):
         "attn_implementation": "the attention kernel transformers loads (default eager)",
         "load_fixes": "true (default): the family's corrections of what transformers' own load gets wrong (e.g. "
         "a square stacked expert left untransposed); false: its load as it is, which the load audit then judges",
+        "stream": "true: the weights stream from the memory-mapped checkpoint module by module as the model runs, "
+        "never the whole model in memory (a reference larger than the machine's memory; the family's declared "
+        "load layout names each tensor); false (default): loaded whole",
     }
     OPTION_TYPES = {"threads": "positive whole number", "attn_implementation": "text"}
-    OPTION_VALUES = {"load_fixes": (True, False)}
+    OPTION_VALUES = {"load_fixes": (True, False), "stream": (True, False)}
     policies = ("f32", "f64", "tf32", *RUNTIME_POLICIES["transformers"])  # q4-dequant: the dense dequantized checkpoint
 
     def arithmetic(self) -> AbstractContextManager:
@@ -77,6 +80,8 @@ class TransformersRuntime(Runtime):
         transformers = require("transformers", "transformers", self.name, self.EXTRA)
         dtype = torch.float64 if self.policy.name == "f64" else torch.float32
         torch.set_num_threads(int(self.options.get("threads", torch.get_num_threads())))
+        if self.options.get("stream"):
+            return self._load_streamed(transformers, dtype)
         model, info = getattr(transformers, self.taps.MODEL_CLASS).from_pretrained(
             str(self.checkpoint.path),
             dtype=dtype,
@@ -92,10 +97,36 @@ class TransformersRuntime(Runtime):
             self.load_corrections = list(correct(model, self.checkpoint))
         return model.eval()
 
+    _streamer = None
+
+    def _load_streamed(self, transformers: Any, dtype: Any) -> Any:
+        """The model built with every parameter on ``meta``, its weights streamed as it runs (``streamed``)."""
+        from driftscope.capture.runtimes.streamed import streamed_model
+
+        model, self._streamer = streamed_model(self, transformers, dtype)
+        return model.eval()
+
+    def streaming(self) -> AbstractContextManager:
+        """A streamed model's forward (``streamed.streaming``: a weight read outside its module said plainly)."""
+        if self._streamer is None:
+            return nullcontext()
+        from driftscope.capture.runtimes.streamed import streaming
+
+        return streaming(self)
+
+    def release(self) -> None:
+        if self._streamer is not None:
+            self._streamer.remove()
+            self._streamer = None
+        super().release()
+
     def versions(self) -> dict[str, str]:
         return package_versions("torch", "transformers")
 
     def loaded_tensors(self) -> dict:
+        if self._streamer is not None:  # what a module is given when it runs, read as the hooks read it
+            return self._streamer.loaded_tensors()
+
         def rows_of(param):
             return lambda rows: (param.detach() if rows is None else param.detach()[rows]).double().numpy()
 
@@ -117,8 +148,10 @@ class TransformersRuntime(Runtime):
 
     def _capture(self, inputs: ModelInputs, sink: StageSink) -> None:
         self.put_inputs(inputs, sink)
-        with self.arithmetic():
+        with self.arithmetic(), self.streaming():
             self._tower = self.taps.capture(self.model, inputs, sink)
+        if self._streamer is not None:
+            sink.writer.meta["streamed"] = self._streamer.record()
 
     can_replay = True
     decodes = True
@@ -127,8 +160,10 @@ class TransformersRuntime(Runtime):
         """Prefill the whole model on the prompt (hooks on the text layers), then greedy decode with the cache;
         the tower's output from this capture is reused when the family returned one."""
         tower, self._tower = self.__dict__.pop("_tower", None), None
-        with self.arithmetic(), self.substituting(inputs):
+        with self.arithmetic(), self.substituting(inputs), self.streaming():
             self.taps.capture_text(self.model, inputs, sink, **({"tower": tower} if tower is not None else {}))
+        if self._streamer is not None:
+            sink.writer.meta["streamed"] = self._streamer.record()
 
     substitutes = True
 
@@ -145,5 +180,5 @@ class TransformersRuntime(Runtime):
     def replay(self, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
         """The stage's own torch modules (the ones the forward ran) applied to ``inputs``; float32 result."""
         self.load()
-        with self.arithmetic():
+        with self.arithmetic(), self.streaming():
             return np.asarray(self.taps.replay(self.model, stage_id, inputs, ctx), dtype=np.float32)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from driftscope.inputs.processor_output import ModelInputs
-from driftscope.inputs.text_inputs import DEFAULT_PROMPT, TextInputs, load_tokenizer
+from driftscope.inputs.text_inputs import DEFAULT_PROMPT, TextInputs, prompt_tokenizer
 
 from ...errors import InputError
 from .processor import image_token_ids, image_token_string
@@ -22,7 +22,7 @@ def build_text_inputs(
 
     Token types mark every image token (patches, row ends, starts and ends) as transformers' processor does:
     they attend to each other both ways in the prefill."""
-    tokenizer = load_tokenizer(checkpoint.path)
+    tokenizer = prompt_tokenizer(checkpoint.path)
     bos = tokenizer.bos_token or tokenizer.eos_token or ""
     grids = np.asarray(inputs["grids"]).reshape(-1, 4)
     images = "".join(image_token_string(tuple(int(v) for v in grid)) for grid in grids)

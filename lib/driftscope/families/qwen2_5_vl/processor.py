@@ -10,6 +10,7 @@ import numpy as np
 
 from driftscope.inputs.processor_output import ModelInputs
 
+from ..qwen_shared.image_processor import smart_resize
 from ..qwen_shared.processor import run_processor
 from ..qwen_shared.video import add_videos
 
@@ -21,8 +22,6 @@ def frame_resize(
     frames: int, height: int, width: int, factor: int, temporal: int, min_pixels: int, max_pixels: int
 ) -> tuple[int, int]:
     """Qwen2-VL's video resize: each frame's smart resize within the bounds (the frame count plays no part)."""
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
-
     return smart_resize(height, width, factor, min_pixels, max_pixels)
 
 

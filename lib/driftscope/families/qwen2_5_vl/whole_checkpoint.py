@@ -25,6 +25,18 @@ from .synthetic import QWEN25_VL_3B_SHAPED, SyntheticQwen25VLSpec, build_config,
 QWEN25_VL_3B_WHOLE = dataclasses.replace(  # the tower benchmark's 3B-shaped vision tower, with the real text side
     QWEN25_VL_3B_SHAPED, text_layers=36, text_intermediate=11008, vocab_size=151936, tie_word_embeddings=True
 )
+#: Qwen2.5-VL-7B's shape: the 3B's tower, 28 text layers at hidden 3584 (28 heads / 4 KV heads, head 128), MLP
+#: 18944, vocabulary 152064, an untied head
+QWEN25_VL_7B_WHOLE = dataclasses.replace(
+    QWEN25_VL_3B_WHOLE,
+    text_hidden=3584,
+    text_layers=28,
+    text_heads=28,
+    text_kv_heads=4,
+    text_intermediate=18944,
+    vocab_size=152064,
+    tie_word_embeddings=False,
+)
 #: Legacy checkpoint keys (as the hub's Qwen2.5-VL checkpoints and transformers' save_pretrained write them).
 KEY_PREFIXES = (("model.visual.", "visual."), ("model.language_model.", "model."))
 
@@ -107,10 +119,15 @@ def _write_index(out_dir: Path, names: list[list[str]], total_bytes: int) -> Non
 
 
 def write_whole_checkpoint(
-    out_dir: Path, spec: SyntheticQwen25VLSpec, shard_bytes: int = 2 << 30, bf16_dir: Path | None = None
+    out_dir: Path,
+    spec: SyntheticQwen25VLSpec,
+    shard_bytes: int = 2 << 30,
+    bf16_dir: Path | None = None,
+    dtype: str = "float32",
 ) -> Path:
-    """Write ``spec`` as a sharded float32 checkpoint in ``out_dir`` (and, with ``bf16_dir``, a bfloat16 copy
-    there); one shard in memory at a time. The index is written last: a directory without it is unfinished."""
+    """Write ``spec`` as a sharded checkpoint in ``dtype`` (float32 or bfloat16, as Qwen2.5-VL's releases ship) in
+    ``out_dir`` (and, with ``bf16_dir``, a bfloat16 copy there); one shard in memory at a time. The index is
+    written last: a directory without it is unfinished."""
     import torch
     from safetensors.torch import save_file
 
@@ -119,7 +136,7 @@ def write_whole_checkpoint(
     config = build_config(spec, tokenizer)
     shapes = parameter_shapes(spec, config)
     shards = plan_shards(shapes, shard_bytes)
-    targets = [(out_dir, torch.float32)] + ([(Path(bf16_dir), torch.bfloat16)] if bf16_dir else [])
+    targets = [(out_dir, getattr(torch, dtype))] + ([(Path(bf16_dir), torch.bfloat16)] if bf16_dir else [])
     for folder, dtype in targets:
         folder.mkdir(parents=True, exist_ok=True)
         config.dtype = str(dtype).removeprefix("torch.")
@@ -134,6 +151,6 @@ def write_whole_checkpoint(
             del cast
         del tensors
     for folder, dtype in targets:
-        itemsize = 4 if dtype == torch.float32 else 2
+        itemsize = torch.empty((), dtype=dtype).element_size()
         _write_index(folder, shards, sum(math.prod(s) for s in shapes.values()) * itemsize)
     return out_dir

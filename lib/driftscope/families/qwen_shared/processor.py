@@ -1,5 +1,6 @@
-"""The checkpoint's own Qwen2-VL-style image processor (transformers' PIL class, no torchvision), run once
-on the images, and the settings it ran with (the processor contract: resize bounds, resampler, patching)."""
+"""The checkpoint's own Qwen2-VL-style image processor (transformers' PIL class, no torchvision; in NumPy where
+``image_processor`` reproduces it), run once on the images, and the settings it ran with (the processor contract:
+resize bounds, resampler, patching)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,19 @@ import numpy as np
 from driftscope.inputs.processor_output import as_processor_sees, load_image
 
 from ...errors import InputError
+from .image_processor import numpy_image_processor, smart_resize
 
 if TYPE_CHECKING:
     from driftscope.model.checkpoint import Checkpoint
 
 
 def load_image_processor(checkpoint: Checkpoint, **overrides: Any):
-    """The checkpoint's own image processor, built from transformers' PIL class (no torchvision);
-    ``overrides`` replace settings of its preprocessor_config.json (e.g. ``resample``)."""
+    """The checkpoint's own image processor: transformers' PIL class (no torchvision) in NumPy where this package
+    reproduces it (``image_processor``: no torch imported), else transformers' own; ``overrides`` replace settings
+    of its preprocessor_config.json (e.g. ``resample``)."""
+    found = numpy_image_processor(checkpoint.path, **overrides)
+    if found is not None:
+        return found
     from transformers import AutoImageProcessor
 
     try:
@@ -49,7 +55,7 @@ def processor_settings(processor) -> dict:
     size = getattr(processor, "size", None) or {}
     size = dict(size) if not isinstance(size, dict) else size
     return {
-        "class": type(processor).__name__,
+        "class": getattr(processor, "name", type(processor).__name__),
         "min_pixels": int(size.get("shortest_edge") or getattr(processor, "min_pixels", 56 * 56)),
         "max_pixels": int(size.get("longest_edge") or getattr(processor, "max_pixels", 28 * 28 * 1280)),
         "patch_size": int(getattr(processor, "patch_size", 14)),
@@ -86,8 +92,6 @@ def run_processor(
     """Run ``processor`` (default: the checkpoint's) on the images; refuse images that cannot be resized and,
     with ``refuse_upscale``, images below its minimum pixels (it would upscale them, and the run would not
     test the image given; a family whose processor upscales by design records it instead)."""
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
-
     if not image_paths:
         raise InputError("no images given", "list at least one image under 'images' (or a video under 'videos')")
     processor = processor or load_image_processor(checkpoint)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from driftscope.inputs.processor_output import ModelInputs
-from driftscope.inputs.text_inputs import DEFAULT_PROMPT, TextInputs, load_tokenizer
+from driftscope.inputs.text_inputs import DEFAULT_PROMPT, TextInputs, prompt_tokenizer
 
 from ...errors import InputError
 from .video_text import video_prompt
@@ -26,7 +26,7 @@ def build_text_inputs(
     grid_thw = np.asarray(inputs["grid_thw"]).tolist()
     image_grids = grid_thw[: len(grid_thw) - len(videos)]
     image_tokens = inputs.image_tokens.tolist()[: len(image_grids)]
-    tokenizer = load_tokenizer(checkpoint.path)
+    tokenizer = prompt_tokenizer(checkpoint.path)
     config = checkpoint.config
     vision = config.get("vision_config") or {}
     merge = int(vision.get("spatial_merge_size", 2))

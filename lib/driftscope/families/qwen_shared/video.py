@@ -81,8 +81,7 @@ def run_video_processor(
     """Run the video processor on ``video_paths`` with ``processor``'s settings and the family's ``resize``. A video
     the bounds would upscale is refused as an image would be (``refuse_upscale``: the family refuses to upscale
     images), else its facts say so (``upscaled_by_min_pixels``)."""
-    from transformers.image_processing_backends import PilBackend
-    from transformers.image_utils import SizeDict
+    from .image_processor import normalize, rescale, resize_chw
 
     patch, merge = int(processor.patch_size), int(processor.merge_size)
     temporal = int(processor.temporal_patch_size)
@@ -113,12 +112,10 @@ def run_video_processor(
             rgb, conversion = as_processor_sees(frame, processor, path)
             conversions.add(conversion)
             array = np.asarray(rgb).transpose(2, 0, 1)  # CHW, as the image processor holds an image
-            if tuple(resized) != (height, width):
-                array = PilBackend.resize(
-                    processor, array, SizeDict(height=resized[0], width=resized[1]), processor.resample
-                )
-            array = processor.rescale(array, processor.rescale_factor)
-            normalized.append(processor.normalize(array, processor.image_mean, processor.image_std))
+            if tuple(resized) != (height, width):  # transformers' PIL resize, rescale and normalize, in NumPy
+                array = resize_chw(array, int(resized[0]), int(resized[1]), int(processor.resample))
+            array = rescale(array, processor.rescale_factor)
+            normalized.append(normalize(array, processor.image_mean, processor.image_std))
         stacked = np.stack(normalized).astype(np.float32)
         patches, grid = patchify_video(stacked, patch, merge, temporal)
         all_patches.append(patches)

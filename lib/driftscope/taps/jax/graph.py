@@ -70,7 +70,7 @@ def lower_graph(
     rows: int,
     taps: tuple[str, ...],
 ) -> LoweredGraph:
-    """Lower ``function(weights, *inputs)`` with weights as float32 arguments (never constants) and each
+    """Lower ``function(weights, *inputs)`` with weights as arguments in their dtype (never constants) and each
     input as ``(shape, dtype)``, in order; the text starts with ``header`` and the policy's contract."""
     import jax
     import jax.numpy as jnp
@@ -82,7 +82,7 @@ def lower_graph(
     parameter = inspect.Parameter.POSITIONAL_OR_KEYWORD  # named arguments in the StableHLO's arg_info
     call.__signature__ = inspect.Signature([inspect.Parameter(n, parameter) for n in ("weights", *inputs)])
     shape = jax.ShapeDtypeStruct
-    weight_specs = {key: shape(array.shape, jnp.float32) for key, array in weights.items()}
+    weight_specs = {key: shape(array.shape, jnp.dtype(array.dtype)) for key, array in weights.items()}
     lowered = jax.jit(call, keep_unused=True).lower(
         weight_specs, *(shape(dims, jnp.dtype(dtype)) for dims, dtype in inputs.values())
     )

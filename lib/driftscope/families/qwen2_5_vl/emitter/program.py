@@ -49,6 +49,19 @@ HOST_STAGES = (
 )
 #: What the text side reads of the tower (the tower function returns it whatever the taps).
 TOWER_OUTPUTS = (FINAL,)
+#: The checkpoint tensors the emitter reads only as dot operands (``linear``, the patch embedding's convolution):
+#: held in float16 under a policy whose dots take float16 (``compiled_weights.half_weights``). Not a tied head,
+#: which is the embedding (a gather).
+DOT_WEIGHTS = (
+    "*visual.patch_embed.proj.weight",
+    "*visual.blocks.*.attn.qkv.weight",
+    "*visual.blocks.*.attn.proj.weight",
+    "*visual.blocks.*.mlp.*_proj.weight",
+    "*visual.merger.mlp.*.weight",
+    "*layers.*.self_attn.*_proj.weight",
+    "*layers.*.mlp.*_proj.weight",
+    "lm_head.weight",
+)
 #: Graph inputs after the weights, in call order.
 GRAPH_INPUTS = ("pixel_values", "patch_gather", "positions", "window_segments", "image_segments", "merged_restore")
 
