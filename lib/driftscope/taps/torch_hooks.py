@@ -1,5 +1,5 @@
-"""What a family's transformers taps are written with: tensors to numpy, and a module attribute replaced
-inside a block (a function the forward looks up, wrapped to record)."""
+"""What a family's transformers taps are written with: tensors to numpy, a module call's main input and output
+tensor, and a module attribute replaced inside a block (a function the forward looks up, wrapped to record)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,40 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
+
+from .outputs import output_at
+
+#: keyword arguments a module's main input is passed as, when it is not the first positional argument
+MAIN_KEYWORDS = ("hidden_states", "x", "input", "inputs", "inputs_embeds", "pixel_values", "image_features")
+
+
+def is_tensor(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor)
+
+
+def first_tensor(value: Any):
+    """The first tensor in a module's output (a tensor, a tuple or list, or a ModelOutput / dict)."""
+    return output_at(value, None, is_tensor)
+
+
+def output_tensor(value: Any, item: list | tuple | None = None):
+    """The tensor a module's output holds at ``item`` (the probe's ``out_item``), else its first tensor."""
+    return output_at(value, item, is_tensor)
+
+
+def main_input(args: tuple, kwargs: dict):
+    """A module call's main input: its first positional tensor, else a known keyword, else any tensor keyword."""
+    import torch
+
+    found = first_tensor(tuple(args)) if args else None
+    if found is not None:
+        return found
+    for name in MAIN_KEYWORDS:
+        if isinstance(kwargs.get(name), torch.Tensor):
+            return kwargs[name]
+    return next((value for value in kwargs.values() if isinstance(value, torch.Tensor)), None)
 
 
 def to_numpy(tensor) -> np.ndarray:

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from driftscope.taps.module_taps import Port, argument, output
 from driftscope.taps.stages import StagePlan
 
 from .layout import Layout
@@ -41,17 +42,26 @@ def to_reference(array: np.ndarray, entry: dict, key: str = "layout") -> np.ndar
     return array
 
 
-def by_module(plan: StagePlan, wanted, side: str) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-    """Module path on ``side`` ("torch" or "mlx") -> the wanted stages it writes from its output, and those it
-    writes from its input."""
-    outputs: dict[str, list[str]] = {}
-    inputs: dict[str, list[str]] = {}
+def module_ports(plan: StagePlan, wanted, side: str, form) -> list[tuple[str, Port]]:
+    """Each wanted stage's port on ``side`` ("torch" or "mlx"): the module's input (where the entry captures its
+    input) or its output (transformers: at the item the module's first stage names; MLX: at each stage's own), its
+    array put in the reference's form by ``form(array, entry, key)`` (``key``: "input_back" or "layout")."""
+    ports: list[tuple[str, Port]] = []
+    first_item: dict[str, Any] = {}
     for stage_id, entry in entries(plan).items():
         path = entry.get(side)
         if path is None or not wanted(stage_id):
             continue
-        (inputs if entry.get("capture") == "input" else outputs).setdefault(path, []).append(stage_id)
-    return outputs, inputs
+        if entry.get("capture") == "input":
+            ports.append((stage_id, argument(path, lambda a, e=entry: form(a, e, "input_back"))))
+            continue
+        item = entry.get(f"{side}_item") if side == "mlx" else first_item.setdefault(path, entry.get("torch_item"))
+        ports.append((stage_id, output(path, lambda a, e=entry: form(a, e, "layout"), _item(item))))
+    return ports
+
+
+def _item(item: Any) -> tuple | None:
+    return None if item is None else tuple(item)
 
 
 def with_rank(array: Any, rank: int, expand) -> Any:

@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from .mlx_calls import first_array, is_array, main_input, watched
+from driftscope.taps.mlx_calls import first_array, is_array, main_input, watched
+
 from .probe import ForwardRecord, ModuleFacts, SideProbe, embed_scale, moments, output_choice, subtree_moments
 
 
@@ -63,7 +64,7 @@ def probe(model: Any, forward: Callable[[], Any]) -> SideProbe:
         record.finished(path, produced, None if produced is None else list(produced.shape))
         return out
 
-    with watched(model, on_call):
+    with watched(named, on_call):
         out = forward()
         mx.eval(first_array(out) if first_array(out) is not None else mx.array(0))
     return SideProbe("mlx", modules)

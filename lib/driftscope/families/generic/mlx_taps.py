@@ -11,13 +11,14 @@ from typing import Any
 import numpy as np
 
 from driftscope.inputs.processor_output import ModelInputs
-from driftscope.taps.mlx_hooks import cache_snapshot, dtype_name, to_numpy
+from driftscope.taps.mlx_calls import main_input, output_array, watched
+from driftscope.taps.mlx_hooks import cache_snapshot, to_numpy
+from driftscope.taps.module_taps import mlx_taps
 from driftscope.taps.sink import StageSink, put_greedy
 
 from .calls import mlx_kwargs, mlx_load
-from .entries import StopForward, by_module, entries, put_prompt, stage_value, to_reference, with_rank
+from .entries import StopForward, entries, module_ports, put_prompt, stage_value, to_reference, with_rank
 from .layout import Layout
-from .mlx_calls import main_input, output_array, watched
 
 
 def load(path: Path, config: dict) -> Any:
@@ -90,36 +91,29 @@ def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
     _refuse_unread(plan)
     put_prompt(inputs, sink)
     stage_entries = entries(plan)
-    outputs, taken = by_module(plan, sink.wants, "mlx")
-    pending = {stage for stages in (*outputs.values(), *taken.values()) for stage in stages}
+    ports = module_ports(
+        plan, sink.wants, "mlx", lambda array, entry, key: stage_value(to_reference(array, entry, key), entry)
+    )
+    pending = {stage for stage, _ in ports}
     text = any(stage.id.startswith("text.") for stage in plan)
     # a stage the plan refused is declared absent with why, whether or not its module runs here
     refused = {stage: stage_entries[stage]["refusal"] for stage in pending if stage_entries[stage].get("refusal")}
     sink.writer.meta.setdefault("declared_absent", {}).update(refused)
     pending -= set(refused)
 
-    def put(stage_id: str, array, key: str) -> None:
-        entry = stage_entries[stage_id]
-        if array is not None and sink.wants(stage_id) and not entry.get("refusal"):
-            value = stage_value(to_reference(to_numpy(array), entry, key), entry)
-            sink.put(stage_id, value, native_dtype=dtype_name(array))
+    def wants(stage_id: str) -> bool:
+        return sink.wants(stage_id) and not stage_entries[stage_id].get("refusal")
+
+    def record(stage_id: str, value, native) -> None:
+        if value is not None:
+            sink.put(stage_id, value, native_dtype=native)
         pending.discard(stage_id)
         if not pending and not text:
             raise StopForward
 
-    def on_call(path, module, args, kwargs, call):
-        for stage_id in taken.get(path, ()):
-            put(stage_id, main_input(args, kwargs), "input_back")
-        out = call()
-        for stage_id in outputs.get(path, ()):
-            put(stage_id, output_array(out, stage_entries[stage_id].get("mlx_item")), "layout")
-        return out
-
-    modules = _modules(model)
-    targets = {id(modules[path]): path for path in (*outputs, *taken) if path in modules}
     cache = make_prompt_cache(model.language_model) if text else None
     try:
-        with watched(model, on_call, targets):
+        with mlx_taps(model, ports, record, wants, lookup=_modules(model).get):
             out = prefill(model, inputs, cache)
             mx.eval(out.logits)
     except StopForward:
@@ -165,7 +159,7 @@ def record_calls(model: Any, inputs: ModelInputs, paths: set[str]) -> dict[str, 
         return call()
 
     modules = _modules(model)
-    with watched(model, on_call, {id(modules[p]): p for p in paths if p in modules}):
+    with watched({p: modules[p] for p in paths if p in modules}, on_call):
         mx.eval(prefill(model, inputs, None).logits)
     return found
 

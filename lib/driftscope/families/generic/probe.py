@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from driftscope.taps.outputs import leaves
+
 #: moments of a tensor's values: count, sum, sum of squares, sum of cubes (float64); additive over tensors, so a
 #: module's subtree is the sum of its parameters', and unchanged by any permutation of the elements
 MOMENTS = 4
@@ -181,27 +183,6 @@ class ForwardRecord:
         facts.input_of = taker
 
 
-def _items(value: Any) -> list[tuple[Any, Any]] | None:
-    """``(key, item)`` of a dict (a transformers ModelOutput: its set fields), a tuple or list, or a dataclass's
-    fields; None when ``value`` is none of them."""
-    if isinstance(value, dict):
-        return list(value.items())
-    if isinstance(value, tuple | list):
-        return list(enumerate(value))
-    if hasattr(value, "__dataclass_fields__"):
-        return [(name, getattr(value, name)) for name in value.__dataclass_fields__]
-    return None
-
-
-def leaves(value: Any, is_array: Callable[[Any], bool], depth: int = 0, where: tuple = ()) -> list[tuple[tuple, Any]]:
-    """Every array in a module's output with where it sits (keys into dicts, tuples, lists or dataclass fields, at
-    most three levels deep), in order."""
-    if is_array(value):
-        return [(where, value)]
-    items = None if depth > 2 or value is None else _items(value)
-    return [found for key, item in items or () for found in leaves(item, is_array, depth + 1, (*where, key))]
-
-
 def output_choice(out: Any, last_inner: Any, is_array: Callable[[Any], bool]) -> tuple[tuple | None, Any]:
     """A module's output among what it returns, and where it sits: where it returns several arrays, the one the
     last module called directly under it returned (what it computed last: mlx-vlm's towers return tuples such as
@@ -215,17 +196,6 @@ def output_choice(out: Any, last_inner: Any, is_array: Callable[[Any], bool]) ->
             if array is last_inner:
                 return where, array
     return None, found[0][1]
-
-
-def output_at(value: Any, item: list | tuple | None, is_array: Callable[[Any], bool]) -> Any:
-    """The array a module's output holds at ``item`` (keys, as :func:`leaves` gives them: the probe's
-    ``out_item``), else its first array (None: it holds none)."""
-    if item is None:
-        found = leaves(value, is_array)
-        return found[0][1] if found else None
-    for key in item:
-        value = value[key] if isinstance(value, dict | tuple | list) else getattr(value, key)
-    return value
 
 
 def embed_scale(module: Any) -> float | None:

@@ -8,48 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from .probe import (
-    ForwardRecord,
-    ModuleFacts,
-    SideProbe,
-    embed_scale,
-    moments,
-    output_at,
-    output_choice,
-    subtree_moments,
-)
+from driftscope.taps.torch_hooks import first_tensor, is_tensor, main_input
 
-#: keyword arguments a module's main input is passed as, when it is not the first positional argument
-MAIN_KEYWORDS = ("hidden_states", "x", "input", "inputs", "inputs_embeds", "pixel_values", "image_features")
-
-
-def is_tensor(value: Any) -> bool:
-    import torch
-
-    return isinstance(value, torch.Tensor)
-
-
-def first_tensor(value: Any):
-    """The first tensor in a module's output (a tensor, a tuple or list, or a ModelOutput / dict)."""
-    return output_at(value, None, is_tensor)
-
-
-def output_tensor(value: Any, item: list | tuple | None = None):
-    """The tensor a module's output holds at ``item`` (the probe's ``out_item``), else its first tensor."""
-    return output_at(value, item, is_tensor)
-
-
-def main_input(args: tuple, kwargs: dict):
-    """A module call's main input: its first positional tensor, else a known keyword, else any tensor keyword."""
-    import torch
-
-    found = first_tensor(tuple(args)) if args else None
-    if found is not None:
-        return found
-    for name in MAIN_KEYWORDS:
-        if isinstance(kwargs.get(name), torch.Tensor):
-            return kwargs[name]
-    return next((value for value in kwargs.values() if isinstance(value, torch.Tensor)), None)
+from .probe import ForwardRecord, ModuleFacts, SideProbe, embed_scale, moments, output_choice, subtree_moments
 
 
 def weight_moments(model: Any) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:

@@ -10,13 +10,13 @@ from typing import Any
 import numpy as np
 
 from driftscope.inputs.processor_output import ModelInputs
+from driftscope.taps.module_taps import torch_taps
 from driftscope.taps.sink import StageSink, put_greedy
-from driftscope.taps.torch_hooks import cache_snapshot
+from driftscope.taps.torch_hooks import cache_snapshot, main_input, output_tensor
 from driftscope.taps.torch_hooks import to_numpy as _np
 
 from .calls import transformers_kwargs
-from .entries import StopForward, by_module, entries, put_prompt, stage_value, with_rank
-from .torch_probe import main_input, output_tensor
+from .entries import StopForward, module_ports, put_prompt, stage_value, with_rank
 
 MODEL_CLASS = "AutoModelForImageTextToText"
 
@@ -59,51 +59,25 @@ def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
 
     plan = sink.plan
     put_prompt(inputs, sink)
-    stage_entries = entries(plan)
-    outputs, taken = by_module(plan, sink.wants, "torch")
-    modules = dict(model.named_modules())
-    pending = {stage for stages in (*outputs.values(), *taken.values()) for stage in stages}
+    ports = module_ports(plan, sink.wants, "torch", lambda array, entry, key: stage_value(array, entry))
+    pending = {stage for stage, _ in ports}
     text = any(stage.id.startswith("text.") for stage in plan)
 
-    def written(stage_id: str) -> None:
+    def record(stage_id: str, value, native) -> None:
+        if value is not None:
+            sink.put(stage_id, value)
         pending.discard(stage_id)
         if not pending and not text:
             raise StopForward
 
-    def put(stage_id: str, tensor) -> None:
-        if tensor is not None and sink.wants(stage_id):
-            sink.put(stage_id, stage_value(_np(tensor), stage_entries[stage_id]))
-        written(stage_id)
-
-    def put_all(stages: list[str], tensor) -> None:  # a hook that returns a value would replace the module's
-        for stage_id in stages:
-            put(stage_id, tensor)
-
-    handles = []
-    for path, stages in taken.items():
-        handles.append(
-            modules[path].register_forward_pre_hook(
-                lambda m, args, kwargs, stages=stages: put_all(stages, main_input(args, kwargs)), with_kwargs=True
-            )
-        )
-    for path, stages in outputs.items():
-        item = stage_entries[stages[0]].get("torch_item")  # one module: one place in what it returns
-        handles.append(
-            modules[path].register_forward_hook(
-                lambda m, a, out, stages=stages, item=item: put_all(stages, output_tensor(out, item))
-            )
-        )
     kwargs = _prefill_kwargs(model, inputs, use_cache=text)
     if text:
         kwargs["cache"] = full_cache(model)
     try:
-        with torch.no_grad():
+        with torch_taps(model, ports, record, sink.wants, lookup=dict(model.named_modules()).get), torch.no_grad():
             return model(**kwargs)
     except StopForward:
         return None
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def capture_text(model: Any, inputs: ModelInputs, sink: StageSink, tower: Any = None) -> None:

@@ -1,14 +1,14 @@
-"""Watching every call of an MLX model's modules without changing them: each module class's ``__call__`` is
+"""Watching every call of an MLX model's modules without changing them: each watched object's class ``__call__`` is
 wrapped for the duration (an instance is known by identity, so calls through attributes, lists or local names are
 all seen), and put back afterwards."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from .probe import output_at
+from .outputs import output_at
 
 #: ``on_call(path, module, args, kwargs, call) -> output``: runs the module (``call()``) and may record around it
 OnCall = Callable[[str, Any, tuple, dict, Callable[[], Any]], Any]
@@ -44,17 +44,23 @@ def main_input(args: tuple, kwargs: dict):
 
 
 def _defining_class(cls: type) -> type | None:
-    return next((klass for klass in cls.__mro__ if "__call__" in vars(klass)), None)
+    """The class whose ``__call__`` an instance of ``cls`` runs (None: it has none, so it is never called; a
+    builtin's cannot be wrapped)."""
+    klass = next((klass for klass in cls.__mro__ if "__call__" in vars(klass)), None)
+    if klass is not None and klass.__module__ == "builtins":
+        raise TypeError(
+            f"a {cls.__name__} cannot be watched by its class's call (a function or builtin): tap what calls it"
+        )
+    return klass
 
 
 @contextmanager
-def watched(model: Any, on_call: OnCall, paths: dict[int, str] | None = None) -> Iterator[dict[int, str]]:
-    """Route every call of a module of ``model`` (by path; ``paths`` limits which) through ``on_call``; a module
-    already inside its own call (a subclass calling ``super().__call__``) is not routed twice."""
-    if paths is None:
-        paths = {id(module): path for path, module in model.named_modules()}
-    modules = {id(module): module for _, module in model.named_modules()}
-    classes = {_defining_class(type(modules[key])) for key in paths if key in modules}
+def watched(targets: Mapping[str, Any], on_call: OnCall) -> Iterator[dict[int, str]]:
+    """Route every call of the objects of ``targets`` (path -> a module, or any object of a Python class with a
+    ``__call__``) through ``on_call`` with its path; an object already inside its own call (a subclass calling
+    ``super().__call__``) is not routed twice. Yields ``id(object) -> path``."""
+    paths = {id(target): path for path, target in targets.items()}
+    classes = {_defining_class(type(target)) for target in targets.values()}
     classes.discard(None)
     originals = {klass: vars(klass)["__call__"] for klass in classes}
     active: set[int] = set()
