@@ -1,7 +1,7 @@
 """Qwen2.5-VL in mlx-vlm: loading (with the config adapted), where to record each stage, the replay operators.
 
-q/k are recorded from mlx-vlm's own RoPE function (called for q, then k, in every block) and SiLU from
-the activation call inside its MLP.
+The stages a module's output or input holds are declared in ``module_stages``; q/k are recorded from mlx-vlm's own
+RoPE function (called for q, then k, in every block) and SiLU from the activation call inside its MLP.
 """
 
 from __future__ import annotations
@@ -14,14 +14,16 @@ from typing import Any
 import numpy as np
 
 from driftscope.inputs.processor_output import ModelInputs
-from driftscope.taps.mlx_hooks import Recording, cache_snapshot, dtype_name, list_item, module_attr, shadow, to_numpy
+from driftscope.taps.mlx_hooks import Recording, cache_snapshot, dtype_name, module_attr, shadow, to_numpy
+from driftscope.taps.module_taps import tapped
 from driftscope.taps.sink import StageSink, put_greedy
 
 from ..qwen_shared.mlx_text import decode_step, mlx_vision_kwargs, replay_text
-from ..qwen_shared.text import AppliedOffsets, put_text_inputs
+from ..qwen_shared.text import AppliedOffsets, put_text_inputs, text_taps
 from .geometry.windows import unique_consecutive
 from .mlx_config import load_mlx_model
 from .mlx_config import unrepresentable as unrepresentable  # the MLX runtime asks it before loading
+from .module_stages import tower_taps
 from .plan import block_stage_id, parse_stage
 from .transformers_taps import put_unused_bounds
 
@@ -62,8 +64,9 @@ def run_vision(model: Any, inputs: ModelInputs):
 
 
 def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
-    """One tower forward with recorders on every tapped call; returns the tower's output (``capture_text``'s
-    ``tower``)."""
+    """One tower forward with the declared module stages tapped (``module_stages``) and recorders on what no module
+    gives (the rotary angles, the window index, RoPE, the SiLU, each block's bounds); returns the tower's output
+    (``capture_text``'s ``tower``)."""
     import mlx.core as mx
     import mlx.nn as nn
     from mlx_vlm.models.qwen2_5_vl import vision as vision_module
@@ -76,12 +79,15 @@ def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
         if sink.wants(stage_id):
             sink.put(stage_id, to_numpy(value), native_dtype=dtype_name(value))
 
-    def out_to(stage_id: str):
-        return lambda args, kwargs, out: put(stage_id, out)
+    def before_block(index: int):
+        def run(args, kwargs) -> None:
+            state["block"], state["rope_calls"] = index, 0
+            if index in full:
+                put("vision.cu_seqlens", kwargs["cu_seqlens"])
+            elif sink.wants("vision.cu_window_seqlens"):
+                sink.put_bounds("vision.cu_window_seqlens", to_numpy(kwargs["cu_seqlens"]))
 
-    def put_bounds(cu_window_seqlens):
-        if sink.wants("vision.cu_window_seqlens"):
-            sink.put_bounds("vision.cu_window_seqlens", to_numpy(cu_window_seqlens))
+        return run
 
     def rotary(args, kwargs, freqs):
         cos, sin = mx.cos(freqs), mx.sin(freqs)
@@ -107,66 +113,19 @@ def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
             put(block_stage_id(state["block"], "mlp.act"), out)
         return out
 
+    before = {f"blocks.{index}": before_block(index) for index in range(len(tower.blocks))}
     with ExitStack() as stack:
         enter = stack.enter_context
-        enter(shadow(tower, "patch_embed", Recording(tower.patch_embed, out_to("vision.patch_embed"))))
+        enter(tapped("mlx", tower, tower_taps(tower), sink, before))
         enter(shadow(tower, "rot_pos_emb", Recording(tower.rot_pos_emb, rotary)))
         enter(shadow(tower, "get_window_index", Recording(tower.get_window_index, window)))
         enter(module_attr(vision_module, "apply_rotary_pos_emb_vision", rope))
         enter(module_attr(vision_module, "nn", _NNProxy(nn, silu)))
-        for index, block in enumerate(tower.blocks):
-            enter(list_item(tower.blocks, index, _block_recorder(index, block, full, state, put, put_bounds)))
-            if any(sink.wants(block_stage_id(index, s)) for s in ("norm1", "attn.q", "mlp.gate", "norm2")):
-                _wrap_substages(enter, index, block, put)
-        merger = tower.merger
-        enter(shadow(merger, "ln_q", Recording(merger.ln_q, out_to("vision.merger.norm"))))
-        enter(list_item(merger.mlp, 1, Recording(merger.mlp[1], out_to("vision.merger.hidden"))))
-        enter(shadow(tower, "merger", Recording(merger, out_to("vision.merger.window"))))
         out = tower(*_pixels(model, inputs))
         put("vision.merger", out)
         state["block"] = None
     put_unused_bounds(sink, inputs["grid_thw"], state.get("cu_window"))
     return out
-
-
-def _block_recorder(index: int, block: Any, full: set[int], state: dict, put, put_bounds):
-    def call(hidden_states, cu_seqlens, rotary_pos_emb):
-        state["block"], state["rope_calls"] = index, 0
-        if index in full:
-            put("vision.cu_seqlens", cu_seqlens)
-        else:
-            put_bounds(cu_seqlens)
-        out = block(hidden_states, cu_seqlens=cu_seqlens, rotary_pos_emb=rotary_pos_emb)
-        put(block_stage_id(index), out)
-        return out
-
-    return call
-
-
-def _wrap_substages(enter, index: int, block: Any, put) -> None:
-    attn, mlp = block.attn, block.mlp
-    heads = attn.num_heads
-
-    def out_to(name: str):
-        return lambda args, kwargs, out: put(block_stage_id(index, name), out)
-
-    def in_to(name: str):
-        return lambda args, kwargs, out: put(block_stage_id(index, name), args[0])
-
-    def both_to(in_name: str, out_name: str):
-        return lambda args, kwargs, out: (in_to(in_name)(args, kwargs, out), out_to(out_name)(args, kwargs, out))
-
-    def qkv(args, kwargs, out):
-        put(block_stage_id(index, "attn.v"), out.reshape(out.shape[0], 3, heads, -1)[:, 2])
-
-    enter(shadow(block, "norm1", Recording(block.norm1, out_to("norm1"))))
-    enter(shadow(attn, "qkv", Recording(attn.qkv, qkv)))
-    enter(shadow(attn, "proj", Recording(attn.proj, in_to("attn.context"))))
-    enter(shadow(block, "attn", Recording(attn, out_to("attn.out"))))
-    enter(shadow(block, "norm2", Recording(block.norm2, both_to("residual1", "norm2"))))
-    enter(shadow(mlp, "gate_proj", Recording(mlp.gate_proj, out_to("mlp.gate"))))
-    enter(shadow(mlp, "up_proj", Recording(mlp.up_proj, out_to("mlp.up"))))
-    enter(shadow(mlp, "down_proj", Recording(mlp.down_proj, both_to("mlp.product", "mlp.down"))))
 
 
 def capture_text(model: Any, inputs: ModelInputs, sink: StageSink, tower: Any = None) -> None:
@@ -192,24 +151,8 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink, tower: Any = 
         inputs, sink, embeds, rows, np.array(features.position_ids).reshape(3, -1), np.array(features.rope_deltas)
     )
     inner = model.language_model.model
-    layers = inner.layers
-
-    def last(stage_id):
-        return lambda args, kwargs, out: sink.put(stage_id, to_numpy(out[0, -1]))
-
-    def layer_out(index: int):
-        def record(args, kwargs, out) -> None:
-            hidden = to_numpy(out[0])
-            sink.put(f"text.layer.{index}", hidden)
-            sink.put(f"text.layer.{index}.last", hidden[-1])
-
-        return record
-
     cache = make_prompt_cache(model.language_model)
-    with ExitStack() as stack:  # recorders only during the prefill
-        for index, layer in enumerate(layers):
-            stack.enter_context(list_item(layers, index, Recording(layer, layer_out(index))))
-        stack.enter_context(shadow(inner, "norm", Recording(inner.norm, last("text.norm.last"))))
+    with tapped("mlx", inner, text_taps(len(inner.layers)), sink, native=False):  # during the prefill only
         logits = prefill(cache=cache).logits
         mx.eval(logits)
     final = to_numpy(logits[0, -1])

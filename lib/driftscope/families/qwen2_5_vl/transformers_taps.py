@@ -8,17 +8,19 @@ from typing import Any
 import numpy as np
 
 from driftscope.inputs.processor_output import ModelInputs
+from driftscope.taps.module_taps import tapped
 from driftscope.taps.sink import StageSink, put_greedy
 from driftscope.taps.torch_hooks import replaced
 from driftscope.taps.torch_hooks import to_numpy as _np
 
 from ..qwen_shared.grids import cu_seqlens as grid_cu_seqlens
-from ..qwen_shared.text import AppliedOffsets, put_text_inputs
+from ..qwen_shared.text import AppliedOffsets, put_text_inputs, text_taps
 from ..qwen_shared.tower import torch_vision_kwargs
 from ..qwen_shared.tower import tower_inputs as _tower_inputs
 from ..qwen_shared.tower import visual as _visual
 from ..qwen_shared.transformers_text import decode_step, replay_text
 from .geometry.windows import unique_consecutive
+from .module_stages import tower_taps
 from .plan import block_stage_id, parse_stage
 
 MODEL_CLASS = "Qwen2_5_VLForConditionalGeneration"
@@ -42,63 +44,25 @@ def put_unused_bounds(sink: StageSink, grid_thw: Any, cu_window: Any) -> None:
 
 
 def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
-    """One vision forward with hooks on every tapped module; q/k from the RoPE call, the window index from
-    the function that builds it. Returns the tower's output (what ``capture_text`` takes as ``tower``)."""
+    """One vision forward with the declared module stages tapped (``module_stages``); q/k from the RoPE call, the
+    window index from the function that builds it, the bounds from each block's arguments. Returns the tower's
+    output (what ``capture_text`` takes as ``tower``)."""
     import torch
     from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as modeling
 
     visual = _visual(model)
     state: dict[str, Any] = {"block": None}
-    hooks = []
-
-    def hook(module, stage_id: str, kind: str = "out", index: int = 0):
-        if not sink.wants(stage_id):
-            return
-        if kind == "out":
-            hooks.append(module.register_forward_hook(lambda m, a, o: sink.put(stage_id, _np(o))))
-        else:
-            hooks.append(module.register_forward_pre_hook(lambda m, a: sink.put(stage_id, _np(a[index]))))
-
-    hook(visual.patch_embed, "vision.patch_embed")
-
-    def rotary(module, args, out) -> None:  # a hook that returns a value would replace the output
-        sink.put("vision.rotary.cos", _np(out[0]))
-        sink.put("vision.rotary.sin", _np(out[1]))
-
-    hooks.append(visual.rotary_pos_emb.register_forward_hook(rotary))
     full = set(visual.fullatt_block_indexes)
-    for index, block in enumerate(visual.blocks):
 
-        def before_block(module, args, kwargs, index=index):
+    def before_block(index: int):
+        def run(args, kwargs) -> None:
             state["block"] = index
             if index in full:
                 sink.put("vision.cu_seqlens", _np(kwargs["cu_seqlens"]))
             elif sink.wants("vision.cu_window_seqlens"):
                 sink.put_bounds("vision.cu_window_seqlens", _np(kwargs["cu_seqlens"]))
 
-        hooks.append(block.register_forward_pre_hook(before_block, with_kwargs=True))
-        hook(block, block_stage_id(index))
-        hook(block.norm1, block_stage_id(index, "norm1"))
-        hook(block.attn.proj, block_stage_id(index, "attn.context"), "in")
-        hook(block.attn, block_stage_id(index, "attn.out"))
-        hook(block.norm2, block_stage_id(index, "residual1"), "in")
-        hook(block.norm2, block_stage_id(index, "norm2"))
-        hook(block.mlp.gate_proj, block_stage_id(index, "mlp.gate"))
-        hook(block.mlp.act_fn, block_stage_id(index, "mlp.act"))
-        hook(block.mlp.up_proj, block_stage_id(index, "mlp.up"))
-        hook(block.mlp.down_proj, block_stage_id(index, "mlp.product"), "in")
-        hook(block.mlp.down_proj, block_stage_id(index, "mlp.down"))
-        heads = block.attn.num_heads
-
-        def qkv_out(module, args, out, index=index, heads=heads):
-            stage_id = block_stage_id(index, "attn.v")
-            if sink.wants(stage_id):
-                sink.put(stage_id, _np(out.reshape(out.shape[0], 3, heads, -1)[:, 2]))
-
-        hooks.append(block.attn.qkv.register_forward_hook(qkv_out))
-    hook(visual.merger.ln_q, "vision.merger.norm")
-    hook(visual.merger.mlp[1], "vision.merger.hidden")
-    hook(visual.merger, "vision.merger.window")
+        return run
 
     original_rope = modeling.apply_rotary_pos_emb_vision
 
@@ -117,21 +81,19 @@ def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
         state["cu_window"] = unique_consecutive(np.asarray(cu_window, dtype=np.int64))
         return index, cu_window
 
-    try:
-        with ExitStack() as stack, torch.no_grad():
-            stack.enter_context(replaced(modeling, "apply_rotary_pos_emb_vision", rope))
-            stack.enter_context(replaced(modeling, "get_vision_window_index", window_index))
-            out = visual(*_tower_inputs(model, inputs))
-        sink.put("vision.merger", _np(out.pooler_output))
-        put_unused_bounds(sink, inputs["grid_thw"], state.get("cu_window"))
-    finally:
-        for handle in hooks:
-            handle.remove()
+    before = {f"blocks.{index}": before_block(index) for index in range(len(visual.blocks))}
+    with ExitStack() as stack, torch.no_grad():
+        stack.enter_context(tapped("torch", visual, tower_taps(visual), sink, before))
+        stack.enter_context(replaced(modeling, "apply_rotary_pos_emb_vision", rope))
+        stack.enter_context(replaced(modeling, "get_vision_window_index", window_index))
+        out = visual(*_tower_inputs(model, inputs))
+    sink.put("vision.merger", _np(out.pooler_output))
+    put_unused_bounds(sink, inputs["grid_thw"], state.get("cu_window"))
     return out
 
 
 def capture_text(model: Any, inputs: ModelInputs, sink: StageSink, tower: Any = None) -> None:
-    """Prefill the whole model on the prompt (hooks on the text layers), then greedy decode with the cache.
+    """Prefill the whole model on the prompt (the decoder's stages tapped), then greedy decode with the cache.
     ``tower`` (the output ``capture`` returned for these inputs) is handed to the model as its encoder output,
     so the tower does not run twice; only the last position's logits are computed."""
     import torch
@@ -139,28 +101,13 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink, tower: Any = 
     text = inputs.text
     language = model.model.language_model
     seen: dict[str, Any] = {}
-    hooks = [
-        language.register_forward_pre_hook(
-            lambda module, args, kwargs: seen.update(
-                embeds=kwargs.get("inputs_embeds"), positions=kwargs.get("position_ids")
-            ),
-            with_kwargs=True,
-        )
-    ]
 
-    def layer_out(module, args, out, index: int) -> None:
-        hidden = _np((out[0] if isinstance(out, tuple) else out)[0])
-        sink.put(f"text.layer.{index}", hidden)
-        sink.put(f"text.layer.{index}.last", hidden[-1])
+    def decoder_input(args, kwargs) -> None:
+        seen.update(embeds=kwargs.get("inputs_embeds"), positions=kwargs.get("position_ids"))
 
-    for index, layer in enumerate(language.layers):
-        hooks.append(
-            layer.register_forward_hook(lambda module, args, out, index=index: layer_out(module, args, out, index))
-        )
-    hooks.append(language.norm.register_forward_hook(lambda m, a, out: sink.put("text.norm.last", _np(out[0, -1]))))
     ids = torch.from_numpy(text.input_ids)[None]
     vision = torch_vision_kwargs(model, inputs, tower)  # images and videos apart, the tower's rows split per item
-    try:
+    with tapped("torch", language, text_taps(len(language.layers)), sink, {"": decoder_input}):
         with torch.no_grad():
             out = model(
                 input_ids=ids,
@@ -169,9 +116,6 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink, tower: Any = 
                 logits_to_keep=1,
                 **vision,
             )
-    finally:
-        for hook in hooks:
-            hook.remove()
     embeds = _np(seen["embeds"][0])
     rows = _np(language.embed_tokens(ids)[0])
     positions = seen["positions"]

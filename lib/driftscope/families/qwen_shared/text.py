@@ -1,4 +1,5 @@
-"""The Qwen prompt side: the chat format around the images, and the prompt stages every runtime writes."""
+"""The Qwen prompt side: the chat format around the images, the prompt stages every runtime writes, and the
+decoder's stages on its modules."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import numpy as np
 
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.inputs.text_inputs import DEFAULT_PROMPT, TextInputs, prompt_tokenizer
+from driftscope.taps.module_taps import ModuleTap, decoder_taps
 
 from ...errors import InputError
 from .video_text import video_prompt
@@ -114,3 +116,9 @@ def tied_head(config: dict) -> tuple[str, ...]:
 
 #: The text side's tensors, in either layout transformers saves (``model.layers.*`` or ``model.language_model.*``).
 TEXT_WEIGHTS = ("model.layers.*", "model.embed_tokens.*", "model.norm.*", "model.language_model.*", "lm_head.*")
+
+
+def text_taps(layers: int) -> list[ModuleTap]:
+    """The decoder's stages on its modules (``taps.module_taps.decoder_taps``): the same paths under transformers'
+    ``model.model.language_model`` and mlx-vlm's ``language_model.model``."""
+    return decoder_taps(layers, torch=("layers", "norm"), mlx=("layers", "norm"))

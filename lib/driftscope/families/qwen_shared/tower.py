@@ -1,8 +1,11 @@
-"""The transformers vision tower of both Qwen families and the tensors its forward takes."""
+"""The vision tower of both Qwen families: transformers' and the tensors its forward takes, and the values of the
+fused projection both libraries' blocks compute q, k and v with."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from driftscope.inputs.processor_output import ModelInputs
 
@@ -73,3 +76,13 @@ def torch_vision_kwargs(model: Any, inputs: ModelInputs, tower: Any = None) -> d
     if parts["video_grid"] is not None and seconds:
         kwargs["second_per_grid_ts"] = torch.tensor(seconds, dtype=torch.float32)
     return kwargs
+
+
+def value_heads(heads: int):
+    """The values of a block's fused ``qkv`` projection output ``[rows, 3 * heads * head_dim]``, as ``[rows, heads,
+    head_dim]`` (a numpy selector for ``taps.module_taps``)."""
+
+    def select(array: np.ndarray) -> np.ndarray:
+        return array.reshape(array.shape[0], 3, heads, -1)[:, 2]
+
+    return select
