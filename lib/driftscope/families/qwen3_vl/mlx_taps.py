@@ -1,7 +1,8 @@
 """Qwen3-VL in mlx-vlm: loading (with the config adapted), where to record each stage, the replay operators.
 
-Wrappers call the original module or function and record what it returned; q/k come from mlx-vlm's own
-vision RoPE function (called for q, then k, in every block). The text side records a decoder layer's own
+The stages a module's output or input holds are declared in ``module_stages``; wrappers call the original method
+or function and record what it returned; q/k come from mlx-vlm's own vision RoPE function (called for q, then k,
+in every block). The text side records a decoder layer's own
 output (``text.layer.N``, its last position and its image slots) and what the next layer receives after the
 DeepStack add (``text.layer.N.deepstack``), as the transformers side does.
 """
@@ -16,14 +17,16 @@ from typing import Any
 import numpy as np
 
 from driftscope.inputs.processor_output import ModelInputs
-from driftscope.taps.mlx_hooks import Recording, cache_snapshot, dtype_name, list_item, module_attr, shadow, to_numpy
+from driftscope.taps.mlx_hooks import Recording, cache_snapshot, dtype_name, module_attr, shadow, to_numpy
+from driftscope.taps.module_taps import tapped
 from driftscope.taps.sink import StageSink, put_greedy
 
 from ...errors import ParameterError
 from ..qwen_shared.mlx_text import decode_step, mlx_vision_kwargs, replay_text
 from ..qwen_shared.text import AppliedOffsets, put_text_inputs
 from .mlx_config import load_mlx_model
-from .plan import block_stage_id, deepstack_stage_id, parse_stage
+from .module_stages import decoder_taps, tower_taps
+from .plan import block_stage_id, parse_stage
 
 
 def load(path: Path, config: dict) -> Any:
@@ -53,38 +56,9 @@ def run_vision(model: Any, inputs: ModelInputs):
     return model.vision_tower(*_pixels(model, inputs))
 
 
-def _merger(enter, merger, stage: str, put) -> None:
-    for name, suffix in (("norm", ".norm"), ("linear_fc1", ".fc1"), ("act_fn", ".act")):
-        enter(shadow(merger, name, Recording(getattr(merger, name), lambda a, k, out, s=stage + suffix: put(s, out))))
-
-
-def _block_substages(enter, index: int, block, put) -> None:
-    attn, mlp = block.attn, block.mlp
-    heads = attn.num_heads
-
-    def record(name: str, source: str = "out"):
-        stage = block_stage_id(index, name)
-        return lambda args, kwargs, out: put(stage, out if source == "out" else args[0])
-
-    def qkv(args, kwargs, out):
-        put(block_stage_id(index, "attn.v"), out.reshape(out.shape[0], 3, heads, -1)[:, 2])
-
-    def norm2(args, kwargs, out):
-        put(block_stage_id(index, "residual1"), args[0])
-        put(block_stage_id(index, "norm2"), out)
-
-    enter(shadow(block, "norm1", Recording(block.norm1, record("norm1"))))
-    enter(shadow(attn, "qkv", Recording(attn.qkv, qkv)))
-    enter(shadow(attn, "proj", Recording(attn.proj, record("attn.context", "in"))))
-    enter(shadow(block, "attn", Recording(attn, record("attn.out"))))
-    enter(shadow(block, "norm2", Recording(block.norm2, norm2)))
-    enter(shadow(mlp, "linear_fc1", Recording(mlp.linear_fc1, record("mlp.fc1"))))
-    enter(shadow(mlp, "act_fn", Recording(mlp.act_fn, record("mlp.act"))))
-    enter(shadow(mlp, "linear_fc2", Recording(mlp.linear_fc2, record("mlp.fc2"))))
-
-
 def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
-    """Every vision stage of one forward of mlx-vlm's tower (in the policy's dtype, widened to float32)."""
+    """Every vision stage of one forward of mlx-vlm's tower (in the policy's dtype, widened to float32): the
+    declared module stages (``module_stages``), the position table, rotary tables and q/k from what computes them."""
     import mlx.core as mx
 
     tower = model.vision_tower
@@ -109,37 +83,22 @@ def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
         put(block_stage_id(state["block"], name), out.reshape(out.shape[-3:]))  # (tokens, heads, head_dim)
         return out
 
-    def block_call(index: int, block):
-        def call(hidden_states, cu_seqlens, rotary_pos_emb):
-            if index == 0:
-                put("vision.positioned", hidden_states)
-            put("vision.cu_seqlens", cu_seqlens)
+    def before_block(index: int):
+        def run(args, kwargs) -> None:
+            put("vision.cu_seqlens", kwargs["cu_seqlens"])
             state["block"], state["rope_calls"] = index, 0
-            out = block(hidden_states, cu_seqlens=cu_seqlens, rotary_pos_emb=rotary_pos_emb)
-            put(block_stage_id(index), out)
-            return out
 
-        return call
+        return run
 
+    before = {f"blocks.{index}": before_block(index) for index in range(len(tower.blocks))}
     with ExitStack() as stack:
         enter = stack.enter_context
-        enter(shadow(tower, "patch_embed", Recording(tower.patch_embed, lambda a, k, o: put("vision.patch_embed", o))))
+        enter(tapped("mlx", tower, tower_taps(tower), sink, before))
         interpolate = Recording(tower.fast_pos_embed_interpolate, lambda a, k, o: put("vision.pos_embed", o))
         enter(shadow(tower, "fast_pos_embed_interpolate", interpolate))
         enter(shadow(tower, "rot_pos_emb", Recording(tower.rot_pos_emb, rotary)))
         enter(module_attr(vision_module, "apply_rotary_pos_emb_vision", rope))
-        for index, block in enumerate(tower.blocks):
-            if any(sink.wants(block_stage_id(index, s)) for s in ("norm1", "attn.q", "mlp.fc1", "norm2")):
-                _block_substages(enter, index, block, put)
-            enter(list_item(tower.blocks, index, block_call(index, block)))
-        for branch, merger in enumerate(tower.deepstack_merger_list):
-            _merger(enter, merger, deepstack_stage_id(branch), put)
-        _merger(enter, tower.merger, "vision.merger", put)
-        merged, deepstack = tower(*_pixels(model, inputs))
-        mx.eval(merged, deepstack)
-    put("vision.merger", merged)
-    for branch, feature in enumerate(deepstack):
-        put(deepstack_stage_id(branch), feature)
+        mx.eval(*tower(*_pixels(model, inputs)))
 
 
 def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
@@ -150,7 +109,6 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
 
     text = inputs.text
     ids = mx.array(text.input_ids[None])
-    image = text.vision_slots  # the image slots, then the video slots
     vision = mlx_vision_kwargs(model, inputs)  # mlx-vlm's own image and video inputs (its processor's keys)
     pixels = vision.pop("pixel_values")
     features = model.get_input_embeddings(ids, pixels, **vision)
@@ -160,33 +118,10 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
     put_text_inputs(
         inputs, sink, embeds, rows, np.array(features.position_ids).reshape(3, -1), np.array(features.rope_deltas)
     )
-    layers = inner.layers
     branches = len(model.vision_tower.deepstack_visual_indexes)
-
-    def record_layer(index: int):  # the layer's own output, before any add
-        def record(args, kwargs, out) -> None:
-            hidden = to_numpy(out[0])
-            sink.put(f"text.layer.{index}", hidden)
-            sink.put(f"text.layer.{index}.last", hidden[-1])
-            if index < branches:
-                sink.put(f"text.layer.{index}.image", hidden[image])
-
-        return record
-
-    def record_after_add(index: int):  # what the next module receives: layer ``index``'s output after its add
-        return lambda args, kwargs, out: sink.put(f"text.layer.{index}.deepstack", to_numpy(args[0][0])[image])
-
+    taps = decoder_taps(len(inner.layers), branches, text.vision_slots)  # the image slots, then the video slots
     cache = make_prompt_cache(model.language_model)
-    with ExitStack() as stack:  # recorders only during the prefill
-        for index, layer in enumerate(list(layers)):
-            recorder = Recording(layer, record_layer(index))
-            if 0 < index <= branches:
-                recorder = Recording(recorder, record_after_add(index - 1))
-            stack.enter_context(list_item(layers, index, recorder))
-        final = Recording(inner.norm, lambda a, k, out: sink.put("text.norm.last", to_numpy(out[0, -1])))
-        if len(layers) <= branches:
-            final = Recording(final, record_after_add(len(layers) - 1))
-        stack.enter_context(shadow(inner, "norm", final))
+    with tapped("mlx", inner, taps, sink, native=False):  # during the prefill only
         logits = model(ids, pixel_values=pixels, cache=cache, **vision).logits
         mx.eval(logits)
     last = to_numpy(logits[0, -1])
