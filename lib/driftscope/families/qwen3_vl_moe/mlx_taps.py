@@ -18,11 +18,13 @@ import numpy as np
 
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.taps.mlx_hooks import Recording, dtype_name, shadow, to_numpy
+from driftscope.taps.module_taps import tapped
 from driftscope.taps.sink import StageSink
 
 from ..qwen3_vl import mlx_taps as dense
 from ..qwen3_vl.mlx_config import load_mlx_model
 from .layout import to_released
+from .module_stages import sparse_taps
 from .plan import moe_piece, text_config
 
 rms_norms = dense.rms_norms
@@ -68,17 +70,14 @@ def sort_choice(chosen, *rows):
     return out
 
 
-def _record_sparse(enter, index: int, layer: Any, sink: StageSink) -> None:
+def _record_routing(enter, index: int, layer: Any, sink: StageSink) -> None:
+    """The router's logits and the chosen experts' outputs, as the block computes them (sorted by expert id)."""
     stage, block = f"text.layer.{index}", layer.mlp
     seen: dict[str, Any] = {}
 
     def put(name: str, value) -> None:
         if sink.wants(name):
             sink.put(name, to_numpy(value), native_dtype=dtype_name(value))
-
-    def norm(args, kwargs, out) -> None:
-        put(f"{stage}.residual1", args[0][0])
-        put(f"{stage}.mlp.in", out[0])
 
     def experts(args, kwargs, out) -> None:
         logits, chosen = seen["logits"], args[1][0]
@@ -88,19 +87,20 @@ def _record_sparse(enter, index: int, layer: Any, sink: StageSink) -> None:
         put(f"{stage}.mlp.weights", weights)
         put(f"{stage}.mlp.experts", outputs)
 
-    enter(shadow(layer, "post_attention_layernorm", Recording(layer.post_attention_layernorm, norm)))
     enter(shadow(block, "gate", Recording(block.gate, lambda a, k, out: seen.update(logits=out[0]))))
     enter(shadow(block, "switch_mlp", Recording(block.switch_mlp, experts)))
-    enter(shadow(layer, "mlp", Recording(block, lambda a, k, out: put(f"{stage}.mlp", out[0]))))
 
 
 def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
-    """Qwen3-VL's prefill and greedy decode, with the sparse MLPs' pieces recorded during the prefill only."""
+    """Qwen3-VL's prefill and greedy decode, with the sparse MLPs' pieces recorded during the prefill only (their
+    norms and outputs declared in ``module_stages``, the router and the experts taken apart here)."""
     prefill = _PrefillOnly(sink)
+    inner = model.language_model.model
+    sparse = [index for index, layer in enumerate(inner.layers) if hasattr(layer.mlp, "switch_mlp")]
     with ExitStack() as stack:
-        for index, layer in enumerate(model.language_model.model.layers):
-            if hasattr(layer.mlp, "switch_mlp"):
-                _record_sparse(stack.enter_context, index, layer, prefill)
+        stack.enter_context(tapped("mlx", inner, sparse_taps(sparse), prefill))
+        for index in sparse:
+            _record_routing(stack.enter_context, index, inner.layers[index], prefill)
         dense.capture_text(model, inputs, prefill)
 
 

@@ -14,11 +14,13 @@ from typing import Any
 import numpy as np
 
 from driftscope.inputs.processor_output import ModelInputs
+from driftscope.taps.module_taps import tapped
 from driftscope.taps.sink import StageSink
 from driftscope.taps.torch_hooks import to_numpy as _np
 
 from ..qwen3_vl import transformers_taps as dense
 from .layout import correct_transformers
+from .module_stages import sparse_taps
 from .plan import moe_piece
 
 MODEL_CLASS = "Qwen3VLMoeForConditionalGeneration"
@@ -50,17 +52,13 @@ def each_expert(experts, x, chosen):
     return torch.stack([experts.forward(x, chosen[:, k : k + 1], ones) for k in range(chosen.shape[1])], dim=1)
 
 
-def _sparse_hooks(model: Any, sink: StageSink) -> list:
-    """Forward hooks on every sparse layer's norm, router and experts (prefill only: removed by the caller)."""
+def _router_hooks(model: Any, sink: StageSink) -> list:
+    """Forward hooks on every sparse layer's router and experts (prefill only: removed by the caller)."""
     handles = []
     for index, layer in enumerate(model.model.language_model.layers):
         if not hasattr(layer.mlp, "gate"):
             continue
-        stage = f"text.layer.{index}"
-        norm, mlp = layer.post_attention_layernorm, layer.mlp
-        handles.append(norm.register_forward_pre_hook(lambda m, a, s=stage: sink.put(f"{s}.residual1", _np(a[0][0]))))
-        handles.append(norm.register_forward_hook(lambda m, a, out, s=stage: sink.put(f"{s}.mlp.in", _np(out[0]))))
-        handles.append(mlp.register_forward_hook(lambda m, a, out, s=stage: sink.put(f"{s}.mlp", _np(out[0]))))
+        stage, mlp = f"text.layer.{index}", layer.mlp
 
         def routed(module, args, out, s=stage):
             logits, weights, chosen = out
@@ -80,21 +78,25 @@ def _sparse_hooks(model: Any, sink: StageSink) -> list:
 
 
 def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
-    """Qwen3-VL's prefill and greedy decode, with the sparse MLPs' pieces recorded during the prefill."""
-    handles = _sparse_hooks(model, sink)
-
-    def first_step(module, args, kwargs):  # the decode steps come after the prefill: stop recording then
-        for handle in handles:
-            handle.remove()
-
+    """Qwen3-VL's prefill and greedy decode, with the sparse MLPs' pieces recorded during the prefill (their
+    norms and outputs declared in ``module_stages``, the router and the experts taken apart here)."""
     language = model.model.language_model
-    done = language.register_forward_hook(first_step)
-    try:
-        dense.capture_text(model, inputs, sink)
-    finally:
-        done.remove()
-        for handle in handles:
-            handle.remove()
+    sparse = [index for index, layer in enumerate(language.layers) if hasattr(layer.mlp, "gate")]
+    handles = _router_hooks(model, sink)
+    with tapped("torch", language, sparse_taps(sparse), sink) as remove:
+
+        def first_step(module, args, out):  # the decode steps come after the prefill: stop recording then
+            remove()
+            for handle in handles:
+                handle.remove()
+
+        done = language.register_forward_hook(first_step)
+        try:
+            dense.capture_text(model, inputs, sink)
+        finally:
+            done.remove()
+            for handle in handles:
+                handle.remove()
 
 
 def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
