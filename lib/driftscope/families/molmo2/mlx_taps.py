@@ -1,7 +1,7 @@
 """Molmo2 in mlx-vlm: loading (config adapted in memory), where to record each stage, the replay operators.
 
-Wrappers stand in for submodules (instance attributes shadow mlx's child modules), list items (ViT and
-decoder blocks) and mlx-vlm's ``nn`` inside its vision module (the projector's SiLU); each is removed again
+The stages a module's output or input holds are declared in ``module_stages``; wrappers stand in for a method
+(``encode_image``) and for mlx-vlm's ``nn`` inside its vision module (the projector's SiLU); each is removed again
 afterwards, restoring whatever a hypothesis patch put there. ``vision.selected.L`` is the slice of the
 features mlx-vlm actually concatenated, named by the layer the checkpoint config selects: a runtime that
 reads another layer diverges there. Replays run mlx-vlm's own code wherever it is inline (the attention
@@ -17,13 +17,15 @@ from typing import Any
 import numpy as np
 
 from driftscope.inputs.processor_output import ModelInputs
-from driftscope.taps.mlx_hooks import Recording, dtype_name, list_item, module_attr, shadow, to_numpy
+from driftscope.taps.mlx_hooks import Recording, dtype_name, module_attr, shadow, to_numpy
+from driftscope.taps.module_taps import tapped
 from driftscope.taps.sink import StageSink
 
 from .config import load_mlx_model
 from .mlx_limits import unrepresentable as unrepresentable  # the MLX runtime asks it before loading
 from .mlx_text import capture_text, decoder, replay_text
-from .plan import block_stage_id, parse_stage
+from .module_stages import adapter_taps, selected_slot, vit_taps
+from .plan import parse_stage
 
 __all__ = ["capture", "capture_text", "decoder", "load", "replay", "rms_norms", "run_vision"]
 
@@ -65,43 +67,24 @@ def run_vision(model: Any, inputs: ModelInputs):
     return model.vision_tower(*_tower_inputs(model, inputs))
 
 
-def _recorder(sink: StageSink):
-    def put(stage_id: str, value: Any) -> None:
-        if sink.wants(stage_id):
-            sink.put(stage_id, to_numpy(value), native_dtype=dtype_name(value))
-
-    def output(stage_id, transform=lambda v: v):
-        return lambda args, kwargs, out: put(stage_id, transform(out))
-
-    def argument(stage_id, index=0, transform=lambda v: v):
-        return lambda args, kwargs, out: put(stage_id, transform(args[index]))
-
-    return put, output, argument
-
-
 def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
-    """One pass of mlx-vlm's image path with recorders on every tapped module."""
+    """One pass of mlx-vlm's image path with the declared module stages tapped (``module_stages``), recorders on
+    the selected layers' features (what ``encode_image`` returns) and the projector's SiLU."""
     import mlx.core as mx
     from mlx_vlm.models.molmo2 import vision as vision_module
 
-    put, output, argument = _recorder(sink)
     tower = model.vision_tower
     vit = tower.image_vit
     layers = list(sink.plan.meta.get("selected_layers", []))
 
-    def both(*records):
-        return lambda args, kwargs, out: [record(args, kwargs, out) for record in records]
-
-    def pooled(args, kwargs, out):
-        put("pool.query", args[0][:, 0])
-        put("pool.gathered", args[1])
-        put("pool.output", out[:, 0])
+    def put(stage_id: str, value: Any) -> None:
+        if sink.wants(stage_id):
+            sink.put(stage_id, to_numpy(value), native_dtype=dtype_name(value))
 
     def encoded(args, kwargs, out):
         features = out[0]
-        width = features.shape[-1] // len(layers)
-        for slot, layer in enumerate(layers):
-            put(f"vision.selected.{layer}", features[..., slot * width : (slot + 1) * width])
+        for slot, layer in enumerate(layers):  # an MLX array sliced as transformers' side slices its numpy one
+            put(f"vision.selected.{layer}", selected_slot(slot, len(layers))(features))
         put("vision.concatenated", features)
 
     def silu(x):
@@ -110,47 +93,12 @@ def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
         return y
 
     nn_silu = vision_module.nn.silu
-    projector = tower.image_projector
-    first = lambda value: value[0]  # noqa: E731 - the projector runs on [batch, tokens, ...]
+    head_dim = next((block.attention.head_dim for block in vit.transformer), 1)
+    taps = [*vit_taps(len(vit.transformer), head_dim), *adapter_taps(layers)]
     with ExitStack() as stack:
         enter = stack.enter_context
-        enter(shadow(vit, "patch_embedding", Recording(vit.patch_embedding, output("vision.patch_embed"))))
-        for index, block in enumerate(list(vit.transformer)):
-            attn, mlp, s = block.attention, block.feed_forward, f"vision.block.{index}."
-
-            def heads(value, attn=attn):
-                return value.reshape(*value.shape[:-1], attn.num_heads, attn.head_dim)
-
-            enter(shadow(block, "attention_norm", Recording(block.attention_norm, output(s + "norm1"))))
-            enter(shadow(attn, "wq", Recording(attn.wq, output(s + "attn.q", heads))))
-            enter(shadow(attn, "wk", Recording(attn.wk, output(s + "attn.k", heads))))
-            enter(shadow(attn, "wv", Recording(attn.wv, output(s + "attn.v", heads))))
-            enter(shadow(attn, "wo", Recording(attn.wo, both(argument(s + "attn.context"), output(s + "attn.out")))))
-            enter(
-                shadow(
-                    block, "ffn_norm", Recording(block.ffn_norm, both(argument(s + "residual1"), output(s + "norm2")))
-                )
-            )
-            enter(shadow(mlp, "w1", Recording(mlp.w1, output(s + "mlp.fc1"))))
-            enter(shadow(mlp, "act", Recording(mlp.act, output(s + "mlp.act"))))
-            enter(shadow(mlp, "w2", Recording(mlp.w2, output(s + "mlp.fc2"))))
-            record = output(block_stage_id(index))
-            if index == 0:
-                record = both(argument("vision.positioned"), record)
-            enter(list_item(vit.transformer, index, Recording(block, record)))
+        enter(tapped("mlx", tower, taps, sink))
         enter(shadow(tower, "encode_image", Recording(tower.encode_image, encoded)))
-        enter(shadow(tower, "image_pooling_2d", Recording(tower.image_pooling_2d, pooled)))
-        enter(shadow(projector, "w1", Recording(projector.w1, output("projector.gate", first))))
-        enter(shadow(projector, "w3", Recording(projector.w3, output("projector.up", first))))
-        enter(
-            shadow(
-                projector,
-                "w2",
-                Recording(
-                    projector.w2, both(argument("projector.product", 0, first), output("projector.output", first))
-                ),
-            )
-        )
         enter(module_attr(vision_module, "nn", _NNProxy(vision_module.nn, silu)))
         mx.eval(tower(*_tower_inputs(model, inputs)))
     # the valid slots of the indices handed to the pooler (mlx-vlm derives its denominator and mask inline)

@@ -10,8 +10,11 @@ from typing import Any
 import numpy as np
 
 from driftscope.inputs.processor_output import ModelInputs
-from driftscope.taps.mlx_hooks import Recording, cache_snapshot, list_item, shadow, to_numpy
+from driftscope.taps.mlx_hooks import Recording, cache_snapshot, shadow, to_numpy
+from driftscope.taps.module_taps import tapped
 from driftscope.taps.sink import StageSink, put_greedy
+
+from .module_stages import text_taps
 
 
 def decoder(model: Any) -> Any:
@@ -59,20 +62,9 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
     ids = mx.array(text.input_ids[None])
     seen: dict[str, Any] = {}
     inner = decoder(model)
-    blocks = inner.blocks
 
-    def last(stage_id):
-        return lambda args, kwargs, out: sink.put(stage_id, to_numpy(out[0, -1]))
-
-    def layer(index: int):
-        def record(args, kwargs, out) -> None:
-            if index == 0:
-                seen["mask"] = args[1] if len(args) > 1 else kwargs.get("mask")
-            hidden = to_numpy(out[0])
-            sink.put(f"text.layer.{index}", hidden)
-            sink.put(f"text.layer.{index}.last", hidden[-1])
-
-        return record
+    def first_block(args, kwargs) -> None:
+        seen["mask"] = args[1] if len(args) > 1 else kwargs.get("mask")
 
     cache = make_prompt_cache(model.language_model)
     language = model.language_model
@@ -80,9 +72,7 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
         stack.enter_context(
             shadow(language, "model", Recording(language.model, lambda a, k, o: seen.update(embeds=a[1])))
         )
-        for index, block in enumerate(list(blocks)):
-            stack.enter_context(list_item(blocks, index, Recording(block, layer(index))))
-        stack.enter_context(shadow(inner, "ln_f", Recording(inner.ln_f, last("text.norm.last"))))
+        stack.enter_context(tapped("mlx", inner, text_taps(len(inner.blocks)), sink, {"blocks.0": first_block}, False))
         logits = model(
             ids,
             mx.array(inputs["pixel_values"]),

@@ -1,4 +1,4 @@
-"""Molmo2 in transformers: the model class, forward hooks for every stage, the replay operators.
+"""Molmo2 in transformers: the model class, the stages tapped (declared in ``module_stages``), the replay operators.
 
 ViT stages are [crops, patches, ...]; ``attn.q/k/v`` are split into heads. ``vision.selected.L`` is the slice
 of the features transformers actually concatenated (the adapter's input), named by the layer the checkpoint
@@ -13,11 +13,13 @@ from typing import Any
 import numpy as np
 
 from driftscope.inputs.processor_output import ModelInputs
+from driftscope.taps.module_taps import tapped
 from driftscope.taps.sink import StageSink, put_greedy
 from driftscope.taps.torch_hooks import cache_snapshot
 from driftscope.taps.torch_hooks import to_numpy as _np
 
-from .plan import block_stage_id, parse_stage
+from .module_stages import adapter_taps, text_taps, vit_taps
+from .plan import parse_stage
 
 MODEL_CLASS = "Molmo2ForConditionalGeneration"
 
@@ -49,77 +51,18 @@ def run_vision(model: Any, inputs: ModelInputs):
     return torch.cat(out.pooler_output)
 
 
-def _put(sink: StageSink, stage_id: str, value: Any) -> None:
-    if sink.wants(stage_id):
-        sink.put(stage_id, _np(value))
-
-
-def _selected(sink: StageSink, features: Any, layers: list[int]) -> None:
-    """Each selected layer's slice of the concatenated features, named by the plan's layers."""
-    width = features.shape[-1] // len(layers)
-    for slot, layer in enumerate(layers):
-        _put(sink, f"vision.selected.{layer}", features[..., slot * width : (slot + 1) * width])
-
-
 def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
-    """One pass of the image path with hooks on every tapped module."""
+    """One pass of the image path with the declared module stages tapped (``module_stages``), then the position
+    table (a parameter)."""
     import torch
 
-    vision, adapter = model.model.vision_tower, model.model.multi_modal_projector
-    layers = list(sink.plan.meta.get("selected_layers", []))
-    handles = []
-
-    def after(module, stage_id, transform=lambda value: value):
-        if sink.wants(stage_id):
-            handles.append(module.register_forward_hook(lambda m, a, out: _put(sink, stage_id, transform(out))))
-
-    def before(module, stage_id, index=0, transform=lambda value: value):
-        if sink.wants(stage_id):
-            handles.append(module.register_forward_pre_hook(lambda m, a: _put(sink, stage_id, transform(a[index]))))
-
-    after(vision.patch_embedding, "vision.patch_embed")
-    before(vision.layers[0], "vision.positioned")
-    for index, layer in enumerate(vision.layers):
-        attn, s = layer.self_attn, f"vision.block.{index}."
-
-        def heads(value, split=attn.head_dim):
-            return value.reshape(*value.shape[:-1], -1, split)
-
-        after(layer.layer_norm1, s + "norm1")
-        after(attn.q_proj, s + "attn.q", heads)
-        after(attn.k_proj, s + "attn.k", heads)
-        after(attn.v_proj, s + "attn.v", heads)
-        before(attn.o_proj, s + "attn.context")
-        after(attn.o_proj, s + "attn.out")
-        before(layer.layer_norm2, s + "residual1")
-        after(layer.layer_norm2, s + "norm2")
-        after(layer.mlp.fc1, s + "mlp.fc1")
-        before(layer.mlp.fc2, s + "mlp.act")
-        after(layer.mlp.fc2, s + "mlp.fc2")
-        after(layer, block_stage_id(index))
-
-    def adapter_inputs(module, args) -> None:
-        _selected(sink, args[0], layers)
-        _put(sink, "vision.concatenated", args[0])
-        _put(sink, "pool.valid_counts", (args[1] >= 0).sum(-1))
-
-    handles.append(adapter.register_forward_pre_hook(adapter_inputs))
-    pooling, projector = adapter.image_pooling_2d, adapter.image_projector
-    before(pooling, "pool.query", 0, lambda query: query[:, 0])
-    before(pooling, "pool.gathered", 1)
-    after(pooling, "pool.output", lambda out: out[0][:, 0])
-    after(projector.gate_proj, "projector.gate")
-    after(projector.act_fn, "projector.act")
-    after(projector.up_proj, "projector.up")
-    before(projector.down_proj, "projector.product")
-    after(projector.down_proj, "projector.output")
-    try:
-        with torch.no_grad():
-            model.model.get_image_features(**_image_kwargs(model, inputs))
-        _put(sink, "vision.pos_embed", vision.positional_embedding)
-    finally:
-        for handle in handles:
-            handle.remove()
+    vision = model.model.vision_tower
+    head_dim = next((layer.self_attn.head_dim for layer in vision.layers), 1)
+    taps = [*vit_taps(len(vision.layers), head_dim), *adapter_taps(list(sink.plan.meta.get("selected_layers", [])))]
+    with tapped("torch", model.model, taps, sink), torch.no_grad():
+        model.model.get_image_features(**_image_kwargs(model, inputs))
+    if sink.wants("vision.pos_embed"):
+        sink.put("vision.pos_embed", _np(vision.positional_embedding))
 
 
 def allowed(mask: Any, seq: int) -> np.ndarray:
@@ -141,36 +84,19 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
     text = inputs.text
     language = model.model.language_model
     seen: dict[str, Any] = {}
-    hooks = [
-        language.register_forward_pre_hook(
-            lambda module, args, kwargs: seen.update(
-                embeds=kwargs.get("inputs_embeds"), mask=kwargs.get("attention_mask")
-            ),
-            with_kwargs=True,
-        )
-    ]
 
-    def layer_out(index: int, out: Any) -> None:
-        hidden = _np((out[0] if isinstance(out, tuple) else out)[0])
-        sink.put(f"text.layer.{index}", hidden)
-        sink.put(f"text.layer.{index}.last", hidden[-1])
+    def decoder_input(args, kwargs) -> None:
+        seen.update(embeds=kwargs.get("inputs_embeds"), mask=kwargs.get("attention_mask"))
 
-    for index, layer in enumerate(language.layers):
-        hooks.append(layer.register_forward_hook(lambda module, args, out, index=index: layer_out(index, out)))
-    hooks.append(language.norm.register_forward_hook(lambda m, a, out: sink.put("text.norm.last", _np(out[0, -1]))))
     ids = torch.from_numpy(text.input_ids)[None]
-    try:
-        with torch.no_grad():
-            out = model(
-                input_ids=ids,
-                mm_token_type_ids=torch.from_numpy(text.mm_token_type_ids)[None],
-                use_cache=True,
-                **_image_kwargs(model, inputs),
-                image_num_crops=torch.from_numpy(inputs["num_crops"]),
-            )
-    finally:
-        for hook in hooks:
-            hook.remove()
+    with tapped("torch", language, text_taps(len(language.layers)), sink, {"": decoder_input}), torch.no_grad():
+        out = model(
+            input_ids=ids,
+            mm_token_type_ids=torch.from_numpy(text.mm_token_type_ids)[None],
+            use_cache=True,
+            **_image_kwargs(model, inputs),
+            image_num_crops=torch.from_numpy(inputs["num_crops"]),
+        )
     embeds = _np(seen["embeds"][0])
     image = text.input_ids == text.image_token_id
     sink.put("text.input_ids", text.input_ids)
