@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from driftscope.taps.module_taps import ModuleTap, argument, both, each, output, resolve, tapped, torch_taps
+from driftscope.taps.module_taps import ModuleTap, argument, both, each, output, resolve, tap_ports, tapped
 from driftscope.taps.sink import StageSink
 from driftscope.taps.stages import Stage, StagePlan
 from driftscope.taps.tapset import TapWriter
@@ -36,40 +36,45 @@ def _capture(tmp_path, side: str, root, forward, before=None, native=True):
     return writer.close()
 
 
+def _model(nn, call: str, layers=list):
+    """A two-block model in either library (``call``: the name its modules run by, ``layers``: its list of
+    modules): each block a norm, an MLP and a module returning two arrays."""
+
+    def init(self, *children):
+        nn.Module.__init__(self)
+        for name, child in children:
+            setattr(self, name, child)
+
+    def block_call(self, x, scale=1.0):
+        return x + self.fc2(self.act(self.fc1(self.norm(x)))) * scale + self.pair(x)[1]
+
+    def model_call(self, x):
+        for block in self.blocks:
+            x = block(x, scale=0.5)
+        return self.head(x)
+
+    pair = type("Pair", (nn.Module,), {call: lambda self, x: (x * 2, x + 1)})
+    block = type("Block", (nn.Module,), {call: block_call})
+    model = type("Model", (nn.Module,), {call: model_call})
+
+    def new(kind, *children):
+        made = kind.__new__(kind)
+        init(made, *children)
+        return made
+
+    def new_block():
+        parts = (nn.LayerNorm(4), nn.Linear(4, 6), nn.GELU(), nn.Linear(6, 4), new(pair))
+        return new(block, *zip(("norm", "fc1", "act", "fc2", "pair"), parts, strict=True))
+
+    return new(model, ("blocks", layers([new_block(), new_block()])), ("head", nn.Linear(4, 3)))
+
+
 def _torch_model():
     import torch
     from torch import nn
 
-    class Pair(nn.Module):
-        def forward(self, x):
-            return x * 2, x + 1
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.norm, self.fc1, self.act, self.fc2, self.pair = (
-                nn.LayerNorm(4),
-                nn.Linear(4, 6),
-                nn.GELU(),
-                nn.Linear(6, 4),
-                Pair(),
-            )
-
-        def forward(self, x, scale=1.0):
-            return x + self.fc2(self.act(self.fc1(self.norm(x)))) * scale + self.pair(x)[1]
-
-    class Model(nn.Module):
-        def __init__(self):
-            super().__init__()
-            torch.manual_seed(0)
-            self.blocks, self.head = nn.ModuleList([Block(), Block()]), nn.Linear(4, 3)
-
-        def forward(self, x):
-            for block in self.blocks:
-                x = block(x, scale=0.5)
-            return self.head(x)
-
-    return Model().eval()
+    torch.manual_seed(0)
+    return _model(nn, "forward", nn.ModuleList).eval()
 
 
 def test_torch_taps_read_each_declared_output_and_input_in_its_declared_form(tmp_path):
@@ -105,7 +110,7 @@ def test_torch_taps_come_off_when_removed_and_a_refused_stage_is_never_converted
 
     ports = [("a", output("blocks.0")), ("b", output("blocks.1", refuse))]
     record = lambda stage, value, native: recorded.append((stage, value is None, native))  # noqa: E731
-    with torch.no_grad(), torch_taps(model, ports, record, wants=lambda stage: stage == "a") as remove:
+    with torch.no_grad(), tap_ports("torch", model, ports, record, wants=lambda stage: stage == "a") as remove:
         model(torch.zeros(1, 2, 4))
         remove()
         model(torch.zeros(1, 2, 4))
@@ -116,36 +121,8 @@ def _mlx_model():
     import mlx.core as mx
     import mlx.nn as nn
 
-    class Pair(nn.Module):
-        def __call__(self, x):
-            return x * 2, x + 1
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.norm, self.fc1, self.act, self.fc2, self.pair = (
-                nn.LayerNorm(4),
-                nn.Linear(4, 6),
-                nn.GELU(),
-                nn.Linear(6, 4),
-                Pair(),
-            )
-
-        def __call__(self, x, scale=1.0):
-            return x + self.fc2(self.act(self.fc1(self.norm(x)))) * scale + self.pair(x)[1]
-
-    class Model(nn.Module):
-        def __init__(self):
-            super().__init__()
-            mx.random.seed(0)
-            self.blocks, self.head = [Block(), Block()], nn.Linear(4, 3)
-
-        def __call__(self, x):
-            for block in self.blocks:
-                x = block(x, scale=0.5)
-            return self.head(x)
-
-    return Model()
+    mx.random.seed(0)
+    return _model(nn, "__call__")
 
 
 class _Doubled:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from .outputs import output_at
+from .outputs import call_input, output_at
 
 #: ``on_call(path, module, args, kwargs, call) -> output``: runs the module (``call()``) and may record around it
 OnCall = Callable[[str, Any, tuple, dict, Callable[[], Any]], Any]
@@ -32,15 +32,7 @@ def output_array(value: Any, item: list | tuple | None = None):
 
 def main_input(args: tuple, kwargs: dict):
     """A module call's main input: its first positional array, else the first array keyword."""
-    import mlx.core as mx
-
-    found = first_array(tuple(args)) if args else None
-    if found is not None:
-        return found
-    for name in ("x", "hidden_states", "inputs", "inputs_embeds", "pixel_values"):
-        if isinstance(kwargs.get(name), mx.array):
-            return kwargs[name]
-    return next((value for value in kwargs.values() if isinstance(value, mx.array)), None)
+    return call_input(args, kwargs, is_array, ("x", "hidden_states", "inputs", "inputs_embeds", "pixel_values"))
 
 
 def _defining_class(cls: type) -> type | None:

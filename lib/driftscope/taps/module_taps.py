@@ -132,14 +132,37 @@ def _modules(ports: Iterable[tuple[str, Port]], before: Mapping[str, Before], fi
     return by_path
 
 
-def _argument(args: tuple, kwargs: dict, index: int | None, main_input: Callable) -> Any:
-    if index is None:
-        return main_input(args, kwargs)
-    return args[index] if index < len(args) else None
+class _Writer:
+    """What both engines do at a tapped module's call: its input stages, then its ``before`` code; once it returns,
+    its output stages. A stage ``wants`` refuses is recorded as None, its array never converted."""
+
+    def __init__(self, record: Record, wants: Callable[[str], bool], convert, dtype, main_input, output_of):
+        self.record, self.wants, self.convert, self.dtype = record, wants, convert, dtype
+        self.main_input, self.output_of = main_input, output_of
+
+    def _put(self, stage: str, port: Port, array: Any) -> None:
+        if array is None or not self.wants(stage):
+            self.record(stage, None, None)
+        else:
+            self.record(stage, port.value(self.convert(array)), self.dtype(array))
+
+    def called(self, tapped: _Module, args: tuple, kwargs: dict) -> None:
+        for stage, port in tapped.inputs:
+            if port.index is None:
+                self._put(stage, port, self.main_input(args, kwargs))
+            else:
+                self._put(stage, port, args[port.index] if port.index < len(args) else None)
+        for run in tapped.before:
+            run(args, kwargs)
+
+    def returned(self, tapped: _Module, out: Any) -> None:
+        for stage, port in tapped.outputs:
+            self._put(stage, port, self.output_of(out, port.item))
 
 
 @contextmanager
-def torch_taps(
+def tap_ports(
+    side: str,
     root: Any,
     ports: Iterable[tuple[str, Port]],
     record: Record,
@@ -147,40 +170,51 @@ def torch_taps(
     before: Mapping[str, Before] | None = None,
     lookup: Lookup | None = None,
 ) -> Iterator[Callable[[], None]]:
-    """Forward hooks writing each ``(stage, port)`` of a transformers model through ``record`` (a stage ``wants``
-    refuses is recorded as None, its array never converted); yields ``remove()``, which takes the hooks off before
-    the block ends (a decode after the prefill), and is called again on the way out."""
-    from .torch_hooks import main_input, output_tensor, to_numpy
+    """Each ``(stage, port)`` of ``side``'s model (``root``: where the paths start; ``lookup``: another way to find
+    a path's module) written through ``record``; ``before``: code run at a module's call. Transformers: forward
+    hooks; MLX: every call of the modules watched (``mlx_calls.watched``), each value with its array's dtype. Yields
+    ``remove()``, which ends the taps before the block does (a decode after the prefill)."""
+    modules = _modules(ports, before or {}, lookup or (lambda path: resolve(root, path)))
+    if side == "torch":
+        from .torch_hooks import main_input, output_tensor, to_numpy
 
-    def put(stage: str, port: Port, tensor: Any) -> None:
-        if tensor is None or not wants(stage):
-            record(stage, None, None)
-        else:
-            record(stage, port.value(to_numpy(tensor)), None)
+        writer = _Writer(record, wants, to_numpy, lambda tensor: None, main_input, output_tensor)
+        with _hooked(modules, writer) as remove:
+            yield remove
+        return
+    from .mlx_calls import main_input, output_array, watched
+    from .mlx_hooks import dtype_name, to_numpy
 
-    def pre_hook(tapped: _Module):
-        def hook(module, args, kwargs) -> None:  # a pre-hook that returned a value would replace the arguments
-            for stage, port in tapped.inputs:
-                put(stage, port, _argument(args, kwargs, port.index, main_input))
-            for run in tapped.before:
-                run(args, kwargs)
+    writer = _Writer(record, wants, to_numpy, dtype_name, main_input, output_array)
+    live = [True]
 
-        return hook
+    def on_call(path, module, args, kwargs, call):
+        if not live[0]:
+            return call()
+        writer.called(modules[path], args, kwargs)
+        out = call()
+        writer.returned(modules[path], out)
+        return out
 
-    def post_hook(tapped: _Module):
-        def hook(module, args, out) -> None:  # a hook that returned a value would replace the module's output
-            for stage, port in tapped.outputs:
-                put(stage, port, output_tensor(out, port.item))
+    with watched({path: tapped.module for path, tapped in modules.items()}, on_call):
+        yield lambda: live.__setitem__(0, False)
 
-        return hook
 
-    find = lookup or (lambda path: resolve(root, path))
+@contextmanager
+def _hooked(modules: Mapping[str, _Module], writer: _Writer) -> Iterator[Callable[[], None]]:
+    """Forward pre-hooks and hooks on the modules (a hook that returned a value would replace what it saw)."""
     handles = []
-    for tapped in _modules(ports, before or {}, find).values():
+    for tapped in modules.values():
         if tapped.before or tapped.inputs:
-            handles.append(tapped.module.register_forward_pre_hook(pre_hook(tapped), with_kwargs=True))
+            handles.append(
+                tapped.module.register_forward_pre_hook(
+                    lambda module, args, kwargs, t=tapped: writer.called(t, args, kwargs), with_kwargs=True
+                )
+            )
         if tapped.outputs:
-            handles.append(tapped.module.register_forward_hook(post_hook(tapped)))
+            handles.append(
+                tapped.module.register_forward_hook(lambda module, args, out, t=tapped: writer.returned(t, out))
+            )
 
     def remove() -> None:
         for handle in handles:
@@ -190,43 +224,6 @@ def torch_taps(
         yield remove
     finally:
         remove()
-
-
-@contextmanager
-def mlx_taps(
-    root: Any,
-    ports: Iterable[tuple[str, Port]],
-    record: Record,
-    wants: Callable[[str], bool] = lambda stage: True,
-    before: Mapping[str, Before] | None = None,
-    lookup: Lookup | None = None,
-) -> Iterator[None]:
-    """Every call of the modules the ports name watched (``mlx_calls.watched``), each ``(stage, port)`` written
-    through ``record`` with the array's own dtype (a stage ``wants`` refuses is recorded as None)."""
-    from .mlx_calls import main_input, output_array, watched
-    from .mlx_hooks import dtype_name, to_numpy
-
-    def put(stage: str, port: Port, array: Any) -> None:
-        if array is None or not wants(stage):
-            record(stage, None, None)
-        else:
-            record(stage, port.value(to_numpy(array)), dtype_name(array))
-
-    modules = _modules(ports, before or {}, lookup or (lambda path: resolve(root, path)))
-
-    def on_call(path, module, args, kwargs, call):
-        tapped = modules[path]
-        for stage, port in tapped.inputs:
-            put(stage, port, _argument(args, kwargs, port.index, main_input))
-        for run in tapped.before:
-            run(args, kwargs)
-        out = call()
-        for stage, port in tapped.outputs:
-            put(stage, port, output_array(out, port.item))
-        return out
-
-    with watched({path: tapped.module for path, tapped in modules.items()}, on_call):
-        yield
 
 
 def into_sink(sink: Any, native: bool = True) -> Record:
@@ -255,11 +252,10 @@ def tapped(
 ):
     """The stages of ``table`` that ``sink`` wants, read on ``side`` ("torch" or "mlx") from the modules under
     ``root`` and written into it (``native``: with the dtype MLX computed them in); ``before`` as
-    :func:`torch_taps` and :func:`mlx_taps` take it. Yields what they yield (transformers: ``remove()``)."""
+    :func:`tap_ports` takes it. Yields ``remove()``."""
     ports = [(tap.stage, tap.side(side)) for tap in table if tap.side(side) is not None and sink.wants(tap.stage)]
-    engine = torch_taps if side == "torch" else mlx_taps
-    with engine(root, ports, into_sink(sink, native), sink.wants, before) as handle:
-        yield handle
+    with tap_ports(side, root, ports, into_sink(sink, native), sink.wants, before) as remove:
+        yield remove
 
 
 def decoder_taps(layers: int, torch: tuple[str, str], mlx: tuple[str, str]) -> list[ModuleTap]:

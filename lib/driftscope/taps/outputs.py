@@ -1,5 +1,6 @@
 """Where an array sits in what a module returns (an array, a tuple or list, a dict or a transformers ModelOutput, a
-dataclass of fields): the same walk for torch tensors and MLX arrays, told apart by an ``is_array`` test."""
+dataclass of fields), and which argument of a call is its main input: the same walk for torch tensors and MLX
+arrays, told apart by an ``is_array`` test."""
 
 from __future__ import annotations
 
@@ -37,3 +38,15 @@ def output_at(value: Any, item: list | tuple | None, is_array: Callable[[Any], b
     for key in item:
         value = value[key] if isinstance(value, dict | tuple | list) else getattr(value, key)
     return value
+
+
+def call_input(args: tuple, kwargs: dict, is_array: Callable[[Any], bool], keywords: tuple[str, ...]) -> Any:
+    """A module call's main input: its first positional array, else the first of ``keywords`` holding one, else any
+    array keyword (None: the call has none)."""
+    found = output_at(tuple(args), None, is_array) if args else None
+    if found is not None:
+        return found
+    for name in keywords:
+        if is_array(kwargs.get(name)):
+            return kwargs[name]
+    return next((value for value in kwargs.values() if is_array(value)), None)

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .outputs import output_at
+from .outputs import call_input, output_at
 
 #: keyword arguments a module's main input is passed as, when it is not the first positional argument
 MAIN_KEYWORDS = ("hidden_states", "x", "input", "inputs", "inputs_embeds", "pixel_values", "image_features")
@@ -32,15 +32,7 @@ def output_tensor(value: Any, item: list | tuple | None = None):
 
 def main_input(args: tuple, kwargs: dict):
     """A module call's main input: its first positional tensor, else a known keyword, else any tensor keyword."""
-    import torch
-
-    found = first_tensor(tuple(args)) if args else None
-    if found is not None:
-        return found
-    for name in MAIN_KEYWORDS:
-        if isinstance(kwargs.get(name), torch.Tensor):
-            return kwargs[name]
-    return next((value for value in kwargs.values() if isinstance(value, torch.Tensor)), None)
+    return call_input(args, kwargs, is_tensor, MAIN_KEYWORDS)
 
 
 def to_numpy(tensor) -> np.ndarray:

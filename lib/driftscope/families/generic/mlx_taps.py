@@ -13,7 +13,7 @@ import numpy as np
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.taps.mlx_calls import main_input, output_array, watched
 from driftscope.taps.mlx_hooks import cache_snapshot, to_numpy
-from driftscope.taps.module_taps import mlx_taps
+from driftscope.taps.module_taps import tap_ports
 from driftscope.taps.sink import StageSink, put_greedy
 
 from .calls import mlx_kwargs, mlx_load
@@ -113,7 +113,7 @@ def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
 
     cache = make_prompt_cache(model.language_model) if text else None
     try:
-        with mlx_taps(model, ports, record, wants, lookup=_modules(model).get):
+        with tap_ports("mlx", model, ports, record, wants, lookup=_modules(model).get):
             out = prefill(model, inputs, cache)
             mx.eval(out.logits)
     except StopForward:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from driftscope.inputs.processor_output import ModelInputs
-from driftscope.taps.module_taps import torch_taps
+from driftscope.taps.module_taps import tap_ports
 from driftscope.taps.sink import StageSink, put_greedy
 from driftscope.taps.torch_hooks import cache_snapshot, main_input, output_tensor
 from driftscope.taps.torch_hooks import to_numpy as _np
@@ -74,7 +74,8 @@ def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
     if text:
         kwargs["cache"] = full_cache(model)
     try:
-        with torch_taps(model, ports, record, sink.wants, lookup=dict(model.named_modules()).get), torch.no_grad():
+        modules = dict(model.named_modules())
+        with tap_ports("torch", model, ports, record, sink.wants, lookup=modules.get), torch.no_grad():
             return model(**kwargs)
     except StopForward:
         return None
