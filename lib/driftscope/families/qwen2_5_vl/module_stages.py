@@ -9,33 +9,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from driftscope.taps.module_taps import ModuleTap, argument, both, each, output
+from driftscope.taps.module_taps import ModuleTap, argument, both, output
 
-from ..qwen_shared.tower import value_heads
+from ..qwen_shared.tower import block_taps
+
+#: each block's MLP stages on its modules (``{i}``: the block); on MLX the activation is ``nn.silu``, a function
+MLP = (
+    both("vision.block.{i}.mlp.gate", output("blocks.{i}.mlp.gate_proj")),
+    ModuleTap("vision.block.{i}.mlp.act", torch=output("blocks.{i}.mlp.act_fn")),
+    both("vision.block.{i}.mlp.up", output("blocks.{i}.mlp.up_proj")),
+    both("vision.block.{i}.mlp.product", argument("blocks.{i}.mlp.down_proj")),
+    both("vision.block.{i}.mlp.down", output("blocks.{i}.mlp.down_proj")),
+)
 
 
 def tower_taps(tower: Any) -> list[ModuleTap]:
     """Every stage of the tower that a module's output or input holds, for ``tower``'s depth and heads."""
-    heads = next((block.attn.num_heads for block in tower.blocks), 1)
     return [
-        both("vision.patch_embed", output("patch_embed")),
-        ModuleTap("vision.rotary.cos", torch=output("rotary_pos_emb", item=(0,))),
-        ModuleTap("vision.rotary.sin", torch=output("rotary_pos_emb", item=(1,))),
-        *each(
-            len(tower.blocks),
-            both("vision.block.{i}", output("blocks.{i}")),
-            both("vision.block.{i}.norm1", output("blocks.{i}.norm1")),
-            both("vision.block.{i}.attn.v", output("blocks.{i}.attn.qkv", value_heads(heads))),
-            both("vision.block.{i}.attn.context", argument("blocks.{i}.attn.proj")),
-            both("vision.block.{i}.attn.out", output("blocks.{i}.attn")),
-            both("vision.block.{i}.residual1", argument("blocks.{i}.norm2")),
-            both("vision.block.{i}.norm2", output("blocks.{i}.norm2")),
-            both("vision.block.{i}.mlp.gate", output("blocks.{i}.mlp.gate_proj")),
-            ModuleTap("vision.block.{i}.mlp.act", torch=output("blocks.{i}.mlp.act_fn")),
-            both("vision.block.{i}.mlp.up", output("blocks.{i}.mlp.up_proj")),
-            both("vision.block.{i}.mlp.product", argument("blocks.{i}.mlp.down_proj")),
-            both("vision.block.{i}.mlp.down", output("blocks.{i}.mlp.down_proj")),
-        ),
+        *block_taps(tower, MLP),
         both("vision.merger.norm", output("merger.ln_q")),
         both("vision.merger.hidden", output("merger.mlp.1")),
         both("vision.merger.window", output("merger")),

@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from driftscope.taps.module_taps import ModuleTap, argument, both, each, output
+from driftscope.taps.module_taps import ModuleTap, argument, both, output
 
 from ..qwen_shared.text import text_taps
-from ..qwen_shared.tower import value_heads
+from ..qwen_shared.tower import block_taps
 from .plan import deepstack_stage_id
 
 
@@ -29,33 +29,21 @@ def _merger(stage: str, path: str) -> list[ModuleTap]:
     ]
 
 
+#: each block's MLP stages on its modules (``{i}``: the block)
+MLP = (
+    both("vision.block.{i}.mlp.fc1", output("blocks.{i}.mlp.linear_fc1")),
+    both("vision.block.{i}.mlp.act", output("blocks.{i}.mlp.act_fn")),
+    both("vision.block.{i}.mlp.fc2", output("blocks.{i}.mlp.linear_fc2")),
+)
+
+
 def tower_taps(tower: Any) -> list[ModuleTap]:
     """Every stage of the tower that a module's output or input holds, for ``tower``'s depth, heads and branches."""
-    heads = next((block.attn.num_heads for block in tower.blocks), 1)
-    branches = len(tower.deepstack_merger_list)
+    branches = range(len(tower.deepstack_merger_list))
     return [
-        both("vision.patch_embed", output("patch_embed")),
+        *block_taps(tower, MLP),
         ModuleTap("vision.positioned", torch=argument("rotary_pos_emb"), mlx=argument("blocks.0")),
-        ModuleTap("vision.rotary.cos", torch=output("rotary_pos_emb", item=(0,))),
-        ModuleTap("vision.rotary.sin", torch=output("rotary_pos_emb", item=(1,))),
-        *each(
-            len(tower.blocks),
-            both("vision.block.{i}", output("blocks.{i}")),
-            both("vision.block.{i}.norm1", output("blocks.{i}.norm1")),
-            both("vision.block.{i}.attn.v", output("blocks.{i}.attn.qkv", value_heads(heads))),
-            both("vision.block.{i}.attn.context", argument("blocks.{i}.attn.proj")),
-            both("vision.block.{i}.attn.out", output("blocks.{i}.attn")),
-            both("vision.block.{i}.residual1", argument("blocks.{i}.norm2")),
-            both("vision.block.{i}.norm2", output("blocks.{i}.norm2")),
-            both("vision.block.{i}.mlp.fc1", output("blocks.{i}.mlp.linear_fc1")),
-            both("vision.block.{i}.mlp.act", output("blocks.{i}.mlp.act_fn")),
-            both("vision.block.{i}.mlp.fc2", output("blocks.{i}.mlp.linear_fc2")),
-        ),
-        *(
-            tap
-            for branch in range(branches)
-            for tap in _merger(deepstack_stage_id(branch), f"deepstack_merger_list.{branch}")
-        ),
+        *(tap for branch in branches for tap in _merger(deepstack_stage_id(branch), f"deepstack_merger_list.{branch}")),
         *_merger("vision.merger", "merger"),
     ]
 

@@ -1,5 +1,5 @@
 """The vision tower of both Qwen families: transformers' and the tensors its forward takes, and the values of the
-fused projection both libraries' blocks compute q, k and v with."""
+stages both libraries' towers hold on modules of the same names (``taps.module_taps``)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from driftscope.inputs.processor_output import ModelInputs
+from driftscope.taps.module_taps import ModuleTap, argument, both, each, output
 
 
 def visual(model: Any) -> Any:
@@ -86,3 +87,27 @@ def value_heads(heads: int):
         return array.reshape(array.shape[0], 3, heads, -1)[:, 2]
 
     return select
+
+
+def block_taps(tower: Any, mlp: tuple[ModuleTap, ...]) -> list[ModuleTap]:
+    """The stages both Qwen towers hold on modules of the same names on both sides (paths from the tower): the patch
+    embedding, transformers' rotary tables (its rotary module's two outputs), and each block (``{i}``) with its
+    norm1, v (the fused qkv's output, v split out), attention context (the output projection's input), attention
+    output, residual1 (norm2's input), norm2, and the family's ``mlp`` taps."""
+    heads = next((block.attn.num_heads for block in tower.blocks), 1)
+    return [
+        both("vision.patch_embed", output("patch_embed")),
+        ModuleTap("vision.rotary.cos", torch=output("rotary_pos_emb", item=(0,))),
+        ModuleTap("vision.rotary.sin", torch=output("rotary_pos_emb", item=(1,))),
+        *each(
+            len(tower.blocks),
+            both("vision.block.{i}", output("blocks.{i}")),
+            both("vision.block.{i}.norm1", output("blocks.{i}.norm1")),
+            both("vision.block.{i}.attn.v", output("blocks.{i}.attn.qkv", value_heads(heads))),
+            both("vision.block.{i}.attn.context", argument("blocks.{i}.attn.proj")),
+            both("vision.block.{i}.attn.out", output("blocks.{i}.attn")),
+            both("vision.block.{i}.residual1", argument("blocks.{i}.norm2")),
+            both("vision.block.{i}.norm2", output("blocks.{i}.norm2")),
+            *mlp,
+        ),
+    ]
