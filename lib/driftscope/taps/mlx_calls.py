@@ -30,9 +30,10 @@ def output_array(value: Any, item: list | tuple | None = None):
     return output_at(value, item, is_array)
 
 
-def main_input(args: tuple, kwargs: dict):
-    """A module call's main input: its first positional array, else the first array keyword."""
-    return call_input(args, kwargs, is_array, ("x", "hidden_states", "inputs", "inputs_embeds", "pixel_values"))
+def main_input(args: tuple, kwargs: dict, keywords: tuple[str, ...] = ()):
+    """A module call's main input: its first positional array, else the first of ``keywords`` holding one, else any
+    array keyword."""
+    return call_input(args, kwargs, is_array, keywords)
 
 
 def _defining_class(cls: type) -> type | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -169,23 +170,27 @@ def tap_ports(
     wants: Callable[[str], bool] = lambda stage: True,
     before: Mapping[str, Before] | None = None,
     lookup: Lookup | None = None,
+    keywords: tuple[str, ...] = (),
 ) -> Iterator[Callable[[], None]]:
     """Each ``(stage, port)`` of ``side``'s model (``root``: where the paths start; ``lookup``: another way to find
-    a path's module) written through ``record``; ``before``: code run at a module's call. Transformers: forward
+    a path's module) written through ``record``; ``before``: code run at a module's call; ``keywords``: the names a
+    call's main input may be passed by, in the order they are looked for. Transformers: forward
     hooks; MLX: every call of the modules watched (``mlx_calls.watched``), each value with its array's dtype. Yields
     ``remove()``, which ends the taps before the block does (a decode after the prefill)."""
     modules = _modules(ports, before or {}, lookup or (lambda path: resolve(root, path)))
     if side == "torch":
         from .torch_hooks import main_input, output_tensor, to_numpy
 
-        writer = _Writer(record, wants, to_numpy, lambda tensor: None, main_input, output_tensor)
+        writer = _Writer(
+            record, wants, to_numpy, lambda tensor: None, partial(main_input, keywords=keywords), output_tensor
+        )
         with _hooked(modules, writer) as remove:
             yield remove
         return
     from .mlx_calls import main_input, output_array, watched
     from .mlx_hooks import dtype_name, to_numpy
 
-    writer = _Writer(record, wants, to_numpy, dtype_name, main_input, output_array)
+    writer = _Writer(record, wants, to_numpy, dtype_name, partial(main_input, keywords=keywords), output_array)
     live = [True]
 
     def on_call(path, module, args, kwargs, call):

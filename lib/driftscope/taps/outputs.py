@@ -40,9 +40,9 @@ def output_at(value: Any, item: list | tuple | None, is_array: Callable[[Any], b
     return value
 
 
-def call_input(args: tuple, kwargs: dict, is_array: Callable[[Any], bool], keywords: tuple[str, ...]) -> Any:
-    """A module call's main input: its first positional array, else the first of ``keywords`` holding one, else any
-    array keyword (None: the call has none)."""
+def call_input(args: tuple, kwargs: dict, is_array: Callable[[Any], bool], keywords: tuple[str, ...] = ()) -> Any:
+    """A module call's main input: its first positional array, else the first of ``keywords`` holding one (the names
+    a model's library passes it by), else any array keyword (None: the call has none)."""
     found = output_at(tuple(args), None, is_array) if args else None
     if found is not None:
         return found

@@ -10,9 +10,6 @@ import numpy as np
 
 from .outputs import call_input, output_at
 
-#: keyword arguments a module's main input is passed as, when it is not the first positional argument
-MAIN_KEYWORDS = ("hidden_states", "x", "input", "inputs", "inputs_embeds", "pixel_values", "image_features")
-
 
 def is_tensor(value: Any) -> bool:
     import torch
@@ -30,9 +27,10 @@ def output_tensor(value: Any, item: list | tuple | None = None):
     return output_at(value, item, is_tensor)
 
 
-def main_input(args: tuple, kwargs: dict):
-    """A module call's main input: its first positional tensor, else a known keyword, else any tensor keyword."""
-    return call_input(args, kwargs, is_tensor, MAIN_KEYWORDS)
+def main_input(args: tuple, kwargs: dict, keywords: tuple[str, ...] = ()):
+    """A module call's main input: its first positional tensor, else the first of ``keywords`` holding one, else any
+    tensor keyword."""
+    return call_input(args, kwargs, is_tensor, keywords)
 
 
 def to_numpy(tensor) -> np.ndarray:

@@ -8,9 +8,24 @@ from typing import Any
 
 import numpy as np
 
-from driftscope.taps.mlx_calls import first_array, is_array, main_input, watched
+from driftscope.taps.mlx_calls import first_array, is_array, watched
+from driftscope.taps.mlx_calls import main_input as call_input
 
-from .probe import ForwardRecord, ModuleFacts, SideProbe, embed_scale, moments, output_choice, subtree_moments
+from .probe import (
+    MAIN_KEYWORDS,
+    ForwardRecord,
+    ModuleFacts,
+    SideProbe,
+    embed_scale,
+    moments,
+    output_choice,
+    subtree_moments,
+)
+
+
+def main_input(args: tuple, kwargs: dict):
+    """A module call's main input: its first positional array, else a known keyword, else any array keyword."""
+    return call_input(args, kwargs, MAIN_KEYWORDS["mlx"])
 
 
 def weight_moments(model: Any) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:

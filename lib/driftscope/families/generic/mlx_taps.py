@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from driftscope.inputs.processor_output import ModelInputs
-from driftscope.taps.mlx_calls import main_input, output_array, watched
+from driftscope.taps.mlx_calls import output_array, watched
 from driftscope.taps.mlx_hooks import cache_snapshot, to_numpy
 from driftscope.taps.module_taps import tap_ports
 from driftscope.taps.sink import StageSink, put_greedy
@@ -19,6 +19,8 @@ from driftscope.taps.sink import StageSink, put_greedy
 from .calls import mlx_kwargs, mlx_load
 from .entries import StopForward, entries, module_ports, put_prompt, stage_value, to_reference, with_rank
 from .layout import Layout
+from .mlx_probe import main_input
+from .probe import MAIN_KEYWORDS
 
 
 def load(path: Path, config: dict) -> Any:
@@ -113,7 +115,7 @@ def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
 
     cache = make_prompt_cache(model.language_model) if text else None
     try:
-        with tap_ports("mlx", model, ports, record, wants, lookup=_modules(model).get):
+        with tap_ports("mlx", model, ports, record, wants, lookup=_modules(model).get, keywords=MAIN_KEYWORDS["mlx"]):
             out = prefill(model, inputs, cache)
             mx.eval(out.logits)
     except StopForward:

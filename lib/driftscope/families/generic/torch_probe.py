@@ -8,9 +8,24 @@ from typing import Any
 
 import numpy as np
 
-from driftscope.taps.torch_hooks import first_tensor, is_tensor, main_input
+from driftscope.taps.torch_hooks import first_tensor, is_tensor
+from driftscope.taps.torch_hooks import main_input as call_input
 
-from .probe import ForwardRecord, ModuleFacts, SideProbe, embed_scale, moments, output_choice, subtree_moments
+from .probe import (
+    MAIN_KEYWORDS,
+    ForwardRecord,
+    ModuleFacts,
+    SideProbe,
+    embed_scale,
+    moments,
+    output_choice,
+    subtree_moments,
+)
+
+
+def main_input(args: tuple, kwargs: dict):
+    """A module call's main input: its first positional tensor, else a known keyword, else any tensor keyword."""
+    return call_input(args, kwargs, MAIN_KEYWORDS["torch"])
 
 
 def weight_moments(model: Any) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:

@@ -12,11 +12,13 @@ import numpy as np
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.taps.module_taps import tap_ports
 from driftscope.taps.sink import StageSink, put_greedy
-from driftscope.taps.torch_hooks import cache_snapshot, main_input, output_tensor
+from driftscope.taps.torch_hooks import cache_snapshot, output_tensor
 from driftscope.taps.torch_hooks import to_numpy as _np
 
 from .calls import transformers_kwargs
 from .entries import StopForward, module_ports, put_prompt, stage_value, with_rank
+from .probe import MAIN_KEYWORDS
+from .torch_probe import main_input
 
 MODEL_CLASS = "AutoModelForImageTextToText"
 
@@ -73,9 +75,10 @@ def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
     kwargs = _prefill_kwargs(model, inputs, use_cache=text)
     if text:
         kwargs["cache"] = full_cache(model)
+    modules = dict(model.named_modules())
+    taps = tap_ports("torch", model, ports, record, sink.wants, lookup=modules.get, keywords=MAIN_KEYWORDS["torch"])
     try:
-        modules = dict(model.named_modules())
-        with tap_ports("torch", model, ports, record, sink.wants, lookup=modules.get), torch.no_grad():
+        with taps, torch.no_grad():
             return model(**kwargs)
     except StopForward:
         return None
