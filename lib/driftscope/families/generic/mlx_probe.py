@@ -11,21 +11,15 @@ import numpy as np
 from driftscope.taps.mlx_calls import first_array, is_array, watched
 from driftscope.taps.mlx_calls import main_input as call_input
 
-from .probe import (
-    MAIN_KEYWORDS,
-    ForwardRecord,
-    ModuleFacts,
-    SideProbe,
-    embed_scale,
-    moments,
-    output_choice,
-    subtree_moments,
-)
+from .probe import ForwardRecord, ModuleFacts, SideProbe, embed_scale, moments, output_choice, subtree_moments
+
+#: keyword arguments a module's main input is passed as in mlx-vlm, when it is not the first positional one
+MAIN_KEYWORDS = ("x", "hidden_states", "inputs", "inputs_embeds", "pixel_values")
 
 
 def main_input(args: tuple, kwargs: dict):
     """A module call's main input: its first positional array, else a known keyword, else any array keyword."""
-    return call_input(args, kwargs, MAIN_KEYWORDS["mlx"])
+    return call_input(args, kwargs, MAIN_KEYWORDS)
 
 
 def weight_moments(model: Any) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:

@@ -19,8 +19,7 @@ from driftscope.taps.sink import StageSink, put_greedy
 from .calls import mlx_kwargs, mlx_load
 from .entries import StopForward, entries, module_ports, put_prompt, stage_value, to_reference, with_rank
 from .layout import Layout
-from .mlx_probe import main_input
-from .probe import MAIN_KEYWORDS
+from .mlx_probe import MAIN_KEYWORDS, main_input
 
 
 def load(path: Path, config: dict) -> Any:
@@ -115,7 +114,7 @@ def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
 
     cache = make_prompt_cache(model.language_model) if text else None
     try:
-        with tap_ports("mlx", model, ports, record, wants, lookup=_modules(model).get, keywords=MAIN_KEYWORDS["mlx"]):
+        with tap_ports("mlx", model, ports, record, wants, lookup=_modules(model).get, keywords=MAIN_KEYWORDS):
             out = prefill(model, inputs, cache)
             mx.eval(out.logits)
     except StopForward:

@@ -14,12 +14,6 @@ import numpy as np
 
 from driftscope.taps.outputs import leaves
 
-#: keyword arguments a module's main input is passed as in each library, when it is not the first positional one
-MAIN_KEYWORDS = {
-    "torch": ("hidden_states", "x", "input", "inputs", "inputs_embeds", "pixel_values", "image_features"),
-    "mlx": ("x", "hidden_states", "inputs", "inputs_embeds", "pixel_values"),
-}
-
 #: moments of a tensor's values: count, sum, sum of squares, sum of cubes (float64); additive over tensors, so a
 #: module's subtree is the sum of its parameters', and unchanged by any permutation of the elements
 MOMENTS = 4

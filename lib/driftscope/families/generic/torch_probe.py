@@ -11,21 +11,15 @@ import numpy as np
 from driftscope.taps.torch_hooks import first_tensor, is_tensor
 from driftscope.taps.torch_hooks import main_input as call_input
 
-from .probe import (
-    MAIN_KEYWORDS,
-    ForwardRecord,
-    ModuleFacts,
-    SideProbe,
-    embed_scale,
-    moments,
-    output_choice,
-    subtree_moments,
-)
+from .probe import ForwardRecord, ModuleFacts, SideProbe, embed_scale, moments, output_choice, subtree_moments
+
+#: keyword arguments a module's main input is passed as in transformers, when it is not the first positional one
+MAIN_KEYWORDS = ("hidden_states", "x", "input", "inputs", "inputs_embeds", "pixel_values", "image_features")
 
 
 def main_input(args: tuple, kwargs: dict):
     """A module call's main input: its first positional tensor, else a known keyword, else any tensor keyword."""
-    return call_input(args, kwargs, MAIN_KEYWORDS["torch"])
+    return call_input(args, kwargs, MAIN_KEYWORDS)
 
 
 def weight_moments(model: Any) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:

@@ -17,8 +17,7 @@ from driftscope.taps.torch_hooks import to_numpy as _np
 
 from .calls import transformers_kwargs
 from .entries import StopForward, module_ports, put_prompt, stage_value, with_rank
-from .probe import MAIN_KEYWORDS
-from .torch_probe import main_input
+from .torch_probe import MAIN_KEYWORDS, main_input
 
 MODEL_CLASS = "AutoModelForImageTextToText"
 
@@ -76,7 +75,7 @@ def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
     if text:
         kwargs["cache"] = full_cache(model)
     modules = dict(model.named_modules())
-    taps = tap_ports("torch", model, ports, record, sink.wants, lookup=modules.get, keywords=MAIN_KEYWORDS["torch"])
+    taps = tap_ports("torch", model, ports, record, sink.wants, lookup=modules.get, keywords=MAIN_KEYWORDS)
     try:
         with taps, torch.no_grad():
             return model(**kwargs)
