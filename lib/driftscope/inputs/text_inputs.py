@@ -103,15 +103,16 @@ def load_tokenizer(path: str | Path):
         ) from err
 
 
-#: tokenizer classes that encode as their tokenizer.json does (transformers' ``TokenizersBackend`` and Qwen's: no
-#: special tokens or normalization added around the file's own pipeline)
-FILE_TOKENIZERS = ("TokenizersBackend", "Qwen2Tokenizer", "Qwen2TokenizerFast")
+#: tokenizer classes that encode as their tokenizer.json does (no special tokens or normalization added around the
+#: file's own pipeline): transformers' own; a family adds its model's (``prompt_tokenizer(path, file_classes)``)
+FILE_TOKENIZERS = ("TokenizersBackend",)
 
 
 class FileTokenizer:
     """A checkpoint's ``tokenizer.json`` through the ``tokenizers`` library alone (transformers' ``AutoTokenizer``
     imports torch on the way): ``tokenizer(text)["input_ids"]`` and ``convert_tokens_to_ids`` as transformers' fast
-    tokenizer gives them for :data:`FILE_TOKENIZERS` (tests/inputs/test_text_inputs.py holds them equal)."""
+    tokenizer gives them for :data:`FILE_TOKENIZERS` and the classes a family names (tests/inputs/test_text_inputs.py
+    holds them equal)."""
 
     def __init__(self, path: Path, config: dict):
         from tokenizers import Tokenizer
@@ -133,9 +134,10 @@ def _token(value) -> str | None:
     return value.get("content") if isinstance(value, dict) else value
 
 
-def prompt_tokenizer(path: str | Path):
+def prompt_tokenizer(path: str | Path, file_classes: tuple[str, ...] = ()):
     """What encodes a prompt: the checkpoint's ``tokenizer.json`` alone where its class adds nothing to it
-    (:class:`FileTokenizer`), else transformers' tokenizer (:func:`load_tokenizer`)."""
+    (:class:`FileTokenizer`: :data:`FILE_TOKENIZERS` and the family's ``file_classes``), else transformers'
+    tokenizer (:func:`load_tokenizer`)."""
     import json
 
     folder = Path(path)
@@ -144,7 +146,7 @@ def prompt_tokenizer(path: str | Path):
     except (OSError, ValueError):
         config = {}
     if (folder / "tokenizer.json").exists() and isinstance(config, dict):
-        if config.get("tokenizer_class") in FILE_TOKENIZERS and not config.get("add_bos_token"):
+        if config.get("tokenizer_class") in FILE_TOKENIZERS + file_classes and not config.get("add_bos_token"):
             return FileTokenizer(folder / "tokenizer.json", config)
     return load_tokenizer(folder)
 

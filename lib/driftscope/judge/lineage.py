@@ -33,7 +33,7 @@ def patch_rows_per_unit(plan: StagePlan) -> dict[str, int]:
 
 def row_axis_count(plan: StagePlan, stage_id: str) -> int:
     """How many leading axes of ``stage_id`` together index its token rows: those of its axes that begin the plan's
-    ``row_axes`` (Molmo2's ``crops, patches``: 2 on a ViT stage, 1 on a pooled one), at least 1."""
+    ``row_axes`` (e.g. ``crops, patches``: 2 on a ViT stage, 1 on a pooled one), at least 1."""
     declared, axes, lead = list(plan.meta.get("row_axes") or []), plan[stage_id].axes, 0
     while lead < min(len(declared), len(axes)) and axes[lead] == declared[lead]:
         lead += 1
@@ -165,7 +165,7 @@ def row_lineage(
         if stage.id not in reference or stage.id not in candidate:
             continue
         if stage.token_unit != unit and not {stage.token_unit, unit} <= set(per_unit):
-            continue  # a unit the plan gives no patch rows for (Molmo2's pooled tokens): no row to map to
+            continue  # a unit the plan gives no patch rows for (pooled tokens): no row to map to
         size = per_unit.get(stage.token_unit, 1)
         rasters = sorted({patch // size for patch in patches})
         count_of = row_axis_count(plan, stage.id)

@@ -4,7 +4,7 @@ Per failing pair, in a few lines: the mechanism in words (the family's known def
 introduces the error, from its ``CLOSES`` declaration, and what the ready patch does, from its docstring; else the
 replay's conclusion), the ready patch as the run tried it on that block (before and after, ``report.json
 ["patch_trials"]``), and for quantized runs the closer-to attribution and the same-input linear replay, named for the
-module both speak of (Qwen's fused ``qkv`` linear is one module, its q, k and v three stages).
+module both speak of (a fused query-key-value linear is one module, its q, k and v three stages).
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ from driftscope.inputs.text_inputs import DEFAULT_PROMPT, TextInputs, prompt_tok
 from ...errors import InputError
 from .processor import image_token_ids, image_token_string
 
+#: the tokenizer classes Molmo2's checkpoints name (its language model's), which encode as their tokenizer.json does
+FILE_TOKENIZERS = ("Qwen2Tokenizer", "Qwen2TokenizerFast")
+
 
 def build_text_inputs(
     checkpoint,
@@ -22,7 +25,7 @@ def build_text_inputs(
 
     Token types mark every image token (patches, row ends, starts and ends) as transformers' processor does:
     they attend to each other both ways in the prefill."""
-    tokenizer = prompt_tokenizer(checkpoint.path)
+    tokenizer = prompt_tokenizer(checkpoint.path, FILE_TOKENIZERS)
     bos = tokenizer.bos_token or tokenizer.eos_token or ""
     grids = np.asarray(inputs["grids"]).reshape(-1, 4)
     images = "".join(image_token_string(tuple(int(v) for v in grid)) for grid in grids)
