@@ -9,9 +9,10 @@ from pathlib import Path
 from conftest import ROOT
 
 
-def investigate_sweep(model_type: str, folder: Path, patch: str | None = None, forced: str = "auto", **kwargs):
+def investigate_sweep(model_type: str, folder: Path, patch: str | None = None, forced: str | None = None, **kwargs):
     """The report of ``driftscope sweep``'s run of ``model_type`` into ``folder``; ``patch`` (``NAME`` of
-    ``driftscope.hypotheses``) with ``kwargs`` on the mlx runtime; ``forced`` its ``text.forced``."""
+    ``driftscope.hypotheses``) with ``kwargs`` on the mlx runtime; ``forced``: its ``text.forced`` (default: the
+    sweep's own, ``always``)."""
     from driftscope.batch.sweep import parameters
     from driftscope.run.investigation import investigate
     from driftscope.run.params import parse_parameters
@@ -19,7 +20,8 @@ def investigate_sweep(model_type: str, folder: Path, patch: str | None = None, f
     spec = copy.deepcopy(parameters(model_type, ROOT / "fixtures" / "checkpoints" / f"generic-{model_type}"))
     if patch is not None:
         spec["runtimes"][1]["patch"] = {"callable": f"driftscope.hypotheses:{patch}", "kwargs": kwargs}
-    spec["text"]["forced"] = forced
+    if forced is not None:
+        spec["text"]["forced"] = forced
     report = investigate(parse_parameters(spec, source=None, base=ROOT), folder)
     report.folder = folder
     return report

@@ -137,9 +137,9 @@ def test_answer_parity_notebook_renders(answered):
     outputs = [o for cell in notebook["cells"] if cell["cell_type"] == "code" for o in cell.get("outputs", [])]
     assert not [o for o in outputs if o["output_type"] == "error"]
     html = to_html(executed)[0].read_text()
-    # every pair passes here: "Where to look next" says so per pair (it showed "first vision divergence None")
+    # every pair passes here: "Stages after the tower" says so per pair (it showed "first vision divergence None")
     # (and the planted defect's pair: its tower is untouched)
-    assert html.count("every vision stage passes") == len(RUNTIMES) and "Where to look next" in html
+    assert html.count("every vision stage passes") == len(RUNTIMES) and "Stages after the tower" in html
     assert "text.logits.last" in html and "top-5 overlap" in html and "top5_overlap" not in html
 
 
@@ -220,8 +220,8 @@ def test_the_page_says_where_a_planted_text_defect_diverges_and_that_the_text_si
     words = markup.unescape(re.sub(r"<style.*?</style>|<script.*?</script>|<[^>]+>", "", page, flags=re.S))
     words = words.split("Progress log")[0]  # the page itself, not the run's log
 
-    def said_for(pair_title: str) -> str:  # the pair's line under "The answer, per candidate"
-        return next(x for x in words.splitlines() if x.startswith(f"{pair_title}:") and "teacher-forced" in x)
+    def said_for(pair_title: str) -> str:  # the pair's line under "Per candidate, in detail"
+        return next(x for x in words.splitlines() if x.startswith(f"{pair_title}:") and "teacher-forced, the" in x)
 
     line = said_for(f"{PLANTED} vs transformers:f32")
     by = ", ".join(key.rsplit(".", 1)[1] for key in forced["first_divergence_by"])
