@@ -13,7 +13,7 @@ from driftscope.capture.runtimes.streamed import units
 from driftscope.errors import RuntimeUnavailableError
 from driftscope.model.weightfile import TensorFiles
 
-STREAMED = ["qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"]
+STREAMED = ["qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "generic"]
 
 
 @pytest.mark.parametrize("name", STREAMED)
@@ -37,7 +37,7 @@ def test_the_streamed_reference_is_the_resident_one(name, tiny, runs, tmp_path):
     # every checkpoint tensor read at least once per pass of the text side; never more than one block's weights
     assert record["mapped_bytes_read"] >= sum(sizes.values())
     assert record["peak_resident_weight_bytes"] <= max(blocks)
-    assert sum(blocks) >= sum(sizes.values()) > 4 * max(blocks)  # a block is a small part of the model
+    assert sum(blocks) >= sum(sizes.values()) > 3 * max(blocks)  # a block is a small part of the model
 
 
 def test_a_family_that_reads_a_weight_outside_its_module_is_refused(tiny, tmp_path):

@@ -32,6 +32,7 @@ class LoadAuditError(CheckpointError):
 
 
 def _rename(name: str, layout: LoadLayout) -> str:
+    name = layout.names.get(name, name)
     for pattern, replacement in layout.renames:
         name = re.sub(pattern, replacement, name)
     return name
@@ -42,6 +43,8 @@ def declared(layout: LoadLayout, names: list[str]) -> dict[str, tuple[tuple[str,
     renamed = {_rename(name, layout): name for name in names}
     out: dict[str, tuple[tuple[str, ...], Held]] = {}
     for new, original in renamed.items():
+        if any(fnmatch.fnmatchcase(new, pattern) for pattern in layout.not_held):
+            continue  # the runtime holds it under no name of its own
         rule = next((r for r in layout.rules if re.fullmatch(r.pattern, new)), None)
         for held in rule.held if rule is not None else (Held(),):
             target = re.sub(rule.pattern, held.name, new) if rule is not None else new
@@ -79,6 +82,8 @@ def held_value(files, sources: tuple[str, ...], held: Held, rows: np.ndarray | N
             value = np.take(value, np.arange(which * size, (which + 1) * size), axis=axis)
         elif op[0] == "rows":
             value = value[op[1] : op[2]]
+        elif op[0] == "reshape":
+            value = value.reshape(op[1])
     return value
 
 
@@ -126,9 +131,7 @@ def audit(runtime: Any) -> dict:
                 f"under the declared transform {list(held.ops) or 'none'}"
             )
     for name in sorted(set(wanted) - set(loaded)):
-        sources = wanted[name][0]
-        if not any(fnmatch.fnmatchcase(_rename(source, layout), p) for source in sources for p in layout.not_held):
-            findings.append(f"{name}: the checkpoint holds {sources[0]}, the runtime does not hold it")
+        findings.append(f"{name}: the checkpoint holds {wanted[name][0][0]}, the runtime does not hold it")
     return {
         "status": "fail" if findings else "pass",
         "checked": checked,

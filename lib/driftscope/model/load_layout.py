@@ -1,18 +1,22 @@
 """How a runtime holds a checkpoint's tensors, declared by the checkpoint's family as data (``Family.load_layout``),
 so that a load can be audited against the checkpoint (``capture.load_audit``) without trusting the loader.
 
-Every checkpoint tensor is renamed by ``renames`` (regular expressions, in order) into the name a runtime holds it
-under, and its value is the checkpoint's unless a rule says otherwise: ``transpose`` (axes), ``half`` (one half of
-an axis: a fused tensor the runtime holds split), ``rows`` (a range of rows of the tensors ``sources`` stacked:
-a vocabulary held in two parts), then cast to the dtype the runtime holds. A tensor a runtime does not hold and a
-parameter it does not read from the checkpoint (a tied head) are named too; anything else unmatched is a finding.
+Every checkpoint tensor is renamed by ``names`` (exact names, where a loader's own renaming was read name by name),
+then by ``renames`` (regular expressions, in order) into the name a runtime holds it under, and its value is the
+checkpoint's unless a rule says otherwise: ``transpose`` (axes), ``half`` (one half of an axis: a fused tensor the
+runtime holds split), ``reshape`` (the same values in another shape), ``rows`` (a range of rows of the tensors
+``sources`` stacked: a vocabulary held in two parts), then cast to the dtype the runtime holds. A tensor a runtime
+does not hold and a parameter it does not read from the checkpoint (a tied head) are named too; anything else
+unmatched is a finding.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
-#: an operation on a checkpoint tensor: ("transpose", axes) | ("half", axis, which) | ("rows", start, stop)
+#: an operation on a checkpoint tensor: ("transpose", axes) | ("half", axis, which) | ("rows", start, stop) |
+#: ("reshape", shape)
 Op = tuple
 
 
@@ -41,6 +45,8 @@ class LoadLayout:
     """How one runtime holds one checkpoint's tensors (see the module's docstring)."""
 
     renames: tuple[tuple[str, str], ...] = ()
+    #: checkpoint name -> the name a runtime holds it under, before ``renames``
+    names: Mapping[str, str] = field(default_factory=dict)
     rules: tuple[TensorRule, ...] = ()
     #: renamed checkpoint names (fnmatch) the runtime holds under no name of its own (e.g. a tied head it derives)
     not_held: tuple[str, ...] = ()

@@ -277,7 +277,8 @@ def streamed_model(runtime: Any, transformers: Any, dtype: Any) -> tuple[Any, St
     config = transformers.AutoConfig.from_pretrained(str(path))
     kwargs = dict(getattr(runtime.taps, "LOAD_KWARGS", {}))
     with meta_parameters():
-        model = getattr(transformers, runtime.taps.MODEL_CLASS)._from_config(
+        cls = getattr(transformers, runtime.taps.MODEL_CLASS)
+        model = (cls.from_config if cls.__name__.startswith("AutoModel") else cls._from_config)(
             config, dtype=dtype, attn_implementation=runtime.options.get("attn_implementation", "eager"), **kwargs
         )
     files = MappedCheckpoint(path, np.float64 if dtype == torch.float64 else np.float32)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from driftscope.core.paths import REPO_ROOT as _ROOT
 
 from ..base import Family, TinyFixture
+from .held import generic_layout
 from .plan import NAME, generic_plan
 from .processor import build_text_inputs, prepare_inputs
 from .replay import ReplayContext
@@ -100,4 +101,5 @@ FAMILY = Family(
     substages_of=_substages_of,
     check_config=_check_config,
     checkpoint_plan=_checkpoint_plan,
+    load_layout=generic_layout,
 )

@@ -194,15 +194,14 @@ def _build(module, config: dict):
     return module.Model(model_config), model_config
 
 
-def mlx_load(path: str | Path, config: dict) -> Any:
-    """mlx-vlm's model of the checkpoint at ``path`` (``config``: its config.json), built and loaded the way
-    ``mlx_vlm.utils.load_model`` does (model config, each module's ``sanitize``, strict ``load_model_weights``) from
-    :func:`mlx_config`. When mlx-vlm's vision tower refuses the vision ``model_type`` transformers 5 writes
-    (``<model_type>_vision``), it is built with the composite's ``model_type``, as the hub's configs name it."""
+def mlx_skeleton(config: dict) -> tuple[Any, Any, Any, dict]:
+    """mlx-vlm's model of ``config`` (its config.json) before any weight is loaded: (the model's mlx-vlm module, the
+    model, its model config, the adapted config.json). When mlx-vlm's vision tower refuses the vision
+    ``model_type`` transformers 5 writes (``<model_type>_vision``), it is built with the composite's ``model_type``,
+    as the hub's configs name it."""
     from driftscope.model.blas import mlx_blas
 
     mlx_blas()  # before the first `import mlx.core`
-    import mlx.core as mx
     from mlx_vlm import utils
 
     adapted = mlx_config(config)
@@ -217,16 +216,36 @@ def mlx_load(path: str | Path, config: dict) -> Any:
             raise
         vision["model_type"] = adapted["model_type"]
         model, model_config = _build(module, copy.deepcopy(adapted))
+    return module, model, model_config, adapted
+
+
+def mlx_sanitized(module: Any, model: Any, model_config: Any, weights: dict) -> dict:
+    """The checkpoint's ``weights`` under mlx-vlm's names and layouts: the model's ``sanitize``, then its vision and
+    language models' (``mlx_vlm.utils.load_model``'s order)."""
+    from mlx_vlm import utils
+
+    weights = utils.sanitize_weights(model, weights)
+    for name, attribute in (("VisionModel", "vision_config"), ("LanguageModel", "text_config")):
+        if hasattr(module, name) and hasattr(model_config, attribute):
+            weights = utils.sanitize_weights(getattr(module, name), weights, getattr(model_config, attribute))
+    return weights
+
+
+def mlx_load(path: str | Path, config: dict) -> Any:
+    """mlx-vlm's model of the checkpoint at ``path`` (``config``: its config.json), built and loaded the way
+    ``mlx_vlm.utils.load_model`` does (model config, each module's ``sanitize``, strict ``load_model_weights``) from
+    :func:`mlx_config` (:func:`mlx_skeleton`, :func:`mlx_sanitized`)."""
+    module, model, model_config, adapted = mlx_skeleton(config)
+    import mlx.core as mx
+    from mlx_vlm import utils
+
     files = sorted(glob.glob(str(Path(path) / "*.safetensors")))
     if not files:
         raise CheckpointError(f"checkpoint {path} has no *.safetensors files", "save it with save_pretrained")
     weights: dict[str, Any] = {}
     for file in files:
         weights.update(mx.load(file))
-    weights = utils.sanitize_weights(model, weights)
-    for name, attribute in (("VisionModel", "vision_config"), ("LanguageModel", "text_config")):
-        if hasattr(module, name) and hasattr(model_config, attribute):
-            weights = utils.sanitize_weights(getattr(module, name), weights, getattr(model_config, attribute))
+    weights = mlx_sanitized(module, model, model_config, weights)
     utils.load_model_weights(model, adapted, weights, Path(path), strict=True)
     mx.eval(model.parameters())
     model.eval()
