@@ -45,7 +45,7 @@ def forced(tiny, runs, tmp_path_factory):
     return get
 
 
-def _attribute(tiny, runs, forced, name, patch, tmp_path):
+def _attribute(tiny, runs, forced, name, patch, tmp_path, log=lambda line: None):
     checkpoint, inputs, plan = tiny(NAME)
     reference_runtime, reference = runs(NAME, "transformers")
     runtime, candidate = forced(name, patch=patch)
@@ -54,13 +54,20 @@ def _attribute(tiny, runs, forced, name, patch, tmp_path):
     assert pair["forced"]["first_divergence"] is not None or pair["forced"]["flips"], pair["forced"]
     tapsets = {"ref": reference, "cand": candidate}
     runtimes = {"ref": get_runtime("transformers")(checkpoint, "f32"), "cand": runtime}
-    return substitution(pair, runtimes, inputs, tapsets, contract, plan, tmp_path)
+    return substitution(pair, runtimes, inputs, tapsets, contract, plan, tmp_path, log)
 
 
 @pytest.mark.parametrize("name", ["transformers", "mlx"])
 def test_a_tower_side_defect_is_explained_by_the_tower(tiny, runs, forced, name, tmp_path):
-    entry = _attribute(tiny, runs, forced, name, TOWER, tmp_path)
+    said: list[str] = []
+    entry = _attribute(tiny, runs, forced, name, TOWER, tmp_path, said.append)
     assert entry["status"] == "done", entry
+    # each of the two runs (minutes each on a large model) is announced before it starts, saying what it runs
+    assert [line.split(": ", 1)[1].split(" (")[0] for line in said] == [
+        "cand's text side on ref's image embeddings",
+        "ref's text side on cand's image embeddings",
+    ]
+    assert all("teacher-forced tokens" in line for line in said)
     assert entry["verdict"] == "tower", entry
     assert entry["candidate_text_on_reference_tower"]["first_divergence"] is None
     assert entry["reference_text_on_candidate_tower"]["first_divergence"] is not None

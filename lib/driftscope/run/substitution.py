@@ -58,8 +58,11 @@ def _run_substituted(runtime, inputs, plan: StagePlan, embeds: np.ndarray, token
         runtime.release()
 
 
-def substitution(pair: dict, runtimes: dict, inputs, tapsets: dict, contract, plan: StagePlan, out: Path) -> dict:
-    """One pair's substitution entry (``answer.pairs[i].substitution``)."""
+def substitution(
+    pair: dict, runtimes: dict, inputs, tapsets: dict, contract, plan: StagePlan, out: Path, log=lambda line: None
+) -> dict:
+    """One pair's substitution entry (``answer.pairs[i].substitution``); ``log`` is told before each of its two runs
+    starts (each is a whole teacher-forced text capture: minutes on a large model)."""
     ref, cand = pair["reference"], pair["candidate"]
     if not _diverges(pair.get("forced")):
         return {"status": "not_needed", "text": "the teacher-forced answers agree: nothing to attribute"}
@@ -77,10 +80,13 @@ def substitution(pair: dict, runtimes: dict, inputs, tapsets: dict, contract, pl
     text_plan = StagePlan(plan.family, [s for s in plan if s.id.startswith("text.")], plan.depth, dict(plan.meta))
     tokens = np.asarray(reference["text.generate.tokens"], dtype=np.int64)
     base = out / "taps" / "substitution" / safe_name(cand)
+    steps = f"{len(tokens)} teacher-forced tokens"
     try:
+        log(f"  substitution {cand}: {cand}'s text side on {ref}'s image embeddings ({steps}) ...")
         a = _run_substituted(
             runtimes[cand], inputs, text_plan, np.asarray(reference["text.embeds.image"]), tokens, base / "cand"
         )
+        log(f"  substitution {cand}: {ref}'s text side on {cand}'s image embeddings ({steps}) ...")
         b = _run_substituted(
             runtimes[ref], inputs, text_plan, np.asarray(candidate["text.embeds.image"]), tokens, base / "ref"
         )
@@ -110,7 +116,7 @@ def explain_answer(params, report, out: Path, runtimes: dict, inputs, tapsets: d
         return
     report.step("substitution")
     for pair in answer["pairs"]:
-        pair["substitution"] = substitution(pair, runtimes, inputs, tapsets, contract, plan, out)
+        pair["substitution"] = substitution(pair, runtimes, inputs, tapsets, contract, plan, out, log)
         log(f"  substitution {pair['candidate']}: {pair['substitution']['text']}")
     peer = half_peer(tapsets, params.reference_label, (params.relative or {}).get("peer"))
     if peer is not None:
