@@ -275,7 +275,7 @@ def streamed_model(runtime: Any, transformers: Any, dtype: Any) -> tuple[Any, St
         )
     path = runtime.checkpoint.path
     config = transformers.AutoConfig.from_pretrained(str(path))
-    kwargs = dict(getattr(runtime.taps, "LOAD_KWARGS", {}))
+    kwargs = dict(runtime.capabilities.load_kwargs)
     with meta_parameters():
         model = getattr(transformers, runtime.taps.MODEL_CLASS)._from_config(
             config, dtype=dtype, attn_implementation=runtime.options.get("attn_implementation", "eager"), **kwargs
