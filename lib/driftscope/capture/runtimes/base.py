@@ -122,12 +122,9 @@ class Runtime(ABC):
     #: module's ``CAPABILITIES`` (:mod:`driftscope.families.capabilities`); None: the engine reads no family module
     ENGINE_MODULE: ClassVar[type | None] = None
     CAPABILITIES: ClassVar[type | None] = None
-    #: whether the taps come from outside driftscope (an unreadable file makes this runtime "could not run")
-    external: ClassVar[bool] = False
-    #: the load audit's record of the last load (``capture.load_audit``); None before a load
-    load_audit: dict | None = None
-    #: the names the family's load corrections put right at the last load (``TransformersCapabilities``)
-    load_corrections: tuple[str, ...] | list[str] = ()
+    external: ClassVar[bool] = False  # the taps come from outside driftscope (an unreadable file: "could not run")
+    load_audit: dict | None = None  # the last load's record (``capture.load_audit``)
+    load_corrections: tuple[str, ...] | list[str] = ()  # what the family's ``correct_load`` put right at the last
 
     def __init__(
         self,
@@ -395,15 +392,3 @@ class Runtime(ABC):
     def put_inputs(self, inputs: ModelInputs, sink: StageSink) -> None:
         for stage_id, value in inputs.stages().items():
             sink.put(stage_id, value)
-
-
-def substitution_target(runtime: Runtime, owner: Any, name: str) -> Any:
-    """``owner.name``, the decoder a substitution rewrites the embeddings of, or an error saying this runtime's
-    text side cannot take substituted embeddings."""
-    target = getattr(owner, name, None) if owner is not None else None
-    if target is None:
-        raise RuntimeUnavailableError(
-            f"runtime {runtime.name!r} has no decoder at .{name} to take substituted image embeddings",
-            "substitute with transformers or mlx, whose decoders take their embeddings as an argument",
-        )
-    return target

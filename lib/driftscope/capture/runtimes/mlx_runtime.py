@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from driftscope.capture.runtimes.base import Runtime, package_versions, require, substitution_target
+from driftscope.capture.runtimes.base import Runtime, package_versions, require
 from driftscope.errors import PortLimitError, RuntimeUnavailableError
 from driftscope.families.capabilities import MLXCapabilities
 from driftscope.inputs.processor_output import ModelInputs
@@ -21,6 +21,7 @@ from driftscope.model.quant.policy import RUNTIME_POLICIES
 from driftscope.taps.mlx_hooks import RMSNORM_FORMS, dtype_name, use_manual_rmsnorm
 from driftscope.taps.sink import StageSink
 from driftscope.taps.stages import StagePlan
+from driftscope.taps.substitute import substitution_target
 from driftscope.taps.tapset import TapSet
 
 

@@ -16,12 +16,12 @@ from driftscope.capture.runtimes.base import (
     package_versions,
     refuse_weights,
     require,
-    substitution_target,
 )
 from driftscope.families.capabilities import TransformersCapabilities
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.model.quant.policy import RUNTIME_POLICIES
 from driftscope.taps.sink import StageSink
+from driftscope.taps.substitute import substitution_target
 
 
 @runtime_checkable
