@@ -54,18 +54,21 @@ def test_a_patched_runtime_keeps_its_tower_weights(tiny_checkpoint):
 
 
 def test_f16_contract_holds_its_dot_weights_in_float16_with_the_same_taps(tiny, tmp_path, monkeypatch):
-    """Under f16-contract every dot rounds its weight to float16, so holding the dot-only weights
-    (``DOT_WEIGHTS``) in float16 from the read on gives the same taps bit for bit, in half their memory; the tied
-    head is the embedding (a gather) and stays float32, and so do norms and biases."""
+    """Under f16-contract every dot rounds its weight to float16, so holding the dot-only weights (the
+    ``dot_weights`` capability) in float16 from the read on gives the same taps bit for bit, in half their memory;
+    the tied head is the embedding (a gather) and stays float32, and so do norms and biases."""
+    import dataclasses
+
     import driftscope.families.qwen2_5_vl.emitter.program as program
     from driftscope.model.weightfile import TensorFiles, matching
     from driftscope.taps.stages import StagePlan
 
     checkpoint, inputs, plan = tiny("qwen2_5_vl")
     plan = StagePlan(plan.family, [s for s in plan if ".block.1." not in s.id], plan.depth, dict(plan.meta))
-    captured, held, declared = {}, {}, program.DOT_WEIGHTS
+    captured, held, declared = {}, {}, program.CAPABILITIES.dot_weights
     for half in (True, False):
-        monkeypatch.setattr(program, "DOT_WEIGHTS", declared if half else ())
+        dots = declared if half else ()
+        monkeypatch.setattr(program, "CAPABILITIES", dataclasses.replace(program.CAPABILITIES, dot_weights=dots))
         runtime = get_runtime("jax")(checkpoint, "f16-contract")
         runtime.load()  # the tower's weights (the text side's are read at the text capture, the same way)
         held[half] = {name: str(array.dtype) for name, array in runtime.model.weights.items()}

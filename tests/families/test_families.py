@@ -181,7 +181,7 @@ def test_the_compiled_path_decodes_the_oracles_greedy_tokens(name, runtime_name,
     """The compiled runtimes decode greedily past the prefill (one compiled decode-step graph, a fixed-capacity
     cache) and pick, step by step, the tokens transformers f32 picks on the tiny fixture."""
     if not get_runtime(runtime_name).decodes_with(name):
-        pytest.skip(f"the {runtime_name} runtime does not decode {name} yet (its emitter's program sets no DECODES)")
+        pytest.skip(f"the {runtime_name} runtime does not decode {name} yet (its program declares no decodes)")
     _, oracle = runs(name, ORACLE)
     _, compiled = runs(name, runtime_name)
     expected = np.asarray(oracle["text.generate.tokens"])

@@ -136,7 +136,7 @@ def audit(runtime: Any) -> dict:
         "status": "fail" if findings else "pass",
         "checked": checked,
         "sampled": {"tensors": len(sampled), "rows": SAMPLED_ROWS, "over_elements": FULL_ELEMENTS},
-        "corrected": list(getattr(runtime, "load_corrections", []) or []),
+        "corrected": list(runtime.load_corrections),
         "notes": list(layout.notes),
         "findings": findings,
         "detail": _detail(runtime, checked, sampled, findings),

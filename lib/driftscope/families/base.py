@@ -200,7 +200,7 @@ class Family:
     mutations: str  # module holding ``MUTATIONS``, the family's registry of mutations
     mutation_runtime: str  # the runtime the mutations are installed in
     hypotheses: str  # module of ready hypothesis patches
-    views: str  # module: token layout and input overlay for the views, geometry sections and CLI
+    hooks: str  # module of the family's page hooks: token layout and input overlay for the views, geometry pages, CLI
     tiny: TinyFixture
     #: the finer stages computed inside a stage (a block's substages, a head's pieces), from the full plan: what
     #: narrowing captures when that stage is a pair's first divergence; () for a stage with no declared pieces
@@ -324,7 +324,7 @@ class Family:
         return _module(self.precision)
 
     def view_hooks(self) -> ModuleType:
-        return _module(self.views)
+        return _module(self.hooks)
 
     def quant_profile(self) -> Any:
         """What quantized policies need to know about this family (``quant.profiles.QuantProfile``)."""

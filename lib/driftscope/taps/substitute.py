@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from driftscope.errors import InputError
+from driftscope.errors import InputError, RuntimeUnavailableError
 
 
 def _slots(text: Any) -> np.ndarray:
@@ -104,3 +104,15 @@ def mlx_image_rows(owner: Any, name: str, text: Any):
 
     with shadow(owner, name, _Substituting(getattr(owner, name), text)):
         yield
+
+
+def substitution_target(runtime: Any, owner: Any, name: str) -> Any:
+    """``owner.name``, the decoder a substitution rewrites the embeddings of, or an error saying this runtime's
+    text side cannot take substituted embeddings."""
+    target = getattr(owner, name, None) if owner is not None else None
+    if target is None:
+        raise RuntimeUnavailableError(
+            f"runtime {runtime.name!r} has no decoder at .{name} to take substituted image embeddings",
+            "substitute with transformers or mlx, whose decoders take their embeddings as an argument",
+        )
+    return target

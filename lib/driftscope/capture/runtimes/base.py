@@ -13,7 +13,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from driftscope.capture.patches import HypothesisPatch
 from driftscope.capture.quantized import QuantizedWeights, check_policy_fits, quantized_weights
 from driftscope.core.extras import install_extra, missing_modules
 from driftscope.errors import CheckpointError, OutputError, ParameterError, RuntimeUnavailableError, some
+from driftscope.families.capabilities import capabilities_of
 from driftscope.families.hypotheses import hypotheses_of
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.model.checkpoint import Checkpoint
@@ -117,6 +118,13 @@ class Runtime(ABC):
     EXTRA: str | None = None
     #: option -> the kind of value it takes (:data:`OPTION_KINDS`), where it is not a fixed set
     OPTION_TYPES: dict[str, str] = {}
+    #: the Protocol a family's module for this engine answers (``Family.engines[name]``) and the type of that
+    #: module's ``CAPABILITIES`` (:mod:`driftscope.families.capabilities`); None: the engine reads no family module
+    ENGINE_MODULE: ClassVar[type | None] = None
+    CAPABILITIES: ClassVar[type | None] = None
+    external: ClassVar[bool] = False  # the taps come from outside driftscope (an unreadable file: "could not run")
+    load_audit: dict | None = None  # the last load's record (``capture.load_audit``)
+    load_corrections: tuple[str, ...] | list[str] = ()  # what the family's ``correct_load`` put right at the last
 
     def __init__(
         self,
@@ -201,7 +209,7 @@ class Runtime(ABC):
             "stages reach the tap file (the same file either way)",
             **cls.OPTIONS,
         }
-        if not getattr(cls, "external", False) and any(name.startswith("q") for name in cls.policies):
+        if not cls.external and any(name.startswith("q") for name in cls.policies):
             known.update(dict.fromkeys(OPTION_KEYS, "quantization setting of a quantized policy"))
         return known
 
@@ -239,6 +247,11 @@ class Runtime(ABC):
     def taps(self) -> Any:
         """The checkpoint family's module for this engine: what to load, where to tap, how to replay."""
         return self.family.engine(self.name)
+
+    @property
+    def capabilities(self) -> Any:
+        """What the family's module for this engine declares it can do (its typed ``CAPABILITIES``)."""
+        return capabilities_of(self.taps, self.CAPABILITIES)
 
     def load(self) -> None:
         """Load the model (once) and apply the hypothesis patch."""
@@ -299,7 +312,7 @@ class Runtime(ABC):
             "checkpoint": str(self.source.path),
             "family": self.checkpoint.family,
             "options": self.options,
-            **({"load_audit": audit_summary(self.load_audit)} if getattr(self, "load_audit", None) else {}),
+            **({"load_audit": audit_summary(self.load_audit)} if self.load_audit else {}),
             **({"quantization": self.quantized.report} if self.quantized else {}),
         }
 
@@ -312,9 +325,6 @@ class Runtime(ABC):
     @property
     def label(self) -> str:
         return str(self.options.get("label") or f"{self.name}:{self.policy.name}")
-
-    #: whether the taps come from outside driftscope (an unreadable file makes this runtime "could not run")
-    external: bool = False
 
     def weight_dtypes(self) -> dict[str, int]:
         """How many weight tensors the loaded model holds in each dtype (as observed, not as the policy says)."""
@@ -382,15 +392,3 @@ class Runtime(ABC):
     def put_inputs(self, inputs: ModelInputs, sink: StageSink) -> None:
         for stage_id, value in inputs.stages().items():
             sink.put(stage_id, value)
-
-
-def substitution_target(runtime: Runtime, owner: Any, name: str) -> Any:
-    """``owner.name``, the decoder a substitution rewrites the embeddings of, or an error saying this runtime's
-    text side cannot take substituted embeddings."""
-    target = getattr(owner, name, None) if owner is not None else None
-    if target is None:
-        raise RuntimeUnavailableError(
-            f"runtime {runtime.name!r} has no decoder at .{name} to take substituted image embeddings",
-            "substitute with transformers or mlx, whose decoders take their embeddings as an argument",
-        )
-    return target

@@ -16,10 +16,11 @@ from typing import Any
 import numpy as np
 
 from driftscope.capture.runtimes.base import Runtime, package_versions, require
-from driftscope.capture.runtimes.compiled_taps import Bucket, padded_length
+from driftscope.capture.runtimes.compiled_taps import Bucket, CompiledTaps, padded_length
 from driftscope.capture.runtimes.compiled_weights import drop_tower, refuse_unread, restore_tower, weight_reads
 from driftscope.capture.runtimes.jax_cache import use_persistent_cache
 from driftscope.errors import ParameterError
+from driftscope.families.capabilities import CompiledCapabilities, capabilities_of
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.model.quant.policy import RUNTIME_POLICIES
 from driftscope.taps.jax.contract import Contract
@@ -46,14 +47,18 @@ class CompiledRuntime(Runtime):
         "taps": "final: return only the tower's output (a plain forward)",
         "decode": "false: run the text side's prefill only (default true: decode greedily where the family can)",
         "buckets": "pow2: pad the tower's rows and the text prefill to the next power of two where the family's "
-        "emitter can (its BUCKETS), so one compiled graph serves every input of a bucket (the screen sets it); "
-        "exact (default): each input's own sizes",
+        "emitter can (its buckets capability), so one compiled graph serves every input of a bucket (the screen "
+        "sets it); exact (default): each input's own sizes",
         "f32": "stages whose operators compute in float32 under a half-precision policy (model.mixed; e.g. "
         "[vision.block.17-31.norm2]): compiled into the StableHLO, whole-graph only",
     }
     OPTION_VALUES = {"graph": GRAPH_MODES, "decode": (True, False), "buckets": ("exact", "pow2"), "taps": ("final",)}
     OPTION_TYPES = {"whole_taps_mib": "positive number", "bucket": "positive whole number", "f32": "list of texts"}
     policies = (*COMPILED_POLICIES, *RUNTIME_POLICIES["jax"])  # q4-dequant: the dense dequantized checkpoint
+    ENGINE_MODULE = CompiledTaps
+    CAPABILITIES = CompiledCapabilities
+    #: whether :func:`~driftscope.capture.runtimes.compiled_weights.drop_tower` dropped the tower's weights
+    tower_dropped: bool = False
 
     def __init__(self, checkpoint, policy: str = "f32", patch=None, options: dict | None = None):
         super().__init__(checkpoint, policy, patch, options)
@@ -96,14 +101,14 @@ class CompiledRuntime(Runtime):
             raise ParameterError(f"options.bucket must be an integer row count, got {rows!r}", "write e.g. bucket: 256")
         if rows is None and self.pads:
             exact = self.taps.bucket(self.model, inputs, None)
-            rows = padded_length(exact.rows, getattr(exact, "merge_unit", 1))
+            rows = padded_length(exact.rows, exact.merge_unit)
         return self.taps.bucket(self.model, inputs, rows)
 
     @property
     def pads(self) -> bool:
         """Whether inputs are padded to power-of-two buckets (``options.buckets: pow2`` and a family emitter whose
-        ``BUCKETS`` says its tower and text prefill read only their real rows of a padded call)."""
-        return self.options.get("buckets") == "pow2" and bool(getattr(self.taps, "BUCKETS", False))
+        ``buckets`` capability says its tower and text prefill read only their real rows of a padded call)."""
+        return self.options.get("buckets") == "pow2" and self.capabilities.buckets
 
     def text_length(self, length: int) -> int:
         """The text prefill's sequence length for a prompt of ``length`` tokens (padded under :attr:`pads`)."""
@@ -203,16 +208,16 @@ class CompiledRuntime(Runtime):
 
     @classmethod
     def decodes_with(cls, family: str) -> bool:
-        """The family's emitter decodes when its program module says so (``DECODES = True``)."""
+        """The family's emitter decodes when its program module declares it (the ``decodes`` capability)."""
         from driftscope.families import get_family
 
-        return bool(getattr(get_family(family).engine(cls.name), "DECODES", False))
+        return capabilities_of(get_family(family).engine(cls.name), cls.CAPABILITIES).decodes
 
     @property
     def substitutes(self) -> bool:
         """The family's emitter takes another runtime's merged image embeddings when its program module says
-        so (``SUBSTITUTES = True``: the prefill reads ``TextInputs.image_embeds`` at the image slots)."""
-        return bool(getattr(self.taps, "SUBSTITUTES", False))
+        so (the ``substitutes`` capability: the prefill reads ``TextInputs.image_embeds`` at the image slots)."""
+        return self.capabilities.substitutes
 
     def _capture_text(self, inputs: ModelInputs, sink: StageSink) -> None:
         """The family's JAX text decoder on embeddings merged from this runtime's own tower output; then every

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+from driftscope.families.capabilities import CompiledCapabilities
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.model.precision import PrecisionPolicy
 from driftscope.taps.jax.contract import Contract
@@ -26,6 +27,7 @@ class Bucket(Protocol):
 
     rows: int
     active_rows: list[list[int]]
+    # ``merge_unit: int``, the rows a padded call is a multiple of, of a family that declares ``buckets``
 
 
 @runtime_checkable
@@ -34,6 +36,7 @@ class CompiledTaps(Protocol):
 
     HOST_STAGES: tuple[str, ...]  # stages computed on the host (inputs, index math), not by the graph
     FINAL: str  # the tower's output: what the production graph returns
+    CAPABILITIES: CompiledCapabilities  # what else it declares (decoding, substitution, padding, weights)
     TOWER_OUTPUTS: tuple[str, ...]  # graph outputs the text side reads (every lowering returns them), unless
     # the family's plan names them in ``meta["tower_outputs"]`` (when they depend on the config)
 

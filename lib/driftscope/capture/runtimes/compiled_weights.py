@@ -1,9 +1,9 @@
 """What the compiled runtimes (``jax``, ``iree``) hold of a checkpoint's weights: every tensor must be read (one
 the emitter never read is a checkpoint error), and the tower's weights are dropped while the text side runs.
 
-The text decoder of a family whose program module says ``TOWER_WEIGHTS_APART = True`` holds its own weights
-(``EmittedModel.text``) and never reads the tower's: those (and their device buffers) are dropped before the
-text prefill, so the process never holds both, and read back from the checkpoint by the next tower capture or
+The text decoder of a family whose program module declares ``tower_weights_apart`` (its ``CAPABILITIES``) holds
+its own weights (``EmittedModel.text``) and never reads the tower's: those (and their device buffers) are dropped
+before the text prefill, so the process never holds both, and read back from the checkpoint by the next tower capture or
 vision replay (:func:`restore_tower`). Not under a hypothesis patch: a patch may have changed the loaded
 weights, and what is read back would be the checkpoint's.
 """
@@ -21,13 +21,13 @@ from driftscope.core.memory import free, watch
 
 def half_weights(runtime: Any) -> tuple[str, ...]:
     """The checkpoint tensors (fnmatch) ``runtime`` holds in float16: those its family's emitter reads only as dot
-    operands (``DOT_WEIGHTS``), under a policy whose every dot takes float16 operands (``f16-contract``; not a
-    mixed one, whose float32 operators read the same weights in float32). The graph rounds a float32 weight to
-    float16 at each dot anyway, so the result is the same, at half the memory."""
+    operands (its ``CAPABILITIES.dot_weights``), under a policy whose every dot takes float16 operands
+    (``f16-contract``; not a mixed one, whose float32 operators read the same weights in float32). The graph rounds
+    a float32 weight to float16 at each dot anyway, so the result is the same, at half the memory."""
     contract = runtime.contract
     if contract.dot_inputs != "float16" or contract.f32 or runtime.quantized is not None:
         return ()
-    return tuple(getattr(runtime.taps, "DOT_WEIGHTS", ()))
+    return tuple(runtime.capabilities.dot_weights)
 
 
 @contextmanager
@@ -64,7 +64,7 @@ def drop_tower(runtime: Any) -> bool:
     """Drop the tower's weights before the text side where the family keeps the text weights apart and no patch
     is applied; whether they were dropped."""
     model = runtime.model
-    if model is None or runtime.patch is not None or not getattr(runtime.taps, "TOWER_WEIGHTS_APART", False):
+    if model is None or runtime.patch is not None or not runtime.capabilities.tower_weights_apart:
         return False
     for name in ("_device_weights", "_block_weights"):  # device buffers of the tower's (and text's) weights
         runtime.__dict__.pop(name, None)
@@ -83,7 +83,7 @@ def drop_tower(runtime: Any) -> bool:
 def restore_tower(runtime: Any) -> None:
     """Read the tower's weights back from the checkpoint if :func:`drop_tower` dropped them (the timing goes
     into ``timings["reload_tower_s"]``)."""
-    if not getattr(runtime, "tower_dropped", False) or runtime.model is None:
+    if not runtime.tower_dropped or runtime.model is None:
         return
     start = time.perf_counter()
     with weight_reads(runtime):

@@ -13,13 +13,15 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from driftscope.capture.runtimes.base import Runtime, package_versions, require, substitution_target
+from driftscope.capture.runtimes.base import Runtime, package_versions, require
 from driftscope.errors import PortLimitError, RuntimeUnavailableError
+from driftscope.families.capabilities import MLXCapabilities
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.model.quant.policy import RUNTIME_POLICIES
 from driftscope.taps.mlx_hooks import RMSNORM_FORMS, dtype_name, use_manual_rmsnorm
 from driftscope.taps.sink import StageSink
 from driftscope.taps.stages import StagePlan
+from driftscope.taps.substitute import substitution_target
 from driftscope.taps.tapset import TapSet
 
 
@@ -27,10 +29,9 @@ from driftscope.taps.tapset import TapSet
 class MLXTaps(Protocol):
     """What a family tells this engine (module-level names of ``families/<family>/mlx_taps.py``)."""
 
-    def load(self, path: Path, config: dict) -> Any: ...
+    CAPABILITIES: MLXCapabilities  # what else it declares (what the family's mlx-vlm port cannot represent)
 
-    # optional: the settings of a config (and of the weights at a path) the family's mlx-vlm port cannot represent,
-    # each naming its key (``unrepresentable(config, path) -> list[str]``), asked before loading
+    def load(self, path: Path, config: dict) -> Any: ...
 
     def rms_norms(self, model: Any) -> list[tuple[Any, str]]: ...
 
@@ -48,6 +49,8 @@ class MLXRuntime(Runtime):
     """mlx-vlm's eager model on MLX (CPU here; Metal on a Mac)."""
 
     name = "mlx"
+    ENGINE_MODULE = MLXTaps
+    CAPABILITIES = MLXCapabilities
     REQUIRES = {"mlx.core": "mlx", "mlx_vlm": "mlx-vlm"}  # driftscope's dependencies on macOS and Linux
     policies = ("f32", "f16", "bf16", *RUNTIME_POLICIES["mlx"])
     OPTIONS = {
@@ -129,9 +132,8 @@ class MLXRuntime(Runtime):
     def refuse_unrepresentable(self) -> None:
         """Refuse, before loading, a config whose settings the family's mlx-vlm port cannot represent: the port is
         the limit there, not config.json."""
-        limits = getattr(self.taps, "unrepresentable", lambda config, path: [])(
-            self.checkpoint.config, self.checkpoint.path
-        )
+        unrepresentable = self.capabilities.unrepresentable
+        limits = unrepresentable(self.checkpoint.config, self.checkpoint.path) if unrepresentable else []
         if limits:
             version = package_versions("mlx-vlm").get("mlx-vlm", "?")
             raise PortLimitError(

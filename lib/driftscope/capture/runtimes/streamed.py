@@ -275,7 +275,7 @@ def streamed_model(runtime: Any, transformers: Any, dtype: Any) -> tuple[Any, St
         )
     path = runtime.checkpoint.path
     config = transformers.AutoConfig.from_pretrained(str(path))
-    kwargs = dict(getattr(runtime.taps, "LOAD_KWARGS", {}))
+    kwargs = dict(runtime.capabilities.load_kwargs)
     with meta_parameters():
         cls = getattr(transformers, runtime.taps.MODEL_CLASS)
         model = (cls.from_config if cls.__name__.startswith("AutoModel") else cls._from_config)(

@@ -16,11 +16,12 @@ from driftscope.capture.runtimes.base import (
     package_versions,
     refuse_weights,
     require,
-    substitution_target,
 )
+from driftscope.families.capabilities import TransformersCapabilities
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.model.quant.policy import RUNTIME_POLICIES
 from driftscope.taps.sink import StageSink
+from driftscope.taps.substitute import substitution_target
 
 
 @runtime_checkable
@@ -28,7 +29,7 @@ class TransformersTaps(Protocol):
     """What a family tells this engine (module-level names of ``families/<family>/transformers_taps.py``)."""
 
     MODEL_CLASS: str  # the transformers class loaded with from_pretrained
-    #: optional ``LOAD_KWARGS``: further from_pretrained arguments the family needs (e.g. a kernel choice)
+    CAPABILITIES: TransformersCapabilities  # what else it declares (load arguments, load corrections)
 
     def run_vision(self, model: Any, inputs: ModelInputs) -> Any: ...
 
@@ -53,6 +54,8 @@ class TransformersRuntime(Runtime):
     operand rounding around every forward and replay, what a GPU reference with ``allow_tf32`` computes)."""
 
     name = "transformers"
+    ENGINE_MODULE = TransformersTaps
+    CAPABILITIES = TransformersCapabilities
     REQUIRES = {"torch": "torch", "transformers": "transformers"}
     OPTIONS = {
         "threads": "torch threads (default: torch's own)",
@@ -89,10 +92,10 @@ class TransformersRuntime(Runtime):
             use_safetensors=True,
             output_loading_info=True,
             ignore_mismatched_sizes=True,  # reported in the loading info, then refused naming the tensors
-            **dict(getattr(self.taps, "LOAD_KWARGS", {})),
+            **dict(self.capabilities.load_kwargs),
         )
         refuse_partial_load(self.checkpoint.path, info, self.family.derived_weights(self.checkpoint.config))
-        correct = getattr(self.taps, "correct_load", None)  # optional: (model, checkpoint) -> names put right
+        correct = self.capabilities.correct_load
         if correct is not None and self.options.get("load_fixes", True):
             self.load_corrections = list(correct(model, self.checkpoint))
         return model.eval()

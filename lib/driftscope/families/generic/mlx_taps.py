@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from driftscope.families.capabilities import MLXCapabilities
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.taps.mlx_calls import output_array, watched
 from driftscope.taps.mlx_hooks import cache_snapshot, to_numpy
@@ -20,6 +21,8 @@ from .calls import mlx_kwargs, mlx_load
 from .entries import StopForward, entries, module_ports, put_prompt, stage_value, to_reference, with_rank
 from .layout import Layout
 from .mlx_probe import MAIN_KEYWORDS, main_input
+
+CAPABILITIES = MLXCapabilities()  # nothing beyond the defaults
 
 
 def load(path: Path, config: dict) -> Any:

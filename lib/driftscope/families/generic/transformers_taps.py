@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from driftscope.families.capabilities import TransformersCapabilities
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.taps.module_taps import tap_ports
 from driftscope.taps.sink import StageSink, put_greedy
@@ -20,6 +21,7 @@ from .entries import StopForward, module_ports, put_prompt, stage_value, with_ra
 from .torch_probe import MAIN_KEYWORDS, main_input
 
 MODEL_CLASS = "AutoModelForImageTextToText"
+CAPABILITIES = TransformersCapabilities()  # nothing beyond the defaults
 
 
 def _prefill_kwargs(model: Any, inputs: ModelInputs, use_cache: bool) -> dict:

@@ -11,7 +11,7 @@ to each other both ways. Everything driftscope knows about the family is in this
 - ``replay``: the side inputs every replay needs (pooling indices, selected layers);
 - ``mutations``, ``hypotheses``: planted defects for fixture power; the patches closing mlx-vlm's defects;
 - ``quantization``: what quantized policies need (tensor groups, MLX names, the linear layers behind stages);
-- ``views`` (+ ``geometry_plots``): what the generic views and the geometry CLI ask of a family;
+- ``hooks`` (+ ``geometry_plots``): what the generic views and the geometry CLI ask of a family;
 - ``synthetic``: the tiny random-weight checkpoints (hub and native layouts).
 """
 
@@ -59,7 +59,7 @@ FAMILY = Family(
     mutation_runtime="mlx",
     hypotheses=f"{__name__}.hypotheses",
     prose=f"{__name__}.prose",
-    views=f"{__name__}.views",
+    hooks=f"{__name__}.hooks",
     tiny=TinyFixture(
         directory=CHECKPOINTS / "tiny-molmo2-hub",
         build=_build_tiny,

@@ -16,16 +16,19 @@ from typing import Any
 
 import numpy as np
 
+from driftscope.families.capabilities import MLXCapabilities
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.taps.mlx_hooks import Recording, dtype_name, module_attr, shadow, to_numpy
 from driftscope.taps.module_taps import tapped
 from driftscope.taps.sink import StageSink
 
 from .config import load_mlx_model
-from .mlx_limits import unrepresentable as unrepresentable  # the MLX runtime asks it before loading
+from .mlx_limits import unrepresentable
 from .mlx_text import capture_text, decoder, replay_text
 from .module_stages import adapter_taps, selected_slot, vit_taps
 from .plan import parse_stage
+
+CAPABILITIES = MLXCapabilities(unrepresentable=unrepresentable)  # the runtime asks it before loading
 
 __all__ = ["capture", "capture_text", "decoder", "load", "replay", "rms_norms", "run_vision"]
 

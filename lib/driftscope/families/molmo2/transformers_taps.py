@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from driftscope.families.capabilities import TransformersCapabilities
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.taps.module_taps import tapped
 from driftscope.taps.sink import StageSink, put_greedy
@@ -22,6 +23,7 @@ from .module_stages import adapter_taps, text_taps, vit_taps
 from .plan import parse_stage
 
 MODEL_CLASS = "Molmo2ForConditionalGeneration"
+CAPABILITIES = TransformersCapabilities()  # nothing beyond the defaults
 
 
 class _Stop(Exception):

@@ -8,7 +8,7 @@ Qwen2 decoder with M-RoPE. Everything driftscope knows about the family is in th
 - ``replay``: the side inputs every replay needs (rotary tables, attention bounds, window order);
 - ``mutations``, ``hypotheses``: the family's defects for fixture power, ready "what if" patches;
 - ``quantization``: what quantized policies need (tensor groups, MLX names, the linear layers behind stages);
-- ``views``: what the generic views and the geometry CLI ask of a family;
+- ``hooks``: what the generic views and the geometry CLI ask of a family;
 - ``synthetic``: the tiny random-weight checkpoints.
 """
 
@@ -52,7 +52,7 @@ FAMILY = Family(
     mutation_runtime="mlx",
     hypotheses=f"{__name__}.hypotheses",
     prose=f"{__name__}.prose",
-    views=f"{__name__}.views",
+    hooks=f"{__name__}.hooks",
     tiny=TinyFixture(
         directory=_ROOT / "fixtures" / "checkpoints" / "tiny-qwen2_5-vl",
         build=_build_tiny,

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from driftscope.families.capabilities import MLXCapabilities
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.taps.mlx_hooks import Recording, cache_snapshot, dtype_name, module_attr, shadow, to_numpy
 from driftscope.taps.module_taps import tapped
@@ -21,11 +22,12 @@ from driftscope.taps.sink import StageSink, put_greedy
 from ..qwen_shared.mlx_text import decode_step, mlx_vision_kwargs, replay_text
 from ..qwen_shared.text import AppliedOffsets, put_text_inputs, text_taps
 from .geometry.windows import unique_consecutive
-from .mlx_config import load_mlx_model
-from .mlx_config import unrepresentable as unrepresentable  # the MLX runtime asks it before loading
+from .mlx_config import load_mlx_model, unrepresentable
 from .module_stages import tower_taps
 from .plan import block_stage_id, parse_stage
 from .transformers_taps import put_unused_bounds
+
+CAPABILITIES = MLXCapabilities(unrepresentable=unrepresentable)  # the runtime asks it before loading
 
 
 class _NNProxy:

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from driftscope.families.capabilities import TransformersCapabilities
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.taps.module_taps import tapped
 from driftscope.taps.sink import StageSink, put_greedy
@@ -24,6 +25,7 @@ from .module_stages import tower_taps
 from .plan import block_stage_id, parse_stage
 
 MODEL_CLASS = "Qwen2_5_VLForConditionalGeneration"
+CAPABILITIES = TransformersCapabilities()  # nothing beyond the defaults
 
 
 def run_vision(model: Any, inputs: ModelInputs):

@@ -9,7 +9,7 @@ Qwen3 decoder with interleaved M-RoPE. Everything driftscope knows about the fam
 - ``replay``: the side inputs every replay needs (rotary tables, attention bounds, grids);
 - ``mutations``, ``hypotheses``: the family's defects for fixture power, ready "what if" patches;
 - ``quantization``: what quantized policies need (tensor groups, MLX names, the linear layers behind stages);
-- ``views``: what the generic views, ``driftscope geometry`` and ``driftscope stages`` ask of a family;
+- ``hooks``: what the generic views, ``driftscope geometry`` and ``driftscope stages`` ask of a family;
 - ``synthetic``: the tiny random-weight checkpoint.
 
 The chat prompt, M-RoPE positions, processor runner and tokenizer are shared with Qwen2.5-VL
@@ -56,7 +56,7 @@ FAMILY = Family(
     mutation_runtime="mlx",
     hypotheses=f"{__name__}.hypotheses",
     prose=f"{__name__}.prose",
-    views=f"{__name__}.views",
+    hooks=f"{__name__}.hooks",
     tiny=TinyFixture(
         directory=_ROOT / "fixtures" / "checkpoints" / "tiny-qwen3-vl",
         build=_build_tiny,

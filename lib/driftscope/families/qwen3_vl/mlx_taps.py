@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from driftscope.families.capabilities import MLXCapabilities
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.taps.mlx_hooks import Recording, cache_snapshot, dtype_name, module_attr, shadow, to_numpy
 from driftscope.taps.module_taps import tapped
@@ -27,6 +28,8 @@ from ..qwen_shared.text import AppliedOffsets, put_text_inputs
 from .mlx_config import load_mlx_model
 from .module_stages import decoder_taps, tower_taps
 from .plan import block_stage_id, parse_stage
+
+CAPABILITIES = MLXCapabilities()  # nothing beyond the defaults
 
 
 def load(path: Path, config: dict) -> Any:

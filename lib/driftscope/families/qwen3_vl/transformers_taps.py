@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from driftscope.families.capabilities import TransformersCapabilities
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.taps.module_taps import tapped
 from driftscope.taps.sink import StageSink, put_greedy
@@ -32,6 +33,7 @@ from .module_stages import decoder_taps, tower_taps
 from .plan import block_stage_id, parse_stage
 
 MODEL_CLASS = "Qwen3VLForConditionalGeneration"
+CAPABILITIES = TransformersCapabilities()  # nothing beyond the defaults
 
 
 def _modeling(visual: Any) -> ModuleType:

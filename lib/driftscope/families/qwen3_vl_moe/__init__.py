@@ -1,7 +1,7 @@
 """Qwen3-VL-MoE (Qwen3-VL-30B-A3B, 235B-A22B): Qwen3-VL's tower, DeepStack and M-RoPE decoder with a
 mixture-of-experts MLP in its sparse decoder layers (a top-k router over stacked experts).
 
-The vision side, the processor, the prompt, the replay context and the views are Qwen3-VL's, imported from
+The vision side, the processor, the prompt, the replay context and the page hooks are Qwen3-VL's, imported from
 ``families/qwen3_vl`` (a declared variant: see the import contracts in ``pyproject.toml``); this folder adds the
 sparse layers' stages (``plan``), their taps and replays in each runtime (``transformers_taps``,
 ``mlx_taps``, ``emitter/`` for ``jax`` and ``iree``), the routing mutations and hypotheses and the tiny
@@ -57,7 +57,7 @@ FAMILY = Family(
     mutation_runtime="mlx",
     hypotheses=f"{__name__}.hypotheses",
     prose=f"{__name__}.prose",
-    views=f"{__name__}.views",
+    hooks=f"{__name__}.hooks",
     known_defects={"mlx": "driftscope.hypotheses:mlx_vlm_gelus"},
     derived_weights=tied_head,
     load_layout=moe_layout,

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from driftscope.families.capabilities import MLXCapabilities
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.taps.mlx_hooks import Recording, dtype_name, shadow, to_numpy
 from driftscope.taps.module_taps import tapped
@@ -26,6 +27,8 @@ from ..qwen3_vl.mlx_config import load_mlx_model
 from .layout import to_released
 from .module_stages import sparse_taps
 from .plan import moe_piece, text_config
+
+CAPABILITIES = MLXCapabilities()  # nothing beyond the defaults
 
 rms_norms = dense.rms_norms
 run_vision = dense.run_vision

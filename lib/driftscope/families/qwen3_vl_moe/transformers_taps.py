@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from driftscope.families.capabilities import TransformersCapabilities
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.taps.module_taps import tapped
 from driftscope.taps.sink import StageSink
@@ -24,10 +25,13 @@ from .module_stages import sparse_taps
 from .plan import moe_piece
 
 MODEL_CLASS = "Qwen3VLMoeForConditionalGeneration"
-#: transformers 5.24 keeps a square stacked expert of the released layout untransposed: the runtime has it put right
-correct_load = correct_transformers
-#: the oracle's experts: transformers' plain loop over the experts (its grouped kernels refuse float64)
-LOAD_KWARGS = {"experts_implementation": "eager"}
+CAPABILITIES = TransformersCapabilities(
+    # the oracle's experts: transformers' plain loop over the experts (its grouped kernels refuse float64)
+    load_kwargs={"experts_implementation": "eager"},
+    # transformers 5.24 keeps a square stacked expert of the released layout untransposed: the runtime has it put
+    # right
+    correct_load=correct_transformers,
+)
 run_vision = dense.run_vision
 capture = dense.capture
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from driftscope.families.capabilities import CompiledCapabilities
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.model.precision import PrecisionPolicy
 from driftscope.taps.jax.emitted import EmittedModel
@@ -28,7 +29,7 @@ from .stages import replay_function
 from .weights import load_weights
 
 #: The text side decodes greedily after the prefill (``text.generate.*``): see :func:`capture_text`.
-DECODES = True
+CAPABILITIES = CompiledCapabilities(decodes=True)
 #: Stages computed on the host (the processor's arrays), not by the graph.
 HOST_STAGES = ("inputs.pixel_values", "inputs.pooling", "inputs.grids", "inputs.num_crops", "inputs.image_tokens")
 #: What the text side reads of the image path (every lowering returns it).

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from driftscope.families.capabilities import CompiledCapabilities
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.model.precision import PrecisionPolicy
 from driftscope.taps.jax.emitted import EmittedModel
@@ -28,16 +29,31 @@ from .model import FINAL, SUBSTAGES, block_graph, merger_graph, stem_graph, visi
 from .stages import prefixed, stage_function, stage_weights
 from .weights import load_vision_weights
 
-#: The text side decodes greedily after the prefill (``text.generate.*``): see :func:`capture_text`.
-DECODES = True
-#: The text prefill can read another runtime's merged image embeddings (``TextInputs.image_embeds``).
-SUBSTITUTES = True
-#: The tower and the text prefill read only their real rows of a call padded past them (the tower's padding
-#: rows are segments of their own, the prefill is causal), so ``options.buckets: pow2`` pads both.
-BUCKETS = True
-#: The text decoder holds its own weights (``model.text``) and never reads the tower's: the compiled runtimes
-#: drop the tower's while the text side runs (``capture.runtimes.compiled_weights``).
-TOWER_WEIGHTS_APART = True
+CAPABILITIES = CompiledCapabilities(
+    # the text side decodes greedily after the prefill (``text.generate.*``): see :func:`capture_text`
+    decodes=True,
+    # the text prefill can read another runtime's merged image embeddings (``TextInputs.image_embeds``)
+    substitutes=True,
+    # the tower and the text prefill read only their real rows of a call padded past them (the tower's padding
+    # rows are segments of their own, the prefill is causal), so ``options.buckets: pow2`` pads both
+    buckets=True,
+    # the text decoder holds its own weights (``model.text``) and never reads the tower's: the compiled runtimes
+    # drop the tower's while the text side runs (``capture.runtimes.compiled_weights``)
+    tower_weights_apart=True,
+    # the checkpoint tensors the emitter reads only as dot operands (``linear``, the patch embedding's
+    # convolution): held in float16 under a policy whose dots take float16 (``compiled_weights.half_weights``);
+    # not a tied head, which is the embedding (a gather)
+    dot_weights=(
+        "*visual.patch_embed.proj.weight",
+        "*visual.blocks.*.attn.qkv.weight",
+        "*visual.blocks.*.attn.proj.weight",
+        "*visual.blocks.*.mlp.*_proj.weight",
+        "*visual.merger.mlp.*.weight",
+        "*layers.*.self_attn.*_proj.weight",
+        "*layers.*.mlp.*_proj.weight",
+        "lm_head.weight",
+    ),
+)
 #: Stages computed on the host (inputs and index math), not by the graph.
 HOST_STAGES = (
     "inputs.pixel_values",
@@ -49,19 +65,6 @@ HOST_STAGES = (
 )
 #: What the text side reads of the tower (the tower function returns it whatever the taps).
 TOWER_OUTPUTS = (FINAL,)
-#: The checkpoint tensors the emitter reads only as dot operands (``linear``, the patch embedding's convolution):
-#: held in float16 under a policy whose dots take float16 (``compiled_weights.half_weights``). Not a tied head,
-#: which is the embedding (a gather).
-DOT_WEIGHTS = (
-    "*visual.patch_embed.proj.weight",
-    "*visual.blocks.*.attn.qkv.weight",
-    "*visual.blocks.*.attn.proj.weight",
-    "*visual.blocks.*.mlp.*_proj.weight",
-    "*visual.merger.mlp.*.weight",
-    "*layers.*.self_attn.*_proj.weight",
-    "*layers.*.mlp.*_proj.weight",
-    "lm_head.weight",
-)
 #: Graph inputs after the weights, in call order.
 GRAPH_INPUTS = ("pixel_values", "patch_gather", "positions", "window_segments", "image_segments", "merged_restore")
 
@@ -192,7 +195,7 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
         return text_prefill(w, e, p, *last, spec=spec, contract=contract, cache=keep)
 
     length = len(embeds)
-    padded = runtime.text_length(length)  # a power of two under ``options.buckets: pow2`` (BUCKETS above)
+    padded = runtime.text_length(length)  # a power of two under ``options.buckets: pow2`` (CAPABILITIES.buckets above)
     args = (weights, _pad(embeds.astype(np.float32), padded, 0), _pad(positions.astype(np.int32), padded, 1))
     if padded > length:
         args += (np.array([length - 1], np.int32),)

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from driftscope.families.capabilities import CompiledCapabilities
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.model.precision import PrecisionPolicy
 from driftscope.taps.jax.emitted import EmittedModel
@@ -28,14 +29,16 @@ from .model import FINAL, SUBSTAGES, block_graph, final_ids, merger_graph, stem_
 from .stages import stage_function, stage_weights
 from .weights import load_vision_weights
 
-#: The text side decodes greedily after the prefill (``text.generate.*``): see :func:`capture_text`.
-DECODES = True
-#: The text prefill can read another runtime's merged image embeddings (``TextInputs.image_embeds``; the
-#: DeepStack features stay this runtime's own).
-SUBSTITUTES = True
-#: The text decoder holds its own weights (``model.text``) and never reads the tower's: the compiled runtimes
-#: drop the tower's while the text side runs (``capture.runtimes.compiled_weights``).
-TOWER_WEIGHTS_APART = True
+CAPABILITIES = CompiledCapabilities(
+    # the text side decodes greedily after the prefill (``text.generate.*``): see :func:`capture_text`
+    decodes=True,
+    # the text prefill can read another runtime's merged image embeddings (``TextInputs.image_embeds``; the
+    # DeepStack features stay this runtime's own)
+    substitutes=True,
+    # the text decoder holds its own weights (``model.text``) and never reads the tower's: the compiled runtimes
+    # drop the tower's while the text side runs (``capture.runtimes.compiled_weights``)
+    tower_weights_apart=True,
+)
 #: Stages computed on the host (inputs and index math), not by the graph.
 HOST_STAGES = ("inputs.pixel_values", "inputs.grid_thw", "inputs.image_tokens", "vision.cu_seqlens")
 #: What the text side reads of the tower besides the DeepStack branches (the plan's ``meta["tower_outputs"]``

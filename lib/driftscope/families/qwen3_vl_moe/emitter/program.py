@@ -21,9 +21,7 @@ from ...qwen_shared.mrope import prompt_positions
 from ...qwen_shared.text import put_text_inputs
 from ..plan import moe_piece
 
-DECODES = dense.DECODES
-SUBSTITUTES = dense.SUBSTITUTES
-TOWER_WEIGHTS_APART = dense.TOWER_WEIGHTS_APART
+CAPABILITIES = dense.CAPABILITIES
 HOST_STAGES = dense.HOST_STAGES
 TOWER_OUTPUTS = dense.TOWER_OUTPUTS
 GRAPH_INPUTS = dense.GRAPH_INPUTS

@@ -1,4 +1,4 @@
-"""Geometry against transformers' own functions, property-based (hypothesis): no hand-copied arrays."""
+"""Qwen2.5-VL's geometry against transformers' own functions, property-based (hypothesis): no hand-copied arrays."""
 
 from __future__ import annotations
 
