@@ -17,6 +17,11 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 
+def block_stage_id(block: int, substage: str | None = None) -> str:
+    """The stage id of a vision block (``vision.block.3``) or of one of its substages (``vision.block.3.mlp.fc1``)."""
+    return f"vision.block.{block}" if substage is None else f"vision.block.{block}.{substage}"
+
+
 @dataclass(frozen=True)
 class Rotary:
     """How a stage's vectors are rotated by RoPE (its last axis: the first ``2 * len(inv_freq)`` channels rotate,

@@ -10,7 +10,7 @@ decoder's attention mask are integers (compared exactly).
 from __future__ import annotations
 
 from driftscope.taps.sink import decode_stages
-from driftscope.taps.stages import Rotary, Stage, StagePlan
+from driftscope.taps.stages import Rotary, Stage, StagePlan, block_stage_id
 
 from ...errors import CheckpointError
 from .config import read_facts
@@ -63,10 +63,6 @@ HEAD: tuple[tuple[str, tuple[str, ...], str, tuple[str, ...] | None], ...] = (
 )  # fmt: skip
 
 FINAL = "projector.output"
-
-
-def block_stage_id(block: int, substage: str | None = None) -> str:
-    return f"vision.block.{block}" if substage is None else f"vision.block.{block}.{substage}"
 
 
 def block_input(block: int) -> str:

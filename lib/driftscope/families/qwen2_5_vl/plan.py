@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-from driftscope.taps.stages import Stage, StagePlan
+from driftscope.taps.stages import Stage, StagePlan, block_stage_id
 
 from ..base import block_substages
-from ..qwen_shared.plan import TEXT_INPUT, decoder_rotary, edge_replay_inputs, head_stages, layer_index, prompt_stages
+from ..qwen_shared.plan import (
+    TEXT_INPUT,
+    decoder_rotary,
+    edge_replay_inputs,
+    head_stages,
+    layer_index,
+    prompt_stages,
+    vision_config,
+)
 
 NAME = "qwen2_5_vl"
 
@@ -41,15 +49,6 @@ SUBSTAGE_MEANING = {
     "mlp.product": "SiLU(gate) * up",
     "mlp.down": "down projection",
 }
-
-
-def block_stage_id(block: int, substage: str | None = None) -> str:
-    return f"vision.block.{block}" if substage is None else f"vision.block.{block}.{substage}"
-
-
-def vision_config(config: dict) -> dict:
-    """The vision settings of a checkpoint config (transformers 5 nests them under vision_config)."""
-    return dict(config.get("vision_config") or {})
 
 
 def check_config(config: dict) -> None:

@@ -9,10 +9,11 @@ import numpy as np
 
 from driftscope.core.markup import text
 
+from ...inputs.image_size import parse_size
 from ..base import GeometryClaim, Section, image_size, same_pixels
 from ..qwen_shared.layout import token_layout  # noqa: F401 (a view hook of this family)
 from .geometry import ResizeSpec, audit_unreorder, grid_for, window_layout
-from .geometry.summary import WINDOW_SIZE, bucket_summary, format_text, image_rows, parse_size
+from .geometry.summary import WINDOW_SIZE, bucket_summary, format_text, image_rows
 
 
 def input_overlay(inputs: dict, image: int) -> tuple[int | None, str]:

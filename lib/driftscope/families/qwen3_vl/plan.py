@@ -10,7 +10,7 @@ positions right after decoder layer K: ``text.layer.K.image`` holds those rows b
 
 from __future__ import annotations
 
-from driftscope.taps.stages import Stage, StagePlan
+from driftscope.taps.stages import Stage, StagePlan, block_stage_id
 
 from ..qwen_shared.plan import (
     TEXT_INPUT,
@@ -20,6 +20,7 @@ from ..qwen_shared.plan import (
     layer_index,
     prompt_stages,
     text_layers,
+    vision_config,
 )
 
 NAME = "qwen3_vl"
@@ -58,17 +59,8 @@ SUBSTAGE_INPUTS: dict[str, tuple[str, ...]] = {
 MERGER_SUBSTAGES = ("norm", "fc1", "act")
 
 
-def block_stage_id(block: int, substage: str | None = None) -> str:
-    return f"vision.block.{block}" if substage is None else f"vision.block.{block}.{substage}"
-
-
 def deepstack_stage_id(branch: int, substage: str | None = None) -> str:
     return f"vision.deepstack.{branch}" if substage is None else f"vision.deepstack.{branch}.{substage}"
-
-
-def vision_config(config: dict) -> dict:
-    """The vision settings of a checkpoint config (transformers 5 nests them under vision_config)."""
-    return dict(config.get("vision_config") or {})
 
 
 def deepstack_indexes(config: dict) -> list[int]:

@@ -5,7 +5,6 @@ given image sizes, and a packed bucket with its mask audit."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +12,7 @@ import numpy as np
 from driftscope.core.markup import listed, text
 
 from ...errors import InputError
+from ...inputs.image_size import parse_size
 from ..base import GeometryClaim, Section, draw_attention_mask, image_size, same_pixels
 from ..qwen_shared.layout import token_layout  # noqa: F401 (a view hook of this family)
 from ..qwen_shared.processor import stated_settings
@@ -32,14 +32,6 @@ def input_overlay(inputs: dict, image: int) -> tuple[int | None, str]:
     origin = "" if list(loaded) == [height, width] else f" (from {loaded[0]}x{loaded[1]})"
     table = inputs.get("position_table", "")
     return step, f"{height}x{width}{origin}, grid {inputs['grid_thw'][image]}, position table {table}"
-
-
-def parse_size(size: str) -> tuple[int, int]:
-    """``"448x672"`` -> (448, 672) as (height, width)."""
-    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", size)
-    if not match:
-        raise InputError(f"image size {size!r} is not HxW", "write sizes like 448x448 or 448x672 (height x width)")
-    return int(match.group(1)), int(match.group(2))
 
 
 def _settings(checkpoint: str | Path | None) -> dict:
