@@ -14,12 +14,12 @@ from typing import Any
 import numpy as np
 
 from driftscope.inputs.processor_output import ModelInputs
-from driftscope.taps.mlx_hooks import Recording, cache_snapshot, dtype_name, module_attr, shadow, to_numpy
+from driftscope.taps.mlx_hooks import Recording, dtype_name, module_attr, shadow, to_numpy
 from driftscope.taps.module_taps import tapped
-from driftscope.taps.sink import StageSink, put_greedy
+from driftscope.taps.sink import StageSink
 
-from ..qwen_shared.mlx_text import decode_step, mlx_vision_kwargs, replay_text
-from ..qwen_shared.text import AppliedOffsets, put_text_inputs, text_taps
+from ..qwen_shared.mlx_text import mlx_vision_kwargs, put_decoded, put_prompt, replay_text
+from ..qwen_shared.text import text_taps
 from .geometry.windows import unique_consecutive
 from .mlx_config import load_mlx_model
 from .mlx_config import unrepresentable as unrepresentable  # the MLX runtime asks it before loading
@@ -145,29 +145,13 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink, tower: Any = 
         cached = {"cached_image_features": tower} if tower is not None else {}
         features = model.get_input_embeddings(ids, pixels, image_grid_thw=grid, **cached)
         prefill = functools.partial(model, ids, pixel_values=pixels, image_grid_thw=grid, **cached)
-    embeds = to_numpy(features.inputs_embeds[0])
-    rows = to_numpy(model.language_model.model.embed_tokens(ids)[0])
-    put_text_inputs(
-        inputs, sink, embeds, rows, np.array(features.position_ids).reshape(3, -1), np.array(features.rope_deltas)
-    )
+    put_prompt(model, inputs, sink, ids, features)
     inner = model.language_model.model
     cache = make_prompt_cache(model.language_model)
     with tapped("mlx", inner, text_taps(len(inner.layers)), sink, native=False):  # during the prefill only
         logits = prefill(cache=cache).logits
         mx.eval(logits)
-    final = to_numpy(logits[0, -1])
-    sink.put("text.logits.last", final)
-    offsets = AppliedOffsets()
-    put_greedy(
-        sink,
-        final,
-        decode_step(model, cache, offsets),
-        text.max_new_tokens,
-        forced=text.forced,
-        rewind=lambda count: [entry.trim(count) for entry in cache],  # drop the last ``count`` tokens
-        snapshot=cache_snapshot(cache),  # the cache's keys and values, layer by layer
-    )
-    offsets.put(sink)  # the offset each decode step applied
+    put_decoded(model, sink, logits, cache, text)
 
 
 def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:

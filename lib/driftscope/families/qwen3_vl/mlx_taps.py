@@ -17,13 +17,12 @@ from typing import Any
 import numpy as np
 
 from driftscope.inputs.processor_output import ModelInputs
-from driftscope.taps.mlx_hooks import Recording, cache_snapshot, dtype_name, module_attr, shadow, to_numpy
+from driftscope.taps.mlx_hooks import Recording, dtype_name, module_attr, shadow, to_numpy
 from driftscope.taps.module_taps import tapped
-from driftscope.taps.sink import StageSink, put_greedy
+from driftscope.taps.sink import StageSink
 
 from ...errors import ParameterError
-from ..qwen_shared.mlx_text import decode_step, mlx_vision_kwargs, replay_text
-from ..qwen_shared.text import AppliedOffsets, put_text_inputs
+from ..qwen_shared.mlx_text import mlx_vision_kwargs, put_decoded, put_prompt, replay_text
 from .mlx_config import load_mlx_model
 from .module_stages import decoder_taps, tower_taps
 from .plan import block_stage_id, parse_stage
@@ -112,31 +111,15 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
     vision = mlx_vision_kwargs(model, inputs)  # mlx-vlm's own image and video inputs (its processor's keys)
     pixels = vision.pop("pixel_values")
     features = model.get_input_embeddings(ids, pixels, **vision)
-    embeds = to_numpy(features.inputs_embeds[0])
+    put_prompt(model, inputs, sink, ids, features)
     inner = model.language_model.model
-    rows = to_numpy(inner.embed_tokens(ids)[0])
-    put_text_inputs(
-        inputs, sink, embeds, rows, np.array(features.position_ids).reshape(3, -1), np.array(features.rope_deltas)
-    )
     branches = len(model.vision_tower.deepstack_visual_indexes)
     taps = decoder_taps(len(inner.layers), branches, text.vision_slots)  # the image slots, then the video slots
     cache = make_prompt_cache(model.language_model)
     with tapped("mlx", inner, taps, sink, native=False):  # during the prefill only
         logits = model(ids, pixel_values=pixels, cache=cache, **vision).logits
         mx.eval(logits)
-    last = to_numpy(logits[0, -1])
-    sink.put("text.logits.last", last)
-    offsets = AppliedOffsets()
-    put_greedy(
-        sink,
-        last,
-        decode_step(model, cache, offsets),
-        text.max_new_tokens,
-        forced=text.forced,
-        rewind=lambda count: [entry.trim(count) for entry in cache],  # drop the last ``count`` tokens
-        snapshot=cache_snapshot(cache),  # the cache's keys and values, layer by layer
-    )
-    offsets.put(sink)  # the offset each decode step applied
+    put_decoded(model, sink, logits, cache, text)
 
 
 def _merger_replay(merger, kind: str, x):
