@@ -72,6 +72,34 @@ def decode_step(
     return {"logits": linear(contract, normed, weights["lm_head.weight"])[0], "keys": keys, "values": values}
 
 
+def decode_step_of(project: Callable, tables: Callable) -> Callable:
+    """A family's ``text_decode_step(weights, keys, values, token, position, length, *, spec, contract,
+    finish_layer=None)``: :func:`decode_step` with the family's ``project(w, h, cos, sin, *, spec, contract)`` and
+    M-RoPE ``tables(positions, spec)``."""
+
+    def text_decode_step(weights, keys, values, token, position, length, *, spec, contract, finish_layer=None):
+        """One greedy step against the fixed-capacity cache (``qwen_shared.jax_text.decode_step``)."""
+
+        def bound(w, h, cos, sin):
+            return project(w, h, cos, sin, spec=spec, contract=contract)
+
+        return decode_step(
+            weights,
+            keys,
+            values,
+            token,
+            position,
+            length,
+            spec=spec,
+            contract=contract,
+            project=bound,
+            tables=lambda p: tables(p, spec),
+            finish_layer=finish_layer,
+        )
+
+    return text_decode_step
+
+
 def edge_replay(stage_id: str, weights: dict, spec: Any, contract: Contract):
     """(kind, ``function(weights, inputs, positions)``, weights) of a stage around the layers: the final norm, the
     head, the text slots' embedding rows (inputs: their token ids), the image slots (the tower's output as it is)."""

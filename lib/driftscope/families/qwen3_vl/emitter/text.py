@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ...qwen_shared.jax_text import attend, decode_step, edge_replay, finish, layer_weights
+from ...qwen_shared.jax_text import attend, decode_step_of, edge_replay, finish, layer_weights
 from ...qwen_shared.plan import layer_index
 from .config import TextSpec
 from .layers import Contract, linear, rms_norm, rotate_half
@@ -120,35 +120,9 @@ def text_prefill(
     return out
 
 
-def text_decode_step(
-    weights: dict,
-    keys: jax.Array,
-    values: jax.Array,
-    token: jax.Array,
-    position: jax.Array,
-    length: jax.Array,
-    *,
-    spec: TextSpec,
-    contract: Contract,
-) -> dict[str, jax.Array]:
-    """One greedy step against the fixed-capacity cache (``qwen_shared.jax_text.decode_step``); a generated token
-    is text, so no DeepStack add."""
-
-    def project(w, h, cos, sin):
-        return _project(w, h, cos, sin, spec=spec, contract=contract)
-
-    return decode_step(
-        weights,
-        keys,
-        values,
-        token,
-        position,
-        length,
-        spec=spec,
-        contract=contract,
-        project=project,
-        tables=lambda p: mrope_tables(p, spec),
-    )
+#: One greedy step against the fixed-capacity cache (``qwen_shared.jax_text.decode_step``); a generated token is
+#: text, so no DeepStack add.
+text_decode_step = decode_step_of(_project, mrope_tables)
 
 
 def text_replay(stage_id: str, weights: dict, spec: TextSpec, contract: Contract):

@@ -15,9 +15,10 @@ from driftscope.taps.jax.layers import Contract, linear, rms_norm
 
 from ...qwen3_vl.emitter.config import TextSpec
 from ...qwen3_vl.emitter.text import _project, merge_embeddings, mrope_tables
+from ...qwen3_vl.emitter.text import text_decode_step as dense_decode_step
 from ...qwen3_vl.emitter.text import text_replay as dense_replay
 from ...qwen3_vl.emitter.weights import load_text_weights
-from ...qwen_shared.jax_text import attend, decode_step, finish, layer_weights
+from ...qwen_shared.jax_text import attend, finish, layer_weights
 from ...qwen_shared.plan import layer_index
 from ..plan import moe_piece
 from .moe import MoeSpec, load_moe_weights, route, sparse_mlp
@@ -93,9 +94,6 @@ def text_prefill(weights, input_ids, image_slots, image_embeds, deepstack, posit
 def text_decode_step(weights, keys, values, token, position, length, *, spec, moe, contract):
     """One greedy step (``qwen_shared.jax_text.decode_step``) with the sparse MLP in the sparse layers."""
 
-    def project(w, h, cos, sin):
-        return _project(w, h, cos, sin, spec=spec, contract=contract)
-
     def finish_layer(w, x, context, *, spec, contract):
         if "mlp.gate" not in w:
             return finish(w, x, context, spec=spec, contract=contract)
@@ -103,18 +101,8 @@ def text_decode_step(weights, keys, values, token, position, length, *, spec, mo
         normed = rms_norm(x, w["post_attention_layernorm.weight"], spec.eps)
         return x + sparse_mlp(contract, _experts(w), normed, moe)["mlp"]
 
-    return decode_step(
-        weights,
-        keys,
-        values,
-        token,
-        position,
-        length,
-        spec=spec,
-        contract=contract,
-        project=project,
-        tables=lambda p: mrope_tables(p, spec),
-        finish_layer=finish_layer,
+    return dense_decode_step(
+        weights, keys, values, token, position, length, spec=spec, contract=contract, finish_layer=finish_layer
     )
 
 
