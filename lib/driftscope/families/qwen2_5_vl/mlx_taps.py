@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from driftscope.inputs.processor_output import ModelInputs
-from driftscope.taps.mlx_hooks import Recording, dtype_name, module_attr, shadow, to_numpy
+from driftscope.taps.mlx_hooks import Recording, SiluProxy, dtype_name, module_attr, shadow, to_numpy
 from driftscope.taps.module_taps import tapped
 from driftscope.taps.sink import StageSink
 
@@ -26,17 +26,6 @@ from .mlx_config import unrepresentable as unrepresentable  # the MLX runtime as
 from .module_stages import tower_taps
 from .plan import block_stage_id, parse_stage
 from .transformers_taps import put_unused_bounds
-
-
-class _NNProxy:
-    """Stands in for ``mlx.nn`` inside mlx-vlm's vision module: ``silu`` records, the rest delegates."""
-
-    def __init__(self, nn: Any, silu):
-        self._nn = nn
-        self.silu = silu
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._nn, name)
 
 
 def load(path: Path, config: dict) -> Any:
@@ -120,7 +109,7 @@ def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
         enter(shadow(tower, "rot_pos_emb", Recording(tower.rot_pos_emb, rotary)))
         enter(shadow(tower, "get_window_index", Recording(tower.get_window_index, window)))
         enter(module_attr(vision_module, "apply_rotary_pos_emb_vision", rope))
-        enter(module_attr(vision_module, "nn", _NNProxy(nn, silu)))
+        enter(module_attr(vision_module, "nn", SiluProxy(nn, silu)))
         out = tower(*_pixels(model, inputs))
         put("vision.merger", out)
         state["block"] = None

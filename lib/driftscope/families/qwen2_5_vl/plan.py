@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from driftscope.taps.stages import Stage, StagePlan, block_stage_id
+from driftscope.taps.stages import VIT_ATTENTION_INPUTS, Stage, StagePlan, block_stage_id
 
 from ..base import block_substages
 from ..qwen_shared.plan import (
@@ -155,14 +155,7 @@ BLOCK0_INPUT = "vision.patch_embed@window"
 
 #: What each substage reads, by substage name; "in" is the block's input.
 SUBSTAGE_INPUTS: dict[str, tuple[str, ...]] = {
-    "norm1": ("in",),
-    "attn.q": ("norm1",),
-    "attn.k": ("norm1",),
-    "attn.v": ("norm1",),
-    "attn.context": ("attn.q", "attn.k", "attn.v"),
-    "attn.out": ("attn.context",),
-    "residual1": ("in", "attn.out"),
-    "norm2": ("residual1",),
+    **VIT_ATTENTION_INPUTS,
     "mlp.gate": ("norm2",),
     "mlp.act": ("mlp.gate",),
     "mlp.up": ("norm2",),

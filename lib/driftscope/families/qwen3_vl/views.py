@@ -16,11 +16,14 @@ from ...inputs.image_size import parse_size
 from ..base import GeometryClaim, Section, draw_attention_mask, image_size, same_pixels
 from ..qwen_shared.layout import token_layout  # noqa: F401 (a view hook of this family)
 from ..qwen_shared.processor import stated_settings
+from ..qwen_shared.tower import tower_axis_sizes
 from .geometry import audit_bucket, axis_taps, grid_side, lands_on_table_rows, pack_bucket
 from .plan import vision_config
 
 #: What released Qwen3-VL checkpoints say, used when no checkpoint is given.
 DEFAULTS = {"min_pixels": 65536, "max_pixels": 16777216, "patch_size": 16, "merge_size": 2, "table": 48}
+#: Qwen3-VL's tower sizes where a config is silent.
+RELEASED_SIZES = {"hidden_size": 1152, "patch_size": 16, "intermediate_size": 4304, "out_hidden_size": 3584}
 
 
 def input_overlay(inputs: dict, image: int) -> tuple[int | None, str]:
@@ -304,33 +307,10 @@ def geometry_sections(
 def axis_sizes(config: dict, inputs=None) -> dict[str, int | str]:
     """The size of every axis name the stage plan uses, for ``driftscope stages`` (token axes by name when
     ``inputs`` is None); ``tokens:patch`` and ``tokens:merged`` are the ``tokens`` axis in each unit."""
-    vision = vision_config(config)
-    hidden, heads = int(vision.get("hidden_size", 1152)), int(vision.get("num_heads", 16))
-    merge = int(vision.get("spatial_merge_size", 2))
-    patch, temporal = int(vision.get("patch_size", 16)), int(vision.get("temporal_patch_size", 2))
-    sizes: dict[str, int | str] = {
-        "hidden": hidden,
-        "heads": heads,
-        "head_dim": hidden // heads,
-        "intermediate": int(vision.get("intermediate_size", 4304)),
-        "merged_hidden": hidden * merge * merge,
-        "out_hidden": int(vision.get("out_hidden_size", 3584)),
-        "channels": int(vision.get("in_channels", 3)) * temporal * patch * patch,
-        "thw": 3,
-    }
-    for name in ("patches", "merged_tokens", "images", "frames+1"):
-        sizes[name] = name
+    sizes = tower_axis_sizes(vision_config(config), RELEASED_SIZES, inputs)
+    sizes["frames+1"] = "frames+1"
     if inputs is not None:
-        grid = np.asarray(inputs["grid_thw"], dtype=np.int64)
-        patches = int(grid.prod(axis=1).sum())
-        sizes.update(
-            {
-                "patches": patches,
-                "merged_tokens": patches // (merge * merge),
-                "images": len(grid),
-                "frames+1": int(grid[:, 0].sum()) + 1,
-            }
-        )
+        sizes["frames+1"] = int(np.asarray(inputs["grid_thw"], dtype=np.int64)[:, 0].sum()) + 1
     sizes["tokens:patch"], sizes["tokens:merged"] = sizes["patches"], sizes["merged_tokens"]
     return sizes
 
