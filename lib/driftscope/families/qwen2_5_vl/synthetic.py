@@ -12,7 +12,8 @@ from pathlib import Path
 
 from driftscope.model.synthetic import reinitialize
 
-from ..qwen_shared.tokenizer import build_tokenizer, save_tokenizer, text_token_ids, vision_token_ids
+from ..qwen_shared.synthetic import config_arguments, save_tokenizer
+from ..qwen_shared.tokenizer import build_tokenizer
 
 
 @dataclass(frozen=True)
@@ -60,36 +61,13 @@ def build_config(spec: SyntheticQwen25VLSpec, tokenizer):
     """The transformers config of ``spec``, with the special token ids of ``tokenizer``."""
     from transformers import Qwen2_5_VLConfig
 
-    token_id = tokenizer.convert_tokens_to_ids
-    return Qwen2_5_VLConfig(
-        text_config=dict(
-            hidden_size=spec.text_hidden,
-            intermediate_size=spec.text_intermediate,
-            num_hidden_layers=spec.text_layers,
-            num_attention_heads=spec.text_heads,
-            num_key_value_heads=spec.text_kv_heads,
-            vocab_size=spec.vocab_size,
-            max_position_embeddings=4096,
-            rope_parameters={"rope_type": "default", "mrope_section": list(spec.mrope_section), "rope_theta": 1e6},
-            **text_token_ids(token_id),
-        ),
-        vision_config=dict(
-            depth=spec.vision_depth,
-            hidden_size=spec.vision_hidden,
-            intermediate_size=spec.vision_intermediate,
-            num_heads=spec.vision_heads,
-            out_hidden_size=spec.text_hidden,
-            fullatt_block_indexes=list(spec.fullatt_block_indexes),
-            window_size=spec.window_size,
-            patch_size=14,
-            spatial_merge_size=spec.spatial_merge_size,
-            temporal_patch_size=2,
-        ),
-        **vision_token_ids(token_id),
-        eos_token_id=token_id("<|im_end|>"),
-        tie_word_embeddings=spec.tie_word_embeddings,
-        **spec.extra,
-    )
+    text = {"rope_parameters": {"rope_type": "default", "mrope_section": list(spec.mrope_section), "rope_theta": 1e6}}
+    vision = {
+        "fullatt_block_indexes": list(spec.fullatt_block_indexes),
+        "window_size": spec.window_size,
+        "patch_size": 14,
+    }
+    return Qwen2_5_VLConfig(**config_arguments(spec, tokenizer.convert_tokens_to_ids, text, vision))
 
 
 def save_side_files(out_dir: Path, spec: SyntheticQwen25VLSpec, tokenizer) -> None:

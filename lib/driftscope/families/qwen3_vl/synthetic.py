@@ -13,7 +13,8 @@ from pathlib import Path
 
 from driftscope.model.synthetic import reinitialize
 
-from ..qwen_shared.tokenizer import build_tokenizer, save_tokenizer, text_token_ids, vision_token_ids
+from ..qwen_shared.synthetic import config_arguments, save_tokenizer
+from ..qwen_shared.tokenizer import build_tokenizer
 
 #: Qwen3-VL's released ``preprocessor_config.json`` bounds: ``size.shortest_edge`` / ``longest_edge``.
 QWEN3_VL_MIN_PIXELS = 65536
@@ -53,41 +54,14 @@ def build_config(spec: SyntheticQwen3VLSpec, token_id):
     """The ``Qwen3VLConfig`` of ``spec``; ``token_id`` maps special-token strings to ids."""
     from transformers import Qwen3VLConfig
 
-    return Qwen3VLConfig(
-        text_config=dict(
-            hidden_size=spec.text_hidden,
-            intermediate_size=spec.text_intermediate,
-            num_hidden_layers=spec.text_layers,
-            num_attention_heads=spec.text_heads,
-            num_key_value_heads=spec.text_kv_heads,
-            head_dim=spec.text_head_dim,
-            vocab_size=spec.vocab_size,
-            max_position_embeddings=4096,
-            rope_parameters={
-                "rope_type": "default",
-                "rope_theta": spec.rope_theta,
-                "mrope_section": list(spec.mrope_section),
-                "mrope_interleaved": True,
-            },
-            **text_token_ids(token_id),
-        ),
-        vision_config=dict(
-            depth=spec.vision_depth,
-            hidden_size=spec.vision_hidden,
-            intermediate_size=spec.vision_intermediate,
-            num_heads=spec.vision_heads,
-            out_hidden_size=spec.text_hidden,
-            patch_size=spec.patch_size,
-            spatial_merge_size=spec.spatial_merge_size,
-            temporal_patch_size=2,
-            num_position_embeddings=spec.num_position_embeddings,
-            deepstack_visual_indexes=list(spec.deepstack_visual_indexes),
-        ),
-        **vision_token_ids(token_id),
-        eos_token_id=token_id("<|im_end|>"),
-        tie_word_embeddings=spec.tie_word_embeddings,
-        **spec.extra,
-    )
+    rope = {"rope_type": "default", "rope_theta": spec.rope_theta, "mrope_section": list(spec.mrope_section)}
+    text = {"head_dim": spec.text_head_dim, "rope_parameters": {**rope, "mrope_interleaved": True}}
+    vision = {
+        "patch_size": spec.patch_size,
+        "num_position_embeddings": spec.num_position_embeddings,
+        "deepstack_visual_indexes": list(spec.deepstack_visual_indexes),
+    }
+    return Qwen3VLConfig(**config_arguments(spec, token_id, text, vision))
 
 
 def image_processor(spec: SyntheticQwen3VLSpec):
