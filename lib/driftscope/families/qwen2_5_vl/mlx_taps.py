@@ -18,7 +18,8 @@ from driftscope.taps.mlx_hooks import Recording, SiluProxy, dtype_name, module_a
 from driftscope.taps.module_taps import tapped
 from driftscope.taps.sink import StageSink
 
-from ..qwen_shared.mlx_text import mlx_vision_kwargs, put_decoded, put_prompt, replay_text
+from ..qwen_shared.block_replay import block_operator, mlx_attention_replay, mlx_rotary_angles
+from ..qwen_shared.mlx_text import mlx_pixels, mlx_vision_kwargs, put_decoded, put_prompt, replay_text
 from ..qwen_shared.text import text_taps
 from .geometry.windows import unique_consecutive
 from .mlx_config import load_mlx_model
@@ -40,16 +41,9 @@ def rms_norms(model: Any) -> list[tuple[Any, str]]:
     return sites + [(tower.merger, "ln_q")]
 
 
-def _pixels(model: Any, inputs: ModelInputs):
-    import mlx.core as mx
-
-    dtype = model.vision_tower.patch_embed.proj.weight.dtype
-    return mx.array(inputs["pixel_values"]).astype(dtype), mx.array(inputs["grid_thw"])
-
-
 def run_vision(model: Any, inputs: ModelInputs):
     """The plain vision forward (no taps): merged features in raster order."""
-    return model.vision_tower(*_pixels(model, inputs))
+    return model.vision_tower(*mlx_pixels(model, inputs))
 
 
 def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
@@ -110,7 +104,7 @@ def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
         enter(shadow(tower, "get_window_index", Recording(tower.get_window_index, window)))
         enter(module_attr(vision_module, "apply_rotary_pos_emb_vision", rope))
         enter(module_attr(vision_module, "nn", SiluProxy(nn, silu)))
-        out = tower(*_pixels(model, inputs))
+        out = tower(*mlx_pixels(model, inputs))
         put("vision.merger", out)
         state["block"] = None
     put_unused_bounds(sink, inputs["grid_thw"], state.get("cu_window"))
@@ -130,7 +124,7 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink, tower: Any = 
         prefill = _video_prefill(model, inputs, ids, tower)
         features = prefill.features
     else:
-        pixels, grid = _pixels(model, inputs)
+        pixels, grid = mlx_pixels(model, inputs)
         cached = {"cached_image_features": tower} if tower is not None else {}
         features = model.get_input_embeddings(ids, pixels, image_grid_thw=grid, **cached)
         prefill = functools.partial(model, ids, pixel_values=pixels, image_grid_thw=grid, **cached)
@@ -160,48 +154,14 @@ def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.
         mx.eval(out)
         return to_numpy(out)
     blk = tower.blocks[block]
-    # mlx-vlm rotates with angles (it takes cos/sin itself): recover them from the reference's tables
-    half = ctx.cos.shape[1] // 2
-    freqs = mx.array(np.arctan2(ctx.sin[:, :half], ctx.cos[:, :half]).astype(np.float32))
-    bounds = mx.array(ctx.bounds(block).astype(np.int32))
-    attn, mlp = blk.attn, blk.mlp
+    freqs = mlx_rotary_angles(ctx)
+    bounds = ctx.bounds(block).astype(np.int32)
     if kind == "block":
-        out = blk(args[0], cu_seqlens=bounds, rotary_pos_emb=freqs)
-    elif kind == "norm1":
-        out = blk.norm1(args[0])
-    elif kind in ("attn.q", "attn.k", "attn.v"):
-        rows = args[0].shape[0]
-        q, k, v = mx.split(attn.qkv(args[0]).reshape(rows, 3, attn.num_heads, -1).transpose(1, 0, 2, 3), 3)
-        if kind == "attn.v":
-            out = v[0]
-        else:
-            out = vision_module.apply_rotary_pos_emb_vision(q if kind == "attn.q" else k, freqs)[0]
-    elif kind == "attn.context":
-        q, k, v = (t.transpose(1, 0, 2)[None] for t in args)  # [1, heads, rows, head_dim]
-        splits = [mx.split(t, ctx.bounds(block)[1:-1].tolist(), axis=2) for t in (q, k, v)]
-        parts = [
-            mx.fast.scaled_dot_product_attention(qs, ks, vs, scale=attn.scale, mask=None)
-            for qs, ks, vs in zip(*splits, strict=True)
-        ]
-        out = mx.concatenate(parts, axis=2).transpose(0, 2, 1, 3).reshape(args[0].shape[0], -1)
-    elif kind == "attn.out":
-        out = attn.proj(args[0])
-    elif kind == "residual1":
-        out = args[0] + args[1]
-    elif kind == "norm2":
-        out = blk.norm2(args[0])
-    elif kind == "mlp.gate":
-        out = mlp.gate_proj(args[0])
-    elif kind == "mlp.act":
-        out = nn.silu(args[0])
-    elif kind == "mlp.up":
-        out = mlp.up_proj(args[0])
-    elif kind == "mlp.product":
-        out = args[0] * args[1]
-    elif kind == "mlp.down":
-        out = mlp.down_proj(args[0])
+        out = blk(args[0], cu_seqlens=mx.array(bounds), rotary_pos_emb=freqs)
+    elif kind in ("attn.q", "attn.k", "attn.v", "attn.context"):
+        out = mlx_attention_replay(blk, kind, args, freqs, bounds, vision_module)
     else:
-        raise KeyError(stage_id)
+        out = block_operator(blk, kind, args, nn.silu)
     mx.eval(out)
     return to_numpy(out)
 
@@ -254,7 +214,7 @@ def _video_prefill(model: Any, inputs: ModelInputs, ids, tower: Any = None):
     pixels = vision["pixel_values"] if vision["pixel_values"] is not None else vision["pixel_values_videos"]
     image_grid, video_grid = vision.get("image_grid_thw"), vision.get("video_grid_thw")
     if tower is None:
-        tower = model.vision_tower(*_pixels(model, inputs), output_hidden_states=False)
+        tower = model.vision_tower(*mlx_pixels(model, inputs), output_hidden_states=False)
     language = model.language_model
     embeds = _merge(model, tower, language.model.embed_tokens(ids), ids)
     positions, deltas = language.get_rope_index(ids, image_grid, video_grid, None)

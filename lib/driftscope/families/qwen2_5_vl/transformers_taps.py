@@ -13,9 +13,10 @@ from driftscope.taps.sink import StageSink
 from driftscope.taps.torch_hooks import replaced
 from driftscope.taps.torch_hooks import to_numpy as _np
 
+from ..qwen_shared.block_replay import attention_replay, block_operator
 from ..qwen_shared.grids import cu_seqlens as grid_cu_seqlens
 from ..qwen_shared.text import text_taps
-from ..qwen_shared.tower import attention_replay, torch_vision_kwargs
+from ..qwen_shared.tower import torch_vision_kwargs
 from ..qwen_shared.tower import tower_inputs as _tower_inputs
 from ..qwen_shared.tower import visual as _visual
 from ..qwen_shared.transformers_text import put_prefill, replay_text
@@ -139,28 +140,10 @@ def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.
         bounds = torch.from_numpy(ctx.bounds(block).astype(np.int32))
         if kind == "block":
             out = blk(args[0], cu_seqlens=bounds, position_embeddings=(cos, sin))
-        elif kind == "norm1":
-            out = blk.norm1(args[0])
         elif kind in ("attn.q", "attn.k", "attn.v", "attn.context"):
             out = attention_replay(blk, kind, args, (cos, sin), bounds, modeling)
-        elif kind == "attn.out":
-            out = blk.attn.proj(args[0])
-        elif kind == "residual1":
-            out = args[0] + args[1]
-        elif kind == "norm2":
-            out = blk.norm2(args[0])
-        elif kind == "mlp.gate":
-            out = blk.mlp.gate_proj(args[0])
-        elif kind == "mlp.act":
-            out = blk.mlp.act_fn(args[0])
-        elif kind == "mlp.up":
-            out = blk.mlp.up_proj(args[0])
-        elif kind == "mlp.product":
-            out = args[0] * args[1]
-        elif kind == "mlp.down":
-            out = blk.mlp.down_proj(args[0])
         else:
-            raise KeyError(stage_id)
+            out = block_operator(blk, kind, args)
     return _np(out)
 
 

@@ -22,7 +22,8 @@ from driftscope.taps.module_taps import tapped
 from driftscope.taps.sink import StageSink
 
 from ...errors import ParameterError
-from ..qwen_shared.mlx_text import mlx_vision_kwargs, put_decoded, put_prompt, replay_text
+from ..qwen_shared.block_replay import block_operator, mlx_attention_replay, mlx_rotary_angles
+from ..qwen_shared.mlx_text import mlx_pixels, mlx_vision_kwargs, put_decoded, put_prompt, replay_text
 from .mlx_config import load_mlx_model
 from .module_stages import decoder_taps, tower_taps
 from .plan import block_stage_id, parse_stage
@@ -43,16 +44,9 @@ def rms_norms(model: Any) -> list[tuple[Any, str]]:
     )
 
 
-def _pixels(model: Any, inputs: ModelInputs):
-    import mlx.core as mx
-
-    dtype = model.vision_tower.patch_embed.proj.weight.dtype
-    return mx.array(inputs["pixel_values"]).astype(dtype), mx.array(inputs["grid_thw"])
-
-
 def run_vision(model: Any, inputs: ModelInputs):
     """The plain vision forward (no taps): the merged features and every DeepStack feature."""
-    return model.vision_tower(*_pixels(model, inputs))
+    return model.vision_tower(*mlx_pixels(model, inputs))
 
 
 def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
@@ -97,7 +91,7 @@ def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
         enter(shadow(tower, "fast_pos_embed_interpolate", interpolate))
         enter(shadow(tower, "rot_pos_emb", Recording(tower.rot_pos_emb, rotary)))
         enter(module_attr(vision_module, "apply_rotary_pos_emb_vision", rope))
-        mx.eval(*tower(*_pixels(model, inputs)))
+        mx.eval(*tower(*mlx_pixels(model, inputs)))
 
 
 def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
@@ -164,37 +158,13 @@ def _block_replay(blk, kind: str, args: list, ctx: Any, vision_module: Any):
     ``vision_module`` (its rotary helper: the block's own class may be a patch's wrapper)."""
     import mlx.core as mx
 
-    # mlx-vlm rotates with angles (it takes cos/sin itself): recover them from the reference's tables
-    half = ctx.cos.shape[1] // 2
-    freqs = mx.array(np.arctan2(ctx.sin[:, :half], ctx.cos[:, :half]).astype(np.float32))
+    freqs = mlx_rotary_angles(ctx)
     bounds = ctx.cu_seqlens.astype(np.int32)
-    attn, mlp = blk.attn, blk.mlp
     if kind == "block":
         return blk(args[0], cu_seqlens=mx.array(bounds), rotary_pos_emb=freqs)
-    if kind in ("attn.q", "attn.k", "attn.v"):
-        rows = args[0].shape[0]
-        q, k, v = mx.split(attn.qkv(args[0]).reshape(rows, 3, attn.num_heads, -1).transpose(1, 0, 2, 3), 3)
-        if kind == "attn.v":
-            return v[0]
-        return vision_module.apply_rotary_pos_emb_vision(q if kind == "attn.q" else k, freqs)[0]
-    if kind == "attn.context":
-        q, k, v = (t.transpose(1, 0, 2)[None] for t in args)  # [1, heads, rows, head_dim]
-        splits = [mx.split(t, bounds[1:-1].tolist(), axis=2) for t in (q, k, v)]
-        parts = [
-            mx.fast.scaled_dot_product_attention(qs, ks, vs, scale=attn.scale, mask=None)
-            for qs, ks, vs in zip(*splits, strict=True)
-        ]
-        return mx.concatenate(parts, axis=2).transpose(0, 2, 1, 3).reshape(args[0].shape[0], -1)
-    operators = {
-        "norm1": lambda: blk.norm1(args[0]),
-        "attn.out": lambda: attn.proj(args[0]),
-        "residual1": lambda: args[0] + args[1],
-        "norm2": lambda: blk.norm2(args[0]),
-        "mlp.fc1": lambda: mlp.linear_fc1(args[0]),
-        "mlp.act": lambda: mlp.act_fn(args[0]),
-        "mlp.fc2": lambda: mlp.linear_fc2(args[0]),
-    }
-    return operators[kind]()
+    if kind in ("attn.q", "attn.k", "attn.v", "attn.context"):
+        return mlx_attention_replay(blk, kind, args, freqs, bounds, vision_module)
+    return block_operator(blk, kind, args)
 
 
 def _merge(model: Any, features, embeds, ids):

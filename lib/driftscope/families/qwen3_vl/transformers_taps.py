@@ -23,7 +23,8 @@ from driftscope.taps.sink import StageSink
 from driftscope.taps.torch_hooks import replaced
 from driftscope.taps.torch_hooks import to_numpy as _np
 
-from ..qwen_shared.tower import attention_replay, torch_vision_kwargs
+from ..qwen_shared.block_replay import attention_replay, block_operator
+from ..qwen_shared.tower import torch_vision_kwargs
 from ..qwen_shared.tower import tower_inputs as _tower_inputs
 from ..qwen_shared.tower import visual as _visual
 from ..qwen_shared.transformers_text import put_prefill, replay_text
@@ -168,13 +169,4 @@ def _block_replay(blk, kind: str, args: list, ctx: Any, dtype, modeling):
         return blk(args[0], cu_seqlens=bounds, position_embeddings=(cos, sin))
     if kind in ("attn.q", "attn.k", "attn.v", "attn.context"):
         return attention_replay(blk, kind, args, (cos, sin), bounds, modeling)
-    operators = {
-        "norm1": lambda: blk.norm1(args[0]),
-        "attn.out": lambda: blk.attn.proj(args[0]),
-        "residual1": lambda: args[0] + args[1],
-        "norm2": lambda: blk.norm2(args[0]),
-        "mlp.fc1": lambda: blk.mlp.linear_fc1(args[0]),
-        "mlp.act": lambda: blk.mlp.act_fn(args[0]),
-        "mlp.fc2": lambda: blk.mlp.linear_fc2(args[0]),
-    }
-    return operators[kind]()
+    return block_operator(blk, kind, args)

@@ -57,6 +57,14 @@ def replay_text(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any, m
     return to_numpy(out)
 
 
+def mlx_pixels(model: Any, inputs: Any) -> tuple[Any, Any]:
+    """The packed images' pixels (in the tower's dtype) and grids, as mlx-vlm's tower takes them."""
+    import mlx.core as mx
+
+    dtype = model.vision_tower.patch_embed.proj.weight.dtype
+    return mx.array(inputs["pixel_values"]).astype(dtype), mx.array(inputs["grid_thw"])
+
+
 def mlx_vision_kwargs(model: Any, inputs: Any) -> dict[str, Any]:
     """The vision keyword arguments of an mlx-vlm Qwen forward: ``pixel_values`` and ``image_grid_thw`` for the
     images, ``pixel_values_videos`` and ``video_grid_thw`` for the videos (as mlx-vlm's processor hands them;

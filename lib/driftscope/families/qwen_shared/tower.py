@@ -1,6 +1,6 @@
 """The vision tower of both Qwen families: transformers' and the tensors its forward takes, the values of the
-stages both libraries' towers hold on modules of the same names (``taps.module_taps``), the replay of a block's
-attention, the axis sizes the plans name, and a planted defect in one block."""
+stages both libraries' towers hold on modules of the same names (``taps.module_taps``), the axis sizes the plans
+name, and a planted defect in one block."""
 
 from __future__ import annotations
 
@@ -112,26 +112,6 @@ def block_taps(tower: Any, mlp: tuple[ModuleTap, ...]) -> list[ModuleTap]:
             *mlp,
         ),
     ]
-
-
-def attention_replay(blk: Any, kind: str, args: list, rotary: tuple[Any, Any], bounds: Any, modeling: Any) -> Any:
-    """A transformers vision block's ``attn.q``/``attn.k`` (after RoPE), ``attn.v`` (from the block's input) or
-    ``attn.context`` (from q, k, v), each attention span apart as ``bounds`` (cu_seqlens) cut them, with the
-    modeling module's own RoPE and eager attention."""
-    import torch
-
-    if kind == "attn.context":
-        q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in args)
-        lengths = (bounds[1:] - bounds[:-1]).tolist()
-        parts = [
-            modeling.eager_attention_forward(blk.attn, qs, ks, vs, None, scaling=blk.attn.scaling)[0]
-            for qs, ks, vs in zip(*(torch.split(t, lengths, dim=2) for t in (q, k, v)), strict=True)
-        ]
-        return torch.cat(parts, dim=1).reshape(args[0].shape[0], -1)
-    rows = args[0].shape[0]
-    q, k, v = blk.attn.qkv(args[0]).reshape(rows, 3, blk.attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
-    q, k = modeling.apply_rotary_pos_emb_vision(q, k, *rotary)
-    return {"attn.q": q, "attn.k": k, "attn.v": v}[kind]
 
 
 def tower_axis_sizes(vision: dict, defaults: dict[str, int], inputs: Any = None) -> dict[str, int | str]:
