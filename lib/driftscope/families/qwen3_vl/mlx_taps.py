@@ -27,6 +27,7 @@ from ..qwen_shared.mlx_text import mlx_pixels, mlx_vision_kwargs, put_decoded, p
 from .mlx_config import load_mlx_model
 from .module_stages import decoder_taps, tower_taps
 from .plan import block_stage_id, parse_stage
+from .transformers_taps import merger_replay
 
 
 def load(path: Path, config: dict) -> Any:
@@ -116,16 +117,6 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
     put_decoded(model, sink, logits, cache, text)
 
 
-def _merger_replay(merger, kind: str, x):
-    if kind == "norm":
-        return merger.norm(x.reshape(-1, merger.hidden_size) if merger.use_postshuffle_norm else x)
-    if kind == "fc1":
-        return merger.linear_fc1(x.reshape(-1, merger.hidden_size))
-    if kind == "act":
-        return merger.act_fn(x)
-    return merger.linear_fc2(x)
-
-
 def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
     """mlx-vlm's own modules (in the policy's dtype) applied to ``inputs``."""
     import mlx.core as mx
@@ -144,9 +135,9 @@ def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.
         elif kind == "positioned":
             out = args[0] + args[1]
         elif branch is not None:
-            out = _merger_replay(tower.deepstack_merger_list[branch], kind.split(".", 1)[1], args[0])
+            out = merger_replay(tower.deepstack_merger_list[branch], kind.split(".", 1)[1], args[0])
         elif block is None:
-            out = _merger_replay(tower.merger, kind.split(".", 1)[1], args[0])
+            out = merger_replay(tower.merger, kind.split(".", 1)[1], args[0])
         else:
             out = _block_replay(tower.blocks[block], kind, args, ctx, sys.modules[type(tower).__module__])
     mx.eval(out)

@@ -117,7 +117,9 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
     put_prefill(model, inputs, sink, ids, seen, out)
 
 
-def _merger_replay(merger, kind: str, x):
+def merger_replay(merger, kind: str, x):
+    """A merger's (the main one's or a DeepStack branch's) substage ``kind`` on ``x``: transformers' and mlx-vlm's
+    mergers hold the same modules."""
     if kind == "norm":
         return merger.norm(x.reshape(-1, merger.hidden_size) if merger.use_postshuffle_norm else x)
     if kind == "fc1":
@@ -153,9 +155,9 @@ def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.
         if kind == "positioned":
             return _np(args[0] + args[1])
         if branch is not None:
-            return _np(_merger_replay(visual.deepstack_merger_list[branch], kind.split(".", 1)[1], args[0]))
+            return _np(merger_replay(visual.deepstack_merger_list[branch], kind.split(".", 1)[1], args[0]))
         if block is None:
-            return _np(_merger_replay(visual.merger, kind.split(".", 1)[1], args[0]))
+            return _np(merger_replay(visual.merger, kind.split(".", 1)[1], args[0]))
         return _np(_block_replay(visual.blocks[block], kind, args, ctx, dtype, modeling))
 
 

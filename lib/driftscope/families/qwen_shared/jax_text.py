@@ -38,6 +38,17 @@ def layer_weights(weights: dict, layer: int) -> dict:
     return {k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)}
 
 
+def put_head(out: dict, last: jax.Array, weights: dict, cache: tuple | None, *, spec: Any, contract: Contract) -> dict:
+    """A prefill's outputs completed: the final norm and the logits of the ``last`` position ([1, hidden]), and with
+    ``cache`` (every layer's keys and values, or None) ``cache.keys`` and ``cache.values`` stacked."""
+    normed = rms_norm(last, weights["norm.weight"], spec.eps)
+    out["text.norm.last"] = normed[0]
+    out["text.logits.last"] = linear(contract, normed, weights["lm_head.weight"])[0]
+    if cache is not None:
+        out["cache.keys"], out["cache.values"] = jnp.stack(cache[0]), jnp.stack(cache[1])
+    return out
+
+
 def decode_step(
     weights: dict,
     keys: jax.Array,

@@ -17,7 +17,7 @@ from driftscope.model.weightfile import TensorFiles
 from driftscope.taps.jax.layers import Contract, linear, rms_norm
 
 from ....errors import CheckpointError
-from ...qwen_shared.jax_text import attend, decode_step_of, edge_replay, finish, layer_weights
+from ...qwen_shared.jax_text import attend, decode_step_of, edge_replay, finish, layer_weights, put_head
 
 
 @dataclass(frozen=True)
@@ -168,12 +168,7 @@ def text_prefill(
         out[f"text.layer.{i}.last"] = at_last(x)[0]
         keys.append(k)
         values.append(v)
-    normed = rms_norm(at_last(x), weights["norm.weight"], spec.eps)
-    out["text.norm.last"] = normed[0]
-    out["text.logits.last"] = linear(contract, normed, weights["lm_head.weight"])[0]
-    if cache:
-        out["cache.keys"], out["cache.values"] = jnp.stack(keys), jnp.stack(values)
-    return out
+    return put_head(out, at_last(x), weights, (keys, values) if cache else None, spec=spec, contract=contract)
 
 
 #: One greedy step against the fixed-capacity cache (``qwen_shared.jax_text.decode_step``).
