@@ -68,7 +68,6 @@ def list_item(items: list, index: int, value: Any):
         items[index] = original
 
 
-@contextmanager
 class SiluProxy:
     """Stands in for ``mlx.nn`` inside an mlx-vlm module (``module_attr(module, "nn", ...)``): ``silu`` is the one
     given (one that records), the rest delegates."""
@@ -81,6 +80,7 @@ class SiluProxy:
         return getattr(self._nn, name)
 
 
+@contextmanager
 def module_attr(module: Any, name: str, value: Any):
     original = getattr(module, name)
     setattr(module, name, value)
