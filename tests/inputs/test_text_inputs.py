@@ -9,7 +9,8 @@ import shutil
 
 import pytest
 from conftest import ROOT
-from driftscope.inputs.text_inputs import FILE_TOKENIZERS, QWEN2_TOKENIZERS, FileTokenizer, prompt_tokenizer
+from driftscope.families.qwen_shared.tokenizer import QWEN2_TOKENIZERS
+from driftscope.inputs.text_inputs import FILE_TOKENIZERS, FileTokenizer, prompt_tokenizer
 
 FOLDER = ROOT / "fixtures" / "checkpoints"
 TEXTS = [

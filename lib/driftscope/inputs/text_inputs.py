@@ -107,10 +107,6 @@ def load_tokenizer(path: str | Path):
 #: file's own pipeline): transformers' own; a family adds its model's (``prompt_tokenizer(path, file_classes)``)
 FILE_TOKENIZERS = ("TokenizersBackend",)
 
-#: Qwen2's tokenizer classes (the Qwen families' and Molmo2's language model), which encode as their tokenizer.json
-#: does: what those families pass to :func:`prompt_tokenizer` (tests/inputs/test_text_inputs.py)
-QWEN2_TOKENIZERS = ("Qwen2Tokenizer", "Qwen2TokenizerFast")
-
 
 class FileTokenizer:
     """A checkpoint's ``tokenizer.json`` through the ``tokenizers`` library alone (transformers' ``AutoTokenizer``

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from driftscope.inputs.processor_output import ModelInputs
-from driftscope.inputs.text_inputs import DEFAULT_PROMPT, QWEN2_TOKENIZERS, TextInputs, prompt_tokenizer
+from driftscope.inputs.text_inputs import DEFAULT_PROMPT, TextInputs, prompt_tokenizer
 
 from ...errors import InputError
+from ..qwen_shared.tokenizer import QWEN2_TOKENIZERS
 from .processor import image_token_ids, image_token_string
 
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 
 from driftscope.inputs.processor_output import ModelInputs
-from driftscope.inputs.text_inputs import DEFAULT_PROMPT, QWEN2_TOKENIZERS, TextInputs, prompt_tokenizer
+from driftscope.inputs.text_inputs import DEFAULT_PROMPT, TextInputs, prompt_tokenizer
 from driftscope.taps.module_taps import ModuleTap, decoder_taps
 
 from ...errors import InputError
+from .tokenizer import QWEN2_TOKENIZERS
 from .video_text import video_prompt
 
 
