@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 from conftest import ROOT
-from driftscope.families.qwen_shared.text import FILE_TOKENIZERS as QWEN_FILE_TOKENIZERS
+from driftscope.families.qwen_shared.tokenizer import QWEN2_TOKENIZERS
 from driftscope.inputs.text_inputs import FILE_TOKENIZERS, FileTokenizer, prompt_tokenizer
 
 FOLDER = ROOT / "fixtures" / "checkpoints"
@@ -41,7 +41,7 @@ PLAIN = sorted(
 def _same(path) -> None:
     from transformers import AutoTokenizer
 
-    ours, theirs = prompt_tokenizer(path, QWEN_FILE_TOKENIZERS), AutoTokenizer.from_pretrained(str(path))
+    ours, theirs = prompt_tokenizer(path, QWEN2_TOKENIZERS), AutoTokenizer.from_pretrained(str(path))
     assert isinstance(ours, FileTokenizer)
     for text in TEXTS:
         assert ours(text)["input_ids"] == list(theirs(text)["input_ids"]), (path.name, text)
@@ -74,7 +74,7 @@ def test_qwens_class_is_read_from_the_file_only_where_a_family_names_it(tmp_path
     shutil.copytree(FOLDER / "tiny-qwen2_5-vl", folder, ignore=shutil.ignore_patterns("*.safetensors"))
     (folder / "tokenizer_config.json").write_text(json.dumps({**_config(folder), "tokenizer_class": "Qwen2Tokenizer"}))
     assert not isinstance(prompt_tokenizer(folder), FileTokenizer)
-    assert isinstance(prompt_tokenizer(folder, QWEN_FILE_TOKENIZERS), FileTokenizer)
+    assert isinstance(prompt_tokenizer(folder, QWEN2_TOKENIZERS), FileTokenizer)
 
 
 def test_a_tokenizer_that_adds_to_its_file_is_transformers_own(tmp_path):

@@ -8,6 +8,7 @@ report goes into Markdown through :func:`code` or :func:`text`, and into HTML th
 from __future__ import annotations
 
 import html
+import math
 import re
 
 _MARKDOWN_PUNCTUATION = re.compile(r"([\\`*_\[\]|~])")  # emphasis, code, links, tables
@@ -16,6 +17,14 @@ _MARKDOWN_PUNCTUATION = re.compile(r"([\\`*_\[\]|~])")  # emphasis, code, links,
 def html_text(value: object) -> str:
     """``value`` as HTML text (``<``, ``>``, ``&`` and quotes escaped)."""
     return html.escape(str(value), quote=True)
+
+
+def format_number(value: object, digits: int = 3, missing: str = "non-finite") -> str:
+    """A value for display: a float to ``digits`` significant digits, anything else as ``str``; None (in a report's
+    JSON, a non-finite value or none) and NaN as ``missing``."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return missing
+    return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
 
 
 def listed(value: object, sep: str = ", ") -> str:

@@ -184,6 +184,21 @@ class TensorFiles:
         out[...] = widen(raw)
         return out
 
+    def read_checked(self, name: str, shape: tuple[int, ...] | None, note: str = "") -> np.ndarray:
+        """:meth:`read`, a tensor the config implies: one missing (``note`` follows the name in the message) or of
+        another ``shape`` than the config's (None: any) is refused as the weights and config.json disagreeing."""
+        if name not in self:
+            raise CheckpointError(
+                f"checkpoint tensor {name!r} is missing{note}",
+                "the weights and config.json disagree: re-save the checkpoint or fix the config",
+            )
+        if shape is not None and self.shape(name) != shape:
+            raise CheckpointError(
+                f"checkpoint tensor {name!r} has shape {list(self.shape(name))}, the config implies {list(shape)}",
+                "the weights and config.json disagree: re-save the checkpoint or fix the config",
+            )
+        return self.read(name)
+
     def read_rows(self, name: str, rows) -> np.ndarray:
         """Rows ``rows`` (indices along the first axis) of the tensor, float32: a sample of a large tensor, each row
         read on its own."""

@@ -8,10 +8,9 @@ those names on its axes, where treescope is installed (``pip install treescope``
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
+from driftscope.core.markup import format_number
 from driftscope.core.markup import html_text as escape
 from driftscope.errors import RuntimeUnavailableError, TapFileError, did_you_mean
 
@@ -56,6 +55,5 @@ def html_table(header: list[str], rows: list[list], caption: str = "") -> str:
 
 
 def number(value) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    """A cell of a tap view: four significant digits, "-" for none."""
+    return format_number(value, 4, missing="-")

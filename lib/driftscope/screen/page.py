@@ -10,6 +10,7 @@ import io
 from pathlib import Path
 
 from driftscope.core.atomic import write_text_atomic
+from driftscope.core.markup import format_number
 from driftscope.core.names import url_path
 from driftscope.screen.score import NEAR_TIE_WEIGHT
 
@@ -37,10 +38,6 @@ def thumbnail(path: Path) -> str:
     except Exception:  # noqa: BLE001 - PIL raises OSError, ValueError, DecompressionBombError... for a bad file
         return UNREADABLE
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-def _number(value, digits: int = 3) -> str:
-    return "" if value is None else f"{value:.{digits}g}"
 
 
 def _run_link(out: Path, investigation: dict | None) -> tuple[str | None, str]:
@@ -78,7 +75,7 @@ def page_rows(out: Path, data: dict, items: dict) -> list[dict]:
                 "score_value": result.get("score") if result.get("score") is not None else -1,
                 "deviates": bool(result.get("score")) and result["score"] >= 0.5,
                 "worst": result.get("worst") or "",
-                "rel": _number(worst.get("tower_relative_error")),
+                "rel": format_number(worst.get("tower_relative_error"), missing=""),
                 "rel_value": worst.get("tower_relative_error") or 0,
                 "failures": "" if not worst else f"{worst.get('tower_failures', 0)} / {worst.get('tower_elements', 0)}",
                 "failures_value": worst.get("tower_failure_fraction") or 0,

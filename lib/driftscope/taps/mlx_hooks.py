@@ -68,6 +68,18 @@ def list_item(items: list, index: int, value: Any):
         items[index] = original
 
 
+class SiluProxy:
+    """Stands in for ``mlx.nn`` inside an mlx-vlm module (``module_attr(module, "nn", ...)``): ``silu`` is the one
+    given (one that records), the rest delegates."""
+
+    def __init__(self, nn: Any, silu):
+        self._nn = nn
+        self.silu = silu
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._nn, name)
+
+
 @contextmanager
 def module_attr(module: Any, name: str, value: Any):
     original = getattr(module, name)

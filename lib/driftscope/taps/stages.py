@@ -16,6 +16,30 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+#: What a pre-norm ViT block's attention half reads, by substage name ("in": the block's input); a family's
+#: ``SUBSTAGE_INPUTS`` adds its MLP's.
+VIT_ATTENTION_INPUTS: dict[str, tuple[str, ...]] = {
+    "norm1": ("in",),
+    "attn.q": ("norm1",),
+    "attn.k": ("norm1",),
+    "attn.v": ("norm1",),
+    "attn.context": ("attn.q", "attn.k", "attn.v"),
+    "attn.out": ("attn.context",),
+    "residual1": ("in", "attn.out"),
+    "norm2": ("residual1",),
+}
+#: What a two-layer MLP (fc1, activation, fc2) after ``norm2`` reads.
+VIT_MLP_INPUTS: dict[str, tuple[str, ...]] = {
+    "mlp.fc1": ("norm2",),
+    "mlp.act": ("mlp.fc1",),
+    "mlp.fc2": ("mlp.act",),
+}
+
+
+def block_stage_id(block: int, substage: str | None = None) -> str:
+    """The stage id of a vision block (``vision.block.3``) or of one of its substages (``vision.block.3.mlp.fc1``)."""
+    return f"vision.block.{block}" if substage is None else f"vision.block.{block}.{substage}"
+
 
 @dataclass(frozen=True)
 class Rotary:

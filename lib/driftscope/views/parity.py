@@ -4,23 +4,15 @@ what was not compared and why, and the error curves against the real per-stage t
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from driftscope.capture.runtime_checks import COULD_NOT_RUN
-from driftscope.core.markup import code, listed, text
+from driftscope.core.markup import code, format_number, listed, text
 from driftscope.judge.rows import share_of_tolerance
 from driftscope.run.report import Report
 
 from .curves import error_curves
 from .notebook import coordinates, family_text, table
-
-
-def _number(value: object, digits: int = 3) -> str:
-    """A value for a table cell; ``None`` (a non-finite value in the report's JSON) or NaN as "non-finite"."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "non-finite"
-    return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
 
 
 def atol_note(first: dict, atol: float, rtol: float) -> str:
@@ -142,7 +134,7 @@ def _past(first: dict) -> str:
         return "non-finite"
     tolerance = first.get("tolerance")
     excess = f" ({first['excess']:.3g}x)" if first.get("excess") else ""
-    return ("" if tolerance is None else _number(tolerance, 4)) + excess
+    return ("" if tolerance is None else format_number(tolerance, 4)) + excess
 
 
 #: The headline table's columns, in order.
@@ -195,8 +187,8 @@ def divergence_frame(report: Report):
                 "first divergence": first.get("stage", "none"),
                 "failures": f"{first['failures']} / {first['elements']}" if first else "0",
                 "worst failing element": "" if not first else coordinates(first.get("max_coords")),
-                "expected": "" if not first else _number(first.get("reference_value"), 5),
-                "actual": "" if not first else _number(first.get("candidate_value"), 5),
+                "expected": "" if not first else format_number(first.get("reference_value"), 5),
+                "actual": "" if not first else format_number(first.get("candidate_value"), 5),
                 "its tolerance (past it)": _past(first) if first else "",
                 "atol-bound": atol_note(first, row.atol, row.rtol) if first and row else "",
                 "most tolerance used": _closest(rows, key),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from driftscope.capture.runtime_checks import checks_markdown
-from driftscope.core.markup import code, text
+from driftscope.core.markup import code, format_number, text
 from driftscope.run.report import Report
 
 from .notebook import family_text
@@ -143,12 +143,8 @@ def narrowing_lines(report: Report) -> list[str]:
 
 
 def _number(value: object, digits: int = 3) -> str:
-    """A metric for display: floats to ``digits`` significant digits; ``None`` (non-finite in JSON) as ``nan``."""
-    if value is None:
-        return "nan"
-    if isinstance(value, float):
-        return f"{value:.{digits}g}"
-    return str(value)
+    """A metric for display (``core.markup.format_number``); ``None`` (non-finite in JSON) as ``nan``."""
+    return format_number(value, digits, missing="nan")
 
 
 def _margin(mutation: dict) -> str:

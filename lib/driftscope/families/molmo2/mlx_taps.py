@@ -18,7 +18,7 @@ import numpy as np
 
 from driftscope.families.capabilities import MLXCapabilities
 from driftscope.inputs.processor_output import ModelInputs
-from driftscope.taps.mlx_hooks import Recording, dtype_name, module_attr, shadow, to_numpy
+from driftscope.taps.mlx_hooks import Recording, SiluProxy, dtype_name, module_attr, shadow, to_numpy
 from driftscope.taps.module_taps import tapped
 from driftscope.taps.sink import StageSink
 
@@ -31,17 +31,6 @@ from .plan import parse_stage
 CAPABILITIES = MLXCapabilities(unrepresentable=unrepresentable)  # the runtime asks it before loading
 
 __all__ = ["capture", "capture_text", "decoder", "load", "replay", "rms_norms", "run_vision"]
-
-
-class _NNProxy:
-    """Stands in for ``mlx.nn`` inside mlx-vlm's Molmo2 vision module: ``silu`` records, the rest delegates."""
-
-    def __init__(self, nn: Any, silu):
-        self._nn = nn
-        self.silu = silu
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._nn, name)
 
 
 def load(path: Path, config: dict) -> Any:
@@ -102,7 +91,7 @@ def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
         enter = stack.enter_context
         enter(tapped("mlx", tower, taps, sink))
         enter(shadow(tower, "encode_image", Recording(tower.encode_image, encoded)))
-        enter(module_attr(vision_module, "nn", _NNProxy(vision_module.nn, silu)))
+        enter(module_attr(vision_module, "nn", SiluProxy(vision_module.nn, silu)))
         mx.eval(tower(*_tower_inputs(model, inputs)))
     # the valid slots of the indices handed to the pooler (mlx-vlm derives its denominator and mask inline)
     sink.put("pool.valid_counts", (np.asarray(inputs["pooling"]) >= 0).sum(axis=-1))

@@ -10,7 +10,7 @@ decoder's attention mask are integers (compared exactly).
 from __future__ import annotations
 
 from driftscope.taps.sink import decode_stages
-from driftscope.taps.stages import Rotary, Stage, StagePlan
+from driftscope.taps.stages import VIT_ATTENTION_INPUTS, VIT_MLP_INPUTS, Rotary, Stage, StagePlan, block_stage_id
 
 from ...errors import CheckpointError
 from .config import read_facts
@@ -33,19 +33,7 @@ BLOCK_SUBSTAGES: tuple[tuple[str, tuple[str, ...], str], ...] = (
 )
 
 #: What each substage reads, by substage name; "in" is the block's input.
-SUBSTAGE_INPUTS: dict[str, tuple[str, ...]] = {
-    "norm1": ("in",),
-    "attn.q": ("norm1",),
-    "attn.k": ("norm1",),
-    "attn.v": ("norm1",),
-    "attn.context": ("attn.q", "attn.k", "attn.v"),
-    "attn.out": ("attn.context",),
-    "residual1": ("in", "attn.out"),
-    "norm2": ("residual1",),
-    "mlp.fc1": ("norm2",),
-    "mlp.act": ("mlp.fc1",),
-    "mlp.fc2": ("mlp.act",),
-}
+SUBSTAGE_INPUTS: dict[str, tuple[str, ...]] = {**VIT_ATTENTION_INPUTS, **VIT_MLP_INPUTS}
 
 #: The pooler and projector: (stage, axes, meaning, what a replay reads). Rows are pooled tokens.
 HEAD: tuple[tuple[str, tuple[str, ...], str, tuple[str, ...] | None], ...] = (
@@ -63,10 +51,6 @@ HEAD: tuple[tuple[str, tuple[str, ...], str, tuple[str, ...] | None], ...] = (
 )  # fmt: skip
 
 FINAL = "projector.output"
-
-
-def block_stage_id(block: int, substage: str | None = None) -> str:
-    return f"vision.block.{block}" if substage is None else f"vision.block.{block}.{substage}"
 
 
 def block_input(block: int) -> str:

@@ -8,10 +8,8 @@ from driftscope.inputs.processor_output import ModelInputs
 from driftscope.inputs.text_inputs import DEFAULT_PROMPT, TextInputs, prompt_tokenizer
 
 from ...errors import InputError
+from ..qwen_shared.tokenizer import QWEN2_TOKENIZERS
 from .processor import image_token_ids, image_token_string
-
-#: the tokenizer classes Molmo2's checkpoints name (its language model's), which encode as their tokenizer.json does
-FILE_TOKENIZERS = ("Qwen2Tokenizer", "Qwen2TokenizerFast")
 
 
 def build_text_inputs(
@@ -25,7 +23,7 @@ def build_text_inputs(
 
     Token types mark every image token (patches, row ends, starts and ends) as transformers' processor does:
     they attend to each other both ways in the prefill."""
-    tokenizer = prompt_tokenizer(checkpoint.path, FILE_TOKENIZERS)
+    tokenizer = prompt_tokenizer(checkpoint.path, QWEN2_TOKENIZERS)
     bos = tokenizer.bos_token or tokenizer.eos_token or ""
     grids = np.asarray(inputs["grids"]).reshape(-1, 4)
     images = "".join(image_token_string(tuple(int(v) for v in grid)) for grid in grids)

@@ -9,10 +9,15 @@ import numpy as np
 
 from driftscope.core.markup import text
 
+from ...inputs.image_size import parse_size
 from ..base import GeometryClaim, Section, image_size, same_pixels
 from ..qwen_shared.layout import token_layout  # noqa: F401 (a view hook of this family)
+from ..qwen_shared.tower import tower_axis_sizes
 from .geometry import ResizeSpec, audit_unreorder, grid_for, window_layout
-from .geometry.summary import WINDOW_SIZE, bucket_summary, format_text, image_rows, parse_size
+from .geometry.summary import WINDOW_SIZE, bucket_summary, format_text, image_rows
+
+#: Qwen2.5-VL's tower sizes where a config is silent (the released 3B's).
+RELEASED_SIZES = {"hidden_size": 1280, "patch_size": 14, "intermediate_size": 3420, "out_hidden_size": 2048}
 
 
 def input_overlay(inputs: dict, image: int) -> tuple[int | None, str]:
@@ -172,34 +177,13 @@ def axis_sizes(config: dict, inputs=None) -> dict[str, int | str]:
     from .plan import vision_config
 
     vision = vision_config(config)
-    hidden, heads = int(vision.get("hidden_size", 1280)), int(vision.get("num_heads", 16))
-    merge = int(vision.get("spatial_merge_size", 2))
-    patch, temporal = int(vision.get("patch_size", 14)), int(vision.get("temporal_patch_size", 2))
-    sizes: dict[str, int | str] = {
-        "hidden": hidden,
-        "heads": heads,
-        "head_dim": hidden // heads,
-        "intermediate": int(vision.get("intermediate_size", 3420)),
-        "merged_hidden": hidden * merge * merge,
-        "out_hidden": int(vision.get("out_hidden_size", 2048)),
-        "channels": int(vision.get("in_channels", vision.get("in_chans", 3))) * temporal * patch * patch,
-        "thw": 3,
-    }
-    for name in ("patches", "merged_tokens", "images", "windows+1", "images+1"):
-        sizes[name] = name
+    sizes = tower_axis_sizes(vision, RELEASED_SIZES, inputs)
+    sizes["windows+1"], sizes["images+1"] = "windows+1", "images+1"
     if inputs is not None:
         grid = np.asarray(inputs["grid_thw"], dtype=np.int64)
-        patches = int(grid.prod(axis=1).sum())
+        merge, patch = int(vision.get("spatial_merge_size", 2)), int(vision.get("patch_size", 14))
         layout = window_layout(grid, merge, int(vision.get("window_size", 112)), patch)
-        sizes.update(
-            {
-                "patches": patches,
-                "merged_tokens": patches // (merge * merge),
-                "images": len(grid),
-                "windows+1": len(layout.cu_window_seqlens),
-                "images+1": len(cu_seqlens(grid)),
-            }
-        )
+        sizes["windows+1"], sizes["images+1"] = len(layout.cu_window_seqlens), len(cu_seqlens(grid))
     sizes["tokens:patch"], sizes["tokens:merged"] = sizes["patches"], sizes["merged_tokens"]
     return sizes
 

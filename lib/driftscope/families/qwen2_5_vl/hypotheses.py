@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..qwen_shared.tower import scale_block_output
+
 __all__ = [
     "norm2_in_float32",
     "perturb_image_embeddings",
@@ -41,31 +43,6 @@ def _vision(model: Any) -> Any:
     if hasattr(model, "vision_tower"):  # mlx-vlm
         return model.vision_tower
     return model.model.visual  # transformers
-
-
-class _Scaled:
-    """Calls a block and multiplies its output by a constant."""
-
-    def __init__(self, block: Any, factor: float):
-        self.block = block
-        self.factor = factor
-
-    def __call__(self, *args, **kwargs):
-        return self.block(*args, **kwargs) * self.factor
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.block, name)
-
-
-def scale_block_output(model: Any, block: int, factor: float = 1.01) -> Any:
-    """Multiply vision block ``block``'s output by ``factor`` (a planted defect in one block)."""
-    vision = _vision(model)
-    if hasattr(vision, "vision_tower") or isinstance(vision.blocks, list):  # mlx-vlm keeps blocks in a list
-        vision.blocks[block] = _Scaled(vision.blocks[block], factor)
-    else:
-        original = vision.blocks[block]
-        original.register_forward_hook(lambda module, args, out: out * factor)
-    return model
 
 
 def norm2_in_float32(model: Any) -> Any:

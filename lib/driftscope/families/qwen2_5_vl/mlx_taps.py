@@ -15,12 +15,13 @@ import numpy as np
 
 from driftscope.families.capabilities import MLXCapabilities
 from driftscope.inputs.processor_output import ModelInputs
-from driftscope.taps.mlx_hooks import Recording, cache_snapshot, dtype_name, module_attr, shadow, to_numpy
+from driftscope.taps.mlx_hooks import Recording, SiluProxy, dtype_name, module_attr, shadow, to_numpy
 from driftscope.taps.module_taps import tapped
-from driftscope.taps.sink import StageSink, put_greedy
+from driftscope.taps.sink import StageSink
 
-from ..qwen_shared.mlx_text import decode_step, mlx_vision_kwargs, replay_text
-from ..qwen_shared.text import AppliedOffsets, put_text_inputs, text_taps
+from ..qwen_shared.block_replay import block_operator, mlx_attention_replay, mlx_rotary_angles
+from ..qwen_shared.mlx_text import mlx_pixels, mlx_vision_kwargs, put_decoded, put_prompt, replay_text
+from ..qwen_shared.text import text_taps
 from .geometry.windows import unique_consecutive
 from .mlx_config import load_mlx_model, unrepresentable
 from .module_stages import tower_taps
@@ -28,17 +29,6 @@ from .plan import block_stage_id, parse_stage
 from .transformers_taps import put_unused_bounds
 
 CAPABILITIES = MLXCapabilities(unrepresentable=unrepresentable)  # the runtime asks it before loading
-
-
-class _NNProxy:
-    """Stands in for ``mlx.nn`` inside mlx-vlm's vision module: ``silu`` records, the rest delegates."""
-
-    def __init__(self, nn: Any, silu):
-        self._nn = nn
-        self.silu = silu
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._nn, name)
 
 
 def load(path: Path, config: dict) -> Any:
@@ -53,16 +43,9 @@ def rms_norms(model: Any) -> list[tuple[Any, str]]:
     return sites + [(tower.merger, "ln_q")]
 
 
-def _pixels(model: Any, inputs: ModelInputs):
-    import mlx.core as mx
-
-    dtype = model.vision_tower.patch_embed.proj.weight.dtype
-    return mx.array(inputs["pixel_values"]).astype(dtype), mx.array(inputs["grid_thw"])
-
-
 def run_vision(model: Any, inputs: ModelInputs):
     """The plain vision forward (no taps): merged features in raster order."""
-    return model.vision_tower(*_pixels(model, inputs))
+    return model.vision_tower(*mlx_pixels(model, inputs))
 
 
 def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
@@ -122,8 +105,8 @@ def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
         enter(shadow(tower, "rot_pos_emb", Recording(tower.rot_pos_emb, rotary)))
         enter(shadow(tower, "get_window_index", Recording(tower.get_window_index, window)))
         enter(module_attr(vision_module, "apply_rotary_pos_emb_vision", rope))
-        enter(module_attr(vision_module, "nn", _NNProxy(nn, silu)))
-        out = tower(*_pixels(model, inputs))
+        enter(module_attr(vision_module, "nn", SiluProxy(nn, silu)))
+        out = tower(*mlx_pixels(model, inputs))
         put("vision.merger", out)
         state["block"] = None
     put_unused_bounds(sink, inputs["grid_thw"], state.get("cu_window"))
@@ -143,33 +126,17 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink, tower: Any = 
         prefill = _video_prefill(model, inputs, ids, tower)
         features = prefill.features
     else:
-        pixels, grid = _pixels(model, inputs)
+        pixels, grid = mlx_pixels(model, inputs)
         cached = {"cached_image_features": tower} if tower is not None else {}
         features = model.get_input_embeddings(ids, pixels, image_grid_thw=grid, **cached)
         prefill = functools.partial(model, ids, pixel_values=pixels, image_grid_thw=grid, **cached)
-    embeds = to_numpy(features.inputs_embeds[0])
-    rows = to_numpy(model.language_model.model.embed_tokens(ids)[0])
-    put_text_inputs(
-        inputs, sink, embeds, rows, np.array(features.position_ids).reshape(3, -1), np.array(features.rope_deltas)
-    )
+    put_prompt(model, inputs, sink, ids, features)
     inner = model.language_model.model
     cache = make_prompt_cache(model.language_model)
     with tapped("mlx", inner, text_taps(len(inner.layers)), sink, native=False):  # during the prefill only
         logits = prefill(cache=cache).logits
         mx.eval(logits)
-    final = to_numpy(logits[0, -1])
-    sink.put("text.logits.last", final)
-    offsets = AppliedOffsets()
-    put_greedy(
-        sink,
-        final,
-        decode_step(model, cache, offsets),
-        text.max_new_tokens,
-        forced=text.forced,
-        rewind=lambda count: [entry.trim(count) for entry in cache],  # drop the last ``count`` tokens
-        snapshot=cache_snapshot(cache),  # the cache's keys and values, layer by layer
-    )
-    offsets.put(sink)  # the offset each decode step applied
+    put_decoded(model, sink, logits, cache, text)
 
 
 def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
@@ -189,48 +156,14 @@ def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.
         mx.eval(out)
         return to_numpy(out)
     blk = tower.blocks[block]
-    # mlx-vlm rotates with angles (it takes cos/sin itself): recover them from the reference's tables
-    half = ctx.cos.shape[1] // 2
-    freqs = mx.array(np.arctan2(ctx.sin[:, :half], ctx.cos[:, :half]).astype(np.float32))
-    bounds = mx.array(ctx.bounds(block).astype(np.int32))
-    attn, mlp = blk.attn, blk.mlp
+    freqs = mlx_rotary_angles(ctx)
+    bounds = ctx.bounds(block).astype(np.int32)
     if kind == "block":
-        out = blk(args[0], cu_seqlens=bounds, rotary_pos_emb=freqs)
-    elif kind == "norm1":
-        out = blk.norm1(args[0])
-    elif kind in ("attn.q", "attn.k", "attn.v"):
-        rows = args[0].shape[0]
-        q, k, v = mx.split(attn.qkv(args[0]).reshape(rows, 3, attn.num_heads, -1).transpose(1, 0, 2, 3), 3)
-        if kind == "attn.v":
-            out = v[0]
-        else:
-            out = vision_module.apply_rotary_pos_emb_vision(q if kind == "attn.q" else k, freqs)[0]
-    elif kind == "attn.context":
-        q, k, v = (t.transpose(1, 0, 2)[None] for t in args)  # [1, heads, rows, head_dim]
-        splits = [mx.split(t, ctx.bounds(block)[1:-1].tolist(), axis=2) for t in (q, k, v)]
-        parts = [
-            mx.fast.scaled_dot_product_attention(qs, ks, vs, scale=attn.scale, mask=None)
-            for qs, ks, vs in zip(*splits, strict=True)
-        ]
-        out = mx.concatenate(parts, axis=2).transpose(0, 2, 1, 3).reshape(args[0].shape[0], -1)
-    elif kind == "attn.out":
-        out = attn.proj(args[0])
-    elif kind == "residual1":
-        out = args[0] + args[1]
-    elif kind == "norm2":
-        out = blk.norm2(args[0])
-    elif kind == "mlp.gate":
-        out = mlp.gate_proj(args[0])
-    elif kind == "mlp.act":
-        out = nn.silu(args[0])
-    elif kind == "mlp.up":
-        out = mlp.up_proj(args[0])
-    elif kind == "mlp.product":
-        out = args[0] * args[1]
-    elif kind == "mlp.down":
-        out = mlp.down_proj(args[0])
+        out = blk(args[0], cu_seqlens=mx.array(bounds), rotary_pos_emb=freqs)
+    elif kind in ("attn.q", "attn.k", "attn.v", "attn.context"):
+        out = mlx_attention_replay(blk, kind, args, freqs, bounds, vision_module)
     else:
-        raise KeyError(stage_id)
+        out = block_operator(blk, kind, args, nn.silu)
     mx.eval(out)
     return to_numpy(out)
 
@@ -283,7 +216,7 @@ def _video_prefill(model: Any, inputs: ModelInputs, ids, tower: Any = None):
     pixels = vision["pixel_values"] if vision["pixel_values"] is not None else vision["pixel_values_videos"]
     image_grid, video_grid = vision.get("image_grid_thw"), vision.get("video_grid_thw")
     if tower is None:
-        tower = model.vision_tower(*_pixels(model, inputs), output_hidden_states=False)
+        tower = model.vision_tower(*mlx_pixels(model, inputs), output_hidden_states=False)
     language = model.language_model
     embeds = _merge(model, tower, language.model.embed_tokens(ids), ids)
     positions, deltas = language.get_rope_index(ids, image_grid, video_grid, None)

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-from driftscope.taps.stages import Stage, StagePlan
+from driftscope.taps.stages import VIT_ATTENTION_INPUTS, Stage, StagePlan, block_stage_id
 
 from ..base import block_substages
-from ..qwen_shared.plan import TEXT_INPUT, decoder_rotary, edge_replay_inputs, head_stages, layer_index, prompt_stages
+from ..qwen_shared.plan import (
+    TEXT_INPUT,
+    decoder_rotary,
+    edge_replay_inputs,
+    head_stages,
+    layer_index,
+    prompt_stages,
+    vision_config,
+)
 
 NAME = "qwen2_5_vl"
 
@@ -41,15 +49,6 @@ SUBSTAGE_MEANING = {
     "mlp.product": "SiLU(gate) * up",
     "mlp.down": "down projection",
 }
-
-
-def block_stage_id(block: int, substage: str | None = None) -> str:
-    return f"vision.block.{block}" if substage is None else f"vision.block.{block}.{substage}"
-
-
-def vision_config(config: dict) -> dict:
-    """The vision settings of a checkpoint config (transformers 5 nests them under vision_config)."""
-    return dict(config.get("vision_config") or {})
 
 
 def check_config(config: dict) -> None:
@@ -156,14 +155,7 @@ BLOCK0_INPUT = "vision.patch_embed@window"
 
 #: What each substage reads, by substage name; "in" is the block's input.
 SUBSTAGE_INPUTS: dict[str, tuple[str, ...]] = {
-    "norm1": ("in",),
-    "attn.q": ("norm1",),
-    "attn.k": ("norm1",),
-    "attn.v": ("norm1",),
-    "attn.context": ("attn.q", "attn.k", "attn.v"),
-    "attn.out": ("attn.context",),
-    "residual1": ("in", "attn.out"),
-    "norm2": ("residual1",),
+    **VIT_ATTENTION_INPUTS,
     "mlp.gate": ("norm2",),
     "mlp.act": ("mlp.gate",),
     "mlp.up": ("norm2",),

@@ -7,13 +7,13 @@ fixed corpus, the image processor is transformers' PIL class.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from driftscope.model.synthetic import reinitialize
 
-from ..qwen_shared.tokenizer import CHAT_TEMPLATE, build_tokenizer
+from ..qwen_shared.synthetic import config_arguments, save_tokenizer
+from ..qwen_shared.tokenizer import build_tokenizer
 
 
 @dataclass(frozen=True)
@@ -61,42 +61,13 @@ def build_config(spec: SyntheticQwen25VLSpec, tokenizer):
     """The transformers config of ``spec``, with the special token ids of ``tokenizer``."""
     from transformers import Qwen2_5_VLConfig
 
-    token_id = tokenizer.convert_tokens_to_ids
-    eos = token_id("<|im_end|>")
-    return Qwen2_5_VLConfig(
-        text_config=dict(
-            hidden_size=spec.text_hidden,
-            intermediate_size=spec.text_intermediate,
-            num_hidden_layers=spec.text_layers,
-            num_attention_heads=spec.text_heads,
-            num_key_value_heads=spec.text_kv_heads,
-            vocab_size=spec.vocab_size,
-            max_position_embeddings=4096,
-            rope_parameters={"rope_type": "default", "mrope_section": list(spec.mrope_section), "rope_theta": 1e6},
-            bos_token_id=token_id("<|endoftext|>"),
-            eos_token_id=eos,
-            pad_token_id=token_id("<|endoftext|>"),
-        ),
-        vision_config=dict(
-            depth=spec.vision_depth,
-            hidden_size=spec.vision_hidden,
-            intermediate_size=spec.vision_intermediate,
-            num_heads=spec.vision_heads,
-            out_hidden_size=spec.text_hidden,
-            fullatt_block_indexes=list(spec.fullatt_block_indexes),
-            window_size=spec.window_size,
-            patch_size=14,
-            spatial_merge_size=spec.spatial_merge_size,
-            temporal_patch_size=2,
-        ),
-        image_token_id=token_id("<|image_pad|>"),
-        video_token_id=token_id("<|video_pad|>"),
-        vision_start_token_id=token_id("<|vision_start|>"),
-        vision_end_token_id=token_id("<|vision_end|>"),
-        eos_token_id=eos,
-        tie_word_embeddings=spec.tie_word_embeddings,
-        **spec.extra,
-    )
+    text = {"rope_parameters": {"rope_type": "default", "mrope_section": list(spec.mrope_section), "rope_theta": 1e6}}
+    vision = {
+        "fullatt_block_indexes": list(spec.fullatt_block_indexes),
+        "window_size": spec.window_size,
+        "patch_size": 14,
+    }
+    return Qwen2_5_VLConfig(**config_arguments(spec, tokenizer.convert_tokens_to_ids, text, vision))
 
 
 def save_side_files(out_dir: Path, spec: SyntheticQwen25VLSpec, tokenizer) -> None:
@@ -109,9 +80,7 @@ def save_side_files(out_dir: Path, spec: SyntheticQwen25VLSpec, tokenizer) -> No
     # The combined Qwen2_5_VLProcessor also wants a video processor, which needs torchvision; the
     # image processor and tokenizer are saved side by side instead, as a real checkpoint has them.
     image_processor.save_pretrained(out_dir)
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(out_dir)
-    (out_dir / "driftscope_fixture.json").write_text(json.dumps({"spec": repr(spec)}, indent=1) + "\n")
+    save_tokenizer(out_dir, tokenizer, spec)
 
 
 def make_checkpoint(out_dir: Path, spec: SyntheticQwen25VLSpec = SyntheticQwen25VLSpec()) -> Path:

@@ -10,16 +10,17 @@ import numpy as np
 from driftscope.families.capabilities import TransformersCapabilities
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.taps.module_taps import tapped
-from driftscope.taps.sink import StageSink, put_greedy
+from driftscope.taps.sink import StageSink
 from driftscope.taps.torch_hooks import replaced
 from driftscope.taps.torch_hooks import to_numpy as _np
 
+from ..qwen_shared.block_replay import attention_replay, block_operator
 from ..qwen_shared.grids import cu_seqlens as grid_cu_seqlens
-from ..qwen_shared.text import AppliedOffsets, put_text_inputs, text_taps
+from ..qwen_shared.text import text_taps
 from ..qwen_shared.tower import torch_vision_kwargs
 from ..qwen_shared.tower import tower_inputs as _tower_inputs
 from ..qwen_shared.tower import visual as _visual
-from ..qwen_shared.transformers_text import decode_step, replay_text
+from ..qwen_shared.transformers_text import put_prefill, replay_text
 from .geometry.windows import unique_consecutive
 from .module_stages import tower_taps
 from .plan import block_stage_id, parse_stage
@@ -118,19 +119,7 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink, tower: Any = 
                 logits_to_keep=1,
                 **vision,
             )
-    embeds = _np(seen["embeds"][0])
-    rows = _np(language.embed_tokens(ids)[0])
-    positions = seen["positions"]
-    positions = _np(positions[-3:, 0] if positions.dim() == 3 else positions)
-    put_text_inputs(inputs, sink, embeds, rows, positions, _np(model.model.rope_deltas))
-    logits = _np(out.logits[0, -1])
-    sink.put("text.logits.last", logits)
-    cache = out.cache  # the decode steps append to it in place
-
-    offsets = AppliedOffsets()
-    step = decode_step(model, cache, offsets)
-    put_greedy(sink, logits, step, text.max_new_tokens, forced=text.forced)
-    offsets.put(sink)  # the offset each decode step applied
+    put_prefill(model, inputs, sink, ids, seen, out)
 
 
 def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
@@ -153,39 +142,10 @@ def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.
         bounds = torch.from_numpy(ctx.bounds(block).astype(np.int32))
         if kind == "block":
             out = blk(args[0], cu_seqlens=bounds, position_embeddings=(cos, sin))
-        elif kind == "norm1":
-            out = blk.norm1(args[0])
-        elif kind in ("attn.q", "attn.k", "attn.v"):
-            rows = args[0].shape[0]
-            q, k, v = blk.attn.qkv(args[0]).reshape(rows, 3, blk.attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
-            q, k = modeling.apply_rotary_pos_emb_vision(q, k, cos, sin)
-            out = {"attn.q": q, "attn.k": k, "attn.v": v}[kind]
-        elif kind == "attn.context":
-            q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in args)
-            lengths = (bounds[1:] - bounds[:-1]).tolist()
-            parts = [
-                modeling.eager_attention_forward(blk.attn, qs, ks, vs, None, scaling=blk.attn.scaling)[0]
-                for qs, ks, vs in zip(*(torch.split(t, lengths, dim=2) for t in (q, k, v)), strict=True)
-            ]
-            out = torch.cat(parts, dim=1).reshape(args[0].shape[0], -1)
-        elif kind == "attn.out":
-            out = blk.attn.proj(args[0])
-        elif kind == "residual1":
-            out = args[0] + args[1]
-        elif kind == "norm2":
-            out = blk.norm2(args[0])
-        elif kind == "mlp.gate":
-            out = blk.mlp.gate_proj(args[0])
-        elif kind == "mlp.act":
-            out = blk.mlp.act_fn(args[0])
-        elif kind == "mlp.up":
-            out = blk.mlp.up_proj(args[0])
-        elif kind == "mlp.product":
-            out = args[0] * args[1]
-        elif kind == "mlp.down":
-            out = blk.mlp.down_proj(args[0])
+        elif kind in ("attn.q", "attn.k", "attn.v", "attn.context"):
+            out = attention_replay(blk, kind, args, (cos, sin), bounds, modeling)
         else:
-            raise KeyError(stage_id)
+            out = block_operator(blk, kind, args)
     return _np(out)
 
 

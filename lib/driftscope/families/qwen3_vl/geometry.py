@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import InputError
-from ..qwen_shared.grids import cu_seqlens, position_ids
+from ..qwen_shared.grids import bucket_rows, cu_seqlens, position_ids
 from ..qwen_shared.grids import grids_of as _grids
 
 __all__ = [
@@ -149,18 +149,7 @@ def pack_bucket(grid_thw, num_grid_per_side: int, rows: int | None = None, merge
     """The index arrays that pack the images of ``grid_thw`` into ``rows`` patch rows (default: exactly enough)."""
     grids = tuple(_grids(grid_thw))
     unit = merge * merge
-    active = sum(t * h * w for t, h, w in grids)
-    rows = active if rows is None else int(rows)
-    if rows < active:
-        sizes = ", ".join(f"{t}x{h}x{w}={t * h * w}" for t, h, w in grids)
-        raise InputError(
-            f"bucket of {rows} rows is too small: the images need {active} patch rows ({sizes})",
-            f"use a bucket of at least {active} rows (a multiple of {unit}), or fewer/smaller images",
-        )
-    if rows % unit:
-        raise InputError(
-            f"bucket rows {rows} is not a multiple of the merge unit {unit}", f"use {rows + unit - rows % unit}"
-        )
+    active, rows = bucket_rows(grids, rows, unit)
     bounds = cu_seqlens(grids)
     segments = np.empty(rows, np.int32)
     segments[:active] = np.repeat(np.arange(len(bounds) - 1, dtype=np.int32), np.diff(bounds))

@@ -5,7 +5,6 @@ given image sizes, and a packed bucket with its mask audit."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -13,14 +12,18 @@ import numpy as np
 from driftscope.core.markup import listed, text
 
 from ...errors import InputError
+from ...inputs.image_size import parse_size
 from ..base import GeometryClaim, Section, draw_attention_mask, image_size, same_pixels
 from ..qwen_shared.layout import token_layout  # noqa: F401 (a view hook of this family)
 from ..qwen_shared.processor import stated_settings
+from ..qwen_shared.tower import tower_axis_sizes
 from .geometry import audit_bucket, axis_taps, grid_side, lands_on_table_rows, pack_bucket
 from .plan import vision_config
 
 #: What released Qwen3-VL checkpoints say, used when no checkpoint is given.
 DEFAULTS = {"min_pixels": 65536, "max_pixels": 16777216, "patch_size": 16, "merge_size": 2, "table": 48}
+#: Qwen3-VL's tower sizes where a config is silent.
+RELEASED_SIZES = {"hidden_size": 1152, "patch_size": 16, "intermediate_size": 4304, "out_hidden_size": 3584}
 
 
 def input_overlay(inputs: dict, image: int) -> tuple[int | None, str]:
@@ -32,14 +35,6 @@ def input_overlay(inputs: dict, image: int) -> tuple[int | None, str]:
     origin = "" if list(loaded) == [height, width] else f" (from {loaded[0]}x{loaded[1]})"
     table = inputs.get("position_table", "")
     return step, f"{height}x{width}{origin}, grid {inputs['grid_thw'][image]}, position table {table}"
-
-
-def parse_size(size: str) -> tuple[int, int]:
-    """``"448x672"`` -> (448, 672) as (height, width)."""
-    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", size)
-    if not match:
-        raise InputError(f"image size {size!r} is not HxW", "write sizes like 448x448 or 448x672 (height x width)")
-    return int(match.group(1)), int(match.group(2))
 
 
 def _settings(checkpoint: str | Path | None) -> dict:
@@ -312,33 +307,10 @@ def geometry_sections(
 def axis_sizes(config: dict, inputs=None) -> dict[str, int | str]:
     """The size of every axis name the stage plan uses, for ``driftscope stages`` (token axes by name when
     ``inputs`` is None); ``tokens:patch`` and ``tokens:merged`` are the ``tokens`` axis in each unit."""
-    vision = vision_config(config)
-    hidden, heads = int(vision.get("hidden_size", 1152)), int(vision.get("num_heads", 16))
-    merge = int(vision.get("spatial_merge_size", 2))
-    patch, temporal = int(vision.get("patch_size", 16)), int(vision.get("temporal_patch_size", 2))
-    sizes: dict[str, int | str] = {
-        "hidden": hidden,
-        "heads": heads,
-        "head_dim": hidden // heads,
-        "intermediate": int(vision.get("intermediate_size", 4304)),
-        "merged_hidden": hidden * merge * merge,
-        "out_hidden": int(vision.get("out_hidden_size", 3584)),
-        "channels": int(vision.get("in_channels", 3)) * temporal * patch * patch,
-        "thw": 3,
-    }
-    for name in ("patches", "merged_tokens", "images", "frames+1"):
-        sizes[name] = name
+    sizes = tower_axis_sizes(vision_config(config), RELEASED_SIZES, inputs)
+    sizes["frames+1"] = "frames+1"
     if inputs is not None:
-        grid = np.asarray(inputs["grid_thw"], dtype=np.int64)
-        patches = int(grid.prod(axis=1).sum())
-        sizes.update(
-            {
-                "patches": patches,
-                "merged_tokens": patches // (merge * merge),
-                "images": len(grid),
-                "frames+1": int(grid[:, 0].sum()) + 1,
-            }
-        )
+        sizes["frames+1"] = int(np.asarray(inputs["grid_thw"], dtype=np.int64)[:, 0].sum()) + 1
     sizes["tokens:patch"], sizes["tokens:merged"] = sizes["patches"], sizes["merged_tokens"]
     return sizes
 

@@ -8,35 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..qwen_shared.tower import scale_block_output
+
 __all__ = ["drop_deepstack_branch", "scale_block_output"]
 
 
 def _is_mlx(model: Any) -> bool:
     return hasattr(model, "vision_tower")
-
-
-class _Scaled:
-    """Calls a block and multiplies its output by a constant."""
-
-    def __init__(self, block: Any, factor: float):
-        self.block = block
-        self.factor = factor
-
-    def __call__(self, *args, **kwargs):
-        return self.block(*args, **kwargs) * self.factor
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.block, name)
-
-
-def scale_block_output(model: Any, block: int, factor: float = 1.01) -> Any:
-    """Multiply vision block ``block``'s output by ``factor`` (a planted defect in one block)."""
-    if _is_mlx(model):
-        blocks = model.vision_tower.blocks
-        blocks[block] = _Scaled(blocks[block], factor)
-    else:
-        model.model.visual.blocks[block].register_forward_hook(lambda module, args, out: out * factor)
-    return model
 
 
 def drop_deepstack_branch(model: Any, branch: int = 1) -> Any:

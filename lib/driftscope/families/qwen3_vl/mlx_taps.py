@@ -18,16 +18,17 @@ import numpy as np
 
 from driftscope.families.capabilities import MLXCapabilities
 from driftscope.inputs.processor_output import ModelInputs
-from driftscope.taps.mlx_hooks import Recording, cache_snapshot, dtype_name, module_attr, shadow, to_numpy
+from driftscope.taps.mlx_hooks import Recording, dtype_name, module_attr, shadow, to_numpy
 from driftscope.taps.module_taps import tapped
-from driftscope.taps.sink import StageSink, put_greedy
+from driftscope.taps.sink import StageSink
 
 from ...errors import ParameterError
-from ..qwen_shared.mlx_text import decode_step, mlx_vision_kwargs, replay_text
-from ..qwen_shared.text import AppliedOffsets, put_text_inputs
+from ..qwen_shared.block_replay import block_operator, mlx_attention_replay, mlx_rotary_angles
+from ..qwen_shared.mlx_text import mlx_pixels, mlx_vision_kwargs, put_decoded, put_prompt, replay_text
 from .mlx_config import load_mlx_model
 from .module_stages import decoder_taps, tower_taps
 from .plan import block_stage_id, parse_stage
+from .transformers_taps import merger_replay
 
 CAPABILITIES = MLXCapabilities()  # nothing beyond the defaults
 
@@ -47,16 +48,9 @@ def rms_norms(model: Any) -> list[tuple[Any, str]]:
     )
 
 
-def _pixels(model: Any, inputs: ModelInputs):
-    import mlx.core as mx
-
-    dtype = model.vision_tower.patch_embed.proj.weight.dtype
-    return mx.array(inputs["pixel_values"]).astype(dtype), mx.array(inputs["grid_thw"])
-
-
 def run_vision(model: Any, inputs: ModelInputs):
     """The plain vision forward (no taps): the merged features and every DeepStack feature."""
-    return model.vision_tower(*_pixels(model, inputs))
+    return model.vision_tower(*mlx_pixels(model, inputs))
 
 
 def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
@@ -101,7 +95,7 @@ def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
         enter(shadow(tower, "fast_pos_embed_interpolate", interpolate))
         enter(shadow(tower, "rot_pos_emb", Recording(tower.rot_pos_emb, rotary)))
         enter(module_attr(vision_module, "apply_rotary_pos_emb_vision", rope))
-        mx.eval(*tower(*_pixels(model, inputs)))
+        mx.eval(*tower(*mlx_pixels(model, inputs)))
 
 
 def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
@@ -115,41 +109,15 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
     vision = mlx_vision_kwargs(model, inputs)  # mlx-vlm's own image and video inputs (its processor's keys)
     pixels = vision.pop("pixel_values")
     features = model.get_input_embeddings(ids, pixels, **vision)
-    embeds = to_numpy(features.inputs_embeds[0])
+    put_prompt(model, inputs, sink, ids, features)
     inner = model.language_model.model
-    rows = to_numpy(inner.embed_tokens(ids)[0])
-    put_text_inputs(
-        inputs, sink, embeds, rows, np.array(features.position_ids).reshape(3, -1), np.array(features.rope_deltas)
-    )
     branches = len(model.vision_tower.deepstack_visual_indexes)
     taps = decoder_taps(len(inner.layers), branches, text.vision_slots)  # the image slots, then the video slots
     cache = make_prompt_cache(model.language_model)
     with tapped("mlx", inner, taps, sink, native=False):  # during the prefill only
         logits = model(ids, pixel_values=pixels, cache=cache, **vision).logits
         mx.eval(logits)
-    last = to_numpy(logits[0, -1])
-    sink.put("text.logits.last", last)
-    offsets = AppliedOffsets()
-    put_greedy(
-        sink,
-        last,
-        decode_step(model, cache, offsets),
-        text.max_new_tokens,
-        forced=text.forced,
-        rewind=lambda count: [entry.trim(count) for entry in cache],  # drop the last ``count`` tokens
-        snapshot=cache_snapshot(cache),  # the cache's keys and values, layer by layer
-    )
-    offsets.put(sink)  # the offset each decode step applied
-
-
-def _merger_replay(merger, kind: str, x):
-    if kind == "norm":
-        return merger.norm(x.reshape(-1, merger.hidden_size) if merger.use_postshuffle_norm else x)
-    if kind == "fc1":
-        return merger.linear_fc1(x.reshape(-1, merger.hidden_size))
-    if kind == "act":
-        return merger.act_fn(x)
-    return merger.linear_fc2(x)
+    put_decoded(model, sink, logits, cache, text)
 
 
 def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.ndarray:
@@ -170,9 +138,9 @@ def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.
         elif kind == "positioned":
             out = args[0] + args[1]
         elif branch is not None:
-            out = _merger_replay(tower.deepstack_merger_list[branch], kind.split(".", 1)[1], args[0])
+            out = merger_replay(tower.deepstack_merger_list[branch], kind.split(".", 1)[1], args[0])
         elif block is None:
-            out = _merger_replay(tower.merger, kind.split(".", 1)[1], args[0])
+            out = merger_replay(tower.merger, kind.split(".", 1)[1], args[0])
         else:
             out = _block_replay(tower.blocks[block], kind, args, ctx, sys.modules[type(tower).__module__])
     mx.eval(out)
@@ -184,37 +152,13 @@ def _block_replay(blk, kind: str, args: list, ctx: Any, vision_module: Any):
     ``vision_module`` (its rotary helper: the block's own class may be a patch's wrapper)."""
     import mlx.core as mx
 
-    # mlx-vlm rotates with angles (it takes cos/sin itself): recover them from the reference's tables
-    half = ctx.cos.shape[1] // 2
-    freqs = mx.array(np.arctan2(ctx.sin[:, :half], ctx.cos[:, :half]).astype(np.float32))
+    freqs = mlx_rotary_angles(ctx)
     bounds = ctx.cu_seqlens.astype(np.int32)
-    attn, mlp = blk.attn, blk.mlp
     if kind == "block":
         return blk(args[0], cu_seqlens=mx.array(bounds), rotary_pos_emb=freqs)
-    if kind in ("attn.q", "attn.k", "attn.v"):
-        rows = args[0].shape[0]
-        q, k, v = mx.split(attn.qkv(args[0]).reshape(rows, 3, attn.num_heads, -1).transpose(1, 0, 2, 3), 3)
-        if kind == "attn.v":
-            return v[0]
-        return vision_module.apply_rotary_pos_emb_vision(q if kind == "attn.q" else k, freqs)[0]
-    if kind == "attn.context":
-        q, k, v = (t.transpose(1, 0, 2)[None] for t in args)  # [1, heads, rows, head_dim]
-        splits = [mx.split(t, bounds[1:-1].tolist(), axis=2) for t in (q, k, v)]
-        parts = [
-            mx.fast.scaled_dot_product_attention(qs, ks, vs, scale=attn.scale, mask=None)
-            for qs, ks, vs in zip(*splits, strict=True)
-        ]
-        return mx.concatenate(parts, axis=2).transpose(0, 2, 1, 3).reshape(args[0].shape[0], -1)
-    operators = {
-        "norm1": lambda: blk.norm1(args[0]),
-        "attn.out": lambda: attn.proj(args[0]),
-        "residual1": lambda: args[0] + args[1],
-        "norm2": lambda: blk.norm2(args[0]),
-        "mlp.fc1": lambda: mlp.linear_fc1(args[0]),
-        "mlp.act": lambda: mlp.act_fn(args[0]),
-        "mlp.fc2": lambda: mlp.linear_fc2(args[0]),
-    }
-    return operators[kind]()
+    if kind in ("attn.q", "attn.k", "attn.v", "attn.context"):
+        return mlx_attention_replay(blk, kind, args, freqs, bounds, vision_module)
+    return block_operator(blk, kind, args)
 
 
 def _merge(model: Any, features, embeds, ids):

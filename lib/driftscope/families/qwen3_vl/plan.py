@@ -10,7 +10,7 @@ positions right after decoder layer K: ``text.layer.K.image`` holds those rows b
 
 from __future__ import annotations
 
-from driftscope.taps.stages import Stage, StagePlan
+from driftscope.taps.stages import VIT_ATTENTION_INPUTS, VIT_MLP_INPUTS, Stage, StagePlan, block_stage_id
 
 from ..qwen_shared.plan import (
     TEXT_INPUT,
@@ -20,6 +20,7 @@ from ..qwen_shared.plan import (
     layer_index,
     prompt_stages,
     text_layers,
+    vision_config,
 )
 
 NAME = "qwen3_vl"
@@ -40,35 +41,14 @@ BLOCK_SUBSTAGES: tuple[tuple[str, tuple[str, ...], str], ...] = (
 )
 
 #: What each block substage reads; "in" is the block's input.
-SUBSTAGE_INPUTS: dict[str, tuple[str, ...]] = {
-    "norm1": ("in",),
-    "attn.q": ("norm1",),
-    "attn.k": ("norm1",),
-    "attn.v": ("norm1",),
-    "attn.context": ("attn.q", "attn.k", "attn.v"),
-    "attn.out": ("attn.context",),
-    "residual1": ("in", "attn.out"),
-    "norm2": ("residual1",),
-    "mlp.fc1": ("norm2",),
-    "mlp.act": ("mlp.fc1",),
-    "mlp.fc2": ("mlp.act",),
-}
+SUBSTAGE_INPUTS: dict[str, tuple[str, ...]] = {**VIT_ATTENTION_INPUTS, **VIT_MLP_INPUTS}
 
 #: Substages of a patch merger (the main one and every DeepStack branch); the output is the prefix itself.
 MERGER_SUBSTAGES = ("norm", "fc1", "act")
 
 
-def block_stage_id(block: int, substage: str | None = None) -> str:
-    return f"vision.block.{block}" if substage is None else f"vision.block.{block}.{substage}"
-
-
 def deepstack_stage_id(branch: int, substage: str | None = None) -> str:
     return f"vision.deepstack.{branch}" if substage is None else f"vision.deepstack.{branch}.{substage}"
-
-
-def vision_config(config: dict) -> dict:
-    """The vision settings of a checkpoint config (transformers 5 nests them under vision_config)."""
-    return dict(config.get("vision_config") or {})
 
 
 def deepstack_indexes(config: dict) -> list[int]:

@@ -8,13 +8,13 @@ identical bytes.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from driftscope.model.synthetic import reinitialize
 
-from ..qwen_shared.tokenizer import CHAT_TEMPLATE, build_tokenizer
+from ..qwen_shared.synthetic import config_arguments, save_tokenizer
+from ..qwen_shared.tokenizer import build_tokenizer
 
 #: Qwen3-VL's released ``preprocessor_config.json`` bounds: ``size.shortest_edge`` / ``longest_edge``.
 QWEN3_VL_MIN_PIXELS = 65536
@@ -54,46 +54,28 @@ def build_config(spec: SyntheticQwen3VLSpec, token_id):
     """The ``Qwen3VLConfig`` of ``spec``; ``token_id`` maps special-token strings to ids."""
     from transformers import Qwen3VLConfig
 
-    eos = token_id("<|im_end|>")
-    return Qwen3VLConfig(
-        text_config=dict(
-            hidden_size=spec.text_hidden,
-            intermediate_size=spec.text_intermediate,
-            num_hidden_layers=spec.text_layers,
-            num_attention_heads=spec.text_heads,
-            num_key_value_heads=spec.text_kv_heads,
-            head_dim=spec.text_head_dim,
-            vocab_size=spec.vocab_size,
-            max_position_embeddings=4096,
-            rope_parameters={
-                "rope_type": "default",
-                "rope_theta": spec.rope_theta,
-                "mrope_section": list(spec.mrope_section),
-                "mrope_interleaved": True,
-            },
-            bos_token_id=token_id("<|endoftext|>"),
-            eos_token_id=eos,
-            pad_token_id=token_id("<|endoftext|>"),
-        ),
-        vision_config=dict(
-            depth=spec.vision_depth,
-            hidden_size=spec.vision_hidden,
-            intermediate_size=spec.vision_intermediate,
-            num_heads=spec.vision_heads,
-            out_hidden_size=spec.text_hidden,
-            patch_size=spec.patch_size,
-            spatial_merge_size=spec.spatial_merge_size,
-            temporal_patch_size=2,
-            num_position_embeddings=spec.num_position_embeddings,
-            deepstack_visual_indexes=list(spec.deepstack_visual_indexes),
-        ),
-        image_token_id=token_id("<|image_pad|>"),
-        video_token_id=token_id("<|video_pad|>"),
-        vision_start_token_id=token_id("<|vision_start|>"),
-        vision_end_token_id=token_id("<|vision_end|>"),
-        eos_token_id=eos,
-        tie_word_embeddings=spec.tie_word_embeddings,
-        **spec.extra,
+    rope = {"rope_type": "default", "rope_theta": spec.rope_theta, "mrope_section": list(spec.mrope_section)}
+    text = {"head_dim": spec.text_head_dim, "rope_parameters": {**rope, "mrope_interleaved": True}}
+    vision = {
+        "patch_size": spec.patch_size,
+        "num_position_embeddings": spec.num_position_embeddings,
+        "deepstack_visual_indexes": list(spec.deepstack_visual_indexes),
+    }
+    return Qwen3VLConfig(**config_arguments(spec, token_id, text, vision))
+
+
+def image_processor(spec: SyntheticQwen3VLSpec):
+    """transformers' PIL image processor with Qwen3-VL's settings (patch, merge, mean/std 0.5, pixel bounds)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil(
+        min_pixels=spec.min_pixels,
+        max_pixels=spec.max_pixels,
+        patch_size=spec.patch_size,
+        merge_size=spec.spatial_merge_size,
+        temporal_patch_size=2,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
     )
 
 
@@ -101,7 +83,6 @@ def make_checkpoint(out_dir: Path, spec: SyntheticQwen3VLSpec = SyntheticQwen3VL
     """Write a random-weight Qwen3-VL checkpoint (safetensors, tokenizer, image processor) to ``out_dir``."""
     import torch
     from transformers import Qwen3VLForConditionalGeneration
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -111,20 +92,9 @@ def make_checkpoint(out_dir: Path, spec: SyntheticQwen3VLSpec = SyntheticQwen3VL
     model = Qwen3VLForConditionalGeneration(config).eval()
     reinitialize(model, spec.seed, spec.weight_gain)
     model.save_pretrained(out_dir, safe_serialization=True)
-    image_processor = Qwen2VLImageProcessorPil(
-        min_pixels=spec.min_pixels,
-        max_pixels=spec.max_pixels,
-        patch_size=spec.patch_size,
-        merge_size=spec.spatial_merge_size,
-        temporal_patch_size=2,
-        image_mean=[0.5, 0.5, 0.5],
-        image_std=[0.5, 0.5, 0.5],
-    )
     # Qwen3VLProcessor also wants a video processor (torchvision); the pieces are saved side by side.
-    image_processor.save_pretrained(out_dir)
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(out_dir)
-    (out_dir / "driftscope_fixture.json").write_text(json.dumps({"spec": repr(spec)}, indent=1) + "\n")
+    image_processor(spec).save_pretrained(out_dir)
+    save_tokenizer(out_dir, tokenizer, spec)
     return out_dir
 
 

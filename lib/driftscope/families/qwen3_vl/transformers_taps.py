@@ -20,15 +20,15 @@ import numpy as np
 from driftscope.families.capabilities import TransformersCapabilities
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.taps.module_taps import tapped
-from driftscope.taps.sink import StageSink, put_greedy
+from driftscope.taps.sink import StageSink
 from driftscope.taps.torch_hooks import replaced
 from driftscope.taps.torch_hooks import to_numpy as _np
 
-from ..qwen_shared.text import AppliedOffsets, put_text_inputs
+from ..qwen_shared.block_replay import attention_replay, block_operator
 from ..qwen_shared.tower import torch_vision_kwargs
 from ..qwen_shared.tower import tower_inputs as _tower_inputs
 from ..qwen_shared.tower import visual as _visual
-from ..qwen_shared.transformers_text import decode_step, replay_text
+from ..qwen_shared.transformers_text import put_prefill, replay_text
 from .module_stages import decoder_taps, tower_taps
 from .plan import block_stage_id, parse_stage
 
@@ -116,22 +116,12 @@ def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
             mm_token_type_ids=torch.from_numpy(text.mm_token_type_ids)[None],
             use_cache=True,
         )
-    embeds = _np(seen["embeds"][0])
-    rows = _np(language.embed_tokens(ids)[0])
-    positions = seen["positions"]
-    positions = _np(positions[-3:, 0] if positions.dim() == 3 else positions)
-    put_text_inputs(inputs, sink, embeds, rows, positions, _np(model.model.rope_deltas))
-    logits = _np(out.logits[0, -1])
-    sink.put("text.logits.last", logits)
-    cache = out.cache  # the decode steps append to it in place
-
-    offsets = AppliedOffsets()
-    step = decode_step(model, cache, offsets)
-    put_greedy(sink, logits, step, text.max_new_tokens, forced=text.forced)
-    offsets.put(sink)  # the offset each decode step applied
+    put_prefill(model, inputs, sink, ids, seen, out)
 
 
-def _merger_replay(merger, kind: str, x):
+def merger_replay(merger, kind: str, x):
+    """A merger's (the main one's or a DeepStack branch's) substage ``kind`` on ``x``: transformers' and mlx-vlm's
+    mergers hold the same modules."""
     if kind == "norm":
         return merger.norm(x.reshape(-1, merger.hidden_size) if merger.use_postshuffle_norm else x)
     if kind == "fc1":
@@ -167,9 +157,9 @@ def replay(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any) -> np.
         if kind == "positioned":
             return _np(args[0] + args[1])
         if branch is not None:
-            return _np(_merger_replay(visual.deepstack_merger_list[branch], kind.split(".", 1)[1], args[0]))
+            return _np(merger_replay(visual.deepstack_merger_list[branch], kind.split(".", 1)[1], args[0]))
         if block is None:
-            return _np(_merger_replay(visual.merger, kind.split(".", 1)[1], args[0]))
+            return _np(merger_replay(visual.merger, kind.split(".", 1)[1], args[0]))
         return _np(_block_replay(visual.blocks[block], kind, args, ctx, dtype, modeling))
 
 
@@ -181,26 +171,6 @@ def _block_replay(blk, kind: str, args: list, ctx: Any, dtype, modeling):
     bounds = torch.from_numpy(ctx.cu_seqlens.astype(np.int32))
     if kind == "block":
         return blk(args[0], cu_seqlens=bounds, position_embeddings=(cos, sin))
-    if kind in ("attn.q", "attn.k", "attn.v"):
-        rows = args[0].shape[0]
-        q, k, v = blk.attn.qkv(args[0]).reshape(rows, 3, blk.attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
-        q, k = modeling.apply_rotary_pos_emb_vision(q, k, cos, sin)
-        return {"attn.q": q, "attn.k": k, "attn.v": v}[kind]
-    if kind == "attn.context":
-        q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in args)
-        lengths = (bounds[1:] - bounds[:-1]).tolist()
-        parts = [
-            modeling.eager_attention_forward(blk.attn, qs, ks, vs, None, scaling=blk.attn.scaling)[0]
-            for qs, ks, vs in zip(*(torch.split(t, lengths, dim=2) for t in (q, k, v)), strict=True)
-        ]
-        return torch.cat(parts, dim=1).reshape(args[0].shape[0], -1)
-    operators = {
-        "norm1": lambda: blk.norm1(args[0]),
-        "attn.out": lambda: blk.attn.proj(args[0]),
-        "residual1": lambda: args[0] + args[1],
-        "norm2": lambda: blk.norm2(args[0]),
-        "mlp.fc1": lambda: blk.mlp.linear_fc1(args[0]),
-        "mlp.act": lambda: blk.mlp.act_fn(args[0]),
-        "mlp.fc2": lambda: blk.mlp.linear_fc2(args[0]),
-    }
-    return operators[kind]()
+    if kind in ("attn.q", "attn.k", "attn.v", "attn.context"):
+        return attention_replay(blk, kind, args, (cos, sin), bounds, modeling)
+    return block_operator(blk, kind, args)

@@ -10,8 +10,9 @@ from pathlib import Path
 
 from driftscope.model.synthetic import reinitialize
 
-from ..qwen3_vl.synthetic import SyntheticQwen3VLSpec, build_config
-from ..qwen_shared.tokenizer import CHAT_TEMPLATE, build_tokenizer
+from ..qwen3_vl.synthetic import SyntheticQwen3VLSpec, build_config, image_processor
+from ..qwen_shared.synthetic import save_tokenizer
+from ..qwen_shared.tokenizer import build_tokenizer
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,6 @@ def make_checkpoint(out_dir: Path, spec: SyntheticQwen3VLMoeSpec) -> Path:
     """Write a random-weight Qwen3-VL-MoE checkpoint (safetensors, tokenizer, image processor) to ``out_dir``."""
     import torch
     from transformers import Qwen3VLMoeForConditionalGeneration
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     base = spec.base
     out_dir = Path(out_dir)
@@ -93,18 +93,8 @@ def make_checkpoint(out_dir: Path, spec: SyntheticQwen3VLMoeSpec) -> Path:
                 param.add_(spec.vision_fc1_bias)
     model.save_pretrained(out_dir, safe_serialization=True)
     released_expert_layout(out_dir)
-    Qwen2VLImageProcessorPil(
-        min_pixels=base.min_pixels,
-        max_pixels=base.max_pixels,
-        patch_size=base.patch_size,
-        merge_size=base.spatial_merge_size,
-        temporal_patch_size=2,
-        image_mean=[0.5, 0.5, 0.5],
-        image_std=[0.5, 0.5, 0.5],
-    ).save_pretrained(out_dir)
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(out_dir)
-    (out_dir / "driftscope_fixture.json").write_text(json.dumps({"spec": repr(spec)}, indent=1) + "\n")
+    image_processor(base).save_pretrained(out_dir)
+    save_tokenizer(out_dir, tokenizer, spec)
     return out_dir
 
 

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ...errors import InputError
+
 Grid = Sequence[int]  # (t, h, w) in patches
 
 
@@ -50,3 +52,21 @@ def position_ids(grid_thw, spatial_merge_size: int = 2) -> np.ndarray:
         wpos = ww.reshape(shape).transpose(0, 2, 1, 3).reshape(-1)
         rows.append(np.tile(np.stack([hpos, wpos], axis=-1), (t, 1)))
     return np.concatenate(rows).astype(np.int64) if rows else np.zeros((0, 2), dtype=np.int64)
+
+
+def bucket_rows(grids: Sequence[Grid], rows: int | None, unit: int) -> tuple[int, int]:
+    """(the images' patch rows, the bucket's rows: ``rows``, default exactly enough) for packing ``grids``; a
+    bucket too small for them or not a multiple of the merge ``unit`` is refused."""
+    active = sum(t * h * w for t, h, w in grids)
+    rows = active if rows is None else int(rows)
+    if rows < active:
+        sizes = ", ".join(f"{t}x{h}x{w}={t * h * w}" for t, h, w in grids)
+        raise InputError(
+            f"bucket of {rows} rows is too small: the images need {active} patch rows ({sizes})",
+            f"use a bucket of at least {active} rows (a multiple of {unit}), or fewer/smaller images",
+        )
+    if rows % unit:
+        raise InputError(
+            f"bucket rows {rows} is not a multiple of the merge unit {unit}", f"use {rows + unit - rows % unit}"
+        )
+    return active, rows

@@ -38,6 +38,17 @@ def layer_weights(weights: dict, layer: int) -> dict:
     return {k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)}
 
 
+def put_head(out: dict, last: jax.Array, weights: dict, cache: tuple | None, *, spec: Any, contract: Contract) -> dict:
+    """A prefill's outputs completed: the final norm and the logits of the ``last`` position ([1, hidden]), and with
+    ``cache`` (every layer's keys and values, or None) ``cache.keys`` and ``cache.values`` stacked."""
+    normed = rms_norm(last, weights["norm.weight"], spec.eps)
+    out["text.norm.last"] = normed[0]
+    out["text.logits.last"] = linear(contract, normed, weights["lm_head.weight"])[0]
+    if cache is not None:
+        out["cache.keys"], out["cache.values"] = jnp.stack(cache[0]), jnp.stack(cache[1])
+    return out
+
+
 def decode_step(
     weights: dict,
     keys: jax.Array,
@@ -70,6 +81,34 @@ def decode_step(
         x = (finish_layer or finish)(w, x, context, spec=spec, contract=contract)
     normed = rms_norm(x, weights["norm.weight"], spec.eps)
     return {"logits": linear(contract, normed, weights["lm_head.weight"])[0], "keys": keys, "values": values}
+
+
+def decode_step_of(project: Callable, tables: Callable) -> Callable:
+    """A family's ``text_decode_step(weights, keys, values, token, position, length, *, spec, contract,
+    finish_layer=None)``: :func:`decode_step` with the family's ``project(w, h, cos, sin, *, spec, contract)`` and
+    M-RoPE ``tables(positions, spec)``."""
+
+    def text_decode_step(weights, keys, values, token, position, length, *, spec, contract, finish_layer=None):
+        """One greedy step against the fixed-capacity cache (``qwen_shared.jax_text.decode_step``)."""
+
+        def bound(w, h, cos, sin):
+            return project(w, h, cos, sin, spec=spec, contract=contract)
+
+        return decode_step(
+            weights,
+            keys,
+            values,
+            token,
+            position,
+            length,
+            spec=spec,
+            contract=contract,
+            project=bound,
+            tables=lambda p: tables(p, spec),
+            finish_layer=finish_layer,
+        )
+
+    return text_decode_step
 
 
 def edge_replay(stage_id: str, weights: dict, spec: Any, contract: Contract):

@@ -1,4 +1,5 @@
-"""The Qwen decoders' replay operators in mlx-vlm: its decoder modules on given inputs."""
+"""The Qwen decoders in mlx-vlm: the prompt's input stages and the greedy decode after a prefill, and the replay
+operators (its decoder modules on given inputs)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from driftscope.taps.mlx_hooks import list_item, to_numpy
+from driftscope.taps.mlx_hooks import cache_snapshot, list_item, to_numpy
+from driftscope.taps.sink import StageSink, put_greedy
 
 from .plan import layer_index
+from .text import AppliedOffsets, put_text_inputs
 from .transformers_text import select_rows
 
 
@@ -52,6 +55,14 @@ def replay_text(model: Any, stage_id: str, inputs: list[np.ndarray], ctx: Any, m
             out = select_rows(out, stage_id, ctx)
     mx.eval(out)
     return to_numpy(out)
+
+
+def mlx_pixels(model: Any, inputs: Any) -> tuple[Any, Any]:
+    """The packed images' pixels (in the tower's dtype) and grids, as mlx-vlm's tower takes them."""
+    import mlx.core as mx
+
+    dtype = model.vision_tower.patch_embed.proj.weight.dtype
+    return mx.array(inputs["pixel_values"]).astype(dtype), mx.array(inputs["grid_thw"])
 
 
 def mlx_vision_kwargs(model: Any, inputs: Any) -> dict[str, Any]:
@@ -104,3 +115,30 @@ def decode_step(model: Any, cache: list, offsets: Any):
             return to_numpy(language(mx.array([[token]]), cache=cache).logits[0, -1])
 
     return step
+
+
+def put_prompt(model: Any, inputs: Any, sink: StageSink, ids: Any, features: Any) -> None:
+    """The prompt's input stages from mlx-vlm's own merge (``features``: ``get_input_embeddings`` of ``ids``): the
+    merged embeddings, the token rows, the M-RoPE positions and the rope delta."""
+    embeds = to_numpy(features.inputs_embeds[0])
+    rows = to_numpy(model.language_model.model.embed_tokens(ids)[0])
+    positions = np.array(features.position_ids).reshape(3, -1)
+    put_text_inputs(inputs, sink, embeds, rows, positions, np.array(features.rope_deltas))
+
+
+def put_decoded(model: Any, sink: StageSink, logits: Any, cache: list, text: Any) -> None:
+    """The prefill's last ``logits``, then greedy decode on its ``cache`` (``text`` the prompt's ``TextInputs``)
+    and the offset each decode step applied."""
+    last = to_numpy(logits[0, -1])
+    sink.put("text.logits.last", last)
+    offsets = AppliedOffsets()
+    put_greedy(
+        sink,
+        last,
+        decode_step(model, cache, offsets),
+        text.max_new_tokens,
+        forced=text.forced,
+        rewind=lambda count: [entry.trim(count) for entry in cache],  # drop the last ``count`` tokens
+        snapshot=cache_snapshot(cache),  # the cache's keys and values, layer by layer
+    )
+    offsets.put(sink)  # the offset each decode step applied

@@ -11,6 +11,11 @@ from driftscope.taps.stages import Rotary, Stage, StagePlan
 TEXT_INPUT = "text.embeds@sequence"
 
 
+def vision_config(config: dict) -> dict:
+    """The vision settings of a checkpoint config (transformers 5 nests them under vision_config)."""
+    return dict(config.get("vision_config") or {})
+
+
 def prompt_stages() -> list[Stage]:
     """The prompt's token ids, M-RoPE positions and input embeddings (image and text slots apart)."""
     return [

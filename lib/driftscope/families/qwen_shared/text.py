@@ -10,10 +10,8 @@ from driftscope.inputs.text_inputs import DEFAULT_PROMPT, TextInputs, prompt_tok
 from driftscope.taps.module_taps import ModuleTap, decoder_taps
 
 from ...errors import InputError
+from .tokenizer import QWEN2_TOKENIZERS
 from .video_text import video_prompt
-
-#: Qwen's tokenizer classes, which encode as their tokenizer.json does (tests/inputs/test_text_inputs.py)
-FILE_TOKENIZERS = ("Qwen2Tokenizer", "Qwen2TokenizerFast")
 
 
 def build_text_inputs(
@@ -31,7 +29,7 @@ def build_text_inputs(
     grid_thw = np.asarray(inputs["grid_thw"]).tolist()
     image_grids = grid_thw[: len(grid_thw) - len(videos)]
     image_tokens = inputs.image_tokens.tolist()[: len(image_grids)]
-    tokenizer = prompt_tokenizer(checkpoint.path, FILE_TOKENIZERS)
+    tokenizer = prompt_tokenizer(checkpoint.path, QWEN2_TOKENIZERS)
     config = checkpoint.config
     vision = config.get("vision_config") or {}
     merge = int(vision.get("spatial_merge_size", 2))

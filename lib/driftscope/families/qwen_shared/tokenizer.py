@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from driftscope.model.synthetic import train_tokenizer
 
+#: Qwen2's tokenizer classes (the Qwen families' and Molmo2's language model), which encode as their tokenizer.json
+#: does: what those families pass to ``prompt_tokenizer`` (tests/inputs/test_text_inputs.py)
+QWEN2_TOKENIZERS = ("Qwen2Tokenizer", "Qwen2TokenizerFast")
+
 SPECIAL_TOKENS = [
     "<|endoftext|>",
     "<|im_start|>",

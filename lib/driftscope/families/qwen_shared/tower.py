@@ -1,5 +1,6 @@
-"""The vision tower of both Qwen families: transformers' and the tensors its forward takes, and the values of the
-stages both libraries' towers hold on modules of the same names (``taps.module_taps``)."""
+"""The vision tower of both Qwen families: transformers' and the tensors its forward takes, the values of the
+stages both libraries' towers hold on modules of the same names (``taps.module_taps``), the axis sizes the plans
+name, and a planted defect in one block."""
 
 from __future__ import annotations
 
@@ -111,3 +112,55 @@ def block_taps(tower: Any, mlp: tuple[ModuleTap, ...]) -> list[ModuleTap]:
             *mlp,
         ),
     ]
+
+
+def tower_axis_sizes(vision: dict, defaults: dict[str, int], inputs: Any = None) -> dict[str, int | str]:
+    """The tower's axis sizes both Qwen plans name, from a checkpoint's ``vision`` settings (the family's released
+    sizes in ``defaults`` where they are silent: ``hidden_size``, ``patch_size``, ``intermediate_size``,
+    ``out_hidden_size``), and the token axes (``patches``, ``merged_tokens``, ``images``) from ``inputs``' grids,
+    or by name when ``inputs`` is None."""
+    hidden, heads = int(vision.get("hidden_size", defaults["hidden_size"])), int(vision.get("num_heads", 16))
+    merge = int(vision.get("spatial_merge_size", 2))
+    patch, temporal = int(vision.get("patch_size", defaults["patch_size"])), int(vision.get("temporal_patch_size", 2))
+    sizes: dict[str, int | str] = {
+        "hidden": hidden,
+        "heads": heads,
+        "head_dim": hidden // heads,
+        "intermediate": int(vision.get("intermediate_size", defaults["intermediate_size"])),
+        "merged_hidden": hidden * merge * merge,
+        "out_hidden": int(vision.get("out_hidden_size", defaults["out_hidden_size"])),
+        "channels": int(vision.get("in_channels", vision.get("in_chans", 3))) * temporal * patch * patch,
+        "thw": 3,
+        "patches": "patches",
+        "merged_tokens": "merged_tokens",
+        "images": "images",
+    }
+    if inputs is not None:
+        grid = np.asarray(inputs["grid_thw"], dtype=np.int64)
+        patches = int(grid.prod(axis=1).sum())
+        sizes.update({"patches": patches, "merged_tokens": patches // (merge * merge), "images": len(grid)})
+    return sizes
+
+
+class _Scaled:
+    """Calls a block and multiplies its output by a constant."""
+
+    def __init__(self, block: Any, factor: float):
+        self.block = block
+        self.factor = factor
+
+    def __call__(self, *args, **kwargs):
+        return self.block(*args, **kwargs) * self.factor
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.block, name)
+
+
+def scale_block_output(model: Any, block: int, factor: float = 1.01) -> Any:
+    """Multiply vision block ``block``'s output by ``factor`` (a planted defect in one block)."""
+    if hasattr(model, "vision_tower"):  # mlx-vlm: its block wrapped; transformers': hooked
+        blocks = model.vision_tower.blocks
+        blocks[block] = _Scaled(blocks[block], factor)
+    else:
+        model.model.visual.blocks[block].register_forward_hook(lambda module, args, out: out * factor)
+    return model

@@ -1,4 +1,5 @@
-"""The Qwen decoders' replay operators in transformers: the decoder's own modules on given inputs."""
+"""The Qwen decoders in transformers: what a tapped prefill leaves in the sink and the greedy decode after it, and
+the replay operators (the decoder's own modules on given inputs)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ from typing import Any
 
 import numpy as np
 
+from driftscope.taps.sink import StageSink, put_greedy
 from driftscope.taps.torch_hooks import to_numpy as _np
 
 from .plan import layer_index
+from .text import AppliedOffsets, put_text_inputs
 
 
 def select_rows(out, stage_id: str, ctx: Any):
@@ -81,3 +84,24 @@ def decode_step(model: Any, cache: Any, offsets: Any):
     step.rewind = lambda count: cache.crop(-count)  # drop the last ``count`` tokens
     step.cache_snapshot = cache_snapshot(cache)  # the cache's keys and values, layer by layer
     return step
+
+
+def put_prefill(model: Any, inputs: Any, sink: StageSink, ids: Any, seen: dict, out: Any) -> None:
+    """After a tapped prefill (``out``, with ``seen`` holding the ``embeds`` and ``positions`` its language model
+    was given): the prompt's input stages, the last position's logits, then greedy decode on the prefill's cache
+    and the M-RoPE offset each decode step applied."""
+    text = inputs.text
+    language = model.model.language_model
+    embeds = _np(seen["embeds"][0])
+    rows = _np(language.embed_tokens(ids)[0])
+    positions = seen["positions"]
+    positions = _np(positions[-3:, 0] if positions.dim() == 3 else positions)
+    put_text_inputs(inputs, sink, embeds, rows, positions, _np(model.model.rope_deltas))
+    logits = _np(out.logits[0, -1])
+    sink.put("text.logits.last", logits)
+    cache = out.cache  # the decode steps append to it in place
+
+    offsets = AppliedOffsets()
+    step = decode_step(model, cache, offsets)
+    put_greedy(sink, logits, step, text.max_new_tokens, forced=text.forced)
+    offsets.put(sink)  # the offset each decode step applied

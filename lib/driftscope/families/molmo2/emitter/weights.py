@@ -80,20 +80,6 @@ def checkpoint_names(spec: Molmo2Spec) -> dict[str, tuple[str, tuple[int, ...]]]
     return names
 
 
-def _read(files: TensorFiles, key: str, shape: tuple[int, ...] | None, depth_note: str) -> np.ndarray:
-    if key not in files:
-        raise CheckpointError(
-            f"checkpoint tensor {key!r} is missing{depth_note}",
-            "the weights and config.json disagree: re-save the checkpoint or fix the config",
-        )
-    if shape is not None and files.shape(key) != shape:
-        raise CheckpointError(
-            f"checkpoint tensor {key!r} has shape {list(files.shape(key))}, the config implies {list(shape)}",
-            "the weights and config.json disagree: re-save the checkpoint or fix the config",
-        )
-    return files.read(key)
-
-
 def load_weights(
     path: str | Path, spec: Molmo2Spec, parts: tuple[str, ...] = ("vision", "text")
 ) -> dict[str, np.ndarray]:
@@ -102,7 +88,7 @@ def load_weights(
     files = TensorFiles(path)
     note = f" (the execution depth is {spec.execution_depth}: layers {list(spec.selected_layers)} are read)"
     weights = {
-        name: _read(files, key, shape, note)
+        name: files.read_checked(key, shape, note)
         for name, (key, shape) in checkpoint_names(spec).items()
         if ("text" if name.startswith("text.") else "vision") in parts
     }
@@ -119,20 +105,20 @@ def _text_weights(files: TensorFiles, spec: Molmo2Spec) -> dict[str, np.ndarray]
     q_rows, kv_rows = text.num_heads * hd, text.num_kv_heads * hd
     for layer in range(text.layers):
         prefix = f"{TEXT}blocks.{layer}."
-        fused = _read(files, prefix + "self_attn.att_proj.weight", (q_rows + 2 * kv_rows, h), "")
+        fused = files.read_checked(prefix + "self_attn.att_proj.weight", (q_rows + 2 * kv_rows, h))
         weights[f"text.layers.{layer}.attn.q.weight"] = fused[:q_rows]
         weights[f"text.layers.{layer}.attn.k.weight"] = fused[q_rows : q_rows + kv_rows]
         weights[f"text.layers.{layer}.attn.v.weight"] = fused[q_rows + kv_rows :]
         if text.qkv_bias:
-            bias = _read(files, prefix + "self_attn.att_proj.bias", (q_rows + 2 * kv_rows,), "")
+            bias = files.read_checked(prefix + "self_attn.att_proj.bias", (q_rows + 2 * kv_rows,))
             weights[f"text.layers.{layer}.attn.q.bias"] = bias[:q_rows]
             weights[f"text.layers.{layer}.attn.k.bias"] = bias[q_rows : q_rows + kv_rows]
             weights[f"text.layers.{layer}.attn.v.bias"] = bias[q_rows + kv_rows :]
-        ff = _read(files, prefix + "mlp.ff_proj.weight", (2 * text.intermediate_size, h), "")
+        ff = files.read_checked(prefix + "mlp.ff_proj.weight", (2 * text.intermediate_size, h))
         weights[f"text.layers.{layer}.mlp.up.weight"] = ff[: text.intermediate_size]
         weights[f"text.layers.{layer}.mlp.gate.weight"] = ff[text.intermediate_size :]
-    base = _read(files, TEXT + "wte.embedding", None, "")
-    extra = _read(files, TEXT + "wte.new_embedding", None, "")
+    base = files.read_checked(TEXT + "wte.embedding", None)
+    extra = files.read_checked(TEXT + "wte.new_embedding", None)
     rows = text.vocab_size + text.additional_vocab_size
     if base.shape[0] + extra.shape[0] != rows or base.shape[1:] != (h,) or extra.shape[1:] != (h,):
         raise CheckpointError(

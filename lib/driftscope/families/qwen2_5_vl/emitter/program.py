@@ -15,11 +15,11 @@ from driftscope.model.precision import PrecisionPolicy
 from driftscope.taps.jax.emitted import EmittedModel
 from driftscope.taps.jax.graph import LoweredGraph, contract_for, lower_graph
 from driftscope.taps.jax.layers import Contract
-from driftscope.taps.sink import StageSink, put_greedy
+from driftscope.taps.sink import StageSink
 from driftscope.taps.stages import Stage
 from driftscope.taps.substitute import image_rows
 
-from ...qwen_shared.decode import greedy_decoder
+from ...qwen_shared.decode import put_decoded, text_model, text_replay_arguments
 from ...qwen_shared.mrope import prompt_positions
 from ...qwen_shared.text import put_text_inputs
 from ..geometry import Bucket, pack_images
@@ -177,7 +177,7 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
     under the runtime option ``decode: false``)."""
     import jax
 
-    from .text import text_prefill
+    from .text import text_decode_step, text_prefill
 
     text = inputs.text
     spec, weights = _text(runtime.model)
@@ -204,11 +204,9 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
     for stage_id, value in out.items():
         value = np.asarray(value, dtype=np.float32)
         sink.put(stage_id, value[:length] if value.ndim == 2 and value.shape[0] == padded else value)
-    if decode:
-        step = _decoder(runtime, spec, weights, cache, int(delta), text.max_new_tokens, length)
-        put_greedy(sink, np.asarray(out["text.logits.last"]), step, text.max_new_tokens, forced=text.forced)
-        if step is not None:
-            step.offsets.put(sink)  # the offset each decode step applied
+    if decode:  # Qwen2.5-VL's decode step on the shared greedy decoder, the cache's padding past ``length`` masked
+        last, bound = out["text.logits.last"], {"spec": spec, "contract": contract}
+        put_decoded(runtime, sink, last, text, text_decode_step, weights, cache, int(delta), length, **bound)
 
 
 def _pad(array: np.ndarray, length: int, axis: int) -> np.ndarray:
@@ -216,19 +214,6 @@ def _pad(array: np.ndarray, length: int, axis: int) -> np.ndarray:
     widths = [(0, 0)] * array.ndim
     widths[axis] = (0, length - array.shape[axis])
     return np.pad(array, widths) if length > array.shape[axis] else array
-
-
-def _decoder(runtime, spec, weights: dict, cache: tuple, rope_delta: int, max_new_tokens: int, length: int):
-    """``step(token) -> logits`` after the prefill of ``length`` real positions (the cache may hold padding past
-    them, masked and overwritten step by step): Qwen2.5-VL's decode step on the shared greedy decoder."""
-    from .text import text_decode_step
-
-    contract = runtime.contract
-
-    def decode(w, k, v, token, position, at):
-        return text_decode_step(w, k, v, token, position, at, spec=spec, contract=contract)
-
-    return greedy_decoder(runtime, decode, weights, cache, rope_delta, max_new_tokens, length)
 
 
 def replay_call(model: EmittedModel, stage_id: str, inputs: list[np.ndarray], ctx: Any, contract: Contract):
@@ -255,10 +240,7 @@ def _text(model: EmittedModel):
     """The text decoder's spec and weights, read from the checkpoint once (released with the model)."""
     from .text import TextSpec, load_text_weights
 
-    if model.text is None:
-        spec = TextSpec.from_config(model.checkpoint.config)
-        model.text = (spec, load_text_weights(model.checkpoint.path, spec))
-    return model.text
+    return text_model(model, TextSpec, load_text_weights)
 
 
 def _text_replay_call(model: EmittedModel, stage_id: str, inputs: list[np.ndarray], ctx: Any, contract: Contract):
@@ -267,8 +249,5 @@ def _text_replay_call(model: EmittedModel, stage_id: str, inputs: list[np.ndarra
 
     spec, weights = _text(model)
     kind, function, used = text_replay(stage_id, weights, spec, contract)
-    if stage_id == "text.embeds.text":
-        arguments = (np.asarray(inputs[0])[~ctx.image_slots].astype(np.int32),)
-    else:
-        arguments = tuple(np.asarray(x, dtype=np.float32) for x in inputs)
+    arguments = text_replay_arguments(stage_id, kind, inputs, ctx)
     return kind, function, (used, arguments, ctx.text_positions.astype(np.int32))

@@ -17,7 +17,7 @@ from driftscope.model.weightfile import TensorFiles
 from driftscope.taps.jax.layers import Contract, linear, rms_norm
 
 from ....errors import CheckpointError
-from ...qwen_shared.jax_text import attend, decode_step, edge_replay, finish, layer_weights
+from ...qwen_shared.jax_text import attend, decode_step_of, edge_replay, finish, layer_weights, put_head
 
 
 @dataclass(frozen=True)
@@ -168,42 +168,11 @@ def text_prefill(
         out[f"text.layer.{i}.last"] = at_last(x)[0]
         keys.append(k)
         values.append(v)
-    normed = rms_norm(at_last(x), weights["norm.weight"], spec.eps)
-    out["text.norm.last"] = normed[0]
-    out["text.logits.last"] = linear(contract, normed, weights["lm_head.weight"])[0]
-    if cache:
-        out["cache.keys"], out["cache.values"] = jnp.stack(keys), jnp.stack(values)
-    return out
+    return put_head(out, at_last(x), weights, (keys, values) if cache else None, spec=spec, contract=contract)
 
 
-def text_decode_step(
-    weights: dict,
-    keys: jax.Array,
-    values: jax.Array,
-    token: jax.Array,
-    position: jax.Array,
-    length: jax.Array,
-    *,
-    spec: TextSpec,
-    contract: Contract,
-) -> dict[str, jax.Array]:
-    """One greedy step against the fixed-capacity cache (``qwen_shared.jax_text.decode_step``)."""
-
-    def project(w, h, cos, sin):
-        return _project(w, h, cos, sin, spec=spec, contract=contract)
-
-    return decode_step(
-        weights,
-        keys,
-        values,
-        token,
-        position,
-        length,
-        spec=spec,
-        contract=contract,
-        project=project,
-        tables=lambda positions: mrope_tables(positions, spec),
-    )
+#: One greedy step against the fixed-capacity cache (``qwen_shared.jax_text.decode_step``).
+text_decode_step = decode_step_of(_project, mrope_tables)
 
 
 def text_replay(stage_id: str, weights: dict, spec: TextSpec, contract: Contract):

@@ -59,16 +59,5 @@ def load_vision_weights(path: str | Path, spec: VisionSpec) -> dict[str, np.ndar
         )
     weights: dict[str, np.ndarray] = {}
     for name, shape in expected_shapes(spec).items():
-        key = prefix + name
-        if key not in files:
-            raise CheckpointError(
-                f"checkpoint tensor {key!r} is missing (the config's depth is {spec.depth})",
-                "the weights and config.json disagree: re-save the checkpoint or fix the config",
-            )
-        if files.shape(key) != shape:
-            raise CheckpointError(
-                f"checkpoint tensor {key!r} has shape {list(files.shape(key))}, the config implies {list(shape)}",
-                "the weights and config.json disagree: re-save the checkpoint or fix the config",
-            )
-        weights[name] = files.read(key)
+        weights[name] = files.read_checked(prefix + name, shape, f" (the config's depth is {spec.depth})")
     return weights

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ....errors import InputError
+from ...qwen_shared.grids import bucket_rows
 from .windows import _grids, cu_seqlens, position_ids, window_layout
 
 
@@ -69,18 +69,7 @@ def pack_images(
     """Index arrays that pack the images of ``grid_thw`` into ``rows`` patch rows (default: exactly enough)."""
     grids = _grids(grid_thw)
     unit = spatial_merge_size**2
-    active = sum(t * h * w for t, h, w in grids)
-    rows = active if rows is None else int(rows)
-    if rows < active:
-        sizes = ", ".join(f"{t}x{h}x{w}={t * h * w}" for t, h, w in grids)
-        raise InputError(
-            f"bucket of {rows} rows is too small: the images need {active} patch rows ({sizes})",
-            f"use a bucket of at least {active} rows (a multiple of {unit}), or fewer/smaller images",
-        )
-    if rows % unit:
-        raise InputError(
-            f"bucket rows {rows} is not a multiple of the merge unit {unit}", f"use {rows + unit - rows % unit}"
-        )
+    active, rows = bucket_rows(grids, rows, unit)
     layout = window_layout(grids, spatial_merge_size, window_size, patch_size)
     merged = rows // unit
     merged_active = active // unit

@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import re
-
-from ....errors import InputError
+from ....inputs.image_size import parse_size
 from .masks import audit_masks, bucket_masks
 from .packing import pack_images
 from .resize import ResizeSpec, grid_for
 from .windows import audit_unreorder
 
 WINDOW_SIZE = 112
-
-
-def parse_size(text: str) -> tuple[int, int]:
-    """``"448x672"`` -> (448, 672) as (height, width)."""
-    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
-    if not match:
-        raise InputError(f"image size {text!r} is not HxW", "write sizes like 448x448 or 448x672 (height x width)")
-    return int(match.group(1)), int(match.group(2))
 
 
 def image_rows(sizes: list[str], spec: ResizeSpec, window_size: int = WINDOW_SIZE) -> list[dict]:

@@ -15,11 +15,11 @@ from driftscope.model.precision import PrecisionPolicy
 from driftscope.taps.jax.emitted import EmittedModel
 from driftscope.taps.jax.graph import LoweredGraph, contract_for, lower_graph
 from driftscope.taps.jax.layers import Contract
-from driftscope.taps.sink import StageSink, put_greedy
+from driftscope.taps.sink import StageSink
 from driftscope.taps.stages import Stage
 from driftscope.taps.substitute import image_rows
 
-from ...qwen_shared.decode import greedy_decoder
+from ...qwen_shared.decode import put_decoded, text_model, text_replay_arguments
 from ...qwen_shared.mrope import prompt_positions
 from ...qwen_shared.text import put_text_inputs
 from ..geometry import VisionBucket, interpolation, pack_bucket
@@ -162,10 +162,32 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
     option ``decode: false``)."""
     import jax
 
-    from .text import text_prefill
+    from .text import text_decode_step, text_prefill
 
-    text, vision = inputs.text, runtime.model.spec
+    text = inputs.text
     spec, weights = _text(runtime.model)
+    args, delta = prefill_arguments(runtime, inputs, sink, tower, weights)
+    contract = runtime.contract
+    decode = runtime.options.get("decode", True) is not False and sink.wants("text.generate.tokens")
+    keep = decode and text.max_new_tokens > 1
+
+    def prefill(w, ids, slots, image_embeds, features, pos):
+        return text_prefill(w, ids, slots, image_embeds, features, pos, spec=spec, contract=contract, cache=keep)
+
+    out = runtime.run_text(jax.jit(prefill, keep_unused=True), args)
+    cache = (out.pop("cache.keys", None), out.pop("cache.values", None))
+    for stage_id, value in out.items():
+        sink.put(stage_id, np.asarray(value, dtype=np.float32))
+    if decode:  # Qwen3-VL's decode step on the shared greedy decoder
+        bound = {"spec": spec, "contract": contract}
+        put_decoded(runtime, sink, out["text.logits.last"], text, text_decode_step, weights, cache, delta, **bound)
+
+
+def prefill_arguments(runtime, inputs: ModelInputs, sink: StageSink, tower: dict, weights: dict) -> tuple[tuple, int]:
+    """The prefill's arguments (``weights``, the token ids, the image slots, the merged image rows from the
+    runtime's own tower output or substituted rows, the DeepStack features, the M-RoPE positions) and the rope
+    delta; the prompt's input stages go into ``sink`` on the way."""
+    text, vision = inputs.text, runtime.model.spec
     image, positions, delta = prompt_positions(text, inputs["grid_thw"], vision.spatial_merge_size)
     rows = weights["embed_tokens.weight"][text.input_ids]
     embeds = rows.copy()
@@ -174,43 +196,9 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
     put_text_inputs(inputs, sink, embeds, rows, positions, np.array([delta]))
     branches = [tower[stage] for stage in final_ids(vision)[1:]]  # none without DeepStack (mlx-vlm's test config)
     deepstack = np.stack(branches) if branches else np.zeros((0, *tower[FINAL].shape))
-    deepstack = deepstack.astype(np.float32)
-    contract = runtime.contract
-    decode = runtime.options.get("decode", True) is not False and sink.wants("text.generate.tokens")
-    keep = decode and text.max_new_tokens > 1
-
-    def prefill(w, ids, slots, image_embeds, features, pos):
-        return text_prefill(w, ids, slots, image_embeds, features, pos, spec=spec, contract=contract, cache=keep)
-
-    args = (
-        weights,
-        text.input_ids.astype(np.int32),
-        np.flatnonzero(image).astype(np.int32),
-        merged.astype(np.float32),
-        deepstack,
-        positions.astype(np.int32),
-    )
-    out = runtime.run_text(jax.jit(prefill, keep_unused=True), args)
-    cache = (out.pop("cache.keys", None), out.pop("cache.values", None))
-    for stage_id, value in out.items():
-        sink.put(stage_id, np.asarray(value, dtype=np.float32))
-    if decode:
-        step = _decoder(runtime, spec, weights, cache, int(delta), text.max_new_tokens)
-        put_greedy(sink, np.asarray(out["text.logits.last"]), step, text.max_new_tokens, forced=text.forced)
-        if step is not None:
-            step.offsets.put(sink)  # the offset each decode step applied
-
-
-def _decoder(runtime, spec, weights: dict, cache: tuple, rope_delta: int, max_new_tokens: int):
-    """``step(token) -> logits`` after the prefill: Qwen3-VL's decode step on the shared greedy decoder."""
-    from .text import text_decode_step
-
-    contract = runtime.contract
-
-    def decode(w, k, v, token, position, at):
-        return text_decode_step(w, k, v, token, position, at, spec=spec, contract=contract)
-
-    return greedy_decoder(runtime, decode, weights, cache, rope_delta, max_new_tokens)
+    ids, slots = text.input_ids.astype(np.int32), np.flatnonzero(image).astype(np.int32)
+    args = (weights, ids, slots, merged.astype(np.float32), deepstack.astype(np.float32), positions.astype(np.int32))
+    return args, int(delta)
 
 
 def _text(model: EmittedModel):
@@ -218,10 +206,7 @@ def _text(model: EmittedModel):
     from .config import TextSpec
     from .weights import load_text_weights
 
-    if model.text is None:
-        spec = TextSpec.from_config(model.checkpoint.config)
-        model.text = (spec, load_text_weights(model.checkpoint.path, spec))
-    return model.text
+    return text_model(model, TextSpec, load_text_weights)
 
 
 def replay_call(model: EmittedModel, stage_id: str, inputs: list[np.ndarray], ctx: Any, contract: Contract):
@@ -248,10 +233,5 @@ def _text_replay_call(model: EmittedModel, stage_id: str, inputs: list[np.ndarra
 
     spec, weights = _text(model)
     kind, function, used = text_replay(stage_id, weights, spec, contract)
-    if stage_id == "text.embeds.text":
-        arguments: tuple = (np.asarray(inputs[0])[~ctx.image_slots].astype(np.int32),)
-    else:
-        arguments = tuple(np.asarray(x, dtype=np.float32) for x in inputs)
-    if kind == "text.layer.image":
-        arguments += (np.flatnonzero(ctx.image_slots).astype(np.int32),)
+    arguments = text_replay_arguments(stage_id, kind, inputs, ctx)
     return kind, function, (used, arguments, ctx.text_positions.astype(np.int32))

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ...qwen_shared.jax_text import attend, decode_step, edge_replay, finish, layer_weights
+from ...qwen_shared.jax_text import attend, decode_step_of, edge_replay, finish, layer_weights, put_head
 from ...qwen_shared.plan import layer_index
 from .config import TextSpec
 from .layers import Contract, linear, rms_norm, rotate_half
@@ -79,6 +79,17 @@ def merge_embeddings(weights: dict, input_ids: jax.Array, image_slots: jax.Array
     return embeds.at[image_slots].set(image_embeds.astype(jnp.float32))
 
 
+def deepstack_add(out: dict, layer: int, x: jax.Array, image_slots: jax.Array, deepstack: jax.Array) -> jax.Array:
+    """``x`` after ``layer``'s DeepStack add (none past the branches): the image rows before it (``.image``) and
+    after it (``.deepstack``) go into ``out``."""
+    if layer >= deepstack.shape[0]:
+        return x
+    out[f"text.layer.{layer}.image"] = jnp.take(x, image_slots, axis=0)
+    x = x.at[image_slots].add(deepstack[layer].astype(jnp.float32))
+    out[f"text.layer.{layer}.deepstack"] = jnp.take(x, image_slots, axis=0)
+    return x
+
+
 def text_prefill(
     weights: dict,
     input_ids: jax.Array,
@@ -108,47 +119,13 @@ def text_prefill(
         values.append(v)
         out[f"text.layer.{i}"] = x
         out[f"text.layer.{i}.last"] = x[-1]
-        if i < deepstack.shape[0]:
-            out[f"text.layer.{i}.image"] = jnp.take(x, image_slots, axis=0)
-            x = x.at[image_slots].add(deepstack[i].astype(jnp.float32))
-            out[f"text.layer.{i}.deepstack"] = jnp.take(x, image_slots, axis=0)
-    normed = rms_norm(x[-1:], weights["norm.weight"], spec.eps)
-    out["text.norm.last"] = normed[0]
-    out["text.logits.last"] = linear(contract, normed, weights["lm_head.weight"])[0]
-    if cache:
-        out["cache.keys"], out["cache.values"] = jnp.stack(keys), jnp.stack(values)
-    return out
+        x = deepstack_add(out, i, x, image_slots, deepstack)
+    return put_head(out, x[-1:], weights, (keys, values) if cache else None, spec=spec, contract=contract)
 
 
-def text_decode_step(
-    weights: dict,
-    keys: jax.Array,
-    values: jax.Array,
-    token: jax.Array,
-    position: jax.Array,
-    length: jax.Array,
-    *,
-    spec: TextSpec,
-    contract: Contract,
-) -> dict[str, jax.Array]:
-    """One greedy step against the fixed-capacity cache (``qwen_shared.jax_text.decode_step``); a generated token
-    is text, so no DeepStack add."""
-
-    def project(w, h, cos, sin):
-        return _project(w, h, cos, sin, spec=spec, contract=contract)
-
-    return decode_step(
-        weights,
-        keys,
-        values,
-        token,
-        position,
-        length,
-        spec=spec,
-        contract=contract,
-        project=project,
-        tables=lambda p: mrope_tables(p, spec),
-    )
+#: One greedy step against the fixed-capacity cache (``qwen_shared.jax_text.decode_step``); a generated token is
+#: text, so no DeepStack add.
+text_decode_step = decode_step_of(_project, mrope_tables)
 
 
 def text_replay(stage_id: str, weights: dict, spec: TextSpec, contract: Contract):

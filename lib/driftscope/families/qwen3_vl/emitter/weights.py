@@ -85,18 +85,7 @@ def text_shapes(spec: TextSpec) -> dict[str, tuple[int, ...]]:
 def _read(files: TensorFiles, keys: dict[str, str], shapes: dict[str, tuple[int, ...]], what: str) -> dict:
     weights: dict[str, np.ndarray] = {}
     for name, shape in shapes.items():
-        key = keys[name]
-        if key not in files:
-            raise CheckpointError(
-                f"checkpoint tensor {key!r} is missing ({what})",
-                "the weights and config.json disagree: re-save the checkpoint or fix the config",
-            )
-        if files.shape(key) != shape:
-            raise CheckpointError(
-                f"checkpoint tensor {key!r} has shape {list(files.shape(key))}, the config implies {list(shape)}",
-                "the weights and config.json disagree: re-save the checkpoint or fix the config",
-            )
-        weights[name] = files.read(key)
+        weights[name] = files.read_checked(keys[name], shape, f" ({what})")
     return weights
 
 

@@ -11,14 +11,10 @@ import numpy as np
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.taps.jax.emitted import EmittedModel
 from driftscope.taps.jax.layers import Contract
-from driftscope.taps.sink import StageSink, put_greedy
-from driftscope.taps.substitute import image_rows
+from driftscope.taps.sink import StageSink
 
 from ...qwen3_vl.emitter import program as dense
-from ...qwen3_vl.emitter.model import FINAL, final_ids
-from ...qwen_shared.decode import greedy_decoder
-from ...qwen_shared.mrope import prompt_positions
-from ...qwen_shared.text import put_text_inputs
+from ...qwen_shared.decode import put_decoded, text_replay_arguments
 from ..plan import moe_piece
 
 CAPABILITIES = dense.CAPABILITIES
@@ -49,17 +45,9 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
 
     from .text import text_decode_step, text_prefill
 
-    text, vision = inputs.text, runtime.model.spec
+    text = inputs.text
     spec, moe, weights = _text(runtime.model)
-    image, positions, delta = prompt_positions(text, inputs["grid_thw"], vision.spatial_merge_size)
-    rows = weights["embed_tokens.weight"][text.input_ids]
-    embeds = rows.copy()
-    merged = image_rows(text, tower[FINAL])  # the tower's output (or substituted rows)
-    embeds[image] = merged
-    put_text_inputs(inputs, sink, embeds, rows, positions, np.array([delta]))
-    branches = [tower[stage] for stage in final_ids(vision)[1:]]  # none without DeepStack (mlx-vlm's tester)
-    deepstack = np.stack(branches) if branches else np.zeros((0, *tower[FINAL].shape))
-    deepstack = deepstack.astype(np.float32)
+    args, delta = dense.prefill_arguments(runtime, inputs, sink, tower, weights)
     contract = runtime.contract
     decode = runtime.options.get("decode", True) is not False and sink.wants("text.generate.tokens")
     keep = decode and text.max_new_tokens > 1
@@ -69,28 +57,14 @@ def capture_text(runtime, inputs: ModelInputs, sink: StageSink, tower: dict[str,
             w, ids, slots, image_embeds, features, pos, spec=spec, moe=moe, contract=contract, cache=keep
         )
 
-    args = (
-        weights,
-        text.input_ids.astype(np.int32),
-        np.flatnonzero(image).astype(np.int32),
-        merged.astype(np.float32),
-        deepstack,
-        positions.astype(np.int32),
-    )
     out = runtime.run_text(jax.jit(prefill, keep_unused=True), args)
     cache = (out.pop("cache.keys", None), out.pop("cache.values", None))
     for stage_id, value in out.items():
         exact = stage_id.endswith(".mlp.chosen")
         sink.put(stage_id, np.asarray(value, dtype=np.int64 if exact else np.float32))
-    if decode:
-
-        def step(w, k, v, token, position, at):
-            return text_decode_step(w, k, v, token, position, at, spec=spec, moe=moe, contract=contract)
-
-        decoder = greedy_decoder(runtime, step, weights, cache, int(delta), text.max_new_tokens)
-        put_greedy(sink, np.asarray(out["text.logits.last"]), decoder, text.max_new_tokens, forced=text.forced)
-        if decoder is not None:
-            decoder.offsets.put(sink)  # the offset each decode step applied
+    if decode:  # Qwen3-VL's decode step with the sparse MLPs, on the shared greedy decoder
+        bound = {"spec": spec, "moe": moe, "contract": contract}
+        put_decoded(runtime, sink, out["text.logits.last"], text, text_decode_step, weights, cache, delta, **bound)
 
 
 def replay_call(model: EmittedModel, stage_id: str, inputs: list[np.ndarray], ctx: Any, contract: Contract):
@@ -102,12 +76,8 @@ def replay_call(model: EmittedModel, stage_id: str, inputs: list[np.ndarray], ct
 
     spec, moe, weights = _text(model)
     kind, function, used = text_replay(stage_id, weights, spec, moe, contract)
-    if stage_id == "text.embeds.text":
-        arguments: tuple = (np.asarray(inputs[0])[~ctx.image_slots].astype(np.int32),)
-    elif moe_piece(stage_id) in ("mlp.weights", "mlp.experts"):
-        arguments = (np.asarray(inputs[0], dtype=np.float32), np.asarray(inputs[1]).astype(np.int32))
+    if moe_piece(stage_id) in ("mlp.weights", "mlp.experts"):
+        arguments: tuple = (np.asarray(inputs[0], dtype=np.float32), np.asarray(inputs[1]).astype(np.int32))
     else:
-        arguments = tuple(np.asarray(x, dtype=np.float32) for x in inputs)
-    if kind.endswith("layer.image"):
-        arguments += (np.flatnonzero(ctx.image_slots).astype(np.int32),)
+        arguments = text_replay_arguments(stage_id, kind, inputs, ctx)
     return kind, function, (used, arguments, ctx.text_positions.astype(np.int32))

@@ -14,10 +14,11 @@ import numpy as np
 from driftscope.taps.jax.layers import Contract, linear, rms_norm
 
 from ...qwen3_vl.emitter.config import TextSpec
-from ...qwen3_vl.emitter.text import _project, merge_embeddings, mrope_tables
+from ...qwen3_vl.emitter.text import _project, deepstack_add, merge_embeddings, mrope_tables
+from ...qwen3_vl.emitter.text import text_decode_step as dense_decode_step
 from ...qwen3_vl.emitter.text import text_replay as dense_replay
 from ...qwen3_vl.emitter.weights import load_text_weights
-from ...qwen_shared.jax_text import attend, decode_step, finish, layer_weights
+from ...qwen_shared.jax_text import attend, finish, layer_weights, put_head
 from ...qwen_shared.plan import layer_index
 from ..plan import moe_piece
 from .moe import MoeSpec, load_moe_weights, route, sparse_mlp
@@ -78,23 +79,12 @@ def text_prefill(weights, input_ids, image_slots, image_embeds, deepstack, posit
         values.append(v)
         out.update({f"text.layer.{i}.{name}": value for name, value in pieces.items()})
         out[f"text.layer.{i}"], out[f"text.layer.{i}.last"] = x, x[-1]
-        if i < deepstack.shape[0]:
-            out[f"text.layer.{i}.image"] = jnp.take(x, image_slots, axis=0)
-            x = x.at[image_slots].add(deepstack[i].astype(jnp.float32))
-            out[f"text.layer.{i}.deepstack"] = jnp.take(x, image_slots, axis=0)
-    normed = rms_norm(x[-1:], weights["norm.weight"], spec.eps)
-    out["text.norm.last"] = normed[0]
-    out["text.logits.last"] = linear(contract, normed, weights["lm_head.weight"])[0]
-    if cache:
-        out["cache.keys"], out["cache.values"] = jnp.stack(keys), jnp.stack(values)
-    return out
+        x = deepstack_add(out, i, x, image_slots, deepstack)
+    return put_head(out, x[-1:], weights, (keys, values) if cache else None, spec=spec, contract=contract)
 
 
 def text_decode_step(weights, keys, values, token, position, length, *, spec, moe, contract):
     """One greedy step (``qwen_shared.jax_text.decode_step``) with the sparse MLP in the sparse layers."""
-
-    def project(w, h, cos, sin):
-        return _project(w, h, cos, sin, spec=spec, contract=contract)
 
     def finish_layer(w, x, context, *, spec, contract):
         if "mlp.gate" not in w:
@@ -103,18 +93,8 @@ def text_decode_step(weights, keys, values, token, position, length, *, spec, mo
         normed = rms_norm(x, w["post_attention_layernorm.weight"], spec.eps)
         return x + sparse_mlp(contract, _experts(w), normed, moe)["mlp"]
 
-    return decode_step(
-        weights,
-        keys,
-        values,
-        token,
-        position,
-        length,
-        spec=spec,
-        contract=contract,
-        project=project,
-        tables=lambda p: mrope_tables(p, spec),
-        finish_layer=finish_layer,
+    return dense_decode_step(
+        weights, keys, values, token, position, length, spec=spec, contract=contract, finish_layer=finish_layer
     )
 
 
