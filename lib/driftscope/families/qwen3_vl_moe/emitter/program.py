@@ -18,6 +18,7 @@ from ...qwen_shared.decode import put_decoded, text_replay_arguments
 from ..plan import moe_piece
 
 CAPABILITIES = dense.CAPABILITIES
+FINAL = dense.FINAL
 HOST_STAGES = dense.HOST_STAGES
 TOWER_OUTPUTS = dense.TOWER_OUTPUTS
 GRAPH_INPUTS = dense.GRAPH_INPUTS
