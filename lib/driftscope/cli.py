@@ -33,8 +33,8 @@ def _run(args: argparse.Namespace) -> int:
     from driftscope.run.preflight import check_parameters
     from driftscope.run.report import Report
     from driftscope.views.failure import pages_beside_the_verdict
-    from driftscope.views.render import rendered_current
     from driftscope.views.render_process import investigate_and_render
+    from driftscope.views.run_state import rendered_current
 
     _reference_cache(args)
     params = load_parameters(args.params)
@@ -106,7 +106,8 @@ def _precision(args: argparse.Namespace) -> int:
     out = Path(args.run).resolve() if args.run else default_out_dir(params)
     entry = precision_search(run_of(params, args.params, out, log), args.candidate, not args.no_verify, log)
     if not args.no_render:
-        from driftscope.views.render import execute, to_html
+        from driftscope.views.execute import execute
+        from driftscope.views.pages import to_html
 
         parameters = {"params_path": args.params, "out_dir": str(out), "candidate": args.candidate}
         html, _ = to_html(execute("07_precision_search", out, parameters, Path.cwd(), log_output=False))
@@ -203,7 +204,8 @@ def _diff(args: argparse.Namespace) -> int:
 def _trend(args: argparse.Namespace) -> int:
     from driftscope.core.paths import outputs_root
     from driftscope.run.investigation import log
-    from driftscope.views.render import execute, to_html
+    from driftscope.views.execute import execute
+    from driftscope.views.pages import to_html
 
     from .views.history import from_parameters
 
