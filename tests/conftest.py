@@ -310,7 +310,7 @@ def answer_page(rendered):
     def render(base: Path):
         import shutil
 
-        from driftscope.views.execute import execute
+        from driftscope.views.execution import execute
         from driftscope.views.pages import to_html
 
         _, out = rendered

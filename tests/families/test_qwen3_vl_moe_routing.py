@@ -166,7 +166,7 @@ def test_the_rendered_pages_show_the_router_section_in_words(rerouted_run, tmp_p
     """Notebooks 01 and 02 executed on the rerouted run: the router section is on both pages, and the pages pass
     the clean-text checker."""
     from driftscope.run.report import Report
-    from driftscope.views.execute import execute
+    from driftscope.views.execution import execute
     from driftscope.views.pages import to_html
 
     run = rerouted_run[0]

@@ -87,7 +87,7 @@ def test_notebooks_03_and_05_run_with_their_defaults_from_the_notebooks_folder(t
     import json
 
     from conftest import ROOT
-    from driftscope.views.execute import execute
+    from driftscope.views.execution import execute
     from driftscope.views.pages import to_html
 
     empty = tmp_path / "outputs"

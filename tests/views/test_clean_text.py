@@ -55,7 +55,7 @@ def test_the_fixture_runs_pages_say_words(rendered):
 
 def test_a_geometry_page_says_words(tmp_path):
     """Notebook 03 without a run: its tables shown without a pandas index, grids written out."""
-    from driftscope.views.execute import execute
+    from driftscope.views.execution import execute
     from driftscope.views.pages import to_html
 
     image = str(ROOT / "fixtures" / "images" / "shapes_448.png")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .execute import kernel_name, notebook_path
+from .execution import kernel_name, notebook_path
 
 #: What the render process imports before it starts a kernel (papermill, nbclient, the kernel client, nbformat's
 #: validator, nbconvert and its Jinja templates): all of it before its kernel thread starts, so the two threads

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from driftscope.errors import DriftscopeError
 
-from .execute import execute
+from .execution import execute
 from .failure import notebook_error
 from .pages import to_html
 from .run_state import stop_cause, stopped_at, written_since

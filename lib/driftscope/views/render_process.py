@@ -148,7 +148,7 @@ class KernelQueue:
             self._thread.start()
 
     def _start(self, name: str) -> None:
-        from .execute import kernel_config, kernel_name, notebook_path
+        from .execution import kernel_config, kernel_name, notebook_path
         from .warm import WarmKernel
 
         try:
