@@ -93,10 +93,10 @@ def investigate_and_render(params, params_path: Path, out_dir: Path, reuse: bool
 
     The render process (:mod:`driftscope.views.render_process`) starts each notebook's kernel and imports its
     modules while the investigation runs; each notebook's ``investigate(..., reuse=True)`` waits for this run
-    (the output directory's lock) and reads its report. Returns ``{notebook: error}`` like :func:`run_notebooks`
-    (``"investigation"``: the investigation's own error); a failed investigation shows in the notebooks. The
-    output directory stays locked until the last notebook is rendered, so no other run can replace the report
-    under them.
+    (the output directory's lock) and reads its report. Returns ``{notebook: error}`` like
+    :func:`driftscope.views.render.run_notebooks` (``"investigation"``: the investigation's own error); a failed
+    investigation shows in the notebooks. The output directory stays locked until the last notebook is rendered,
+    so no other run can replace the report under them.
     """
     from driftscope.run.investigation import investigate
     from driftscope.run.runlock import result_lock, run_lock
