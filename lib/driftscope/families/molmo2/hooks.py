@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 
 from driftscope.core.markup import listed, text
-from driftscope.inputs.images import image_size
 from driftscope.taps.tapset import TapSet
 
 from ...errors import InputError
+from ...inputs.images import image_size
 from ..base import GeometryClaim, ImageTokens, Section
 from .config import read_facts
 from .geometry import CropSpec, crop_layout, summary

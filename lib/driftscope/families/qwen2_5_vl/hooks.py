@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 
 from driftscope.core.markup import text
-from driftscope.inputs.images import image_size, same_pixels
 
 from ...inputs.image_size import parse_size
+from ...inputs.images import image_size, same_pixels
 from ..base import GeometryClaim, Section
 from ..qwen_shared.layout import token_layout  # noqa: F401 (a view hook of this family)
 from ..qwen_shared.tower import tower_axis_sizes

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 
 from driftscope.core.markup import listed, text
-from driftscope.inputs.images import image_size, same_pixels
 
 from ...errors import InputError
 from ...inputs.image_size import parse_size
+from ...inputs.images import image_size, same_pixels
 from ..base import GeometryClaim, Section
 from ..figures import draw_attention_mask
 from ..qwen_shared.layout import token_layout  # noqa: F401 (a view hook of this family)
