@@ -310,7 +310,8 @@ def answer_page(rendered):
     def render(base: Path):
         import shutil
 
-        from driftscope.views.render import execute, to_html
+        from driftscope.views.execution import execute
+        from driftscope.views.pages import to_html
 
         _, out = rendered
         shutil.copytree(out.parent, base / "run", ignore=shutil.ignore_patterns(".done"))

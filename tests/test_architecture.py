@@ -199,3 +199,34 @@ def test_the_tests_mirror_the_layers():
     assert folders == layers
     assert sorted(p.name for p in tests.glob("test_*.py")) == ["test_architecture.py"]
     assert all(any((tests / layer).glob("test_*.py")) for layer in layers)
+
+
+def layers_imported(source: str) -> list[str]:
+    """The modules of a layer below ``views`` that notebook code imports (``driftscope`` itself, its ``errors`` and
+    ``views`` are what a notebook may read)."""
+    below_views = tuple(name for name in LAYERS[LAYERS.index("driftscope.views") + 1 :])
+    code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
+    names = []
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+        elif isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+    return sorted(name for name in names if name in below_views or name.startswith(tuple(f"{b}." for b in below_views)))
+
+
+def test_the_notebooks_read_through_open_run_and_the_views():
+    """No notebook imports the capture, run or any other layer below the views (issue 54 item 4): what a page shows
+    comes from ``driftscope`` (``investigate``, ``open_run``) and ``driftscope.views``."""
+    found = {}
+    for path in sorted((PACKAGE / "notebooks").glob("*.ipynb")):
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        source = "\n".join("".join(cell["source"]) for cell in cells if cell["cell_type"] == "code")
+        if imported := layers_imported(source):
+            found[path.name] = imported
+    assert found == {}
+    planted = "from driftscope.views import drill\nif True:\n    from driftscope.run.params import load_parameters\n"
+    assert layers_imported(planted + "import driftscope.capture.runtime_checks\n%matplotlib inline") == [
+        "driftscope.capture.runtime_checks",
+        "driftscope.run.params",
+    ]

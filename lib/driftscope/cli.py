@@ -33,8 +33,8 @@ def _run(args: argparse.Namespace) -> int:
     from driftscope.run.preflight import check_parameters
     from driftscope.run.report import Report
     from driftscope.views.failure import pages_beside_the_verdict
-    from driftscope.views.render import rendered_current
     from driftscope.views.render_process import investigate_and_render
+    from driftscope.views.run_state import rendered_current
 
     _reference_cache(args)
     params = load_parameters(args.params)
@@ -106,10 +106,10 @@ def _precision(args: argparse.Namespace) -> int:
     out = Path(args.run).resolve() if args.run else default_out_dir(params)
     entry = precision_search(run_of(params, args.params, out, log), args.candidate, not args.no_verify, log)
     if not args.no_render:
-        from driftscope.views.render import execute, to_html
+        from driftscope.views import execution, pages
 
         parameters = {"params_path": args.params, "out_dir": str(out), "candidate": args.candidate}
-        html, _ = to_html(execute("07_precision_search", out, parameters, Path.cwd(), log_output=False))
+        html, _ = pages.to_html(execution.execute("07_precision_search", out, parameters, Path.cwd(), log_output=False))
         log(f"rendered {html}")
     return precision_exit_code(entry, log)
 
@@ -203,7 +203,7 @@ def _diff(args: argparse.Namespace) -> int:
 def _trend(args: argparse.Namespace) -> int:
     from driftscope.core.paths import outputs_root
     from driftscope.run.investigation import log
-    from driftscope.views.render import execute, to_html
+    from driftscope.views import execution, pages
 
     from .views.history import from_parameters
 
@@ -223,7 +223,7 @@ def _trend(args: argparse.Namespace) -> int:
     }
     log(f"trend of {choice.run}: {choice.before.name} -> {choice.after.name} -> {out}")
     try:
-        executed = execute("05_commit_trend", out, parameters, cwd=Path.cwd(), log_output=False)
+        executed = execution.execute("05_commit_trend", out, parameters, cwd=Path.cwd(), log_output=False)
     except Exception as err:  # noqa: BLE001 - papermill raises PapermillExecutionError with the cell's error
         name = getattr(err, "ename", type(err).__name__)
         log(f"could not run: 05_commit_trend: {name}: {getattr(err, 'evalue', err)}")
@@ -231,7 +231,7 @@ def _trend(args: argparse.Namespace) -> int:
     else:
         failed = False
     if executed.exists():
-        html, nocode = to_html(executed)
+        html, nocode = pages.to_html(executed)
         log(f"rendered {html} and {nocode.name}")
     return 2 if failed else 0
 

@@ -348,7 +348,8 @@ def test_reviewers_pages_in_headless_chromium(two_commits):
 
 
 def test_commit_trend_notebook_renders_the_diff_and_heatmap(two_commits, tmp_path):
-    from driftscope.views.render import execute, to_html
+    from driftscope.views.execution import execute
+    from driftscope.views.pages import to_html
 
     _, out_root, a, b, _ = two_commits
     executed = execute(

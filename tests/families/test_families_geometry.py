@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from conftest import ROOT
 from driftscope.families import FAMILIES, get_family
-from driftscope.families.base import BLOCKED_COLOUR, MASK_GID, MAY_ATTEND_COLOUR, GeometryClaim
+from driftscope.families.base import GeometryClaim
+from driftscope.families.figures import BLOCKED_COLOUR, MASK_GID, MAY_ATTEND_COLOUR
 from driftscope.taps.stages import StageSelection
 from driftscope.views.geometry import geometry_sections
 
@@ -171,13 +172,13 @@ def test_every_mask_on_the_page_says_may_attend_in_the_one_colour(name, tiny, im
 
 
 def test_masks_are_drawn_only_by_the_shared_helper(tiny, images):
-    """No module draws a mask itself (each draws with ``families.base.draw_attention_mask``), and some family's
+    """No module draws a mask itself (each draws with ``families.figures.draw_attention_mask``), and some family's
     page draws one (else the convention test above checks nothing)."""
     package = ROOT / "lib" / "driftscope"
     drawn = [
         f"{path.relative_to(ROOT)}:{number}"
         for path in package.rglob("*.py")
-        if path != package / "families" / "base.py"
+        if path != package / "families" / "figures.py"
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if re.search(r"imshow\(.*(mask|segments|allowed)", line)
     ]

@@ -166,7 +166,8 @@ def test_the_rendered_pages_show_the_router_section_in_words(rerouted_run, tmp_p
     """Notebooks 01 and 02 executed on the rerouted run: the router section is on both pages, and the pages pass
     the clean-text checker."""
     from driftscope.run.report import Report
-    from driftscope.views.render import execute, to_html
+    from driftscope.views.execution import execute
+    from driftscope.views.pages import to_html
 
     run = rerouted_run[0]
     params = {"params_path": Report.load(run).data["parameters_file"], "out_dir": str(run), "reuse": True}

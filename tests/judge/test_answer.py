@@ -129,7 +129,7 @@ def test_text_slots_that_a_runtime_changes_are_counted():
 
 
 def test_answer_parity_notebook_renders(answered):
-    from driftscope.views.render import to_html
+    from driftscope.views.pages import to_html
 
     report, out = answered
     executed = out / "06_answer_parity.ipynb"

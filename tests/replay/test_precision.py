@@ -221,7 +221,7 @@ def test_the_layer17_search_finds_norm2_from_block_17_on_and_its_policy_run_pass
     policy = yaml.safe_load((tmp_path / "run" / entry["policy_file"]).read_text())
     assert policy["policy"] == {"base": "f16", "f32": entry["answer"]}
     # notebook 07 renders the answer from the report (it runs nothing)
-    from driftscope.views.render import execute
+    from driftscope.views.execution import execute
 
     executed = execute(
         "07_precision_search", tmp_path / "run", {"params_path": None, "out_dir": str(tmp_path / "run")}, ROOT

@@ -100,7 +100,8 @@ def finished(tmp_path_factory, captures, full_plan) -> Path:
 def notebook_run(tmp_path_factory, tiny_checkpoint_dir) -> tuple[Path, Path]:
     """Notebook 01 run as JupyterLab runs it (the kernel in ``notebooks/``), on a parameter file in a repository
     that names everything relatively, for a run named and a runtime labelled ``<script>alert(n)</script>``."""
-    from driftscope.views.render import execute, to_html
+    from driftscope.views.execution import execute
+    from driftscope.views.pages import to_html
 
     base = tmp_path_factory.mktemp("jupyter")
     repo = base / "repo"

@@ -122,7 +122,7 @@ def test_17_the_directory_stays_locked_until_the_last_notebook_is_rendered(tmp_p
 
 
 def test_18_a_killed_run_is_recognised_as_dead_and_its_partial_files_are_removed(tmp_path, tiny_checkpoint_dir, capsys):
-    from driftscope.views.render import _stopped_at
+    from driftscope.views.run_state import stopped_at
 
     marker = tmp_path / "loading"
     hang = {
@@ -143,7 +143,7 @@ def test_18_a_killed_run_is_recognised_as_dead_and_its_partial_files_are_removed
     (tmp_path / "c.yaml").write_text("default: {atol: 0.08}\n")
     assert main(["rejudge", str(out), "--contract", str(tmp_path / "c.yaml")]) == 2
     assert f"did not complete (dead: {gone})" in capsys.readouterr().err
-    assert _stopped_at(out / "report.json") == "capture:mlx:f32"  # `driftscope run` renders no further notebook
+    assert stopped_at(out / "report.json") == "capture:mlx:f32"  # `driftscope run` renders no further notebook
     # the next run (a notebook's reuse) says the last one died, runs it again, and cleans what a kill leaves: the
     # files named by the dead run's id (issue 49 item 10: by its id, never by a pattern)
     run_id = json.loads((out / "report.json").read_text())["run_id"]

@@ -56,7 +56,7 @@ def test_an_unreadable_report_is_left_alone_too(tmp_path):
 def test_a_rendered_run_is_not_executed_again_unless_asked(rendered_copy, capsys):
     """``driftscope run`` of a finished run whose notebooks rendered after its report reuses them untouched;
     a report newer than its pages (written again) makes them stale."""
-    from driftscope.views.render import rendered_current
+    from driftscope.views.run_state import rendered_current
 
     code, out = rendered_copy  # the run is executed again and its report's time changed: a copy of the shared one
     params_path = out.parent / "p.yaml"
@@ -87,7 +87,8 @@ def test_notebooks_03_and_05_run_with_their_defaults_from_the_notebooks_folder(t
     import json
 
     from conftest import ROOT
-    from driftscope.views.render import execute, to_html
+    from driftscope.views.execution import execute
+    from driftscope.views.pages import to_html
 
     empty = tmp_path / "outputs"
     empty.mkdir()

@@ -55,7 +55,8 @@ def test_the_fixture_runs_pages_say_words(rendered):
 
 def test_a_geometry_page_says_words(tmp_path):
     """Notebook 03 without a run: its tables shown without a pandas index, grids written out."""
-    from driftscope.views.render import execute, to_html
+    from driftscope.views.execution import execute
+    from driftscope.views.pages import to_html
 
     image = str(ROOT / "fixtures" / "images" / "shapes_448.png")
     to_html(execute("03_window_geometry", tmp_path, {"image_path": image}, cwd=ROOT, log_output=False))

@@ -103,7 +103,8 @@ def test_a_forced_run_of_several_notebooks_investigates_once(tmp_path, tiny_chec
 
 
 def test_window_geometry_notebook_renders_every_figure_and_the_audit(tmp_path):
-    from driftscope.views.render import execute, to_html
+    from driftscope.views.execution import execute
+    from driftscope.views.pages import to_html
 
     executed = execute(
         "03_window_geometry",
@@ -125,7 +126,8 @@ def test_window_geometry_notebook_renders_every_figure_and_the_audit(tmp_path):
 def test_window_geometry_says_an_involution_once_instead_of_an_empty_panel(tmp_path):
     """448x448 (issue 19 item 12): a wrong un-reorder misplaces nothing, so the page says so once and draws no
     picture of zero misplaced tokens."""
-    from driftscope.views.render import execute, to_html
+    from driftscope.views.execution import execute
+    from driftscope.views.pages import to_html
 
     executed = execute(
         "03_window_geometry",

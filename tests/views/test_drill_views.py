@@ -4,6 +4,8 @@ its grid the per-patch RMS error computed here from the TapSets; each power pane
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from driftscope.run.report import Report
@@ -131,3 +133,24 @@ def test_the_explorer_recomputes_what_the_pickers_choose(rendered):
     assert pickers.layout.flex_flow == "row wrap" and pickers.layout.max_width == "100%"
     widths = [float(w.layout.width.removesuffix("em")) for w in pickers.children]
     assert sum(widths) * 14 <= 1400  # em at the lab's 14 px: the four fit one row of a 1400 px page
+
+
+def test_the_recapture_cell_shows_the_hint_without_a_patch_and_the_trial_with_one(rendered, tmp_path):
+    """Notebook 02's last cell (``drill.recapture``): how to try a patch when none is set; with one, the block
+    captured again, in words and a table row per stage whose patched status is the trial's (the output fails)."""
+    import shutil
+
+    from driftscope.views.drill import recapture, recapture_hint
+
+    _, out = rendered
+    run = tmp_path / "run"  # the trial writes recapture/ into the run it is given: a copy, not the session's run
+    shutil.copytree(out, run, ignore=shutil.ignore_patterns("*.html", "*.ipynb"))
+    report = Report.load(run)
+    (hint,) = recapture(report, "mlx:f32", [2], None)
+    assert hint.data == recapture_hint("mlx:f32", [2], report)
+    patch = {"callable": "driftscope.hypotheses:scale_block_output", "kwargs": {"block": 2, "factor": 1.5}}
+    words, table = recapture(report, "mlx:f32", [2], patch)
+    assert "scale_block_output" in words.data and "fail" in words.data
+    rows = re.findall(r"<tr>(.*?)</tr>", table.data, flags=re.S)[1:]  # the header row first
+    last = re.findall(r"<td[^>]*>(.*?)</td>", rows[-1], flags=re.S)
+    assert len(rows) > 10 and last[0] == "vision.block.2" and "fail" in last

@@ -51,7 +51,7 @@ def test_the_executed_notebook_is_written_at_the_start_and_the_end_only(tmp_path
     this engine
     only at the start (none had). The notebook written at the end says the same as papermill's, but for that count."""
     import papermill
-    from driftscope.views.render import execute, kernel_config, kernel_name
+    from driftscope.views.execution import execute, kernel_config, kernel_name
 
     source = _notebook(tmp_path / "probe.ipynb", "x = 6 * 7\nx", ON_DISK, "print('after', x)")
     theirs = tmp_path / "papermill.ipynb"
@@ -78,7 +78,7 @@ def test_the_executed_notebook_is_written_at_the_start_and_the_end_only(tmp_path
 def test_a_failing_cell_leaves_the_executed_notebook_with_its_error(tmp_path):
     """The notebook stops at a failing cell: papermill's final write still happens (its error marker and the
     traceback in place), the cells after it pending."""
-    from driftscope.views.render import execute
+    from driftscope.views.execution import execute
     from papermill.exceptions import PapermillExecutionError
 
     _notebook(tmp_path / "fails.ipynb", "1 / 0", "print('never')")
@@ -96,7 +96,8 @@ def test_a_failing_cell_leaves_the_executed_notebook_with_its_error(tmp_path):
 def test_the_pages_rendered_at_once_are_the_pages_rendered_in_turn(tmp_path):
     """``to_html`` renders the no-code page in a forked child beside the other: both are what rendering them one
     after the other in this process writes, byte for byte."""
-    from driftscope.views.render import TEMPLATES, _page, execute, to_html
+    from driftscope.views.execution import execute
+    from driftscope.views.pages import TEMPLATES, _page, to_html
     from driftscope.views.warm import Exporters
 
     _notebook(tmp_path / "page.ipynb", "print('shown')\n'a value'", "import math\nmath.pi")
@@ -116,12 +117,12 @@ def test_the_pages_rendered_at_once_are_the_pages_rendered_in_turn(tmp_path):
 FORKS = """
 import json, os, sys
 from pathlib import Path
-from driftscope.views.render import _fork, _succeeded
+from driftscope.views.pages import fork, succeeded
 out = Path(sys.argv[1])
-ran = _fork(lambda: (out / "child").write_text(str(os.getpid())))
-failed = _fork(lambda: 1 / 0)
+ran = fork(lambda: (out / "child").write_text(str(os.getpid())))
+failed = fork(lambda: 1 / 0)
 sys.modules["jax"] = sys  # a process that imported JAX: no fork
-print(json.dumps({"ran": _succeeded(ran), "failed": _succeeded(failed), "with_jax": _fork(lambda: None)}))
+print(json.dumps({"ran": succeeded(ran), "failed": succeeded(failed), "with_jax": fork(lambda: None)}))
 """
 
 

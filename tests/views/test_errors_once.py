@@ -15,7 +15,7 @@ from driftscope.views.failure import NOT_RUN, fold_errors, split, summary_lines
 
 def _run_cells(sources: list[str], cwd) -> list:
     """Execute ``sources`` in a fresh kernel of the project (as the lab does); the executed cells."""
-    from driftscope.views.render import kernel_name
+    from driftscope.views.execution import kernel_name
     from nbclient import NotebookClient
 
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])

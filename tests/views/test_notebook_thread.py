@@ -15,9 +15,9 @@ from conftest import ROOT, write_params
 
 STACK_CHECK = """
 import json, sys
-from driftscope.views import render
-render.prepare_notebook_stack(["01_stage_parity", "no_such_notebook"])
-print(json.dumps({"missing": [m for m in render.NOTEBOOK_STACK if m not in sys.modules],
+from driftscope.views import preimport
+preimport.prepare_notebook_stack(["01_stage_parity", "no_such_notebook"])
+print(json.dumps({"missing": [m for m in preimport.NOTEBOOK_STACK if m not in sys.modules],
                   "frameworks": [m for m in ("torch", "transformers", "mlx", "jax") if m in sys.modules]}))
 """
 

@@ -59,11 +59,11 @@ def test_a_render_process_that_dies_is_an_error_not_a_pass(tmp_path):
 STACK_CHECK = """
 import json, sys, time
 from pathlib import Path
-from driftscope.views import render
+from driftscope.views import preimport
 from driftscope.views.render_process import RenderProcess
 process = RenderProcess.start(["01_stage_parity"], Path(sys.argv[1]), Path(sys.argv[2]), Path.cwd(), print)
 process.stop()
-stack = [m for m in render.NOTEBOOK_STACK + ("IPython", "matplotlib", "pandas") if m in sys.modules]
+stack = [m for m in preimport.NOTEBOOK_STACK + ("IPython", "matplotlib", "pandas") if m in sys.modules]
 print(json.dumps({"imported": stack}))
 """
 

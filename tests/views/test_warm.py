@@ -53,7 +53,8 @@ def test_the_warm_page_renders_each_kind_of_output_both_ways():
     """The render process renders it once before its first real page (so the two pages, rendered at once in two
     processes, do not each import and build what a page needs): both pages show its picture, table, figure
     division and printed text; the page with code shows the parameters line, the other does not."""
-    from driftscope.views.render import NOTEBOOK_DIR, TEMPLATES, page_body
+    from driftscope.views.execution import NOTEBOOK_DIR
+    from driftscope.views.pages import TEMPLATES, page_body
     from driftscope.views.warm import Exporters, page_warm_up
 
     pages = Exporters(TEMPLATES)

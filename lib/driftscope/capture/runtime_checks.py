@@ -224,12 +224,3 @@ def checks_markdown(data: dict, statuses: tuple[str, ...] = ("warn", "fail", COU
         if entry["status"] in statuses
     ]
     return "\n".join([f"**Runtime checks ({', '.join(statuses)})**", "", *lines]) if lines else ""
-
-
-def checks_frame(data: dict):
-    """Every runtime's checks as a table (runtime, check, status, detail)."""
-    import pandas as pd
-
-    checks = (data.get("checks") or {}).items()
-    records = [{"runtime": label, **entry} for label, entries in checks for entry in entries]
-    return pd.DataFrame(records, columns=["runtime", "check", "status", "detail"])

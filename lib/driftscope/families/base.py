@@ -88,55 +88,6 @@ class GeometryClaim:
     mutations: tuple[str, ...] = ()
 
 
-#: One colour convention for every attention-mask picture (a cell is a query row against a key row).
-MAY_ATTEND_COLOUR = "#08306b"  # dark blue: the query may attend to the key
-BLOCKED_COLOUR = "#f2f2f2"  # light grey: blocked
-MASK_GID = "attention-mask"  # the ``gid`` of every mask image, so a test finds them on any family's page
-
-
-def draw_attention_mask(axis: Any, allowed: Any, title: str) -> Any:
-    """Draw a boolean ``[query, key]`` mask on ``axis`` in the one convention, with a legend saying which colour
-    may attend; returns the image artist."""
-    import numpy as np
-    from matplotlib.colors import ListedColormap
-    from matplotlib.patches import Patch
-
-    shown = axis.imshow(
-        np.asarray(allowed, dtype=bool).astype(np.int8),
-        cmap=ListedColormap([BLOCKED_COLOUR, MAY_ATTEND_COLOUR]),
-        vmin=0,
-        vmax=1,
-        interpolation="nearest",
-    )
-    shown.set_gid(MASK_GID)
-    handles = [Patch(color=MAY_ATTEND_COLOUR, label="may attend"), Patch(color=BLOCKED_COLOUR, label="blocked")]
-    axis.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    axis.set_title(title, fontsize=9)
-    axis.set_xlabel("key row")
-    axis.set_ylabel("query row")
-    return shown
-
-
-def image_size(path: str | Path) -> tuple[int, int]:
-    """(height, width) of an image file."""
-    from PIL import Image
-
-    with Image.open(path) as image:
-        return image.height, image.width
-
-
-def same_pixels(paths: list[Path]) -> bool:
-    """Whether every image decodes to the same RGB array (packed copies of one image leak nothing)."""
-    import numpy as np
-    from PIL import Image
-
-    arrays = []
-    for path in paths:
-        with Image.open(path) as image:
-            arrays.append(np.asarray(image.convert("RGB")))
-    return all(a.shape == arrays[0].shape and np.array_equal(a, arrays[0]) for a in arrays[1:])
-
-
 @dataclass(frozen=True)
 class TinyFixture:
     """The family's tiny random-weight checkpoint, which the shared tests build and run on."""

@@ -11,7 +11,7 @@ from driftscope.core.markup import code, text
 from driftscope.run.report import Report
 
 from .errormaps import StageDifference, magnitude_split, patch_error_grid
-from .notebook import describe, plural
+from .notebook import describe, plural, table
 from .plots import block_outputs, landmarks
 
 FEW = 3  # failures this few are named one by one, not as the top channels' share
@@ -189,6 +189,19 @@ def recapture_hint(pair: str, layers: list[int], report: Report | None = None) -
         f"**Ready patch**: {code(conclusion['stage'])} introduces this pair's error, and the family's ready patch "
         f'for it is {code(patches[0])}: set `patch = "{patches[0]}"` and run this cell again.\n\n{hint}'
     )
+
+
+def recapture(report: Report, pair: str, layers: list[int], patch) -> list:
+    """What the recapture cell shows: with no ``patch``, how to try one (:func:`recapture_hint`); else block
+    ``layers[0]`` of ``pair`` captured again with it (``run.patch_trial``), in words and stage by stage."""
+    from IPython.display import Markdown
+
+    from driftscope.run.patch_trial import recapture_block
+
+    if patch is None:
+        return [Markdown(recapture_hint(pair, layers, report))]
+    trial = recapture_block(report, pair, layers[0], patch)
+    return [Markdown(trial.markdown()), table(trial.frame(), highlight="patched: status")]
 
 
 def block_of(stage: str | None) -> int | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from driftscope.run.params import find_path
+from driftscope.run.params import find_path, load_parameters
 
 from ..errors import CheckpointError
 from ..families import DEFAULT_FAMILY, Family, detect_family, get_family
@@ -26,6 +26,13 @@ def family_for(checkpoint: str | Path | None = None, family: str | None = None) 
         except json.JSONDecodeError as err:
             raise CheckpointError(f"{config} is not valid JSON: {err}", "re-save the config") from err
     return get_family(family or DEFAULT_FAMILY)
+
+
+def run_inputs(params_path: str | Path, family: str | None = None) -> tuple[list[str], str, str]:
+    """(images, checkpoint, family) of a parameter file: what the geometry notebook reads of a run (``family``,
+    when given, over the file's)."""
+    loaded = load_parameters(params_path)
+    return [str(path) for path in loaded.images], str(loaded.checkpoint), family or loaded.family
 
 
 def geometry_sections(

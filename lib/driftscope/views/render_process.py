@@ -93,15 +93,15 @@ def investigate_and_render(params, params_path: Path, out_dir: Path, reuse: bool
 
     The render process (:mod:`driftscope.views.render_process`) starts each notebook's kernel and imports its
     modules while the investigation runs; each notebook's ``investigate(..., reuse=True)`` waits for this run
-    (the output directory's lock) and reads its report. Returns ``{notebook: error}`` like :func:`run_notebooks`
-    (``"investigation"``: the investigation's own error); a failed investigation shows in the notebooks. The
-    output directory stays locked until the last notebook is rendered, so no other run can replace the report
-    under them.
+    (the output directory's lock) and reads its report. Returns ``{notebook: error}`` like
+    :func:`driftscope.views.render.run_notebooks` (``"investigation"``: the investigation's own error); a failed
+    investigation shows in the notebooks. The output directory stays locked until the last notebook is rendered,
+    so no other run can replace the report under them.
     """
     from driftscope.run.investigation import investigate
     from driftscope.run.runlock import result_lock, run_lock
 
-    from .render import _stopped_at
+    from .run_state import stopped_at
 
     errors: dict[str, str] = {}
     verbose = logging.getLogger("papermill").getEffectiveLevel() <= logging.INFO
@@ -113,7 +113,7 @@ def investigate_and_render(params, params_path: Path, out_dir: Path, reuse: bool
                 investigate(params, out_dir, reuse=reuse, lock=lock)
             except Exception as err:  # noqa: BLE001 - the report records where it stopped; the notebooks show it
                 errors["investigation"] = f"{type(err).__name__}: {err}"
-                if not _stopped_at(out_dir / "report.json"):  # it failed before its report could say so
+                if not stopped_at(out_dir / "report.json"):  # it failed before its report could say so
                     log(f"the investigation could not start: {type(err).__name__}: {err}")
             except BaseException:
                 if process is not None:
@@ -148,7 +148,7 @@ class KernelQueue:
             self._thread.start()
 
     def _start(self, name: str) -> None:
-        from .render import kernel_config, kernel_name, notebook_path
+        from .execution import kernel_config, kernel_name, notebook_path
         from .warm import WarmKernel
 
         try:
@@ -188,7 +188,9 @@ class KernelQueue:
 
 def serve(spec: dict, emit) -> dict[str, str]:
     """Warm the kernels and exporters, then execute and render the notebooks of ``spec``; ``{notebook: error}``."""
-    from .render import TEMPLATES, drilldown_for_failing, prepare_notebook_stack, run_notebooks, warm_pages
+    from .pages import TEMPLATES, warm_pages
+    from .preimport import prepare_notebook_stack
+    from .render import drilldown_for_failing, run_notebooks
     from .warm import Exporters
 
     names = list(spec["notebooks"])

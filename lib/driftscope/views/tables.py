@@ -22,6 +22,15 @@ def _atol_note(first: dict) -> str:
     return f"; {bound} of {failures} failures atol-bound" if bound else ""
 
 
+def checks_frame(data: dict):
+    """Every runtime's checks as a table (runtime, check, status, detail)."""
+    import pandas as pd
+
+    checks = (data.get("checks") or {}).items()
+    records = [{"runtime": label, **entry} for label, entries in checks for entry in entries]
+    return pd.DataFrame(records, columns=["runtime", "check", "status", "detail"])
+
+
 def summary_markdown(report: Report) -> str:
     """Verdict, first divergence per candidate, drift onset and growth, as Markdown (every value escaped)."""
     data = report.data

@@ -234,7 +234,7 @@ PIXEL = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQG
 def page_warm_up():
     """An executed notebook with a cell of each kind the pages show: a heading, text with a table, list and code,
     papermill's injected parameters, printed text, a picture with its alternative text, a table as HTML, an
-    interactive figure's division, a value; rendered by :func:`driftscope.views.render.warm_pages`."""
+    interactive figure's division, a value; rendered by :func:`driftscope.views.pages.warm_pages`."""
     import nbformat
 
     from .interactive import MARK

@@ -11,7 +11,8 @@ from driftscope.core.markup import listed, text
 from driftscope.taps.tapset import TapSet
 
 from ...errors import InputError
-from ..base import GeometryClaim, ImageTokens, Section, image_size
+from ...inputs.images import image_size
+from ..base import GeometryClaim, ImageTokens, Section
 from .config import read_facts
 from .geometry import CropSpec, crop_layout, summary
 

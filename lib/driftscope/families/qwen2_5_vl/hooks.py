@@ -10,7 +10,8 @@ import numpy as np
 from driftscope.core.markup import text
 
 from ...inputs.image_size import parse_size
-from ..base import GeometryClaim, Section, image_size, same_pixels
+from ...inputs.images import image_size, same_pixels
+from ..base import GeometryClaim, Section
 from ..qwen_shared.layout import token_layout  # noqa: F401 (a view hook of this family)
 from ..qwen_shared.tower import tower_axis_sizes
 from .geometry import ResizeSpec, audit_unreorder, grid_for, window_layout

@@ -13,7 +13,9 @@ from driftscope.core.markup import listed, text
 
 from ...errors import InputError
 from ...inputs.image_size import parse_size
-from ..base import GeometryClaim, Section, draw_attention_mask, image_size, same_pixels
+from ...inputs.images import image_size, same_pixels
+from ..base import GeometryClaim, Section
+from ..figures import draw_attention_mask
 from ..qwen_shared.layout import token_layout  # noqa: F401 (a view hook of this family)
 from ..qwen_shared.processor import stated_settings
 from ..qwen_shared.tower import tower_axis_sizes

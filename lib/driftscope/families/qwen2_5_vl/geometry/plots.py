@@ -8,7 +8,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patheffects import withStroke
 
-from ...base import draw_attention_mask
+from ...figures import draw_attention_mask
 from .masks import audit_masks, bucket_masks
 from .packing import pack_images
 from .resize import ResizeSpec, smart_resize
