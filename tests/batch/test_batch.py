@@ -256,10 +256,15 @@ def test_runs_that_cannot_execute_never_show_green(tmp_path, good_run):
     assert exit_code(entries) == 2
 
 
-def test_a_run_whose_process_died_is_dead_and_could_not_run(tmp_path, good_run):
+def test_a_run_whose_process_died_is_dead_and_could_not_run(tmp_path, good_run, monkeypatch):
     """Issue 30 item 6: a run killed by SIGSEGV was "0 could not run", "1 still running elsewhere", exit 1. (A patch
-    that crashes its own process costs its candidate only, issue 49 item 12: this one kills the run's process.)"""
+    that crashes its own process costs its candidate only, issue 49 item 12: this one kills the run's process.)
+    The killed run leaves nothing in the temporary folder: its scratch was in its own output folder."""
     from driftscope.run.runrecord import exit_code
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))  # the batch's worker processes and their children read it
 
     crash = f"{ROOT / 'tests' / 'hostile_patches.py'}:kill_the_run"
     good = _seeded(tmp_path / "out", good_run)
@@ -273,6 +278,7 @@ def test_a_run_whose_process_died_is_dead_and_could_not_run(tmp_path, good_run):
     index = (tmp_path / "out" / result.commit / "index.html").read_text()
     assert "2 run(s): 1 pass, 0 fail, 1 could not run; exit code 2" in index
     assert "still running" not in index and index.count('<tr class="error">') == 1
+    assert not [p.name for p in scratch.iterdir() if p.name.startswith("driftscope-isolated-")]
 
 
 def test_two_parameter_files_with_one_run_name_are_refused(tmp_path, capsys):

@@ -93,7 +93,9 @@ def capture_isolated(
     from driftscope.taps.tapset import TapSet
 
     log(f"  {spec.display}: its patch {spec.patch.target} runs outside driftscope: captured in a process of its own")
-    with tempfile.TemporaryDirectory(prefix="driftscope-isolated-") as scratch:
+    base.parent.mkdir(parents=True, exist_ok=True)
+    # beside the TapSet, in the run's own folder: a run killed meanwhile leaves nothing outside it
+    with tempfile.TemporaryDirectory(prefix=".isolated-", dir=base.parent) as scratch:
         job = _job(Path(scratch), checkpoint, spec, inputs, plan, base)
         # the child imports what this process imports: this driftscope first, then this process's own path
         path = [str(PACKAGE_PARENT), *(p for p in sys.path if p and Path(p).exists())]
