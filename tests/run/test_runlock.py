@@ -111,3 +111,24 @@ def test_reuse_raises_the_error_of_the_run_it_waited_for_instead_of_running_agai
     with pytest.raises(InvestigationFailed, match="stopped at capture:mlx:f32: RuntimeError: planted crash"):
         investigate(parse_parameters(PARAMS, "test"), tmp_path, reuse=True)
     assert child.wait() == 0
+
+
+def test_a_notebook_whose_run_died_does_not_run_the_investigation_again(tmp_path, monkeypatch):
+    """A kernel of a ``driftscope run``'s render process (``DRIFTSCOPE_RUN_PID`` set) that reaches the directory
+    after its run was killed finds the lock free: it refuses, naming the run, instead of investigating (the race
+    the render process's own end with its run leaves open)."""
+    import driftscope.run.investigation as investigation
+    from driftscope.run.runlock import RUN_PID
+
+    monkeypatch.setattr(investigation, "get_runtime", lambda *a, **k: pytest.fail("a runtime was run"))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    monkeypatch.setenv(RUN_PID, str(dead.pid))
+    with pytest.raises(BusyError, match=f"pid {dead.pid}.*no longer holds") as caught:
+        investigate(parse_parameters(PARAMS, "test"), tmp_path, reuse=True)
+    assert "driftscope run" in caught.value.fix
+    assert not (tmp_path / "report.json").exists()
+    monkeypatch.delenv(RUN_PID)  # a notebook opened by hand (no run behind it) investigates as before
+    child = hold(tmp_path, "complete", 0.5)
+    assert investigate(parse_parameters(PARAMS, "test"), tmp_path, reuse=True).data["status"] == "complete"
+    assert child.wait() == 0

@@ -39,7 +39,14 @@ from driftscope.run.params import Parameters, load_parameters
 from driftscope.run.preflight import check_parameters
 from driftscope.run.report import Report
 from driftscope.run.reuse import reads, stale_reason
-from driftscope.run.runlock import RunLock, held_by_parent, run_lock, run_pid, wait_for_result
+from driftscope.run.runlock import (
+    RunLock,
+    held_by_parent,
+    refuse_orphaned_notebook,
+    run_lock,
+    run_pid,
+    wait_for_result,
+)
 from driftscope.run.substitution import explain_answer
 from driftscope.taps.stages import StagePlan
 
@@ -88,6 +95,8 @@ def investigate(
     if lock is None and reuse and held_by_parent(out):
         wait_for_result(out)  # this is a notebook of the `driftscope run` that holds the directory
         return _finished(params, out, waited=True, parent=True)
+    if lock is None:
+        refuse_orphaned_notebook(out)
     with nullcontext(lock) if lock else run_lock(out, wait=reuse, log=log) as held:
         report_path = out / "report.json"
         if reuse:

@@ -124,6 +124,19 @@ def held_by_parent(out: Path) -> bool:
         return False
 
 
+def refuse_orphaned_notebook(out: Path) -> None:
+    """A notebook kernel of a ``driftscope run`` (:data:`RUN_PID` set by its render process) whose run no longer
+    holds ``out`` was orphaned by that run's death: it must not take the freed directory and run the whole
+    investigation again (the render process ends with its run, but a kernel could reach the lock first)."""
+    pid = os.environ.get(RUN_PID)
+    if pid and not held_by_parent(out):
+        raise BusyError(
+            f"the driftscope run (pid {pid}) that started this notebook no longer holds {out}: it was killed or "
+            "ended before its pages were rendered, so this notebook does not run the investigation again",
+            f"run it again: driftscope run <parameters> --out {out}",
+        )
+
+
 def wait_for_result(out: Path) -> None:
     """Wait until no investigation holds ``out``'s result lock (its report is then final)."""
     with result_lock(out):
