@@ -125,14 +125,16 @@ def held_by_parent(out: Path) -> bool:
 
 
 def refuse_orphaned_notebook(out: Path) -> None:
-    """A notebook kernel of a ``driftscope run`` (:data:`RUN_PID` set by its render process) whose run no longer
-    holds ``out`` was orphaned by that run's death: it must not take the freed directory and run the whole
-    investigation again (the render process ends with its run, but a kernel could reach the lock first)."""
+    """A notebook kernel of a ``driftscope run`` (:data:`RUN_PID` set by its render process) whose run has died
+    was orphaned: it must not take the freed directory and run the whole investigation again (the render process
+    ends with its run, but a kernel could reach the lock first)."""
+    from driftscope.run.report import process_alive
+
     pid = os.environ.get(RUN_PID)
-    if pid and not held_by_parent(out):
+    if pid and not process_alive(int(pid)):
         raise BusyError(
-            f"the driftscope run (pid {pid}) that started this notebook no longer holds {out}: it was killed or "
-            "ended before its pages were rendered, so this notebook does not run the investigation again",
+            f"the driftscope run (pid {pid}) that started this notebook is gone and no longer holds {out}: it was "
+            "killed before its pages were rendered, so this notebook does not run the investigation again",
             f"run it again: driftscope run <parameters> --out {out}",
         )
 

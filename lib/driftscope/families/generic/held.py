@@ -16,6 +16,7 @@ held; one it merges with others or splits is left out and named in the notes.
 
 from __future__ import annotations
 
+import math
 import re
 
 from driftscope.model.load_layout import Held, LoadLayout, TensorRule
@@ -67,8 +68,8 @@ def transformers_layout(checkpoint) -> LoadLayout:
         elif target != name:
             names[name] = target
     held = set(names.values()) | (set(stored) - set(names) - set(converted))
-    parameters = {name for name, _ in model.named_parameters()}
-    buffers = [name for name in stored if names.get(name, name) in set(loaded) - parameters]
+    buffer_names = set(loaded) - {name for name, _ in model.named_parameters()}
+    buffers = [name for name in stored if names.get(name, name) in buffer_names]
     tied = tuple(name for name in (getattr(cls, "_tied_weights_keys", None) or {}) if name not in held)
     notes = [f"names: transformers' renaming for {cls.__name__} ({len(renamings)} renamings); values unchanged"]
     if tied:
@@ -99,19 +100,14 @@ def _held(source: tuple[int, ...], target: tuple[int, ...], conv_kernel: bool) -
         return Held(ops=(("transpose", _channels_last(len(source))),)) if moved == target else None
     if source == target:
         return Held()
-    if _size(source) == _size(target):
+    if math.prod(source) == math.prod(target):
         return Held(ops=(("reshape", target),))
     return None
 
 
-def _size(shape: tuple[int, ...]) -> int:
-    size = 1
-    for axis in shape:
-        size *= axis
-    return size
-
-
-def _sanitize_targets(checkpoint) -> tuple[dict[str, list[tuple[str, tuple[int, ...]]]], set[str], dict[str, str]]:
+def _sanitize_targets(
+    checkpoint, shapes: dict[str, tuple[int, ...]]
+) -> tuple[dict[str, list[tuple[str, tuple[int, ...]]]], set[str], dict[str, str]]:
     """Checkpoint name -> the names and shapes mlx-vlm's sanitize gives it (several: a head it ties to the
     embedding; none: it drops it; a tensor sanitize merges or splits is absent), with every name sanitize gives and
     the skeleton's modules' class names. Read on
@@ -122,7 +118,6 @@ def _sanitize_targets(checkpoint) -> tuple[dict[str, list[tuple[str, tuple[int, 
     from .calls import mlx_sanitized, mlx_skeleton
 
     module, model, model_config, _ = mlx_skeleton(checkpoint.config)
-    shapes = _names(checkpoint)
     placeholders = {name: mx.zeros(shape) for name, shape in shapes.items()}
     every = mlx_sanitized(module, model, model_config, dict(placeholders))
     source_of = {id(value): name for name, value in placeholders.items()}
@@ -151,13 +146,14 @@ def _sanitize_targets(checkpoint) -> tuple[dict[str, list[tuple[str, tuple[int, 
 
 def mlx_layout(checkpoint) -> LoadLayout:
     """mlx-vlm's names for the checkpoint's tensors, values as the holding module declares (module docstring)."""
-    targets, every, classes = _sanitize_targets(checkpoint)
+    shapes = _names(checkpoint)
+    targets, every, classes = _sanitize_targets(checkpoint, shapes)
     names: dict[str, str] = {}
     rules: list[TensorRule] = []
     held_names: set[str] = set()
     dropped = [name for name, made in targets.items() if not made]
-    left_out = [name for name in _names(checkpoint) if name not in targets]
-    for name, shape in _names(checkpoint).items():
+    left_out = [name for name in shapes if name not in targets]
+    for name, shape in shapes.items():
         if not targets.get(name):
             continue
         helds = []
