@@ -14,7 +14,7 @@ from pathlib import Path
 
 from conftest import ROOT, computed_once, shared_root
 from driftscope.families.molmo2.synthetic import SyntheticMolmo2Spec
-from driftscope.families.qwen2_5_vl.synthetic import SyntheticQwen25VLSpec
+from driftscope.families.qwen2_5_vl.fixture import SyntheticQwen25VLSpec
 from driftscope.families.qwen3_vl.synthetic import SyntheticQwen3VLSpec
 from driftscope.families.qwen3_vl_moe.synthetic import SyntheticQwen3VLMoeSpec
 
@@ -86,7 +86,7 @@ def _build(family: str, spec, folder: Path) -> Path:
 
         return make_checkpoints(folder / "hub", folder / "native", spec)[1]
     if family == "qwen2_5_vl":
-        from driftscope.families.qwen2_5_vl.synthetic import make_checkpoint
+        from driftscope.families.qwen2_5_vl.fixture import make_checkpoint
     elif family == "qwen3_vl":
         from driftscope.families.qwen3_vl.synthetic import make_checkpoint
     else:

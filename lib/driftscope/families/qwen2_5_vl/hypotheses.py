@@ -183,7 +183,7 @@ def plant_defect(model: Any, stage: str, factor: float = 1.5) -> Any:
     """A planted defect in the one operator that computes vision ``stage`` (e.g. ``vision.block.3.mlp.gate``):
     its weights (q, k or v's third of the fused projection) scaled by ``factor``; for ``attn.context`` the softmax
     scale, for ``mlp.act`` the activation's output (transformers only: mlx-vlm calls SiLU as a function)."""
-    from ...errors import HypothesisPatchError
+    from driftscope.errors import HypothesisPatchError
 
     vision = _vision(model)
     parts = stage.split(".")

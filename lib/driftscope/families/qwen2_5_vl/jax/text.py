@@ -13,10 +13,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from driftscope.errors import CheckpointError
 from driftscope.model.weightfile import TensorFiles
 from driftscope.taps.jax.layers import Contract, linear, rms_norm
 
-from ....errors import CheckpointError
 from ...qwen_shared.jax_text import attend, decode_step_of, edge_replay, finish, layer_weights, put_head
 
 

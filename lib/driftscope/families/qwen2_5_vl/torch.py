@@ -21,9 +21,8 @@ from ..qwen_shared.tower import torch_vision_kwargs
 from ..qwen_shared.tower import tower_inputs as _tower_inputs
 from ..qwen_shared.tower import visual as _visual
 from ..qwen_shared.transformers_text import put_prefill, replay_text
-from .geometry.windows import unique_consecutive
-from .module_stages import tower_taps
-from .plan import block_stage_id, parse_stage
+from .geometry import unique_consecutive
+from .plan import block_stage_id, parse_stage, tower_taps
 
 MODEL_CLASS = "Qwen2_5_VLForConditionalGeneration"
 CAPABILITIES = TransformersCapabilities()  # nothing beyond the defaults
@@ -47,7 +46,7 @@ def put_unused_bounds(sink: StageSink, grid_thw: Any, cu_window: Any) -> None:
 
 
 def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
-    """One vision forward with the declared module stages tapped (``module_stages``); q/k from the RoPE call, the
+    """One vision forward with the declared module stages tapped (``plan.tower_taps``); q/k from the RoPE call, the
     window index from the function that builds it, the bounds from each block's arguments. Returns the tower's
     output (what ``capture_text`` takes as ``tower``)."""
     import torch

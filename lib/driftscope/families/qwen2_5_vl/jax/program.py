@@ -24,10 +24,19 @@ from ...qwen_shared.mrope import prompt_positions
 from ...qwen_shared.text import put_text_inputs
 from ..geometry import Bucket, pack_images
 from ..plan import parse_stage
-from .config import VisionSpec
-from .model import FINAL, SUBSTAGES, block_graph, merger_graph, stem_graph, vision_tower
-from .stages import prefixed, stage_function, stage_weights
-from .weights import load_vision_weights
+from .model import (
+    FINAL,
+    SUBSTAGES,
+    VisionSpec,
+    block_graph,
+    load_vision_weights,
+    merger_graph,
+    prefixed,
+    stage_function,
+    stage_weights,
+    stem_graph,
+    vision_tower,
+)
 
 CAPABILITIES = CompiledCapabilities(
     # the text side decodes greedily after the prefill (``text.generate.*``): see :func:`capture_text`
@@ -106,7 +115,7 @@ def lower_vision_tower(
         "merged_restore": ((rows // spec.merge_unit,), int32),
     }
     header = [
-        "// driftscope: Qwen2.5-VL vision tower (driftscope.families.qwen2_5_vl.emitter)",
+        "// driftscope: Qwen2.5-VL vision tower (driftscope.families.qwen2_5_vl.jax)",
         f"// bucket rows: {rows}; depth {spec.depth}; full attention blocks {list(spec.fullatt_block_indexes)}",
     ]
     return lower_graph(body, "vision_tower", weights, inputs, header, policy, rows, taps)

@@ -1,21 +1,39 @@
-"""What the generic views, the geometry notebook and the geometry CLI ask of Qwen2.5-VL."""
+"""What the generic views, the geometry notebook and the geometry CLI ask of Qwen2.5-VL: the view hooks,
+the family's sentences on the pages (``PROSE``), and the geometry figures of notebook 03 (windows over the image,
+the permutation, a wrong un-reorder, masks; matplotlib is imported only when a figure is drawn)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from driftscope.core.markup import text
+from driftscope.inputs.image_size import parse_size
+from driftscope.inputs.images import image_size, same_pixels
 
-from ...inputs.image_size import parse_size
-from ...inputs.images import image_size, same_pixels
 from ..base import GeometryClaim, Section
+from ..figures import draw_attention_mask
 from ..qwen_shared.layout import token_layout  # noqa: F401 (a view hook of this family)
 from ..qwen_shared.tower import tower_axis_sizes
-from .geometry import ResizeSpec, audit_unreorder, grid_for, window_layout
-from .geometry.summary import WINDOW_SIZE, bucket_summary, format_text, image_rows
+from .geometry import (
+    audit_masks,
+    audit_unreorder,
+    bucket_masks,
+    pack_images,
+    reverse_by_argsort,
+    reverse_by_rank_scatter,
+    window_layout,
+)
+from .inputs import WINDOW_SIZE, ResizeSpec, bucket_summary, format_text, grid_for, image_rows, smart_resize
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+# What the generic views, the geometry notebook and the geometry CLI ask of Qwen2.5-VL.
 
 #: Qwen2.5-VL's tower sizes where a config is silent (the released 3B's).
 RELEASED_SIZES = {"hidden_size": 1280, "patch_size": 14, "intermediate_size": 3420, "out_hidden_size": 2048}
@@ -102,13 +120,6 @@ def geometry_sections(
 ) -> list[Section]:
     """Notebook 03: the windows over the first image, the permutation, what a wrong un-reorder misplaces, and
     the masks of a packed bucket (``bucket_images`` sizes, default the images' own) with their leak audit."""
-    from .geometry.plots import (
-        mask_audit_frame,
-        mask_pictures,
-        misplaced_over_image,
-        permutation_picture,
-        windows_over_image,
-    )
 
     image_path = image_paths[0]
     spec = ResizeSpec.from_checkpoint(checkpoint)
@@ -174,7 +185,7 @@ def geometry_report(
 def axis_sizes(config: dict, inputs=None) -> dict[str, int | str]:
     """The size of every axis name the stage plan uses, for ``driftscope stages`` (token axes by name when
     ``inputs`` is None); ``tokens:patch`` and ``tokens:merged`` are the ``tokens`` axis in each unit."""
-    from .geometry.windows import cu_seqlens, window_layout
+    from .geometry import cu_seqlens, window_layout
     from .plan import vision_config
 
     vision = vision_config(config)
@@ -195,3 +206,164 @@ def shapes_note(config: dict) -> str:
 
     unit = int(vision_config(config).get("spatial_merge_size", 2)) ** 2
     return f"patches = sum of t*h*w over the grids, merged_tokens = patches / {unit}"
+
+
+# Qwen2.5-VL's sentences on the generic notebook pages (``Family.text``).
+
+PROSE = {
+    "inputs": (
+        "Drawn over each resized image: its attention windows (the tower attends within them except in its "
+        "full-attention blocks). One window means a wrong window permutation cannot be seen on this image."
+    ),
+    "mutations": (
+        "an identity window permutation, full attention where the model attends in windows, a twice-applied "
+        "un-reorder, a cross-image mask leak"
+    ),
+    "answer": ("the M-RoPE positions (temporal, height and width ids, so the image slots carry their grid position)"),
+}
+
+
+# Qwen2.5-VL's geometry figures (notebook 03): windows over the image, the permutation, a wrong un-reorder, masks.
+
+WINDOW_PX = 112
+
+
+def _resized(image_path: str | Path, spec: ResizeSpec) -> tuple[np.ndarray, tuple[int, int, int]]:
+    from PIL import Image
+
+    with Image.open(image_path) as image:
+        rgb = image.convert("RGB")
+        height, width = smart_resize(rgb.height, rgb.width, spec)
+        array = np.asarray(rgb.resize((width, height), Image.Resampling.BICUBIC))
+    return array, (1, height // spec.patch_size, width // spec.patch_size)
+
+
+def _merged_grid(grid: tuple[int, int, int], spec: ResizeSpec) -> tuple[int, int]:
+    return grid[1] // spec.merge_size, grid[2] // spec.merge_size
+
+
+def windows_over_image(image_path: str | Path, spec: ResizeSpec = ResizeSpec()) -> Figure:
+    """The resized image with each attention window outlined and numbered in window order."""
+    from matplotlib.figure import Figure
+    from matplotlib.patheffects import withStroke
+
+    image, grid = _resized(image_path, spec)
+    gh, gw = _merged_grid(grid, spec)
+    layout = window_layout([grid], spec.merge_size, WINDOW_PX, spec.patch_size)
+    cell = spec.patch_size * spec.merge_size
+    owner = np.empty(gh * gw, dtype=int)
+    bounds = layout.cu_window_seqlens // (spec.merge_size**2)
+    for number, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        owner[layout.window_index[start:stop]] = number
+    figure = Figure(figsize=(5, 5 * image.shape[0] / image.shape[1] + 0.4), layout="constrained")
+    axis = figure.subplots()
+    axis.imshow(image)
+    axis.imshow(
+        owner.reshape(gh, gw) % 2,
+        cmap="gray",
+        alpha=0.15,
+        extent=(0, image.shape[1], image.shape[0], 0),
+        interpolation="nearest",
+    )
+    for number in range(len(bounds) - 1):
+        cells = np.argwhere(owner.reshape(gh, gw) == number)
+        (y0, x0), (y1, x1) = cells.min(0), cells.max(0) + 1
+        axis.add_patch(_rect(x0 * cell, y0 * cell, (x1 - x0) * cell, (y1 - y0) * cell))
+        axis.text(
+            (x0 + x1) * cell / 2,
+            (y0 + y1) * cell / 2,
+            str(number),
+            color="white",
+            ha="center",
+            va="center",
+            fontsize=9,
+            fontweight="bold",
+            path_effects=[withStroke(linewidth=2.5, foreground="black")],  # legible on light and dark cells
+        )
+    axis.set_title(
+        f"{Path(image_path).name}: {image.shape[0]}x{image.shape[1]}, grid {list(grid)}, "
+        f"{len(bounds) - 1} windows ({sum(layout.partial_windows)} padded)",
+        fontsize=9,
+    )
+    axis.set_axis_off()
+    return figure
+
+
+def _rect(x, y, w, h):
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((x, y), w, h, fill=False, edgecolor="yellow", linewidth=1.5)
+
+
+def permutation_picture(image_path: str | Path, spec: ResizeSpec = ResizeSpec()) -> Figure:
+    """Left: each merged token's window-order position at its raster place. Right: the permutation matrix."""
+    from matplotlib.figure import Figure
+
+    _, grid = _resized(image_path, spec)
+    gh, gw = _merged_grid(grid, spec)
+    index = window_layout([grid], spec.merge_size, WINDOW_PX, spec.patch_size).window_index
+    rank = reverse_by_argsort(index)  # rank[raster] = window-order position
+    figure = Figure(figsize=(10, 4.2), layout="constrained")
+    left, right = figure.subplots(1, 2)
+    shown = left.imshow(rank.reshape(gh, gw), cmap="viridis", interpolation="nearest")
+    figure.colorbar(shown, ax=left, label="window-order position")
+    left.set_title("window-order position of each merged token (raster layout)", fontsize=9)
+    matrix = np.zeros((len(index), len(index)))
+    matrix[np.arange(len(index)), index] = 1
+    right.imshow(matrix, cmap="Greys", interpolation="nearest")
+    right.set_xlabel("raster token")
+    right.set_ylabel("window-order position")
+    right.set_title("permutation matrix", fontsize=9)
+    return figure
+
+
+def misplaced_over_image(image_path: str | Path, spec: ResizeSpec = ResizeSpec()) -> Figure:
+    """Tokens a ``reverse[orig] = rank`` un-reorder puts in the wrong place, marked red on the image."""
+    from matplotlib.figure import Figure
+
+    image, grid = _resized(image_path, spec)
+    gh, gw = _merged_grid(grid, spec)
+    index = window_layout([grid], spec.merge_size, WINDOW_PX, spec.patch_size).window_index
+    figure = Figure(figsize=(10, 4.6), layout="constrained")
+    axes = figure.subplots(1, 2)
+    tokens = np.arange(len(index))
+    for axis, (name, reverse) in zip(
+        axes,
+        (("argsort (correct)", reverse_by_argsort(index)), ("reverse[orig] = rank", reverse_by_rank_scatter(index))),
+        strict=True,
+    ):
+        wrong = (tokens[index][reverse] != tokens).reshape(gh, gw)
+        axis.imshow(image)
+        overlay = np.zeros((gh, gw, 4))
+        overlay[wrong] = (1.0, 0.0, 0.0, 0.55)
+        axis.imshow(overlay, extent=(0, image.shape[1], image.shape[0], 0), interpolation="nearest")
+        axis.set_title(f"{name}: {int(wrong.sum())}/{len(index)} merged tokens misplaced", fontsize=9)
+        axis.set_axis_off()
+    return figure
+
+
+def mask_pictures(grids: list[tuple[int, int, int]], rows: int, spec: ResizeSpec = ResizeSpec()) -> Figure:
+    """Full and window attention masks of a packed bucket (the one mask convention), image bounds marked red."""
+    from matplotlib.figure import Figure
+
+    bucket = pack_images(grids, rows, spec.merge_size, WINDOW_PX, spec.patch_size)
+    full, window = bucket_masks(bucket)
+    figure = Figure(figsize=(11, 5), layout="constrained")
+    for axis, (name, mask) in zip(
+        figure.subplots(1, 2), (("full attention", full), ("window attention", window)), strict=True
+    ):
+        draw_attention_mask(
+            axis, mask, f"{name}: {bucket.active} active rows, {bucket.rows - bucket.active} padding (red: images)"
+        )
+        for bound in bucket.cu_seqlens[1:]:
+            axis.axhline(bound - 0.5, color="red", linewidth=0.6)
+            axis.axvline(bound - 0.5, color="red", linewidth=0.6)
+    return figure
+
+
+def mask_audit_frame(grids: list[tuple[int, int, int]], rows: int, spec: ResizeSpec = ResizeSpec()):
+    import pandas as pd
+
+    bucket = pack_images(grids, rows, spec.merge_size, WINDOW_PX, spec.patch_size)
+    full, window = bucket_masks(bucket)
+    return pd.DataFrame(audit_masks(full, window, bucket).rows())

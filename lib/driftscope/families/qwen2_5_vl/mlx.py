@@ -1,18 +1,18 @@
-"""Qwen2.5-VL in mlx-vlm: loading (with the config adapted), where to record each stage, the replay operators.
-
-The stages a module's output or input holds are declared in ``module_stages``; q/k are recorded from mlx-vlm's own
-RoPE function (called for q, then k, in every block) and SiLU from the activation call inside its MLP.
-"""
+"""Qwen2.5-VL on mlx-vlm: loading (the config adapted in memory where mlx-vlm needs it, what its port cannot
+represent), the declared stages tapped by class-call watching, the text side, and the replay operators."""
 
 from __future__ import annotations
 
+import copy
 import functools
+import glob
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from driftscope.errors import CheckpointError
 from driftscope.families.capabilities import MLXCapabilities
 from driftscope.inputs.processor_output import ModelInputs
 from driftscope.taps.mlx_hooks import Recording, SiluProxy, dtype_name, module_attr, shadow, to_numpy
@@ -21,12 +21,97 @@ from driftscope.taps.sink import StageSink
 
 from ..qwen_shared.block_replay import block_operator, mlx_attention_replay, mlx_rotary_angles
 from ..qwen_shared.mlx_text import mlx_pixels, mlx_vision_kwargs, put_decoded, put_prompt, replay_text
-from ..qwen_shared.text import text_taps
-from .geometry.windows import unique_consecutive
-from .mlx_config import load_mlx_model, unrepresentable
-from .module_stages import tower_taps
-from .plan import block_stage_id, parse_stage
-from .transformers_taps import put_unused_bounds
+from ..qwen_shared.text import text_taps, tied_head
+from .geometry import unique_consecutive
+from .plan import block_stage_id, parse_stage, tower_taps
+from .torch import put_unused_bounds
+
+# Load a transformers-5 Qwen2.5-VL checkpoint (or an MLX-community quantized one) with mlx-vlm's model code.
+#
+# mlx-vlm 0.7 reads the older config layout: text settings at the top level and ``rope_scaling``
+# with ``type: mrope``. transformers 5 nests them under ``text_config`` with ``rope_parameters``.
+# ``adapt_config`` converts in memory; the checkpoint directory is never copied or edited.
+
+
+#: The model type mlx-vlm builds this family's model from (it picks its model code by ``model_type``).
+MLX_MODEL_TYPE = "qwen2_5_vl"
+
+
+def adapt_config(config: dict) -> dict:
+    """The mlx-vlm view of a transformers-5 Qwen2.5-VL config (a new dict), under mlx-vlm's Qwen2.5-VL model type
+    whatever type the checkpoint declares (a family copied under another model type runs the same port)."""
+    adapted = copy.deepcopy(config)
+    adapted["model_type"] = MLX_MODEL_TYPE
+    text = dict(adapted.get("text_config") or {})
+    rope = dict(text.pop("rope_parameters", None) or adapted.pop("rope_parameters", None) or {})
+    if "rope_scaling" not in text and rope:
+        text["rope_scaling"] = {
+            "type": "mrope" if "mrope_section" in rope else rope.get("rope_type", "default"),
+            "mrope_section": rope.get("mrope_section", [16, 24, 24]),
+            "rope_type": rope.get("rope_type", "default"),
+        }
+        text.setdefault("rope_theta", rope.get("rope_theta", 1e6))
+    text["model_type"] = adapted.get("model_type", "qwen2_5_vl")
+    for key, value in text.items():
+        if key not in ("vision_config", "text_config"):
+            adapted.setdefault(key, value)
+            if key in ("rope_scaling", "rope_theta"):
+                adapted[key] = value
+    adapted["text_config"] = text
+    vision = dict(adapted.get("vision_config") or {})
+    vision["model_type"] = adapted.get("model_type", "qwen2_5_vl")
+    vision.setdefault("out_hidden_size", text.get("hidden_size"))
+    adapted["vision_config"] = vision
+    return adapted
+
+
+#: The spatial merge mlx-vlm 0.7.10's Qwen2.5-VL merger is built with, whatever the config says.
+MLX_SPATIAL_MERGE = 2
+
+
+def unrepresentable(config: dict, path=None) -> list[str]:
+    """The settings of ``config`` mlx-vlm's Qwen2.5-VL port cannot represent, each naming its key."""
+    merge = int((config.get("vision_config") or {}).get("spatial_merge_size", MLX_SPATIAL_MERGE))
+    if merge == MLX_SPATIAL_MERGE:
+        return []
+    return [f"vision_config.spatial_merge_size is {merge}; mlx-vlm's merger always merges {MLX_SPATIAL_MERGE}x2"]
+
+
+def load_mlx_model(path: Path, config: dict) -> Any:
+    """mlx-vlm's Qwen2.5-VL ``Model`` with the checkpoint's safetensors weights (strict)."""
+    import mlx.core as mx
+    from mlx_vlm import utils
+
+    adapted = adapt_config(config)
+    model_module, _ = utils.get_model_and_args(config=adapted)
+    model_config = model_module.ModelConfig.from_dict(adapted)
+    model_config = utils.update_module_configs(model_config, model_module, adapted, ["text", "vision"])
+    model = model_module.Model(model_config)
+    weight_files = sorted(glob.glob(str(Path(path) / "*.safetensors")))
+    weights: dict[str, Any] = {}
+    for weight_file in weight_files:
+        weights.update(mx.load(weight_file))
+    for name in tied_head(config):  # derived from the embedding: mlx-vlm's tied model has no such parameter
+        weights.pop(name, None)
+    weights = utils.sanitize_weights(model, weights)
+    weights = utils.sanitize_weights(model_module.VisionModel, weights, model_config.vision_config)
+    weights = utils.sanitize_weights(model_module.LanguageModel, weights, model_config.text_config)
+    try:  # mlx-vlm's own install: an MLX-community checkpoint's quantized layers become quantized modules
+        utils.load_model_weights(model, adapted, weights, Path(path), strict=True)
+    except ValueError as err:
+        raise CheckpointError(
+            f"checkpoint {path} does not match mlx-vlm's Qwen2.5-VL model: {err}",
+            "check that config.json describes these weights (depth, hidden sizes)",
+        ) from err
+    mx.eval(model.parameters())
+    model.eval()
+    return model
+
+
+# Qwen2.5-VL in mlx-vlm: loading (with the config adapted), where to record each stage, the replay operators.
+#
+# The stages a module's output or input holds are declared in ``plan.tower_taps``; q/k are recorded from mlx-vlm's
+# own RoPE function (called for q, then k, in every block) and SiLU from the activation call inside its MLP.
 
 CAPABILITIES = MLXCapabilities(unrepresentable=unrepresentable)  # the runtime asks it before loading
 
@@ -49,7 +134,7 @@ def run_vision(model: Any, inputs: ModelInputs):
 
 
 def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> Any:
-    """One tower forward with the declared module stages tapped (``module_stages``) and recorders on what no module
+    """One tower forward with the declared module stages tapped (``plan.tower_taps``) and recorders on what no module
     gives (the rotary angles, the window index, RoPE, the SiLU, each block's bounds); returns the tower's output
     (``capture_text``'s ``tower``)."""
     import mlx.core as mx
