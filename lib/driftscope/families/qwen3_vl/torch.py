@@ -1,6 +1,6 @@
 """Qwen3-VL in transformers: the model class, the modules hooked for each stage, the replay operators.
 
-Every tap is the value the forward computed: module outputs and inputs declared (``module_stages``), q/k after
+Every tap is the value the forward computed: module outputs and inputs declared (``plan``), q/k after
 RoPE from transformers' own RoPE function (wrapped for the call), the interpolated position table from the
 gathered rows of ``pos_embed`` times the weights the forward used. The text side separates the two meanings of a
 decoder layer's output that ``hidden_states`` conflates: the layer's own output (``text.layer.N``, its last
@@ -29,8 +29,7 @@ from ..qwen_shared.tower import torch_vision_kwargs
 from ..qwen_shared.tower import tower_inputs as _tower_inputs
 from ..qwen_shared.tower import visual as _visual
 from ..qwen_shared.transformers_text import put_prefill, replay_text
-from .module_stages import decoder_taps, tower_taps
-from .plan import block_stage_id, parse_stage
+from .plan import block_stage_id, decoder_taps, parse_stage, tower_taps
 
 MODEL_CLASS = "Qwen3VLForConditionalGeneration"
 CAPABILITIES = TransformersCapabilities()  # nothing beyond the defaults
@@ -51,7 +50,7 @@ def run_vision(model: Any, inputs: ModelInputs):
 
 
 def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
-    """One vision forward with the declared module stages tapped (``module_stages``: blocks, substages, mergers,
+    """One vision forward with the declared module stages tapped (``plan``: blocks, substages, mergers,
     DeepStack branches); q/k from the RoPE call, the position table from the interpolation's weights, the bounds
     from each block's arguments."""
     import torch

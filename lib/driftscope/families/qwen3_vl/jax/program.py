@@ -24,10 +24,18 @@ from ...qwen_shared.mrope import prompt_positions
 from ...qwen_shared.text import put_text_inputs
 from ..geometry import VisionBucket, interpolation, pack_bucket
 from ..plan import deepstack_stage_id, parse_stage
-from .config import VisionSpec
-from .model import FINAL, SUBSTAGES, block_graph, final_ids, merger_graph, stem_graph, vision_tower
-from .stages import stage_function, stage_weights
-from .weights import load_vision_weights
+from .model import (
+    FINAL,
+    SUBSTAGES,
+    block_graph,
+    final_ids,
+    merger_graph,
+    stage_function,
+    stage_weights,
+    stem_graph,
+    vision_tower,
+)
+from .weights import VisionSpec, load_vision_weights
 
 CAPABILITIES = CompiledCapabilities(
     # the text side decodes greedily after the prefill (``text.generate.*``): see :func:`capture_text`
@@ -79,7 +87,7 @@ def lower(model: EmittedModel, policy: PrecisionPolicy, bucket: VisionBucket, ta
         "segments": ((rows,), "int32"),
     }
     header = [
-        "// driftscope: Qwen3-VL vision tower (driftscope.families.qwen3_vl.emitter)",
+        "// driftscope: Qwen3-VL vision tower (driftscope.families.qwen3_vl.jax)",
         f"// bucket rows: {rows}; depth {spec.depth}; DeepStack blocks {list(spec.deepstack_visual_indexes)}",
     ]
     return lower_graph(body, "vision_tower", model.weights, inputs, header, policy, rows, taps)
@@ -203,8 +211,7 @@ def prefill_arguments(runtime, inputs: ModelInputs, sink: StageSink, tower: dict
 
 def _text(model: EmittedModel):
     """The text decoder's spec and weights, read from the checkpoint once (released with the model)."""
-    from .config import TextSpec
-    from .weights import load_text_weights
+    from .weights import TextSpec, load_text_weights
 
     return text_model(model, TextSpec, load_text_weights)
 

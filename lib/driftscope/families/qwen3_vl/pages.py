@@ -1,6 +1,5 @@
-"""What the generic views, the geometry notebook, ``driftscope geometry`` and ``driftscope stages`` ask of
-Qwen3-VL: where token rows sit, what to draw over an input, the resize and position-table interpolation of
-given image sizes, and a packed bucket with its mask audit."""
+"""What the generic views, ``driftscope geometry`` and ``driftscope stages`` ask of Qwen3-VL (the view hooks),
+and the family's sentences on the pages (``PROSE``)."""
 
 from __future__ import annotations
 
@@ -10,10 +9,10 @@ from pathlib import Path
 import numpy as np
 
 from driftscope.core.markup import listed, text
+from driftscope.errors import InputError
+from driftscope.inputs.image_size import parse_size
+from driftscope.inputs.images import image_size, same_pixels
 
-from ...errors import InputError
-from ...inputs.image_size import parse_size
-from ...inputs.images import image_size, same_pixels
 from ..base import GeometryClaim, Section
 from ..figures import draw_attention_mask
 from ..qwen_shared.layout import token_layout  # noqa: F401 (a view hook of this family)
@@ -21,6 +20,10 @@ from ..qwen_shared.processor import stated_settings
 from ..qwen_shared.tower import tower_axis_sizes
 from .geometry import audit_bucket, axis_taps, grid_side, lands_on_table_rows, pack_bucket
 from .plan import vision_config
+
+# What the generic views, the geometry notebook, ``driftscope geometry`` and ``driftscope stages`` ask of
+# Qwen3-VL: where token rows sit, what to draw over an input, the resize and position-table interpolation of
+# given image sizes, and a packed bucket with its mask audit.
 
 #: What released Qwen3-VL checkpoints say, used when no checkpoint is given.
 DEFAULTS = {"min_pixels": 65536, "max_pixels": 16777216, "patch_size": 16, "merge_size": 2, "table": 48}
@@ -324,3 +327,21 @@ def shapes_note(config: dict) -> str:
         f"patches = sum of t*h*w over the grids, merged_tokens = patches / {unit}; "
         "the DeepStack branches and the main merger have merged_tokens rows"
     )
+
+
+# Qwen3-VL's sentences on the generic notebook pages (``Family.text``).
+
+PROSE = {
+    "inputs": (
+        "Drawn over each resized image: its merged-token grid (2x2 patches per token). The tower attends over the "
+        "whole image at once; its learned position table is interpolated to this grid."
+    ),
+    "mutations": (
+        "a DeepStack branch dropped or two branches swapped, nearest-neighbour position-table interpolation, "
+        "Qwen2-era resize bounds"
+    ),
+    "answer": (
+        "the M-RoPE positions (temporal, height and width ids), the DeepStack additions at the image slots of "
+        "the first decoder layers"
+    ),
+}

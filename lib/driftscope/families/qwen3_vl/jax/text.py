@@ -20,8 +20,8 @@ import numpy as np
 
 from ...qwen_shared.jax_text import attend, decode_step_of, edge_replay, finish, layer_weights, put_head
 from ...qwen_shared.plan import layer_index
-from .config import TextSpec
-from .layers import Contract, linear, rms_norm, rotate_half
+from .model import Contract, linear, rms_norm, rotate_half
+from .weights import TextSpec
 
 
 def mrope_axes(spec: TextSpec) -> np.ndarray:
