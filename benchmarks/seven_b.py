@@ -158,7 +158,11 @@ def investigate(checkpoint: Path, image: Path, out: Path) -> None:
     memory.stop()
     if process.returncode not in (0, 1):  # 0 pass, 1 fail: both are a finished investigation
         log = target / "investigation.log"
-        raise RuntimeError(f"driftscope run exited {process.returncode}; see {log}")
+        at = ", ".join(f"{label} {gib(rss)}" for label, rss in memory.at_capture.items())
+        raise RuntimeError(
+            f"driftscope run exited {process.returncode} after {seconds:.0f} s (peak RSS {gib(memory.hwm)} GiB; "
+            f"RSS GiB when each capture started: {at}); see {log}"
+        )
     report = Report.load(target / "report.json")
     #: each runtime's plain forward, in a fresh process each: (the run's label, the child's runtime spec)
     plain_specs = {

@@ -8,7 +8,9 @@ stacked) and cast to the dtype the runtime holds, must be equal to it, bit for b
 A parameter no checkpoint tensor makes (random values a loader filled in), a checkpoint tensor the runtime does
 not hold, and a value that differs are each findings, named by tensor. On the reference a finding stops the run
 (nothing can be compared against a wrongly loaded reference); on a candidate it is that candidate's finding: its
-check ``load audit`` fails and its pairs with it.
+check ``load audit`` fails and its pairs with it. Weights a runtime reads only later (the compiled path's text
+decoder, read at the text capture) are audited when read, under the family's ``LoadLayout.later`` declaration
+(:func:`audit_later_part`), into the same record.
 """
 
 from __future__ import annotations
@@ -96,17 +98,18 @@ def _cast(value: np.ndarray, dtype: str) -> np.ndarray:
     return value.astype(dtype).astype(np.float64) if dtype in ("float16", "float32", "float64") else value
 
 
-def audit(runtime: Any) -> dict:
-    """The audit record of ``runtime``'s loaded model: what was checked, how, and every finding."""
-    from driftscope.model.weightfile import TensorFiles
+def tensors_of(arrays: dict[str, np.ndarray]) -> dict:
+    """``arrays`` as a runtime's ``loaded_tensors`` gives them: ``{name: (shape, dtype, rows -> array)}``."""
+    return {
+        name: (tuple(value.shape), str(value.dtype), lambda rows, v=value: v if rows is None else v[rows])
+        for name, value in arrays.items()
+    }
 
-    layout = runtime.family.load_layout(runtime.name, runtime.checkpoint)
-    if layout is None:
-        return {"status": "not declared", "detail": f"the {runtime.family.name} family declares no layout for "
-                f"{runtime.name}: its load was not audited"}  # fmt: skip
-    files = TensorFiles(runtime.checkpoint.path)
+
+def compare(files, layout: LoadLayout, loaded: dict) -> tuple[int, list[str], list[str]]:
+    """(how many parameters were checked, the names checked on sampled rows, the findings) of ``loaded``
+    (``{name: (shape, dtype, rows -> array)}``) against the checkpoint ``files`` under ``layout``."""
     wanted = declared(layout, files.names())
-    loaded = runtime.loaded_tensors()
     findings, checked, sampled = [], 0, []
     for name, (shape, dtype, rows_of) in loaded.items():
         if name not in wanted:
@@ -132,6 +135,18 @@ def audit(runtime: Any) -> dict:
             )
     for name in sorted(set(wanted) - set(loaded)):
         findings.append(f"{name}: the checkpoint holds {wanted[name][0][0]}, the runtime does not hold it")
+    return checked, sampled, findings
+
+
+def audit(runtime: Any) -> dict:
+    """The audit record of ``runtime``'s loaded model: what was checked, how, and every finding."""
+    from driftscope.model.weightfile import TensorFiles
+
+    layout = runtime.family.load_layout(runtime.name, runtime.checkpoint)
+    if layout is None:
+        return {"status": "not declared", "detail": f"the {runtime.family.name} family declares no layout for "
+                f"{runtime.name}: its load was not audited"}  # fmt: skip
+    checked, sampled, findings = compare(TensorFiles(runtime.checkpoint.path), layout, runtime.loaded_tensors())
     return {
         "status": "fail" if findings else "pass",
         "checked": checked,
@@ -139,13 +154,42 @@ def audit(runtime: Any) -> dict:
         "corrected": list(runtime.load_corrections),
         "notes": list(layout.notes),
         "findings": findings,
-        "detail": _detail(runtime, checked, sampled, findings),
+        "detail": _detail(runtime, checked, len(sampled), findings),
     }
 
 
-def _detail(runtime: Any, checked: int, sampled: list[str], findings: list[str]) -> str:
+def audit_later_part(runtime: Any, part: str, loaded: dict) -> None:
+    """Add to ``runtime.load_audit`` the audit of the weights it read after its load (``loaded``: ``part``, e.g.
+    the compiled path's text side, read at the text capture) under its family's ``LoadLayout.later[part]``; on the
+    reference a finding stops it. Nothing where the family declares no such part or the load was not audited."""
+    from driftscope.model.weightfile import TensorFiles
+
+    record = runtime.load_audit
+    layout = runtime.family.load_layout(runtime.name, runtime.checkpoint) if record is not None else None
+    if record is None or record.get("status") not in ("pass", "fail") or part in record.get("parts", []):
+        return  # not audited at load (quantized, undeclared), or this part already was
+    if layout is None or part not in layout.later:
+        return
+    checked, sampled, findings = compare(TensorFiles(runtime.checkpoint.path), layout.later[part], loaded)
+    checked += record.get("checked", 0)
+    sampled_count = record.get("sampled", {}).get("tensors", 0) + len(sampled)
+    findings = [*record.get("findings", []), *findings]
+    record.update(
+        status="fail" if findings else "pass",
+        checked=checked,
+        sampled={"tensors": sampled_count, "rows": SAMPLED_ROWS, "over_elements": FULL_ELEMENTS},
+        notes=[*record.get("notes", []), *layout.later[part].notes],
+        findings=findings,
+        detail=_detail(runtime, checked, sampled_count, findings),
+        parts=[*record.get("parts", []), part],
+    )
+    if runtime.strict_audit:
+        refuse_reference(record, runtime)
+
+
+def _detail(runtime: Any, checked: int, sampled: int, findings: list[str]) -> str:
     how = f"{checked} parameters equal the checkpoint's tensors under the declared transforms" + (
-        f" ({len(sampled)} over {FULL_ELEMENTS} elements on {SAMPLED_ROWS} sampled rows each)" if sampled else ""
+        f" ({sampled} over {FULL_ELEMENTS} elements on {SAMPLED_ROWS} sampled rows each)" if sampled else ""
     )
     if not findings:
         return how
@@ -176,5 +220,5 @@ def audit_runtime(runtime: Any) -> dict:
 
 def audit_summary(record: dict) -> dict:
     """The load audit as a sidecar keeps it (so a cached reference capture still says how it was loaded)."""
-    keep = ("status", "checked", "sampled", "corrected", "notes", "detail")
+    keep = ("status", "checked", "sampled", "corrected", "notes", "detail", "parts")
     return {key: record[key] for key in keep if key in record} | {"findings": list(record.get("findings") or [])[:20]}

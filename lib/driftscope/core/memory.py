@@ -5,11 +5,15 @@ A full ``gc.collect()`` walks every object of the process: ~0.25 s once torch an
 moment its last reference goes, unless it sits in a reference cycle (a family's loading code may leave one
 behind; a hypothesis patch that binds a method to its module makes one): so the collection runs only when a
 watched object outlived its reference, and what a runtime releases is freed before the next model loads either
-way.
+way. What was freed is then given back to the operating system (:func:`give_back`), so the next model's load
+does not sit beside the heap pages the last one left.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import gc
 import weakref
 
@@ -25,8 +29,33 @@ def watch(*objects: object) -> list[weakref.ref] | None:
 
 
 def free(watched: list[weakref.ref] | None) -> bool:
-    """A full garbage collection unless every watched object is gone already; whether one ran."""
-    if watched is not None and all(ref() is None for ref in watched):
+    """A full garbage collection unless every watched object is gone already, then the freed memory given back to
+    the operating system (:func:`give_back`); whether a collection ran."""
+    collected = watched is None or any(ref() is not None for ref in watched)
+    if collected:
+        gc.collect()
+    give_back()
+    return collected
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's ``malloc_trim``, or None (another C library: macOS, musl)."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def give_back() -> bool:
+    """Return the C heap's free pages to the operating system (glibc's ``malloc_trim(0)``); whether it could.
+
+    A model's weights are freed into the C heap, and glibc keeps what it cannot release from the top of an arena:
+    after a run's candidate had held the 7B shape's 16 GiB of bfloat16 weights, most of it stayed resident beside
+    the next candidate's load (a run killed for memory on 24 GiB; docs/benchmarks-history.md, 2026-12-04). Trimming
+    releases every free page, wherever it sits."""
+    trim = _malloc_trim()
+    if trim is None:
         return False
-    gc.collect()
+    trim(0)
     return True

@@ -54,3 +54,6 @@ class LoadLayout:
     not_from_checkpoint: tuple[str, ...] = ()
     #: why the declaration is what it is, for the report (e.g. which layout a checkpoint's experts are in)
     notes: tuple[str, ...] = ()
+    #: parts the runtime reads after its load, each audited when read, by name (``"text"``: the compiled path's
+    #: decoder, read at the text capture), with the layout they are held in
+    later: Mapping[str, LoadLayout] = field(default_factory=dict)

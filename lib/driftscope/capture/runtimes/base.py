@@ -346,6 +346,8 @@ class Runtime(ABC):
             self._capture(inputs, sink)
             if inputs.text is not None and any(stage.id.startswith("text.") for stage in plan):
                 self._capture_text(inputs, sink)
+                if self.load_audit:  # the text side's weights, where read at the text capture, are audited there
+                    writer.meta["load_audit"] = audit_summary(self.load_audit)
             writer.drain()  # the capture's time includes its last bytes' writes (a failed write raises here)
         except BaseException as err:
             if isinstance(err, OSError | OutputError):

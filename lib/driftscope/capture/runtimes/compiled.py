@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from driftscope.capture.load_audit import audit_later_part, tensors_of
 from driftscope.capture.runtimes.base import Runtime, package_versions, require
 from driftscope.capture.runtimes.compiled_taps import Bucket, CompiledTaps, padded_length
 from driftscope.capture.runtimes.compiled_weights import drop_tower, refuse_unread, restore_tower, weight_reads
@@ -77,13 +78,9 @@ class CompiledRuntime(Runtime):
         refuse_unread(self, text)
 
     def loaded_tensors(self) -> dict:
-        """The weights the emitter read at load (the tower's; the text side's are read, by name and shape, at the
-        text capture), as the program receives them."""
-        weights = self.model.weights if isinstance(getattr(self.model, "weights", None), dict) else {}
-        return {
-            name: (tuple(value.shape), str(value.dtype), lambda rows, v=value: v if rows is None else v[rows])
-            for name, value in weights.items()
-        }
+        """The weights the emitter read at load (the tower's; the text side's are read, and audited, at the text
+        capture), as the program receives them."""
+        return tensors_of(self.model.weights if isinstance(getattr(self.model, "weights", None), dict) else {})
 
     def weight_dtypes(self) -> dict[str, int]:
         from collections import Counter
@@ -226,6 +223,7 @@ class CompiledRuntime(Runtime):
         with weight_reads(self):
             self.taps.capture_text(self, inputs, sink, self._tower)
         self.refuse_unread(text=True)
+        audit_later_part(self, "text", tensors_of(self.model.text_weights or {}))
 
     def run_text(self, function, args, name: str = "text_prefill") -> dict[str, np.ndarray]:
         """One text graph (``name``: the prefill, a decode step) on ``args`` (weights first)."""

@@ -146,7 +146,10 @@ class MLXRuntime(Runtime):
         super().release()
         import mlx.core as mx
 
+        from driftscope.core.memory import give_back
+
         mx.clear_cache()  # MLX keeps freed buffers for reuse; give them back
+        give_back()
 
     def versions(self) -> dict[str, str]:
         from driftscope.model.blas import mlx_blas

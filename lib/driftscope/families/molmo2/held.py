@@ -101,10 +101,38 @@ def molmo2_layout(runtime: str, checkpoint) -> LoadLayout | None:
                 ),
             ),
         )
-    if runtime in ("jax", "iree"):  # the tower's weights at load; the decoder's are read at the text capture
+    if runtime in ("jax", "iree"):  # the tower's weights at load; the decoder's at the text capture
         return LoadLayout(
             renames=COMPILED,
             not_held=("model.transformer.*", "lm_head.*"),
-            notes=("the decoder's weights are read by name and shape at the text capture, not audited here",),
+            later={"text": emitter_text_layout(checkpoint)},
         )
     return None
+
+
+def emitter_text_layout(checkpoint) -> LoadLayout:
+    """How the compiled path's decoder holds the checkpoint's text tensors (``LoadLayout.later["text"]``): the
+    emitter's names (``emitter.weights.checkpoint_names``), each fused ``att_proj`` split into q, k and v rows and
+    ``ff_proj`` into up then gate, the two word-embedding parts stacked into one table."""
+    from .emitter.config import Molmo2Spec
+    from .emitter.weights import checkpoint_names
+
+    spec = Molmo2Spec.from_config(checkpoint.config)
+    text = spec.text
+    q, kv, inner = text.num_heads * text.head_dim, text.num_kv_heads * text.head_dim, text.intermediate_size
+    layer = r"model\.transformer\.blocks\.(\d+)\."
+    rules = [
+        TensorRule(layer + r"mlp\.ff_proj\.weight", (
+            Held(r"text.layers.\1.mlp.up.weight", (("rows", 0, inner),)),
+            Held(r"text.layers.\1.mlp.gate.weight", (("rows", inner, 2 * inner),)),
+        )),
+        TensorRule(r"model\.transformer\.wte\.embedding", (Held("text.embed.weight", sources=(EMBEDDING, NEW)),)),
+        TensorRule(r"model\.transformer\.wte\.new_embedding", ()),  # stacked into text.embed.weight above
+    ]  # fmt: skip
+    for kind in ("weight", "bias"):
+        rules.append(TensorRule(layer + rf"self_attn\.att_proj\.{kind}", tuple(
+            Held(rf"text.layers.\1.attn.{name}.{kind}", (("rows", start, stop),))
+            for name, start, stop in (("q", 0, q), ("k", q, q + kv), ("v", q + kv, q + 2 * kv))
+        )))  # fmt: skip
+    names = {key: name for name, (key, _) in checkpoint_names(spec).items() if name.startswith("text.")}
+    return LoadLayout(names=names, rules=tuple(rules), not_held=("model.vision_backbone.*",))

@@ -95,7 +95,7 @@ def moe_layout(runtime: str, checkpoint):
     from ..qwen_shared.held import qwen_layout
 
     files = TensorFiles(checkpoint.path)
-    rules: dict[str, list[TensorRule]] = {"transformers": [], "mlx": []}
+    rules: dict[str, list[TensorRule]] = {"transformers": [], "mlx": [], "text": []}
     notes = []
     for name in files.names():
         layout = expert_layout(checkpoint.config, name, files.shape(name))
@@ -104,6 +104,9 @@ def moe_layout(runtime: str, checkpoint):
         notes.append(f"{name}: {layout} layout")
         flip = (("transpose", (0, 2, 1)),) if layout == "released" else ()
         rules["transformers"].append(TensorRule(_re.escape(name), (Held(ops=flip),)))
+        text = name.removeprefix("model.language_model.")  # the emitter's: layers.N.mlp.{gate_up,down}
+        emitted = text.split(".experts.")[0] + (".gate_up" if name.endswith("gate_up_proj") else ".down")
+        rules["text"].append(TensorRule(_re.escape(text), (Held(emitted, flip),)))
         mlx = name.replace("model.language_model.", "language_model.model.", 1)
         experts = mlx.rsplit(".", 1)[0].replace(".mlp.experts", ".mlp.switch_mlp")  # mlx-vlm's SwitchGLU
         if name.endswith("gate_up_proj"):
@@ -115,6 +118,8 @@ def moe_layout(runtime: str, checkpoint):
             rules["mlx"].append(TensorRule(_re.escape(mlx), halves))
         else:
             rules["mlx"].append(TensorRule(_re.escape(mlx), (Held(f"{experts}.down_proj.weight", flip),)))
+    routers = TensorRule(r"(layers\.\d+\.mlp\.gate)\.weight", (Held(r"\1"),))  # the emitter's router names
+    rules["text"].append(routers)
     held = qwen_layout(runtime, checkpoint, {key: tuple(value) for key, value in rules.items()})
     if held is None:
         return None

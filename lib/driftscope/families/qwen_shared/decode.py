@@ -95,7 +95,8 @@ def text_model(model: Any, spec_class: type, load_weights: Callable) -> tuple:
     and ``load_weights(path, spec)``, read from the checkpoint once (released with the model)."""
     if model.text is None:
         spec = spec_class.from_config(model.checkpoint.config)
-        model.text = (spec, load_weights(model.checkpoint.path, spec))
+        model.text_weights = load_weights(model.checkpoint.path, spec)
+        model.text = (spec, model.text_weights)
     return model.text
 
 

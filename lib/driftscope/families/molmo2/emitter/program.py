@@ -156,7 +156,7 @@ def capture_pieces(runtime, call: Call, inputs: ModelInputs, sink: StageSink) ->
 def text_weights(model: EmittedModel) -> dict[str, np.ndarray]:
     """The decoder's weights, read from the checkpoint once (released with the model)."""
     if model.text is None:
-        model.text = load_weights(model.checkpoint.path, model.spec, parts=("text",))
+        model.text = model.text_weights = load_weights(model.checkpoint.path, model.spec, parts=("text",))
     return model.text
 
 

@@ -35,7 +35,8 @@ def _text(model: EmittedModel):
     if model.text is None:
         config = model.checkpoint.config
         spec, moe = TextSpec.from_config(config), MoeSpec.from_config(config)
-        model.text = (spec, moe, load_weights(model.checkpoint.path, spec, moe))
+        model.text_weights = load_weights(model.checkpoint.path, spec, moe)
+        model.text = (spec, moe, model.text_weights)
     return model.text
 
 
