@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..capabilities import HypothesesCapabilities
 from ..qwen_shared.tower import scale_block_output
 
 __all__ = [
@@ -37,6 +38,7 @@ CLOSES = {
         "second_per_grid_ts, where transformers steps them by tokens_per_second * second_per_grid_t",
     },
 }
+CAPABILITIES = HypothesesCapabilities(closes=CLOSES)
 
 
 def _vision(model: Any) -> Any:

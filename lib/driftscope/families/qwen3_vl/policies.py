@@ -13,6 +13,7 @@ from driftscope.model.quant.profiles import LinearSite, QuantProfile
 from driftscope.model.quant.select import TensorGroups
 from driftscope.taps.mlx_hooks import attribute_site
 
+from ..capabilities import PrecisionCapabilities
 from .mlx import adapt_config
 from .plan import parse_stage
 
@@ -85,6 +86,7 @@ TEXT = (
     "the Qwen3-VL plan taps each text decoder layer's output only (text.layer.N), no substage inside a layer: "
     "the search names no text operator kinds"
 )
+CAPABILITIES = PrecisionCapabilities(text_reason=TEXT)
 
 #: The operator computing each substage (the fused projection computes q, k and v).
 OPERATOR_OF = {"attn.q": "attn.qkv", "attn.k": "attn.qkv", "attn.v": "attn.qkv"}

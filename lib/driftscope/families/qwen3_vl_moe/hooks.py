@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..capabilities import HooksCapabilities
 from ..qwen3_vl import pages as dense
 from ..qwen3_vl.pages import (  # noqa: F401 (view hooks of this family)
     geometry_report,
@@ -45,3 +46,6 @@ def rerouted(reference, candidate) -> list:
     from .routing import rerouted as find
 
     return find(reference, candidate)
+
+
+CAPABILITIES = HooksCapabilities(rerouted=rerouted)
