@@ -23,8 +23,8 @@ def tower_setup(checkpoint_dir: str, image: str):
     """A Qwen2.5-VL tower's pieces for the emitter, on one image: (checkpoint, emitter spec, weights, processor
     output, window packing)."""
     from driftscope.families.checkpoints import open_checkpoint, prepare_inputs
-    from driftscope.families.qwen2_5_vl.emitter import VisionSpec, load_vision_weights
     from driftscope.families.qwen2_5_vl.geometry import pack_images
+    from driftscope.families.qwen2_5_vl.jax.model import VisionSpec, load_vision_weights
 
     checkpoint = open_checkpoint(checkpoint_dir)
     spec = VisionSpec.from_config(checkpoint.config)
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from driftscope.capture.iree import IreeModule, compile_graph
     from driftscope.families import stage_plan
-    from driftscope.families.qwen2_5_vl.emitter.program import HOST_STAGES, lower_vision_tower
+    from driftscope.families.qwen2_5_vl.jax.program import HOST_STAGES, lower_vision_tower
     from driftscope.model.policies import get_policy
     from driftscope.taps.stages import StageSelection
 

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     from compiled_path import tower_setup
     from driftscope.capture.iree import IreeModule, compile_graph, host_cpu
     from driftscope.capture.runtimes import get_runtime
-    from driftscope.families.qwen2_5_vl.emitter.program import lower_vision_tower
+    from driftscope.families.qwen2_5_vl.jax.program import lower_vision_tower
     from driftscope.model.policies import get_policy
 
     checkpoint, spec, weights, inputs, bucket = tower_setup(args.checkpoint, args.image)

@@ -25,10 +25,11 @@ import argparse
 import time
 from pathlib import Path
 
-from driftscope.families.qwen2_5_vl.synthetic import QWEN25_VL_3B_SHAPED, make_checkpoint
-from driftscope.families.qwen2_5_vl.whole_checkpoint import (
+from driftscope.families.qwen2_5_vl.fixture import (
+    QWEN25_VL_3B_SHAPED,
     QWEN25_VL_3B_WHOLE,
     QWEN25_VL_7B_WHOLE,
+    make_checkpoint,
     scaled_spec,
     write_whole_checkpoint,
 )

@@ -148,8 +148,8 @@ def main(argv: list[str] | None = None) -> None:
     def warm_compile(runtime) -> float:
         """A second compile of the production-like graph: the cache lookup and module load."""
         from driftscope.capture.iree import IreeModule, compile_graph
-        from driftscope.families.qwen2_5_vl.emitter.program import lower_vision_tower
         from driftscope.families.qwen2_5_vl.geometry import pack_images
+        from driftscope.families.qwen2_5_vl.jax.program import lower_vision_tower
         from driftscope.model.policies import get_policy
 
         rows_ = pack_images(inputs["grid_thw"]).rows

@@ -227,8 +227,8 @@ def text_compile(runtime, inputs, cache: Path) -> dict:
     import jax
     import numpy as np
     from driftscope.capture.iree import IreeModule, compile_graph
-    from driftscope.families.qwen2_5_vl.emitter.program import _text
-    from driftscope.families.qwen2_5_vl.emitter.text import text_prefill
+    from driftscope.families.qwen2_5_vl.jax.program import _text
+    from driftscope.families.qwen2_5_vl.jax.text import text_prefill
     from driftscope.taps.jax.graph import lower_function
 
     runtime.load()
@@ -614,7 +614,7 @@ def sweep_case(label: str, kind: str, length: int, out: Path, checkpoint_path: P
     before = PeakRSS.now()
     runtime.load()
     if name == "iree":  # the text weights load lazily in the capture; counted with the model instead
-        from driftscope.families.qwen2_5_vl.emitter.program import _text
+        from driftscope.families.qwen2_5_vl.jax.program import _text
 
         _text(runtime.model)  # read into the runtime's own model (a separate copy would count twice)
     rss = PeakRSS()

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from conftest import ROOT, computed_once, shared_root
 from driftscope.families.molmo2.synthetic import SyntheticMolmo2Spec
-from driftscope.families.qwen2_5_vl.synthetic import SyntheticQwen25VLSpec
-from driftscope.families.qwen3_vl.synthetic import SyntheticQwen3VLSpec
+from driftscope.families.qwen2_5_vl.fixture import SyntheticQwen25VLSpec
+from driftscope.families.qwen3_vl.fixture import SyntheticQwen3VLSpec
 from driftscope.families.qwen3_vl_moe.synthetic import SyntheticQwen3VLMoeSpec
 
 #: Qwen3-VL-2B: head_dim 128, 16 / 8 heads, rope_theta 5e6, mrope [24, 20, 20], tied embeddings, DeepStack at
@@ -86,9 +86,9 @@ def _build(family: str, spec, folder: Path) -> Path:
 
         return make_checkpoints(folder / "hub", folder / "native", spec)[1]
     if family == "qwen2_5_vl":
-        from driftscope.families.qwen2_5_vl.synthetic import make_checkpoint
+        from driftscope.families.qwen2_5_vl.fixture import make_checkpoint
     elif family == "qwen3_vl":
-        from driftscope.families.qwen3_vl.synthetic import make_checkpoint
+        from driftscope.families.qwen3_vl.fixture import make_checkpoint
     else:
         from driftscope.families.qwen3_vl_moe.synthetic import make_checkpoint
     return make_checkpoint(folder / "native", spec)

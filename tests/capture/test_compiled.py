@@ -10,9 +10,9 @@ from conftest import ROOT, shared_tapset
 from driftscope.capture.iree import compile_graph
 from driftscope.capture.runtimes import get_runtime
 from driftscope.families.checkpoints import prepare_inputs
-from driftscope.families.qwen2_5_vl.emitter import VisionSpec, load_vision_weights
-from driftscope.families.qwen2_5_vl.emitter.program import lower_vision_tower
 from driftscope.families.qwen2_5_vl.geometry import pack_images
+from driftscope.families.qwen2_5_vl.jax.model import VisionSpec, load_vision_weights
+from driftscope.families.qwen2_5_vl.jax.program import lower_vision_tower
 from driftscope.judge.compare import compare_tapsets, first_divergence
 from driftscope.judge.contract import load_contract
 from driftscope.judge.verdict import judge

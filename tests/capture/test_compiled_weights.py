@@ -8,8 +8,7 @@ import weakref
 import numpy as np
 import pytest
 from driftscope.capture.runtimes import get_runtime
-from driftscope.families.qwen2_5_vl.plan import replay_inputs
-from driftscope.families.qwen2_5_vl.replay import ReplayContext
+from driftscope.families.qwen2_5_vl.plan import ReplayContext, replay_inputs
 from driftscope.taps.tapset import tap_paths
 
 
@@ -59,7 +58,7 @@ def test_f16_contract_holds_its_dot_weights_in_float16_with_the_same_taps(tiny, 
     the tied head is the embedding (a gather) and stays float32, and so do norms and biases."""
     import dataclasses
 
-    import driftscope.families.qwen2_5_vl.emitter.program as program
+    import driftscope.families.qwen2_5_vl.jax.program as program
     from driftscope.model.weightfile import TensorFiles, matching
     from driftscope.taps.stages import StagePlan
 

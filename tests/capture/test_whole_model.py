@@ -24,14 +24,14 @@ TINY_WHOLE = {
 
 
 def _spec():
-    from driftscope.families.qwen2_5_vl.whole_checkpoint import QWEN25_VL_3B_WHOLE, scaled_spec
+    from driftscope.families.qwen2_5_vl.fixture import QWEN25_VL_3B_WHOLE, scaled_spec
 
     return scaled_spec(QWEN25_VL_3B_WHOLE, 16, **TINY_WHOLE)
 
 
 @pytest.fixture(scope="module")
 def whole(tmp_path_factory):
-    from driftscope.families.qwen2_5_vl.whole_checkpoint import write_whole_checkpoint
+    from driftscope.families.qwen2_5_vl.fixture import write_whole_checkpoint
 
     base = tmp_path_factory.mktemp("whole")
     write_whole_checkpoint(base / "f32", _spec(), shard_bytes=1 << 20, bf16_dir=base / "bf16")
@@ -39,7 +39,7 @@ def whole(tmp_path_factory):
 
 
 def test_scaled_spec_keeps_depths_heads_and_vocabulary_and_fits_rope():
-    from driftscope.families.qwen2_5_vl.whole_checkpoint import QWEN25_VL_3B_WHOLE, scaled_spec
+    from driftscope.families.qwen2_5_vl.fixture import QWEN25_VL_3B_WHOLE, scaled_spec
 
     real = scaled_spec(QWEN25_VL_3B_WHOLE, 1)
     assert real == QWEN25_VL_3B_WHOLE  # the real shape: 36 x 2048, 16/2 heads, 151936, tied

@@ -1,6 +1,7 @@
 """Every family's engine modules declare what their runtime reads, typed (issue 54 item 1): each answers its
 runtime's Protocol, holds its runtime's ``CAPABILITIES`` type (``families.capabilities``, every capability with
-its default), and no runtime reads a capability off a module with ``getattr``."""
+its default), and no runtime reads a capability off a module with ``getattr``. The page hooks, precision and
+hypotheses modules declare what they offer beyond their functions the same way (or nothing: the defaults)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ from conftest import ROOT
 from driftscope.capture.runtimes import get_runtime
 from driftscope.errors import RuntimeUnavailableError
 from driftscope.families import FAMILIES, get_family
-from driftscope.families.capabilities import CompiledCapabilities, TransformersCapabilities, capabilities_of
+from driftscope.families.capabilities import (
+    CompiledCapabilities,
+    HooksCapabilities,
+    HypothesesCapabilities,
+    PrecisionCapabilities,
+    TransformersCapabilities,
+    capabilities_of,
+)
 
 ENGINES = [(name, runtime) for name in FAMILIES.names() for runtime in sorted(get_family(name).engines)]
 
@@ -73,6 +81,45 @@ def test_a_module_without_its_declaration_is_refused_naming_the_fix():
     bare.CAPABILITIES = CompiledCapabilities()  # another runtime's declaration
     with pytest.raises(RuntimeUnavailableError, match="CompiledCapabilities"):
         capabilities_of(bare, TransformersCapabilities)
+
+
+MODULE_KINDS = (
+    ("hooks", "view_hooks", HooksCapabilities),
+    ("precision", "precision_module", PrecisionCapabilities),
+    ("hypotheses", "hypothesis_module", HypothesesCapabilities),
+)
+
+
+@pytest.mark.parametrize(("field", "opener", "kind"), MODULE_KINDS)
+@pytest.mark.parametrize("name", FAMILIES.names())
+def test_every_hooks_precision_and_hypotheses_module_declares_its_own_kind_or_nothing(name, field, opener, kind):
+    family = get_family(name)
+    if getattr(family, field) is None:
+        pytest.skip(f"{name} has no {field} module")
+    module = getattr(family, opener)()
+    declared = vars(module).get("CAPABILITIES")
+    assert declared is None or type(declared) is kind, f"{module.__name__} declares a {type(declared).__name__}"
+    stray = {f.name.upper() for f in dataclasses.fields(kind)} & set(vars(module)) - {"CLOSES"}  # closes' source
+    assert not stray, f"{module.__name__} declares {sorted(stray)} outside its CAPABILITIES"
+
+
+def test_the_optional_declarations_say_what_the_modules_said_before():
+    """The router view of Qwen3-VL-MoE, the text reason of every precision search, each family's ready patches."""
+    rerouted = {name: capabilities_of(get_family(name).view_hooks(), HooksCapabilities).rerouted for name in FAMILIES}
+    assert {name for name, hook in rerouted.items() if hook is not None} == {"qwen3_vl_moe"}
+    for name in ("qwen2_5_vl", "qwen3_vl", "molmo2"):
+        module = get_family(name).precision_module()
+        assert capabilities_of(module, PrecisionCapabilities).text_reason == module.TEXT
+        assert "text" in module.TEXT
+    closes = {name: capabilities_of(get_family(name).hypothesis_module(), HypothesesCapabilities).closes
+              for name in FAMILIES}  # fmt: skip
+    assert "norm2_in_float32" in closes["qwen2_5_vl"] and "mlx_vlm_fixes" in closes["molmo2"]
+    assert closes["qwen3_vl"] == {}  # declares none: the defaults
+    bare = types.ModuleType("a_plugin_family.hooks")
+    assert capabilities_of(bare, HooksCapabilities) == HooksCapabilities()  # a plugin's bare module: the defaults
+    bare.CAPABILITIES = PrecisionCapabilities()
+    with pytest.raises(RuntimeUnavailableError, match="PrecisionCapabilities"):
+        capabilities_of(bare, HooksCapabilities)
 
 
 def test_no_runtime_reads_a_family_module_with_getattr():

@@ -58,7 +58,7 @@ def test_both_attention_bounds_are_captured_whatever_the_schedule(full, tmp_path
     from conftest import SHAPES
     from driftscope.capture.runtimes import get_runtime
     from driftscope.families import get_family
-    from driftscope.families.qwen2_5_vl.synthetic import SyntheticQwen25VLSpec, make_checkpoint
+    from driftscope.families.qwen2_5_vl.fixture import SyntheticQwen25VLSpec, make_checkpoint
     from driftscope.taps.stages import StageSelection
     from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as modeling
 

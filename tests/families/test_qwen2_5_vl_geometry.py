@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 from driftscope.families.qwen2_5_vl.geometry import (
-    ResizeSpec,
     audit_masks,
     audit_unreorder,
     bucket_masks,
@@ -16,12 +15,11 @@ from driftscope.families.qwen2_5_vl.geometry import (
     mrope_positions,
     pack_images,
     position_ids,
-    preprocess,
     reverse_by_argsort,
     reverse_by_rank_scatter,
-    smart_resize,
     window_layout,
 )
+from driftscope.families.qwen2_5_vl.inputs import ResizeSpec, preprocess, smart_resize
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import vision_utils

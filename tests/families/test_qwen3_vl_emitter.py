@@ -10,7 +10,7 @@ from functools import cache
 import numpy as np
 import pytest
 from driftscope.errors import CheckpointError
-from driftscope.families.qwen3_vl.emitter import VisionSpec, load_vision_weights
+from driftscope.families.qwen3_vl.jax.weights import VisionSpec, load_vision_weights
 from qwen3_vl_support import TOLERANCE, capture, checkpoint, config, inputs
 
 
@@ -22,8 +22,8 @@ def _weights():
 
 def _tower(spec, policy: str, taps: tuple[str, ...]):
     import jax
-    from driftscope.families.qwen3_vl.emitter import vision_tower
     from driftscope.families.qwen3_vl.geometry import pack_bucket
+    from driftscope.families.qwen3_vl.jax.model import vision_tower
     from driftscope.model.policies import get_policy
     from driftscope.taps.jax.graph import contract_for
 

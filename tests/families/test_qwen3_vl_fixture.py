@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from driftscope.families.qwen3_vl.synthetic import SyntheticQwen3VLSpec, make_checkpoint
+from driftscope.families.qwen3_vl.fixture import SyntheticQwen3VLSpec, make_checkpoint
 from qwen3_vl_support import checkpoint, config, inputs
 
 

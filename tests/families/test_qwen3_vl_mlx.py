@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 from driftscope.errors import CheckpointError, ParameterError
-from driftscope.families.qwen3_vl.mlx_config import adapt_config, check_config, load_mlx_model
+from driftscope.families.qwen3_vl.mlx import adapt_config, check_config, load_mlx_model
 from qwen3_vl_support import checkpoint, config
 
 

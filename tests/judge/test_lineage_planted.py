@@ -36,7 +36,7 @@ def _planted(reference, out, stored: tuple[int, ...]):
 def _window_position(checkpoint, reference, token: int) -> int:
     """Where raster patch row ``token`` sits in Qwen2.5-VL's window order: its merged token's place in the window
     index the family's geometry computes from the image's grid and the checkpoint's window settings."""
-    from driftscope.families.qwen2_5_vl.geometry.windows import window_index
+    from driftscope.families.qwen2_5_vl.geometry import window_index
 
     vision = checkpoint.config["vision_config"]
     grid = np.asarray(reference["inputs.grid_thw"]).reshape(-1, 3).tolist()

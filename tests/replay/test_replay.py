@@ -9,7 +9,7 @@ from driftscope.capture.patches import parse_patch
 from driftscope.capture.runtimes import get_runtime
 from driftscope.families import stage_plan
 from driftscope.families.checkpoints import prepare_inputs
-from driftscope.families.qwen2_5_vl.replay import ReplayContext
+from driftscope.families.qwen2_5_vl.plan import ReplayContext
 from driftscope.judge.compare import compare_tapsets
 from driftscope.judge.contract import load_contract
 from driftscope.replay import drill_down

@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ParameterError, RuntimeUnavailableError
+from .capabilities import HypothesesCapabilities, capabilities_of
 
 if TYPE_CHECKING:
     from driftscope.core.registry import Registry
@@ -228,13 +229,14 @@ class Family:
         self, stage: str, runtime: str, model_type: str | None = None, activations: str | None = None
     ) -> list[str]:
         """The ready patches (``driftscope.hypotheses:NAME``) the family declares as closing an error that
-        ``runtime``'s operator introduces at ``stage`` (its hypotheses module's ``CLOSES``), in declared order; a
-        patch that names its ``model_types`` (a generic family's stage ids are every model's) only for those.
+        ``runtime``'s operator introduces at ``stage`` (its hypotheses module's ``HypothesesCapabilities.closes``),
+        in declared order; a patch that names its ``model_types`` (a generic family's stage ids are every model's)
+        only for those.
 
         An entry may say which activation dtypes its error lives in (``precisions``, e.g. a norm computed in
         float32 closes only a half-precision one): given the candidate's ``activations``, a patch that cannot
         change anything there (it is computing in float32 already) is not suggested."""
-        closes = getattr(self.hypothesis_module(), "CLOSES", {})
+        closes = capabilities_of(self.hypothesis_module(), HypothesesCapabilities).closes
         return [
             f"driftscope.hypotheses:{name}"
             for name, where in closes.items()
@@ -246,11 +248,11 @@ class Family:
 
     def defect_of(self, patch: str) -> dict[str, str]:
         """What the family knows of the defect a ready patch (``NAME`` or ``driftscope.hypotheses:NAME``) closes:
-        ``{"defect": ..., "patch": ...}``, the defect in words (its ``CLOSES`` entry) and what the patch does (its
+        ``{"defect": ..., "patch": ...}``, the defect in words (its ``closes`` entry) and what the patch does (its
         docstring's first paragraph); {} for a name the family does not declare."""
         name = patch.rsplit(":", 1)[-1]
         module = self.hypothesis_module()
-        entry = getattr(module, "CLOSES", {}).get(name)
+        entry = capabilities_of(module, HypothesesCapabilities).closes.get(name)
         if entry is None:
             return {}
         doc = " ".join((getattr(getattr(module, name, None), "__doc__", None) or "").strip().split("\n\n")[0].split())

@@ -59,12 +59,54 @@ class CompiledCapabilities:
     dot_weights: tuple[str, ...] = ()
 
 
-Capabilities = TypeVar("Capabilities", TransformersCapabilities, MLXCapabilities, CompiledCapabilities)
+@dataclass(frozen=True)
+class HooksCapabilities:
+    """What a family's page hooks module (``Family.hooks``) may offer beyond the hooks every family has."""
+
+    #: ``(reference, candidate) -> list`` of the sparse layers that routed tokens to other experts than the
+    #: reference's (notebook 01's per-token choices, ``views.choices``); None: the family routes no tokens
+    rerouted: Callable[[Any, Any], list] | None = None
+
+
+@dataclass(frozen=True)
+class PrecisionCapabilities:
+    """What a family's precision module (``Family.precision``) may say beyond ``operators`` and ``mlx_sites``."""
+
+    #: why the precision search names no text operator (the report's ``precision.<candidate>.text``); None: it
+    #: names them, or the family says nothing
+    text_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class HypothesesCapabilities:
+    """What a family's hypotheses module (``Family.hypotheses``) declares beyond its patches."""
+
+    #: ready patch name -> the defect it closes: ``runtimes`` and ``stages`` (fnmatch) where that runtime's
+    #: operator introduces it, ``defect`` in words, optionally ``model_types`` and ``precisions`` (the activation
+    #: dtypes it lives in): ``Family.ready_patches`` suggests it there
+    closes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+
+Capabilities = TypeVar(
+    "Capabilities",
+    TransformersCapabilities,
+    MLXCapabilities,
+    CompiledCapabilities,
+    HooksCapabilities,
+    PrecisionCapabilities,
+    HypothesesCapabilities,
+)
+#: the kinds a module may leave undeclared (each field then has its default): a family's page hooks, precision and
+#: hypotheses modules, and a plugin's, need declare only what they offer; an engine module always declares its own
+OPTIONAL = (HooksCapabilities, PrecisionCapabilities, HypothesesCapabilities)
 
 
 def capabilities_of(engine: ModuleType, kind: type[Capabilities]) -> Capabilities:
-    """``engine``'s declared ``CAPABILITIES``, which must be a ``kind``: a clear error naming the module if not."""
+    """``engine``'s declared ``CAPABILITIES``, which must be a ``kind`` (of an :data:`OPTIONAL` kind, none declared
+    is the defaults): a clear error naming the module if not."""
     declared = vars(engine).get("CAPABILITIES")
+    if declared is None and kind in OPTIONAL:
+        return kind()
     if not isinstance(declared, kind):
         raise RuntimeUnavailableError(
             f"{engine.__name__} declares no {kind.__name__} (its CAPABILITIES is {type(declared).__name__})",

@@ -14,6 +14,7 @@ from pathlib import Path
 from driftscope.capture.patches import HypothesisPatch
 from driftscope.core.names import safe_name
 from driftscope.errors import ParameterError
+from driftscope.families.capabilities import PrecisionCapabilities, capabilities_of
 from driftscope.judge.contract import Contract
 from driftscope.replay.precision import Candidate, PrecisionSearch
 from driftscope.replay.recapture import RERUN
@@ -139,7 +140,7 @@ def precision_search(
         "way": found.way,
         "judged": judged,
         "operator_kinds": operators,
-        "text": getattr(family.precision_module(), "TEXT", None),
+        "text": capabilities_of(family.precision_module(), PrecisionCapabilities).text_reason,
         **result.to_dict(),
         "run_seconds": _run_seconds(report),
     }

@@ -29,9 +29,10 @@ INTRO = (
 
 def _finder(report: Report):
     from driftscope.families import get_family
+    from driftscope.families.capabilities import HooksCapabilities, capabilities_of
 
     try:
-        return getattr(get_family(report.data["family"]).view_hooks(), "rerouted", None)
+        return capabilities_of(get_family(report.data["family"]).view_hooks(), HooksCapabilities).rerouted
     except Exception:  # noqa: BLE001 - a report of an unknown family has no routing section
         return None
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..capabilities import HypothesesCapabilities
 from .fixes import CLOSES as _FIXES_CLOSE
 from .fixes import PATCHES as _FIXES
 from .patching import mlx_output, torch_output, vision_blocks
@@ -21,6 +22,7 @@ globals().update(_FIXES)
 #: Which introduced errors each ready patch closes: its runtime and the stages where the error is introduced (a
 #: fix also names its ``model_types``: a stage id like ``text.layer.0.mlp`` is every generic family's).
 CLOSES: dict[str, dict] = dict(_FIXES_CLOSE)
+CAPABILITIES = HypothesesCapabilities(closes=CLOSES)
 
 
 def scale_block_output(model: Any, block: int, factor: float = 1.01) -> Any:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import HypothesisPatchError
+from ..capabilities import HypothesesCapabilities
 from .config import read_facts, resolve_layers
 
 __all__ = ["bidirectional_image_mask", "layers_from_declared_depth", "mlx_vlm_fixes", "tanh_gelu"]
@@ -50,6 +51,7 @@ CLOSES["mlx_vlm_fixes"] = {
     "stages": tuple(p for s in _DEFECT_STAGES.values() for p in s),
     "defect": "; ".join(_DEFECTS.values()),
 }
+CAPABILITIES = HypothesesCapabilities(closes=CLOSES)
 
 
 def _mlx_vlm(model: Any, patch: str) -> Any:

@@ -21,6 +21,7 @@ from typing import Any
 from driftscope.errors import ParameterError
 from driftscope.taps.mlx_hooks import attribute_site
 
+from ..capabilities import PrecisionCapabilities
 from .plan import parse_stage
 
 #: Why no text operator is searched (the report's ``precision.<candidate>.text``).
@@ -28,6 +29,7 @@ TEXT = (
     "the Molmo2 plan taps each text decoder layer's output only (text.layer.N), no substage inside a layer: "
     "the search names no text operator kinds"
 )
+CAPABILITIES = PrecisionCapabilities(text_reason=TEXT)
 
 #: mlx-vlm's module for each ViT block operator kind (under ``vision_tower.image_vit.transformer[b]``).
 _MLX_BLOCK = {

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..capabilities import HypothesesCapabilities
 from ..qwen_shared.tower import scale_block_output
 
 __all__ = [
@@ -37,6 +38,7 @@ CLOSES = {
         "second_per_grid_ts, where transformers steps them by tokens_per_second * second_per_grid_t",
     },
 }
+CAPABILITIES = HypothesesCapabilities(closes=CLOSES)
 
 
 def _vision(model: Any) -> Any:
@@ -183,7 +185,7 @@ def plant_defect(model: Any, stage: str, factor: float = 1.5) -> Any:
     """A planted defect in the one operator that computes vision ``stage`` (e.g. ``vision.block.3.mlp.gate``):
     its weights (q, k or v's third of the fused projection) scaled by ``factor``; for ``attn.context`` the softmax
     scale, for ``mlp.act`` the activation's output (transformers only: mlx-vlm calls SiLU as a function)."""
-    from ...errors import HypothesisPatchError
+    from driftscope.errors import HypothesisPatchError
 
     vision = _vision(model)
     parts = stage.split(".")

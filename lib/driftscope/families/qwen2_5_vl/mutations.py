@@ -21,7 +21,7 @@ from driftscope.taps.stages import StagePlan
 from ..base import Mutation
 from ..qwen_shared.grids import one_segment
 from .geometry import is_involution, window_layout
-from .mlx_taps import rms_norms
+from .mlx import rms_norms
 
 MUTATIONS: Registry[Mutation] = Registry("mutation")
 

@@ -1,8 +1,16 @@
-"""Qwen2.5-VL's stage plan: vision and text stages in execution order, substages, what each replay reads."""
+"""Qwen2.5-VL's stage plan: every stage in execution order, the substages narrowing captures, what each
+replay reads; the module table both engines tap (``ModuleTap``); the replay context the replays read."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from driftscope.taps.module_taps import ModuleTap, argument, both, output
 from driftscope.taps.stages import VIT_ATTENTION_INPUTS, Stage, StagePlan, block_stage_id
+from driftscope.taps.tapset import TapSet
 
 from ..base import block_substages
 from ..qwen_shared.plan import (
@@ -14,6 +22,10 @@ from ..qwen_shared.plan import (
     prompt_stages,
     vision_config,
 )
+from ..qwen_shared.replay import TextReplay
+from ..qwen_shared.tower import block_taps
+
+# Qwen2.5-VL's stage plan: vision and text stages in execution order, substages, what each replay reads.
 
 NAME = "qwen2_5_vl"
 
@@ -65,7 +77,7 @@ def check_config(config: dict) -> None:
     sections = [int(s) for s in rope["mrope_section"]]
     half = int(text["hidden_size"]) // int(text["num_attention_heads"]) // 2
     if sum(sections) != half or len(sections) != 3 or min(sections) < 0:
-        from ...errors import CheckpointError
+        from driftscope.errors import CheckpointError
 
         raise CheckpointError(
             f"{where}.mrope_section {sections} sums to {sum(sections)}, but the text head_dim "
@@ -236,3 +248,106 @@ def substages_of(stage_id: str, plan: StagePlan) -> tuple[str, ...]:
     if stage_id == "vision.merger":
         return tuple(piece for piece in MERGER_PIECES if piece in plan)
     return block_substages(stage_id, plan)
+
+
+# Qwen2.5-VL's stages that are a module's output or input, declared for both sides (``taps.module_taps``): paths
+# from the tower (transformers' ``model.model.visual``, mlx-vlm's ``vision_tower``: the same names), ``{i}`` each
+# block. What no module gives is written by ``torch`` and ``mlx``: q/k after RoPE (a function), the
+# window index and the attention bounds (a function and each block's keyword arguments), the merged features (the
+# tower's result), and on MLX the rotary tables (its angles, from a method) and the SiLU (a function its MLP calls).
+
+#: each block's MLP stages on its modules (``{i}``: the block); on MLX the activation is ``nn.silu``, a function
+MLP = (
+    both("vision.block.{i}.mlp.gate", output("blocks.{i}.mlp.gate_proj")),
+    ModuleTap("vision.block.{i}.mlp.act", torch=output("blocks.{i}.mlp.act_fn")),
+    both("vision.block.{i}.mlp.up", output("blocks.{i}.mlp.up_proj")),
+    both("vision.block.{i}.mlp.product", argument("blocks.{i}.mlp.down_proj")),
+    both("vision.block.{i}.mlp.down", output("blocks.{i}.mlp.down_proj")),
+)
+
+
+def tower_taps(tower: Any) -> list[ModuleTap]:
+    """Every stage of the tower that a module's output or input holds, for ``tower``'s depth and heads."""
+    return [
+        *block_taps(tower, MLP),
+        both("vision.merger.norm", output("merger.ln_q")),
+        both("vision.merger.hidden", output("merger.mlp.1")),
+        both("vision.merger.window", output("merger")),
+    ]
+
+
+# What every replayed Qwen2.5-VL stage needs besides its inputs: rotary tables, attention bounds, window order;
+# for the text stages the prompt's token ids, M-RoPE positions and where its image slots are.
+
+
+@dataclass
+class ReplayContext(TextReplay):
+    """Side inputs taken from the reference run, in window order where the blocks need them."""
+
+    cos: np.ndarray  # [patches, head_dim], window order
+    sin: np.ndarray
+    cu_seqlens: np.ndarray
+    cu_window_seqlens: np.ndarray
+    window_index: np.ndarray  # merged-token permutation
+    full_blocks: frozenset[int]
+    merge_unit: int
+    input_ids: np.ndarray | None = None  # the prompt (text stages only)
+    text_positions: np.ndarray | None = None  # [3, tokens] M-RoPE position ids
+    image_token_id: int | None = None
+
+    def bounds(self, block: int) -> np.ndarray:
+        return self.cu_seqlens if block in self.full_blocks else self.cu_window_seqlens
+
+    def to_window(self, raster: np.ndarray) -> np.ndarray:
+        """Patch rows from raster (processor) order to window order."""
+        grouped = raster.reshape(len(self.window_index), self.merge_unit, *raster.shape[1:])
+        return grouped[self.window_index].reshape(raster.shape)
+
+    @classmethod
+    def from_tapset(cls, reference: TapSet, full_blocks, merge_unit: int = 4) -> ReplayContext:
+        needed = [
+            "vision.rotary.cos",
+            "vision.rotary.sin",
+            "vision.cu_seqlens",
+            "vision.cu_window_seqlens",
+            "vision.window_index",
+        ]
+        missing = [stage for stage in needed if stage not in reference]
+        if missing:
+            from driftscope.errors import TapFileError
+
+            raise TapFileError(
+                f"the reference TapSet {reference.tensor_path.name} lacks {missing} needed to replay",
+                "capture the side stages (they are in every default stage selection)",
+            )
+        window_index = np.asarray(reference["vision.window_index"]).astype(np.int64)
+        ctx = cls(
+            np.zeros(0),
+            np.zeros(0),
+            np.asarray(reference["vision.cu_seqlens"]).astype(np.int64),
+            np.asarray(reference["vision.cu_window_seqlens"]).astype(np.int64),
+            window_index,
+            frozenset(int(b) for b in full_blocks),
+            merge_unit,
+        )
+        ctx.cos = ctx.to_window(np.asarray(reference["vision.rotary.cos"], dtype=np.float32))
+        ctx.sin = ctx.to_window(np.asarray(reference["vision.rotary.sin"], dtype=np.float32))
+        return ctx
+
+    @classmethod
+    def from_plan(cls, reference: TapSet, plan: StagePlan) -> ReplayContext:
+        ctx = cls.from_tapset(
+            reference, plan.meta.get("fullatt_block_indexes", []), int(plan.meta.get("spatial_merge_size", 2)) ** 2
+        )
+        ctx.read_text(reference, plan)
+        return ctx
+
+    def stage(self, reference: TapSet, stage_id: str) -> np.ndarray | None:
+        """A reference stage as a replay input (the block-0 input is the patch embedding in window order)."""
+        if stage_id == BLOCK0_INPUT:
+            if "vision.patch_embed" not in reference:
+                return None
+            return self.to_window(np.asarray(reference["vision.patch_embed"]))
+        if stage_id == TEXT_INPUT:
+            return self.text_sequence(reference)
+        return np.asarray(reference[stage_id]) if stage_id in reference else None

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import InputError
+from driftscope.errors import InputError
+
 from ..qwen_shared.grids import bucket_rows, cu_seqlens, position_ids
 from ..qwen_shared.grids import grids_of as _grids
 

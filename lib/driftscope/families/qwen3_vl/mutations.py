@@ -22,8 +22,8 @@ from ..base import Mutation
 from ..qwen_shared.grids import one_segment
 from ..qwen_shared.text import build_text_inputs
 from .geometry import grid_side, lands_on_table_rows, nearest_indices
+from .inputs import prepare_inputs
 from .plan import deepstack_stage_id
-from .processor import prepare_inputs
 
 MUTATIONS: Registry[Mutation] = Registry("mutation")
 

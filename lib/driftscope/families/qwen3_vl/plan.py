@@ -1,16 +1,17 @@
-"""Qwen3-VL's stage plan: vision and text stages in execution order, substages, what each replay reads.
-
-There are no windows: every vision stage keeps the processor's order (2x2 merge blocks one after
-another, each block's 4 patches row-major), the order transformers' blocks run in, declared ``raster``
-as for Qwen2.5-VL's patch embedding. DeepStack merger K runs right after the block it reads
-(``deepstack_visual_indexes[K]``); its output is added to the text hidden states at the image-token
-positions right after decoder layer K: ``text.layer.K.image`` holds those rows before the add,
-``text.layer.K.deepstack`` after it, so a wrong injection is localized to the layer and the branch.
-"""
+"""Qwen3-VL's stage plan: every stage in execution order (vision, DeepStack branches, text), what each replay
+reads; the module table both engines tap (``ModuleTap``); the replay context the replays read."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from driftscope.errors import TapFileError
+from driftscope.taps.module_taps import ModuleTap, argument, both, output
 from driftscope.taps.stages import VIT_ATTENTION_INPUTS, VIT_MLP_INPUTS, Stage, StagePlan, block_stage_id
+from driftscope.taps.tapset import TapSet
 
 from ..qwen_shared.plan import (
     TEXT_INPUT,
@@ -22,6 +23,18 @@ from ..qwen_shared.plan import (
     text_layers,
     vision_config,
 )
+from ..qwen_shared.replay import TextReplay
+from ..qwen_shared.text import text_taps
+from ..qwen_shared.tower import block_taps
+
+# Qwen3-VL's stage plan: vision and text stages in execution order, substages, what each replay reads.
+#
+# There are no windows: every vision stage keeps the processor's order (2x2 merge blocks one after
+# another, each block's 4 patches row-major), the order transformers' blocks run in, declared ``raster``
+# as for Qwen2.5-VL's patch embedding. DeepStack merger K runs right after the block it reads
+# (``deepstack_visual_indexes[K]``); its output is added to the text hidden states at the image-token
+# positions right after decoder layer K: ``text.layer.K.image`` holds those rows before the add,
+# ``text.layer.K.deepstack`` after it, so a wrong injection is localized to the layer and the branch.
 
 NAME = "qwen3_vl"
 
@@ -230,3 +243,111 @@ def _merger_input(kind: str, prefix: str, source: str) -> tuple[str, ...]:
     sub = kind.split(".", 1)[1]
     chain = {"norm": source, "fc1": f"{prefix}.norm", "act": f"{prefix}.fc1", "output": f"{prefix}.act"}
     return (chain[sub],)
+
+
+# Qwen3-VL's stages that are a module's output or input, declared for both sides (``taps.module_taps``): paths
+# from the tower (transformers' ``model.model.visual``, mlx-vlm's ``vision_tower``: the same names), ``{i}`` each
+# block; and the decoder's, with the DeepStack image slots. What no module gives is written by ``torch``
+# and ``mlx``: q/k after RoPE (a function), the interpolated position table (the gathered rows times the
+# weights a function returned; on MLX a method), the attention bounds (each block's keyword arguments), and on MLX
+# the rotary tables (its angles, from a method).
+
+
+def _merger(stage: str, path: str) -> list[ModuleTap]:
+    """A merger's norm, first projection, activation and output."""
+    return [
+        both(f"{stage}.norm", output(f"{path}.norm")),
+        both(f"{stage}.fc1", output(f"{path}.linear_fc1")),
+        both(f"{stage}.act", output(f"{path}.act_fn")),
+        both(stage, output(path)),
+    ]
+
+
+#: each block's MLP stages on its modules (``{i}``: the block)
+MLP = (
+    both("vision.block.{i}.mlp.fc1", output("blocks.{i}.mlp.linear_fc1")),
+    both("vision.block.{i}.mlp.act", output("blocks.{i}.mlp.act_fn")),
+    both("vision.block.{i}.mlp.fc2", output("blocks.{i}.mlp.linear_fc2")),
+)
+
+
+def tower_taps(tower: Any) -> list[ModuleTap]:
+    """Every stage of the tower that a module's output or input holds, for ``tower``'s depth, heads and branches."""
+    branches = range(len(tower.deepstack_merger_list))
+    return [
+        *block_taps(tower, MLP),
+        ModuleTap("vision.positioned", torch=argument("rotary_pos_emb"), mlx=argument("blocks.0")),
+        *(tap for branch in branches for tap in _merger(deepstack_stage_id(branch), f"deepstack_merger_list.{branch}")),
+        *_merger("vision.merger", "merger"),
+    ]
+
+
+def decoder_taps(layers: int, branches: int, image: np.ndarray) -> list[ModuleTap]:
+    """The decoder's stages (``qwen_shared.text.text_taps``), and for each layer followed by a DeepStack add its
+    own output's image slots (``text.layer.N.image``) and what the next layer (or the final norm) receives after
+    the add (``text.layer.N.deepstack``); ``image``: the image slots, then the video slots."""
+
+    def slots(array: np.ndarray) -> np.ndarray:
+        return array[0][image]
+
+    taps = text_taps(layers)
+    for index in range(min(branches, layers)):
+        following = f"layers.{index + 1}" if index + 1 < layers else "norm"
+        taps.append(both(f"text.layer.{index}.image", output(f"layers.{index}", slots)))
+        taps.append(both(f"text.layer.{index}.deepstack", argument(following, slots)))
+    return taps
+
+
+# What every replayed Qwen3-VL stage needs besides its inputs: the rotary tables, the attention bounds and
+# the grids, all from the reference run (no windows: everything stays in the processor's order); for the text
+# stages the prompt's token ids, M-RoPE positions and where its image slots are.
+
+NEEDED = ("vision.rotary.cos", "vision.rotary.sin", "vision.cu_seqlens", "inputs.grid_thw")
+
+
+@dataclass
+class ReplayContext(TextReplay):
+    """Side inputs taken from the reference run."""
+
+    cos: np.ndarray  # [patches, head_dim]
+    sin: np.ndarray
+    cu_seqlens: np.ndarray  # one segment per image frame
+    grid_thw: np.ndarray
+    input_ids: np.ndarray | None = None  # the prompt (text stages only)
+    text_positions: np.ndarray | None = None  # [3, tokens] M-RoPE position ids
+    image_token_id: int | None = None
+
+    @property
+    def segments(self) -> np.ndarray:
+        """The frame id of every patch row (what the compiled attention masks by)."""
+        return np.repeat(np.arange(len(self.cu_seqlens) - 1, dtype=np.int32), np.diff(self.cu_seqlens))
+
+    @classmethod
+    def from_plan(cls, reference: TapSet, plan: StagePlan) -> ReplayContext:
+        missing = [stage for stage in NEEDED if stage not in reference]
+        if missing:
+            raise TapFileError(
+                f"the reference TapSet {reference.tensor_path.name} lacks {missing} needed to replay",
+                "capture the side stages (they are in every default stage selection)",
+            )
+        ctx = cls(
+            np.asarray(reference["vision.rotary.cos"], dtype=np.float32),
+            np.asarray(reference["vision.rotary.sin"], dtype=np.float32),
+            np.asarray(reference["vision.cu_seqlens"]).astype(np.int64),
+            np.asarray(reference["inputs.grid_thw"]).astype(np.int64),
+        )
+        ctx.read_text(reference, plan)
+        return ctx
+
+    def stage(self, reference: TapSet, stage_id: str) -> np.ndarray | None:
+        """A reference stage as a replay input, or a view: the prompt's embeddings (``text.embeds@sequence``),
+        a layer's output with its image slots after the DeepStack add (``text.layer.K.deepstack@sequence``)."""
+        if stage_id == TEXT_INPUT:
+            return self.text_sequence(reference)
+        if stage_id.endswith(".deepstack@sequence"):
+            added = stage_id.split("@")[0]
+            layer = added.removesuffix(".deepstack")
+            if self.input_ids is None or not {added, layer} <= set(reference.stage_ids()):
+                return None
+            return self.with_image_rows(np.asarray(reference[layer]), np.asarray(reference[added]))
+        return np.asarray(reference[stage_id]) if stage_id in reference else None

@@ -16,8 +16,8 @@ from pathlib import Path
 from driftscope.core.paths import REPO_ROOT as _ROOT
 
 from ..base import Family, TinyFixture
-from ..qwen3_vl.processor import prepare_inputs
-from ..qwen3_vl.replay import ReplayContext
+from ..qwen3_vl.inputs import prepare_inputs
+from ..qwen3_vl.plan import ReplayContext
 from ..qwen_shared.text import TEXT_WEIGHTS, build_text_inputs, tied_head
 from .layout import moe_layout
 from .plan import NAME, replay_inputs, text_stages, vision_plan
@@ -69,6 +69,6 @@ FAMILY = Family(
         q4_source=TinyFixture(_ROOT / "fixtures" / "checkpoints" / "tiny-qwen3-vl-moe-wide", _build_q4_source, _IMAGES),
     ),
     quantization=f"{__name__}.quantization",
-    precision="driftscope.families.qwen3_vl.precision",  # the tower is Qwen3-VL's
+    precision="driftscope.families.qwen3_vl.policies",  # the tower is Qwen3-VL's
     videos=True,
 )

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from ..qwen3_vl import hooks as dense
-from ..qwen3_vl.hooks import (  # noqa: F401 (view hooks of this family)
+from ..capabilities import HooksCapabilities
+from ..qwen3_vl import pages as dense
+from ..qwen3_vl.pages import (  # noqa: F401 (view hooks of this family)
     geometry_report,
     geometry_sections,
     input_overlay,
@@ -45,3 +46,6 @@ def rerouted(reference, candidate) -> list:
     from .routing import rerouted as find
 
     return find(reference, candidate)
+
+
+CAPABILITIES = HooksCapabilities(rerouted=rerouted)

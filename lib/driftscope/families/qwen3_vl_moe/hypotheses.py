@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import HypothesisPatchError
+from ..capabilities import HypothesesCapabilities
 from ..qwen3_vl.hypotheses import _is_mlx, drop_deepstack_branch, scale_block_output
 
 __all__ = ["drop_deepstack_branch", "mlx_vlm_gelus", "scale_block_output", "shift_router"]
@@ -27,6 +28,7 @@ CLOSES = {
         "are exact",
     }
 }
+CAPABILITIES = HypothesesCapabilities(closes=CLOSES)
 
 
 def mlx_vlm_gelus(model: Any) -> Any:

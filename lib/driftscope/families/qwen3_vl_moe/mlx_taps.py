@@ -22,8 +22,8 @@ from driftscope.taps.mlx_hooks import Recording, dtype_name, shadow, to_numpy
 from driftscope.taps.module_taps import tapped
 from driftscope.taps.sink import StageSink
 
-from ..qwen3_vl import mlx_taps as dense
-from ..qwen3_vl.mlx_config import load_mlx_model
+from ..qwen3_vl import mlx as dense
+from ..qwen3_vl.mlx import load_mlx_model
 from .layout import to_released
 from .module_stages import sparse_taps
 from .plan import moe_piece, text_config

@@ -17,8 +17,8 @@ from dataclasses import replace
 from driftscope.model.quant.names import Joined
 from driftscope.model.quant.profiles import QuantProfile
 
-from ..qwen3_vl.mlx_config import adapt_config
-from ..qwen3_vl.quantization import PROFILE as DENSE
+from ..qwen3_vl.mlx import adapt_config
+from ..qwen3_vl.policies import PROFILE as DENSE
 
 #: mlx-vlm's stacked expert matrices, [experts, out, in]
 EXPERTS = (".mlp.switch_mlp.gate_proj.weight", ".mlp.switch_mlp.up_proj.weight", ".mlp.switch_mlp.down_proj.weight")

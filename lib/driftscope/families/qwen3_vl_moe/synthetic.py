@@ -10,7 +10,7 @@ from pathlib import Path
 
 from driftscope.model.synthetic import reinitialize
 
-from ..qwen3_vl.synthetic import SyntheticQwen3VLSpec, build_config, image_processor
+from ..qwen3_vl.fixture import SyntheticQwen3VLSpec, build_config, image_processor
 from ..qwen_shared.synthetic import save_tokenizer
 from ..qwen_shared.tokenizer import build_tokenizer
 

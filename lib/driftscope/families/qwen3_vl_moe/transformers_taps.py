@@ -19,7 +19,7 @@ from driftscope.taps.module_taps import tapped
 from driftscope.taps.sink import StageSink
 from driftscope.taps.torch_hooks import to_numpy as _np
 
-from ..qwen3_vl import transformers_taps as dense
+from ..qwen3_vl import torch as dense
 from .layout import correct_transformers
 from .module_stages import sparse_taps
 from .plan import moe_piece

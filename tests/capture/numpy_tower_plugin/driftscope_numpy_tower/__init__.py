@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 from driftscope.capture.runtimes.base import Runtime, package_versions
-from driftscope.families.qwen2_5_vl.geometry.windows import window_layout
+from driftscope.families.qwen2_5_vl.geometry import window_layout
 from driftscope.families.qwen_shared.grids import cu_seqlens, position_ids
 from safetensors.numpy import load_file
 

@@ -13,7 +13,7 @@ from driftscope.taps.jax.emitted import EmittedModel
 from driftscope.taps.jax.layers import Contract
 from driftscope.taps.sink import StageSink
 
-from ...qwen3_vl.emitter import program as dense
+from ...qwen3_vl.jax import program as dense
 from ...qwen_shared.decode import put_decoded, text_replay_arguments
 from ..plan import moe_piece
 
@@ -28,7 +28,7 @@ lower, arguments, capture_pieces = dense.lower, dense.arguments, dense.capture_p
 
 def _text(model: EmittedModel):
     """The decoder's spec, the sparse MLPs' spec and the weights, read from the checkpoint once."""
-    from ...qwen3_vl.emitter.config import TextSpec
+    from ...qwen3_vl.jax.weights import TextSpec
     from .moe import MoeSpec
     from .text import load_weights
 

@@ -13,11 +13,10 @@ import numpy as np
 
 from driftscope.taps.jax.layers import Contract, linear, rms_norm
 
-from ...qwen3_vl.emitter.config import TextSpec
-from ...qwen3_vl.emitter.text import _project, deepstack_add, merge_embeddings, mrope_tables
-from ...qwen3_vl.emitter.text import text_decode_step as dense_decode_step
-from ...qwen3_vl.emitter.text import text_replay as dense_replay
-from ...qwen3_vl.emitter.weights import load_text_weights
+from ...qwen3_vl.jax.text import _project, deepstack_add, merge_embeddings, mrope_tables
+from ...qwen3_vl.jax.text import text_decode_step as dense_decode_step
+from ...qwen3_vl.jax.text import text_replay as dense_replay
+from ...qwen3_vl.jax.weights import TextSpec, load_text_weights
 from ...qwen_shared.jax_text import attend, finish, layer_weights, put_head
 from ...qwen_shared.plan import layer_index
 from ..plan import moe_piece
@@ -31,7 +30,7 @@ def load_weights(path: str | Path, spec: TextSpec, moe: MoeSpec) -> dict[str, np
     as ``layers.N.mlp.{gate,gate_up,down}``."""
     from driftscope.model.weightfile import TensorFiles
 
-    from ...qwen3_vl.emitter.weights import TEXT_PREFIXES, _read, text_shapes
+    from ...qwen3_vl.jax.weights import TEXT_PREFIXES, _read, text_shapes
 
     weights = load_text_weights(path, dataclasses.replace(spec, layers=0))  # embeddings, final norm, head
     files = TensorFiles(path)
