@@ -13,7 +13,7 @@ from functools import cache
 from pathlib import Path
 
 from conftest import ROOT, computed_once, shared_root
-from driftscope.families.molmo2.synthetic import SyntheticMolmo2Spec
+from driftscope.families.molmo2.fixture import SyntheticMolmo2Spec
 from driftscope.families.qwen2_5_vl.fixture import SyntheticQwen25VLSpec
 from driftscope.families.qwen3_vl.fixture import SyntheticQwen3VLSpec
 from driftscope.families.qwen3_vl_moe.synthetic import SyntheticQwen3VLMoeSpec
@@ -82,7 +82,7 @@ SHAPES = {
 
 def _build(family: str, spec, folder: Path) -> Path:
     if family == "molmo2":
-        from driftscope.families.molmo2.synthetic import make_checkpoints
+        from driftscope.families.molmo2.fixture import make_checkpoints
 
         return make_checkpoints(folder / "hub", folder / "native", spec)[1]
     if family == "qwen2_5_vl":
