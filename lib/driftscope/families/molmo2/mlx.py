@@ -32,8 +32,6 @@ from .plan import adapter_taps, parse_stage, selected_slot, text_taps, vit_taps
 
 CAPABILITIES = MLXCapabilities(unrepresentable=unrepresentable)  # the runtime asks it before loading
 
-__all__ = ["capture", "capture_text", "decoder", "load", "replay", "rms_norms", "run_vision"]
-
 
 def load(path: Path, config: dict) -> Any:
     """mlx-vlm's Molmo2 ``Model`` with the checkpoint's weights (its code unchanged, its defects included)."""
