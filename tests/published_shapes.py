@@ -13,10 +13,10 @@ from functools import cache
 from pathlib import Path
 
 from conftest import ROOT, computed_once, shared_root
-from driftscope.families.molmo2.synthetic import SyntheticMolmo2Spec
+from driftscope.families.molmo2.fixture import SyntheticMolmo2Spec
 from driftscope.families.qwen2_5_vl.fixture import SyntheticQwen25VLSpec
 from driftscope.families.qwen3_vl.fixture import SyntheticQwen3VLSpec
-from driftscope.families.qwen3_vl_moe.synthetic import SyntheticQwen3VLMoeSpec
+from driftscope.families.qwen3_vl_moe.fixture import SyntheticQwen3VLMoeSpec
 
 #: Qwen3-VL-2B: head_dim 128, 16 / 8 heads, rope_theta 5e6, mrope [24, 20, 20], tied embeddings, DeepStack at
 #: 5, 11, 17 of 24 blocks (here 1, 2, 3 of 4)
@@ -82,7 +82,7 @@ SHAPES = {
 
 def _build(family: str, spec, folder: Path) -> Path:
     if family == "molmo2":
-        from driftscope.families.molmo2.synthetic import make_checkpoints
+        from driftscope.families.molmo2.fixture import make_checkpoints
 
         return make_checkpoints(folder / "hub", folder / "native", spec)[1]
     if family == "qwen2_5_vl":
@@ -90,7 +90,7 @@ def _build(family: str, spec, folder: Path) -> Path:
     elif family == "qwen3_vl":
         from driftscope.families.qwen3_vl.fixture import make_checkpoint
     else:
-        from driftscope.families.qwen3_vl_moe.synthetic import make_checkpoint
+        from driftscope.families.qwen3_vl_moe.fixture import make_checkpoint
     return make_checkpoint(folder / "native", spec)
 
 

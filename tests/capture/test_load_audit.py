@@ -4,7 +4,7 @@ checkpoint's tensor under the transform its family declares, checked before any 
 transformers 5.24 decides whether to transpose a stacked expert by its shape alone, so it keeps a square one of the
 released layout untransposed: transformers' own MoE tester config (``2 x moe_intermediate == hidden``) is read
 wrongly by the reference, silently. The audit names the tensor: on the reference it stops the run, on a candidate
-it is that candidate's finding. The family's correction (``qwen3_vl_moe.layout.correct_transformers``) puts it
+it is that candidate's finding. The family's correction (``qwen3_vl_moe.held.correct_transformers``) puts it
 right, and says so."""
 
 from __future__ import annotations

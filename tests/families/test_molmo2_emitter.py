@@ -10,8 +10,8 @@ import functools
 import numpy as np
 import pytest
 from driftscope.capture.runtimes import get_runtime
-from driftscope.families.molmo2.emitter import FINAL, Molmo2Spec, load_weights, vision_features
-from driftscope.families.molmo2.emitter.layers import Contract, bicubic_matrix, resize_positions
+from driftscope.families.molmo2.jax.model import FINAL, Contract, bicubic_matrix, resize_positions, vision_features
+from driftscope.families.molmo2.jax.weights import Molmo2Spec, load_weights
 from driftscope.judge.compare import compare_tapsets
 from molmo2_support import F32, TOLERANCE, capture, checkpoint_dirs, config, inputs, max_abs, plan
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from driftscope.errors import InputError
 from driftscope.families.molmo2.geometry import CropSpec, crop_layout, pool_windows
-from driftscope.families.molmo2.processor import image_token_string, prepare
+from driftscope.families.molmo2.inputs import image_token_string, prepare
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from molmo2_support import PROMPT, checkpoint_dirs

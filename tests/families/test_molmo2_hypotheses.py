@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from driftscope.errors import HypothesisPatchError
 from driftscope.families.molmo2 import hypotheses
-from driftscope.families.molmo2.config import load_mlx_model
+from driftscope.families.molmo2.mlx import load_mlx_model
 from driftscope.judge.compare import compare_tapsets, first_divergence
 from molmo2_support import (
     DEFECT_STAGE,

@@ -11,8 +11,8 @@ import pytest
 from driftscope.capture.runtimes import get_runtime
 from driftscope.errors import PortLimitError
 from driftscope.families.checkpoints import open_checkpoint
-from driftscope.families.molmo2.mlx_limits import stored_vit_layers, unrepresentable
-from driftscope.families.molmo2.synthetic import SyntheticMolmo2Spec, make_checkpoints
+from driftscope.families.molmo2.config import stored_vit_layers, unrepresentable
+from driftscope.families.molmo2.fixture import SyntheticMolmo2Spec, make_checkpoints
 
 
 @pytest.fixture(scope="module")

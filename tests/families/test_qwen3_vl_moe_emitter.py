@@ -18,7 +18,7 @@ PIECES = ("mlp.router", "mlp.chosen", "mlp.weights", "mlp.experts", "mlp")
 
 def _layers():
     from driftscope.families.checkpoints import open_checkpoint
-    from driftscope.families.qwen3_vl_moe.emitter.moe import MoeSpec, load_moe_weights
+    from driftscope.families.qwen3_vl_moe.jax.text import MoeSpec, load_moe_weights
 
     checkpoint = open_checkpoint(get_family(NAME).tiny.ensure())
     spec = MoeSpec.from_config(checkpoint.config)
@@ -38,7 +38,7 @@ def _check(out: dict, oracle, layer: int) -> None:
 
 def test_the_jax_sparse_mlp_matches_the_oracle(runs):
     import jax
-    from driftscope.families.qwen3_vl_moe.emitter.moe import sparse_mlp
+    from driftscope.families.qwen3_vl_moe.jax.text import sparse_mlp
     from driftscope.taps.jax.layers import Contract
 
     _, oracle = runs(NAME, "transformers")
@@ -52,7 +52,7 @@ def test_the_jax_sparse_mlp_matches_the_oracle(runs):
 def test_the_iree_compiled_sparse_mlp_matches_the_oracle(runs, tmp_path, layer_position):
     import jax
     from driftscope.capture.iree import IreeModule, compile_graph
-    from driftscope.families.qwen3_vl_moe.emitter.moe import sparse_mlp
+    from driftscope.families.qwen3_vl_moe.jax.text import sparse_mlp
     from driftscope.model.policies import get_policy
     from driftscope.taps.jax.graph import lower_function
     from driftscope.taps.jax.layers import Contract

@@ -94,7 +94,7 @@ def rerouted_run(tmp_path_factory, runs):
 
 
 def test_a_token_routed_to_another_expert_is_the_first_divergence(rerouted_run):
-    from driftscope.families.qwen3_vl_moe.routing import rerouted
+    from driftscope.families.qwen3_vl_moe.pages import rerouted
     from driftscope.judge.rows import first_divergence
     from driftscope.run.report import Report
 
@@ -123,7 +123,7 @@ def test_the_pages_router_section_names_the_rerouted_tokens_and_their_share_of_t
     """Notebook 01's and 02's router section (``views/choices.py``): one row per rerouted layer, the first one the
     shifted layer with its tokens, entries and the share of its error; words only (the clean-text checker); a
     model without a router gets no section."""
-    from driftscope.families.qwen3_vl_moe.routing import rerouted
+    from driftscope.families.qwen3_vl_moe.pages import rerouted
     from driftscope.run.report import Report
     from driftscope.views.choices import choice_items, choice_rows
 

@@ -16,7 +16,7 @@ IMAGE = ROOT / "fixtures" / "images" / "shapes_224.png"
 @pytest.fixture(scope="module")
 def deep_molmo2(tmp_path_factory):
     """A hub-layout Molmo2 whose ``vit_layers`` select layer 26 of its 27 declared layers (all 27 persisted)."""
-    from driftscope.families.molmo2.synthetic import SyntheticMolmo2Spec, make_checkpoints
+    from driftscope.families.molmo2.fixture import SyntheticMolmo2Spec, make_checkpoints
 
     base = tmp_path_factory.mktemp("deep-molmo2")
     hub, _ = make_checkpoints(base / "hub", base / "native", SyntheticMolmo2Spec(vit_layers=(-1, -9)))

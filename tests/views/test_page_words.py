@@ -69,7 +69,7 @@ def test_the_inputs_say_their_grids_and_their_words(tiny, tmp_path):
 
 def test_the_pooling_claim_lists_per_image_counts_only_for_several_images():
     from conftest import ROOT
-    from driftscope.families.molmo2.hooks import geometry_claims
+    from driftscope.families.molmo2.pages import geometry_claims
 
     image = ROOT / "fixtures" / "images" / "shapes_224.png"
     (one, _), (two, _) = geometry_claims([image]), geometry_claims([image, image])

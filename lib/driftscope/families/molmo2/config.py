@@ -1,27 +1,28 @@
-"""Molmo2 config facts, read the same way from the hub layout and transformers' native layout.
-
-Hub layout (allenai's config.json): top-level ``vit_config`` / ``adapter_config`` with the original
-key names; ``vit_config`` declares 27 layers and ``adapter_config.vit_layers`` is ``[-3, -9]``. These
-are authoritative over a ``vision_config`` (mlx-vlm inserts an empty one as a compatibility object).
-Native layout (transformers 5.24 ``save_pretrained``): ``vision_config`` / ``adapter_config`` with
-``vision_feature_layer``. Negative layer indices resolve against the DECLARED depth ([-3, -9] of 27
--> [24, 18]); the execution depth is the largest selected layer + 1 (the checkpoint persists only that
-prefix); the configured order is kept when the selected layers are concatenated.
-
-``mlx_config`` adapts either layout to what mlx-vlm 0.7.10 reads, passing the configured layers
-through unchanged (so mlx-vlm's own resolution, right or wrong, is what runs); ``load_mlx_model``
-builds mlx-vlm's Molmo2 ``Model`` from a checkpoint.
-"""
+"""Molmo2 config facts, read the same way from the hub layout and transformers' native layout; what mlx-vlm
+0.7.10's port reads of them (``mlx_config``) and cannot represent (``unrepresentable``)."""
 
 from __future__ import annotations
 
 import copy
-import glob
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ...errors import CheckpointError
+
+# Molmo2 config facts, read the same way from the hub layout and transformers' native layout.
+#
+# Hub layout (allenai's config.json): top-level ``vit_config`` / ``adapter_config`` with the original
+# key names; ``vit_config`` declares 27 layers and ``adapter_config.vit_layers`` is ``[-3, -9]``. These
+# are authoritative over a ``vision_config`` (mlx-vlm inserts an empty one as a compatibility object).
+# Native layout (transformers 5.24 ``save_pretrained``): ``vision_config`` / ``adapter_config`` with
+# ``vision_feature_layer``. Negative layer indices resolve against the DECLARED depth ([-3, -9] of 27
+# -> [24, 18]); the execution depth is the largest selected layer + 1 (the checkpoint persists only that
+# prefix); the configured order is kept when the selected layers are concatenated.
+#
+# ``mlx_config`` adapts either layout to what mlx-vlm 0.7.10 reads, passing the configured layers
+# through unchanged (so mlx-vlm's own resolution, right or wrong, is what runs); ``mlx.load_mlx_model``
+# builds mlx-vlm's Molmo2 ``Model`` from a checkpoint.
 
 
 @dataclass(frozen=True)
@@ -251,51 +252,59 @@ def mlx_config(config: dict) -> dict:
     return adapted
 
 
-def _resplit_embedding(weights: dict, vocab_size: int) -> dict:
-    """Word embedding as ``vocab_size`` + additional rows (transformers 5.24 saves two equal halves)."""
-    import mlx.core as mx
+# What mlx-vlm 0.7.10's Molmo2 port cannot represent, each limit checked before loading and named by its
+# setting (the port is the limit there, not config.json; the MLX runtime says so and the run goes on without it).
+#
+# - a selected ViT layer at or past the 25 it builds (it caps the hub's 27 declared layers at 25);
+# - a checkpoint storing fewer ViT layers than it builds (``min(declared, 25)``: it loads every one strictly);
+# - ``text_config.qk_norm_type`` other than ``qwen3`` (its decoder norms q and k per head only), with
+#   ``use_qk_norm``;
+# - ``text_config.norm_after`` (its decoder layers normalize each sublayer's input only: pre-norm).
 
-    base, extra = "model.transformer.wte.embedding", "model.transformer.wte.new_embedding"
-    if base in weights and extra in weights and weights[base].shape[0] != vocab_size:
-        table = mx.concatenate([weights[base], weights[extra]], axis=0)
-        weights[base], weights[extra] = table[:vocab_size], table[vocab_size:]
-    return weights
+#: The ViT layers mlx-vlm 0.7.10's Molmo2 builds whatever the config declares (it caps the hub's 27 at 25).
+MLX_VIT_LAYERS = 25
+#: a stored ViT layer's tensors, in either layout (``...image_vit.transformer.resblocks.N.`` or ``...layers.N.``)
+_VIT_LAYER = re.compile(r"(?:image_vit|vision_tower|vision_model).*?\.(?:resblocks|layers)\.(\d+)\.")
 
 
-def load_mlx_model(path: str | Path, config: dict, dtype: str = "float32") -> Any:
-    """mlx-vlm's Molmo2 ``Model`` with the checkpoint's weights (strict; an MLX-community directory's quantized
-    layers as quantized modules), its code unchanged.
+def stored_vit_layers(path: str | Path) -> int | None:
+    """How many ViT layers the checkpoint's weights hold (the highest stored index + 1; None: none found)."""
+    from driftscope.model.weightfile import TensorFiles
 
-    The checkpoint's own config.json is kept on the model as ``driftscope_source_config`` (hypothesis
-    patches read the declared ViT depth from it; mlx-vlm's config no longer has it).
-    """
-    from driftscope.model.blas import mlx_blas
+    found = [int(m.group(1)) for name in TensorFiles(path).names() for m in [_VIT_LAYER.search(name)] if m]
+    return max(found) + 1 if found else None
 
-    mlx_blas()  # before the first `import mlx.core`
-    import mlx.core as mx
-    from mlx_vlm import utils
 
-    adapted = mlx_config(config)
-    model_module, _ = utils.get_model_and_args(config=adapted)
-    model_config = model_module.ModelConfig.from_dict(adapted)
-    model_config = utils.update_module_configs(model_config, model_module, adapted, ["text", "vision"])
-    model = model_module.Model(model_config)
-    weights: dict[str, Any] = {}
-    for weight_file in sorted(glob.glob(str(Path(path) / "*.safetensors"))):
-        weights.update(mx.load(weight_file))
-    weights = _resplit_embedding(weights, read_facts(config).text.vocab_size)
-    weights = utils.sanitize_weights(model, weights)
-    weights = utils.sanitize_weights(model_module.LanguageModel, weights, model_config.text_config)
-    try:  # mlx-vlm's own install: an MLX-community checkpoint's quantized layers become quantized modules
-        utils.load_model_weights(model, adapted, weights, Path(path), strict=True)
-    except ValueError as err:
-        raise CheckpointError(
-            f"checkpoint {path} does not match mlx-vlm's Molmo2 model: {err}",
-            "check that config.json describes these weights (depth, hidden sizes, vocabulary)",
-        ) from err
-    if dtype != "float32":
-        model.set_dtype(getattr(mx, dtype))
-    mx.eval(model.parameters())
-    model.eval()
-    object.__setattr__(model, "driftscope_source_config", copy.deepcopy(config))
-    return model
+def unrepresentable(config: dict, path: str | Path | None = None) -> list[str]:
+    """The settings of ``config`` (and of the weights at ``path``) mlx-vlm's Molmo2 port cannot represent, each
+    naming its key."""
+    facts = read_facts(config)
+    limits = []
+    deep = [layer for layer in facts.selected_layers if layer >= MLX_VIT_LAYERS]
+    key = "adapter_config.vit_layers" if facts.layout == "hub" else "vision_feature_layer"
+    if deep:
+        limits.append(
+            f"{key} {list(facts.adapter.configured_layers)} selects layer {', '.join(map(str, deep))} of the "
+            f"{facts.vit.declared_depth} declared ViT layers; mlx-vlm's Molmo2 keeps only {MLX_VIT_LAYERS}"
+        )
+    built = min(facts.vit.declared_depth, MLX_VIT_LAYERS)
+    stored = stored_vit_layers(path) if path is not None else None
+    if stored is not None and stored < built:
+        limits.append(
+            f"the weights store {stored} ViT layers (the prefix the selected layers need) where mlx-vlm's Molmo2 "
+            f"builds {built} of the {facts.vit.declared_depth} declared and loads every one"
+        )
+    text = facts.text
+    if text.qk_norm_type != "qwen3" and _uses_qk_norm(config):
+        limits.append(
+            f"text_config.qk_norm_type {text.qk_norm_type!r}: mlx-vlm's Molmo2 decoder norms q and k per head "
+            "('qwen3') only"
+        )
+    if text.norm_after:
+        limits.append("text_config.norm_after true: mlx-vlm's Molmo2 decoder layers are pre-norm only")
+    return limits
+
+
+def _uses_qk_norm(config: dict) -> bool:
+    text = config.get("text_config") or config.get("llm_config") or config
+    return bool(text.get("use_qk_norm", True))

@@ -112,10 +112,9 @@ def molmo2_layout(runtime: str, checkpoint) -> LoadLayout | None:
 
 def emitter_text_layout(checkpoint) -> LoadLayout:
     """How the compiled path's decoder holds the checkpoint's text tensors (``LoadLayout.later["text"]``): the
-    emitter's names (``emitter.weights.checkpoint_names``), each fused ``att_proj`` split into q, k and v rows and
+    emitter's names (``jax.weights.checkpoint_names``), each fused ``att_proj`` split into q, k and v rows and
     ``ff_proj`` into up then gate, the two word-embedding parts stacked into one table."""
-    from .emitter.config import Molmo2Spec
-    from .emitter.weights import checkpoint_names
+    from .jax.weights import Molmo2Spec, checkpoint_names
 
     spec = Molmo2Spec.from_config(checkpoint.config)
     text = spec.text

@@ -1,19 +1,27 @@
-"""Molmo2's stage plan: vision, pooling, projector and text stages in execution order, what each replay reads.
-
-ViT stages are per crop, ``[crops, patches, ...]`` (raster order within each crop, the low-resolution crop
-first; ``plan.meta["row_axes"]`` says the two leading axes together index patch rows). Pooled stages have one
-row per pooled token (token unit ``merged``: a 2 x 2 window of patches). ``vision.selected.L`` is named by the
-layer the config selects, resolved against the DECLARED depth; the pooling indices, valid counts and the
-decoder's attention mask are integers (compared exactly).
-"""
+"""Molmo2's stage plan: vision, pooling, projector and text stages in execution order, what each replay reads;
+the module table both engines tap (``ModuleTap``); the replay context the replays read."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
+
+from driftscope.taps.module_taps import ModuleTap, Select, argument, decoder_taps, each, output
 from driftscope.taps.sink import decode_stages
 from driftscope.taps.stages import VIT_ATTENTION_INPUTS, VIT_MLP_INPUTS, Rotary, Stage, StagePlan, block_stage_id
+from driftscope.taps.tapset import TapSet
 
-from ...errors import CheckpointError
+from ...errors import CheckpointError, TapFileError
 from .config import read_facts
+
+# Molmo2's stage plan: vision, pooling, projector and text stages in execution order, what each replay reads.
+#
+# ViT stages are per crop, ``[crops, patches, ...]`` (raster order within each crop, the low-resolution crop
+# first; ``plan.meta["row_axes"]`` says the two leading axes together index patch rows). Pooled stages have one
+# row per pooled token (token unit ``merged``: a 2 x 2 window of patches). ``vision.selected.L`` is named by the
+# layer the config selects, resolved against the DECLARED depth; the pooling indices, valid counts and the
+# decoder's attention mask are integers (compared exactly).
 
 NAME = "molmo2"
 
@@ -216,3 +224,172 @@ def decoder_rotary(text) -> Rotary | None:
     """How the decoder rotates its keys (``rotate_half`` over the whole head, a position its index); None for a
     scaled RoPE, whose frequencies are not ``theta ** (-2i / d)`` (the contract alone judges it)."""
     return Rotary.default(text.rope_theta, text.head_dim) if text.rope_type == "default" else None
+
+
+# Molmo2's stages that are a module's output or input, declared for both sides (``taps.module_taps``): paths from
+# transformers' ``model.model`` and mlx-vlm's ``vision_tower`` (the names differ), ``{i}`` each ViT layer; and the
+# decoder's. What no module gives is written by ``torch`` and ``mlx``: the position table (a
+# parameter), and on MLX the selected layers' features (what a method returns), the pooler's valid slots (from the
+# indices) and the projector's SiLU (a function its module calls).
+
+TORCH_VIT, MLX_VIT = "vision_tower.layers.{i}", "image_vit.transformer.{i}"
+TORCH_ADAPTER = "multi_modal_projector"
+
+
+def heads(head_dim: int) -> Select:
+    """A projection's output ``[..., heads * head_dim]`` split into ``[..., heads, head_dim]``."""
+
+    def select(array: np.ndarray) -> np.ndarray:
+        return array.reshape(*array.shape[:-1], -1, head_dim)
+
+    return select
+
+
+def selected_slot(slot: int, count: int) -> Select:
+    """Slot ``slot`` of the ``count`` selected layers' features concatenated on the last axis (a numpy or an MLX
+    array)."""
+
+    def select(features: np.ndarray) -> np.ndarray:
+        width = features.shape[-1] // count
+        return features[..., slot * width : (slot + 1) * width]
+
+    return select
+
+
+def _first(array: np.ndarray) -> np.ndarray:  # mlx-vlm's projector runs on [batch, tokens, ...]
+    return array[0]
+
+
+def _first_query(array: np.ndarray) -> np.ndarray:
+    return array[:, 0]
+
+
+def _valid_counts(pooling: np.ndarray) -> np.ndarray:
+    return (pooling >= 0).sum(-1)
+
+
+def _vit_tap(stage: str, torch: tuple[str, bool], mlx: tuple[str, bool], select: Select | None = None) -> ModuleTap:
+    """A ViT layer's stage: each side's module under its layer and whether the stage is that module's input."""
+
+    def port(layer: str, path: str, is_input: bool):
+        where = f"{layer}.{path}" if path else layer
+        return argument(where, select) if is_input else output(where, select)
+
+    return ModuleTap(f"vision.block.{{i}}{stage}", port(TORCH_VIT, *torch), port(MLX_VIT, *mlx))
+
+
+def vit_taps(depth: int, head_dim: int) -> list[ModuleTap]:
+    """The ViT's stages on one side's ``depth`` layers (each side builds the table with its own depth)."""
+    split = heads(head_dim)
+    return [
+        ModuleTap("vision.patch_embed", output("vision_tower.patch_embedding"), output("image_vit.patch_embedding")),
+        ModuleTap("vision.positioned", argument("vision_tower.layers.0"), argument("image_vit.transformer.0")),
+        *each(
+            depth,
+            _vit_tap(".norm1", ("layer_norm1", False), ("attention_norm", False)),
+            _vit_tap(".attn.q", ("self_attn.q_proj", False), ("attention.wq", False), split),
+            _vit_tap(".attn.k", ("self_attn.k_proj", False), ("attention.wk", False), split),
+            _vit_tap(".attn.v", ("self_attn.v_proj", False), ("attention.wv", False), split),
+            _vit_tap(".attn.context", ("self_attn.o_proj", True), ("attention.wo", True)),
+            _vit_tap(".attn.out", ("self_attn.o_proj", False), ("attention.wo", False)),
+            _vit_tap(".residual1", ("layer_norm2", True), ("ffn_norm", True)),
+            _vit_tap(".norm2", ("layer_norm2", False), ("ffn_norm", False)),
+            _vit_tap(".mlp.fc1", ("mlp.fc1", False), ("feed_forward.w1", False)),
+            _vit_tap(".mlp.act", ("mlp.fc2", True), ("feed_forward.act", False)),
+            _vit_tap(".mlp.fc2", ("mlp.fc2", False), ("feed_forward.w2", False)),
+            _vit_tap("", ("", False), ("", False)),
+        ),
+    ]
+
+
+def adapter_taps(selected_layers: list[int]) -> list[ModuleTap]:
+    """The adapter's stages: the selected layers' features and their concatenation (transformers: the adapter's
+    input), the pooler's query, gathered patches and output, the projector's pieces."""
+    pool, projector = f"{TORCH_ADAPTER}.image_pooling_2d", f"{TORCH_ADAPTER}.image_projector"
+    count = len(selected_layers)
+    return [
+        *(
+            ModuleTap(f"vision.selected.{layer}", argument(TORCH_ADAPTER, selected_slot(slot, count)))
+            for slot, layer in enumerate(selected_layers)
+        ),
+        ModuleTap("vision.concatenated", argument(TORCH_ADAPTER)),
+        ModuleTap("pool.valid_counts", argument(TORCH_ADAPTER, _valid_counts, index=1)),
+        ModuleTap("pool.query", argument(pool, _first_query), argument("image_pooling_2d", _first_query)),
+        ModuleTap("pool.gathered", argument(pool, index=1), argument("image_pooling_2d", index=1)),
+        ModuleTap("pool.output", output(pool, _first_query, item=(0,)), output("image_pooling_2d", _first_query)),
+        ModuleTap("projector.gate", output(f"{projector}.gate_proj"), output("image_projector.w1", _first)),
+        ModuleTap("projector.act", output(f"{projector}.act_fn")),
+        ModuleTap("projector.up", output(f"{projector}.up_proj"), output("image_projector.w3", _first)),
+        ModuleTap("projector.product", argument(f"{projector}.down_proj"), argument("image_projector.w2", _first)),
+        ModuleTap("projector.output", output(f"{projector}.down_proj"), output("image_projector.w2", _first)),
+    ]
+
+
+def text_taps(layers: int) -> list[ModuleTap]:
+    """The decoder's stages: transformers' ``model.model.language_model`` layers and norm, mlx-vlm's decoder's
+    blocks and final norm."""
+    return decoder_taps(layers, torch=("layers", "norm"), mlx=("blocks", "ln_f"))
+
+
+# What every replayed Molmo2 stage needs besides its inputs: the pooling indices and the selected layers; for
+# the text stages the prompt's token ids and where its ``<im_patch>`` slots are.
+
+
+@dataclass
+class ReplayContext:
+    """Side inputs taken from the reference run."""
+
+    pooling: np.ndarray  # [tokens, slots] int64, -1 for padding
+    selected_layers: tuple[int, ...]  # resolved, configured order (the plan's)
+    input_ids: np.ndarray | None = None  # the prompt (text stages only)
+    image_token_id: int | None = None  # <im_patch>
+
+    @property
+    def valid(self) -> np.ndarray:
+        return self.pooling >= 0
+
+    @property
+    def image_slots(self) -> np.ndarray:
+        """Where the prompt's ``<im_patch>`` tokens are (a [tokens] mask)."""
+        return self.input_ids == self.image_token_id
+
+    def flat_pooling(self) -> np.ndarray:
+        """Indices that gather ``pool.gathered`` rows back in order: row ``t * slots + s``, -1 where padded."""
+        tokens, slots = self.pooling.shape
+        return np.where(self.valid, np.arange(tokens * slots).reshape(tokens, slots), -1).astype(np.int64)
+
+    def slot(self, layer: int) -> int:
+        return self.selected_layers.index(layer)
+
+    @classmethod
+    def from_plan(cls, reference: TapSet, plan: StagePlan) -> ReplayContext:
+        if "inputs.pooling" not in reference:
+            raise TapFileError(
+                f"the reference TapSet {reference.tensor_path.name} lacks inputs.pooling, needed to replay the pooler",
+                "capture the inputs stages (they are in every default stage selection)",
+            )
+        ctx = cls(
+            np.asarray(reference["inputs.pooling"]).astype(np.int64),
+            tuple(int(layer) for layer in plan.meta.get("selected_layers", [])),
+        )
+        if "text.input_ids" in reference:
+            ctx.input_ids = np.asarray(reference["text.input_ids"]).astype(np.int64)
+            ctx.image_token_id = int(plan.meta.get("image_token_id", -1))
+        return ctx
+
+    def stage(self, reference: TapSet, stage_id: str) -> np.ndarray | None:
+        """A reference stage as a replay input (``text.embeds@sequence``: the whole prompt's embeddings)."""
+        if stage_id == TEXT_INPUT:
+            return self.text_sequence(reference)
+        return np.asarray(reference[stage_id]) if stage_id in reference else None
+
+    def text_sequence(self, reference: TapSet) -> np.ndarray | None:
+        """The whole prompt's input embeddings: image slots from ``text.embeds.image``, the rest from
+        ``text.embeds.text``."""
+        if self.input_ids is None or not {"text.embeds.image", "text.embeds.text"} <= set(reference.stage_ids()):
+            return None
+        image, text = np.asarray(reference["text.embeds.image"]), np.asarray(reference["text.embeds.text"])
+        sequence = np.zeros((len(self.input_ids), image.shape[-1]), dtype=np.float32)
+        sequence[self.image_slots] = image
+        sequence[~self.image_slots] = text
+        return sequence

@@ -3,9 +3,10 @@ mixture-of-experts MLP in its sparse decoder layers (a top-k router over stacked
 
 The vision side, the processor, the prompt, the replay context and the page hooks are Qwen3-VL's, imported from
 ``families/qwen3_vl`` (a declared variant: see the import contracts in ``pyproject.toml``); this folder adds the
-sparse layers' stages (``plan``), their taps and replays in each runtime (``transformers_taps``,
-``mlx_taps``, ``emitter/`` for ``jax`` and ``iree``), the routing mutations and hypotheses and the tiny
-checkpoint (``synthetic``).
+sparse layers' stages and their module table (``plan``), how each runtime holds the stacked experts (``held``), their
+taps and replays in each runtime (``torch``, ``mlx``, ``jax/`` for ``jax`` and ``iree``), the routing mutations and
+hypotheses, the tokens routed to other experts on the pages (``pages``), the quantized policies' names
+(``policies``) and the tiny checkpoint (``fixture``).
 """
 
 from __future__ import annotations
@@ -19,18 +20,18 @@ from ..base import Family, TinyFixture
 from ..qwen3_vl.inputs import prepare_inputs
 from ..qwen3_vl.plan import ReplayContext
 from ..qwen_shared.text import TEXT_WEIGHTS, build_text_inputs, tied_head
-from .layout import moe_layout
+from .held import moe_layout
 from .plan import NAME, replay_inputs, text_stages, vision_plan
 
 
 def _build_tiny(directory: Path) -> Path:
-    from .synthetic import TINY_SPEC, make_checkpoint
+    from .fixture import TINY_SPEC, make_checkpoint
 
     return make_checkpoint(directory, TINY_SPEC)
 
 
 def _build_q4_source(directory: Path) -> Path:
-    from .synthetic import Q4_SOURCE_SPEC, make_checkpoint
+    from .fixture import Q4_SOURCE_SPEC, make_checkpoint
 
     return make_checkpoint(directory, Q4_SOURCE_SPEC)
 
@@ -48,16 +49,16 @@ FAMILY = Family(
     prepare_inputs=prepare_inputs,
     text_inputs=functools.partial(build_text_inputs, video_style="timestamps"),
     engines={
-        "transformers": f"{__name__}.transformers_taps",
-        "mlx": f"{__name__}.mlx_taps",
-        "jax": f"{__name__}.emitter.program",
-        "iree": f"{__name__}.emitter.program",
+        "transformers": f"{__name__}.torch",
+        "mlx": f"{__name__}.mlx",
+        "jax": f"{__name__}.jax.program",
+        "iree": f"{__name__}.jax.program",
     },
     mutations=f"{__name__}.mutations",
     mutation_runtime="mlx",
     hypotheses=f"{__name__}.hypotheses",
-    prose=f"{__name__}.prose",
-    hooks=f"{__name__}.hooks",
+    prose=f"{__name__}.pages",
+    hooks=f"{__name__}.pages",
     known_defects={"mlx": "driftscope.hypotheses:mlx_vlm_gelus"},
     derived_weights=tied_head,
     load_layout=moe_layout,
@@ -68,7 +69,7 @@ FAMILY = Family(
         images=_IMAGES,
         q4_source=TinyFixture(_ROOT / "fixtures" / "checkpoints" / "tiny-qwen3-vl-moe-wide", _build_q4_source, _IMAGES),
     ),
-    quantization=f"{__name__}.quantization",
+    quantization=f"{__name__}.policies",
     precision="driftscope.families.qwen3_vl.policies",  # the tower is Qwen3-VL's
     videos=True,
 )

@@ -1,19 +1,26 @@
-"""Qwen3-VL-MoE's stage plan: Qwen3-VL's tower and DeepStack stages unchanged, and in every sparse decoder
-layer the mixture-of-experts MLP taken apart.
-
-A sparse layer ``N`` adds, before its output ``text.layer.N``: the residual after attention
-(``.residual1``), the post-attention RMSNorm the router and the experts read (``.mlp.in``), the router's
-logits (``.mlp.router``), the experts it chose per token (``.mlp.chosen``, ascending expert id: an exact
-data stage, so a token routed differently is a finding of its own), their renormalized weights
-(``.mlp.weights``, same order), each chosen expert's own output before weighting (``.mlp.experts``) and the
-block's weighted sum (``.mlp``).
-"""
+"""Qwen3-VL-MoE's stage plan: Qwen3-VL's, with each sparse decoder layer's mixture-of-experts stages (router,
+chosen experts, their weights and outputs); the module table both engines tap for them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+import numpy as np
+
+from driftscope.taps.module_taps import ModuleTap, argument, both, output
 from driftscope.taps.stages import Stage, StagePlan
 
 from ..qwen3_vl import plan as dense
+
+# Qwen3-VL-MoE's stage plan: Qwen3-VL's tower and DeepStack stages unchanged, and in every sparse decoder
+# layer the mixture-of-experts MLP taken apart.
+#
+# A sparse layer ``N`` adds, before its output ``text.layer.N``: the residual after attention
+# (``.residual1``), the post-attention RMSNorm the router and the experts read (``.mlp.in``), the router's
+# logits (``.mlp.router``), the experts it chose per token (``.mlp.chosen``, ascending expert id: an exact
+# data stage, so a token routed differently is a finding of its own), their renormalized weights
+# (``.mlp.weights``, same order), each chosen expert's own output before weighting (``.mlp.experts``) and the
+# block's weighted sum (``.mlp``).
 
 NAME = "qwen3_vl_moe"
 
@@ -102,3 +109,27 @@ def replay_inputs(stage_id: str, plan: StagePlan) -> tuple[str, ...] | None:
     branches = len(plan.meta.get("deepstack_visual_indexes", []))
     source = dense.text_layer_input(int(layer.split(".")[2]), branches)
     return tuple(source if name == "in" else f"{layer}.{name}" for name in MOE_INPUTS[piece])
+
+
+# Qwen3-VL-MoE's sparse layers' stages that are a module's output or input, declared for both sides
+# (``taps.module_taps``): paths from the decoder (transformers' ``model.model.language_model``, mlx-vlm's
+# ``language_model.model``: the same names). The router's logits, the chosen experts and their weights, and each
+# chosen expert's output are not a module's output or input as they stand (sorted by expert id, weighed, or one
+# expert slot at a time): ``torch`` and ``mlx`` write them.
+
+
+def _rows(array: np.ndarray) -> np.ndarray:
+    return array[0]
+
+
+def sparse_taps(layers: Iterable[int]) -> list[ModuleTap]:
+    """Each sparse layer's MLP input before and after its norm, and the MLP's output (the prompt's rows)."""
+    return [
+        tap
+        for index in layers
+        for tap in (
+            both(f"text.layer.{index}.residual1", argument(f"layers.{index}.post_attention_layernorm", _rows)),
+            both(f"text.layer.{index}.mlp.in", output(f"layers.{index}.post_attention_layernorm", _rows)),
+            both(f"text.layer.{index}.mlp", output(f"layers.{index}.mlp", _rows)),
+        )
+    ]

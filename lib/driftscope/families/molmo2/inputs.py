@@ -1,11 +1,5 @@
-"""Image -> Molmo2 inputs: crop pixels as 588-wide patch rows, pooling indices, the prompt's token ids.
-
-Pixels follow mlx-vlm's numpy processor (transformers' own Molmo2 image processor needs torchvision):
-8-bit RGB resized with PIL (bilinear by default), scaled to [0, 1], normalized with the checkpoint's
-mean/std, crops patchified row-major with channels last. The prompt expands each ``<|image|>`` into
-the low-resolution then the high-resolution token grid (``<im_col>`` after every row), and
-``mm_token_type_ids`` marks every image token 1, as transformers' processor does.
-"""
+"""Molmo2's inputs: images -> crops, patches and pooling indices (the processor's arrays, written from
+mlx-vlm's and transformers' processors), and the prompt around them."""
 
 from __future__ import annotations
 
@@ -17,12 +11,23 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from driftscope.inputs.processor_output import ModelInputs, as_processor_sees, load_image
+from driftscope.inputs.text_inputs import DEFAULT_PROMPT, TextInputs, prompt_tokenizer
 
 from ...errors import InputError
+from ..qwen_shared.tokenizer import QWEN2_TOKENIZERS
 from .geometry import CropLayout, CropSpec, crop_layout
 
 if TYPE_CHECKING:
     from driftscope.model.checkpoint import Checkpoint
+
+
+# Image -> Molmo2 inputs: crop pixels as 588-wide patch rows, pooling indices, the prompt's token ids.
+#
+# Pixels follow mlx-vlm's numpy processor (transformers' own Molmo2 image processor needs torchvision):
+# 8-bit RGB resized with PIL (bilinear by default), scaled to [0, 1], normalized with the checkpoint's
+# mean/std, crops patchified row-major with channels last. The prompt expands each ``<|image|>`` into
+# the low-resolution then the high-resolution token grid (``<im_col>`` after every row), and
+# ``mm_token_type_ids`` marks every image token 1, as transformers' processor does.
 
 IMAGE_PLACEHOLDER = "<|image|>"
 #: Tokens transformers' Molmo2Processor gives type 1 (they attend to each other bidirectionally).
@@ -194,3 +199,34 @@ def prepare_inputs(checkpoint: Checkpoint, image_paths: list[str | Path]) -> Mod
         headline=f"{int(out.num_crops.sum())} crops, {int(tokens.sum())} pooled tokens "
         f"(tiling {[list(layout.tiling) for layout in out.layouts]})",
     )
+
+
+# Molmo2's prompt side: each image's token grid, then the user turn, as transformers' processor builds it.
+
+
+def build_text_inputs(
+    checkpoint,
+    inputs: ModelInputs,
+    prompt: str = DEFAULT_PROMPT,
+    max_new_tokens: int = 16,
+    expect: list[str] | None = None,
+) -> TextInputs:
+    """BOS, every image's low- then high-resolution grid (``<im_col>`` after each row), then the user turn.
+
+    Token types mark every image token (patches, row ends, starts and ends) as transformers' processor does:
+    they attend to each other both ways in the prefill."""
+    tokenizer = prompt_tokenizer(checkpoint.path, QWEN2_TOKENIZERS)
+    bos = tokenizer.bos_token or tokenizer.eos_token or ""
+    grids = np.asarray(inputs["grids"]).reshape(-1, 4)
+    images = "".join(image_token_string(tuple(int(v) for v in grid)) for grid in grids)
+    text = f"{bos}{images}<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+    ids = np.asarray(tokenizer(text)["input_ids"], dtype=np.int64)
+    patch_id = int(checkpoint.config.get("image_patch_id", tokenizer.convert_tokens_to_ids("<im_patch>")))
+    found, expected = int((ids == patch_id).sum()), int(np.asarray(inputs.image_tokens).sum())
+    if found != expected:
+        raise InputError(
+            f"the tokenizer turned {expected} image patches into {found} <im_patch> tokens",
+            "use the checkpoint's own tokenizer, where <im_patch> is one special token",
+        )
+    types = np.isin(ids, image_token_ids(tokenizer)).astype(np.int64)
+    return TextInputs(ids, patch_id, prompt, int(max_new_tokens), list(expect or []), token_types=types)

@@ -31,7 +31,7 @@ JOINS = (
 
 def mlx_config(config: dict) -> dict:
     """The config an MLX-community Qwen3-VL-MoE directory carries (mlx-vlm's names: ``num_experts``)."""
-    from .mlx_taps import mlx_view
+    from .mlx import mlx_view
 
     return adapt_config(mlx_view(config), "qwen3_vl_moe")
 

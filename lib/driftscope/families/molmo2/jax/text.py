@@ -12,8 +12,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .config import Molmo2Spec
-from .layers import Contract, linear, rms_norm
+from driftscope.taps.jax.layers import Contract, linear, rms_norm
+
+from .weights import Molmo2Spec
 
 
 def rope_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:

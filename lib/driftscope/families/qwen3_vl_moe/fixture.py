@@ -59,7 +59,7 @@ def released_expert_layout(out_dir: Path) -> None:
     and mlx-vlm's sanitize expects; transformers 5's ``save_pretrained`` writes its in-memory layout instead."""
     from safetensors.torch import load_file, save_file
 
-    from .layout import RELEASED_VERSION
+    from .held import RELEASED_VERSION
 
     config_path = out_dir / "config.json"  # as the released checkpoints' config.json says (a square expert's layout)
     config = json.loads(config_path.read_text())

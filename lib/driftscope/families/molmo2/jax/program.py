@@ -23,10 +23,17 @@ from driftscope.taps.sink import StageSink, compiled_cache, put_greedy
 from driftscope.taps.stages import Stage
 
 from ....errors import ParameterError
-from .config import Molmo2Spec
-from .model import FINAL, SUBSTAGES, block_graph, head_graph, layer_weights, stem_graph, vision_features
-from .stages import replay_function
-from .weights import load_weights
+from .model import (
+    FINAL,
+    SUBSTAGES,
+    block_graph,
+    head_graph,
+    layer_weights,
+    replay_function,
+    stem_graph,
+    vision_features,
+)
+from .weights import Molmo2Spec, load_weights
 
 #: The text side decodes greedily after the prefill (``text.generate.*``): see :func:`capture_text`.
 CAPABILITIES = CompiledCapabilities(decodes=True)
@@ -93,7 +100,7 @@ def lower(model: EmittedModel, policy: PrecisionPolicy, call: Call, taps: tuple[
         "pooling": ((call.tokens, call.slots), "int32"),
     }
     header = [
-        "// driftscope: Molmo2 image path (driftscope.families.molmo2.emitter)",
+        "// driftscope: Molmo2 image path (driftscope.families.molmo2.jax)",
         f"// crops {call.crops}, pooled tokens {call.tokens}; ViT layers run {spec.execution_depth}, "
         f"selected {list(spec.selected_layers)}",
     ]

@@ -1,13 +1,8 @@
-"""Weights from the checkpoint's safetensors (the original layout transformers also saves), renamed
-to the emitter's names and checked tensor by tensor against the config.
-
-Only the ViT layers that run (the execution depth) are read. The text decoder's fused projections are
-split: ``att_proj`` into q, k, v rows; ``ff_proj`` into up (first half) and gate (second half); the two
-word-embedding tables are concatenated (base vocabulary, then the additional rows).
-"""
+"""Molmo2's spec for the compiled path (from config.json) and its weights, checked against it."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +10,60 @@ import numpy as np
 from driftscope.model.weightfile import TensorFiles
 
 from ....errors import CheckpointError
-from .config import Molmo2Spec
+from ..config import AdapterFacts, TextFacts, VitFacts, read_facts
+
+# The settings the emitter needs: the config facts plus the resolved layers and the execution depth.
+
+
+@dataclass(frozen=True)
+class Molmo2Spec:
+    """Hashable (a static argument of the jitted functions)."""
+
+    vit: VitFacts
+    adapter: AdapterFacts
+    text: TextFacts
+    selected_layers: tuple[int, ...]  # resolved against the declared depth, configured order
+    execution_depth: int
+    image_patch_id: int
+
+    @property
+    def pool_dim(self) -> int:
+        return self.vit.hidden_size * len(self.selected_layers)
+
+    @classmethod
+    def from_config(cls, config: dict) -> Molmo2Spec:
+        facts = read_facts(config)
+        if facts.text.norm_after or facts.text.qk_norm_type not in ("qwen3", "olmo"):
+            raise CheckpointError(
+                "the emitter follows pre-norm Molmo2 decoders with qwen3/olmo q/k norms",
+                "use a Molmo2 checkpoint with norm_after: false",
+            )
+        if facts.text.rope_type != "default":
+            raise CheckpointError(
+                f"the emitter's RoPE is the default one, the config asks for {facts.text.rope_type!r}",
+                "use a Molmo2 checkpoint with default rope_parameters",
+            )
+        if facts.vit.num_heads != facts.vit.num_kv_heads or facts.adapter.num_heads != facts.adapter.num_kv_heads:
+            raise CheckpointError(
+                "the emitter's ViT and pooler expect as many key/value heads as query heads",
+                "use a Molmo2 checkpoint (its ViT and pooler are multi-head, not grouped)",
+            )
+        return cls(
+            vit=facts.vit,
+            adapter=facts.adapter,
+            text=facts.text,
+            selected_layers=facts.selected_layers,
+            execution_depth=facts.execution_depth,
+            image_patch_id=facts.image_patch_id,
+        )
+
+
+# Weights from the checkpoint's safetensors (the original layout transformers also saves), renamed
+# to the emitter's names and checked tensor by tensor against the config.
+#
+# Only the ViT layers that run (the execution depth) are read. The text decoder's fused projections are
+# split: ``att_proj`` into q, k, v rows; ``ff_proj`` into up (first half) and gate (second half); the two
+# word-embedding tables are concatenated (base vocabulary, then the additional rows).
 
 VIT = "model.vision_backbone.image_vit."
 ADAPTER = "model.vision_backbone."

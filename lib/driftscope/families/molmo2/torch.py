@@ -1,4 +1,4 @@
-"""Molmo2 in transformers: the model class, the stages tapped (declared in ``module_stages``), the replay operators.
+"""Molmo2 in transformers: the model class, the stages tapped (declared in ``plan``), the replay operators.
 
 ViT stages are [crops, patches, ...]; ``attn.q/k/v`` are split into heads. ``vision.selected.L`` is the slice
 of the features transformers actually concatenated (the adapter's input), named by the layer the checkpoint
@@ -19,8 +19,7 @@ from driftscope.taps.sink import StageSink, put_greedy
 from driftscope.taps.torch_hooks import cache_snapshot
 from driftscope.taps.torch_hooks import to_numpy as _np
 
-from .module_stages import adapter_taps, text_taps, vit_taps
-from .plan import parse_stage
+from .plan import adapter_taps, parse_stage, text_taps, vit_taps
 
 MODEL_CLASS = "Molmo2ForConditionalGeneration"
 CAPABILITIES = TransformersCapabilities()  # nothing beyond the defaults
@@ -54,7 +53,7 @@ def run_vision(model: Any, inputs: ModelInputs):
 
 
 def capture(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
-    """One pass of the image path with the declared module stages tapped (``module_stages``), then the position
+    """One pass of the image path with the declared module stages tapped (``plan``), then the position
     table (a parameter)."""
     import torch
 

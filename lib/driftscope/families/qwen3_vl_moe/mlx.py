@@ -24,9 +24,8 @@ from driftscope.taps.sink import StageSink
 
 from ..qwen3_vl import mlx as dense
 from ..qwen3_vl.mlx import load_mlx_model
-from .layout import to_released
-from .module_stages import sparse_taps
-from .plan import moe_piece, text_config
+from .held import to_released
+from .plan import moe_piece, sparse_taps, text_config
 
 CAPABILITIES = MLXCapabilities()  # nothing beyond the defaults
 
@@ -96,7 +95,7 @@ def _record_routing(enter, index: int, layer: Any, sink: StageSink) -> None:
 
 def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
     """Qwen3-VL's prefill and greedy decode, with the sparse MLPs' pieces recorded during the prefill only (their
-    norms and outputs declared in ``module_stages``, the router and the experts taken apart here)."""
+    norms and outputs declared in ``plan``, the router and the experts taken apart here)."""
     prefill = _PrefillOnly(sink)
     inner = model.language_model.model
     sparse = [index for index, layer in enumerate(inner.layers) if hasattr(layer.mlp, "switch_mlp")]

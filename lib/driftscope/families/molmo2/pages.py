@@ -1,9 +1,12 @@
-"""What the generic views, the geometry notebook and the geometry CLI ask of Molmo2."""
+"""What the generic views, the geometry notebook and the geometry CLI ask of Molmo2: the view hooks, the family's
+sentences on the pages (``PROSE``), and notebook 03's crop and pooling figures (matplotlib is imported only when a
+figure is drawn)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -15,6 +18,12 @@ from ...inputs.images import image_size
 from ..base import GeometryClaim, ImageTokens, Section
 from .config import read_facts
 from .geometry import CropSpec, crop_layout, summary
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+from .geometry import crop_boxes
+
+# What the generic views, the geometry notebook and the geometry CLI ask of Molmo2.
 
 #: The hub's defaults when no checkpoint is named: 27 declared layers, vit_layers [-3, -9].
 HUB_DEFAULTS = {"vit_config": {"num_hidden_layers": 27}, "adapter_config": {"vit_layers": [-3, -9]}}
@@ -165,7 +174,6 @@ def geometry_claims(image_paths: list[Path], checkpoint: str | Path | None = Non
 def geometry_sections(image_paths: list[Path], checkpoint: str | Path | None = None, **options) -> list[Section]:
     """Notebook 03: each image's crops and pooled tokens, the first image's crops and pooling windows drawn,
     the selected layers."""
-    from .geometry_plots import crop_table, crops_over_image, pooling_windows
 
     spec = CropSpec.from_checkpoint(checkpoint)
     image_path = image_paths[0]
@@ -245,3 +253,114 @@ def axis_sizes(config: dict, inputs=None) -> dict[str, int | str]:
 def shapes_note(config: dict) -> str:
     """How the image axes follow from the images, for ``driftscope stages`` without images."""
     return "crops = 1 + rows x cols per image (378-px crops), tokens = pooled 2x2 windows of the crops"
+
+
+# Molmo2's sentences on the generic notebook pages (``Family.text``).
+
+PROSE = {
+    "inputs": (
+        "Each image is cut into a low-resolution crop of the whole image and overlapping high-resolution crops; "
+        "the attention pooler gathers their patches into tokens by index. One high-resolution crop means a wrong "
+        "crop order cannot be seen on this image."
+    ),
+    "mutations": (
+        "ViT layers resolved against the layers that run instead of the declared depth, the exact GELU in the "
+        "ViT, a causal mask over the image tokens, padded pooling slots clamped to patch 0"
+    ),
+    "answer": (
+        "the image tokens' attention mask (bidirectional among an image's tokens, causal elsewhere) and the "
+        "1-D rotary positions"
+    ),
+}
+
+
+# Molmo2's geometry figures and tables (notebook 03): the crops over the image, the pooling windows.
+
+COLOURS = ("#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+
+
+def _canvas(image_path: str | Path, spec: CropSpec):
+    from PIL import Image
+
+    with Image.open(image_path) as image:
+        rgb = image.convert("RGB")
+        layout = crop_layout(rgb.height, rgb.width, spec)
+        array = np.asarray(rgb.resize((layout.resized[1], layout.resized[0]), Image.Resampling.BILINEAR))
+    return array, layout
+
+
+def crop_table(image_path: str | Path, spec: CropSpec = CropSpec()):
+    """One row per crop: where it reads the canvas, the part no neighbour reads, its first patch row."""
+    import pandas as pd
+
+    _, layout = _canvas(image_path, spec)
+    patches = spec.patches_per_crop
+    rows = [
+        {
+            "crop": 0,
+            "kind": "low-res (whole image)",
+            "box (x0, y0, x1, y1)": "-",
+            "kept": "-",
+            "patch rows": f"0:{patches}",
+        }
+    ]
+    for entry in crop_boxes(layout, spec):
+        crop = entry["crop"]
+        rows.append(
+            {
+                "crop": crop,
+                "kind": "high-res",
+                "box (x0, y0, x1, y1)": f"({listed(entry['box'])})",
+                "kept": f"({listed(entry['kept'])})",
+                "patch rows": f"{crop * patches}:{(crop + 1) * patches}",
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def crops_over_image(image_path: str | Path, spec: CropSpec = CropSpec()) -> Figure:
+    """The resized canvas with each high-resolution crop outlined (solid) and the part it keeps (dashed)."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
+    canvas, layout = _canvas(image_path, spec)
+    figure = Figure(figsize=(5.5, 5.5 * canvas.shape[0] / canvas.shape[1] + 0.4), layout="constrained")
+    axis = figure.subplots()
+    axis.imshow(canvas)
+    for entry in crop_boxes(layout, spec):
+        colour = COLOURS[(entry["crop"] - 1) % len(COLOURS)]
+        x0, y0, x1, y1 = entry["box"]
+        axis.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, edgecolor=colour, linewidth=2))
+        x0, y0, x1, y1 = entry["kept"]
+        axis.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, edgecolor=colour, linestyle="--"))
+        axis.text(x0 + 6, y0 + 18, f"crop {entry['crop']}", color=colour, fontsize=9, weight="bold")
+    axis.set_title(f"canvas {layout.resized[0]}x{layout.resized[1]}, tiling {list(layout.tiling)}", fontsize=9)
+    axis.set_axis_off()
+    return figure
+
+
+def pooling_windows(image_path: str | Path, spec: CropSpec = CropSpec()) -> Figure:
+    """Valid patches per pooled token on the low- and high-resolution token grids (fewer than 4: padded)."""
+    import matplotlib
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    _, layout = _canvas(image_path, spec)
+    low_rows, low_cols, high_rows, high_cols = layout.grid
+    counts = layout.valid_counts
+    low = counts[: low_rows * low_cols].reshape(low_rows, low_cols)
+    high = counts[low_rows * low_cols :].reshape(high_rows, high_cols)
+    figure = Figure(figsize=(10, 4.4), layout="constrained")
+    axes = figure.subplots(1, 2)
+    slots = spec.pooling[0] * spec.pooling[1]
+    colours = matplotlib.colormaps["viridis"].resampled(slots + 1)  # one colour per whole count of patches
+    for axis, grid, name in ((axes[0], low, "low-res"), (axes[1], high, "high-res")):
+        shown = axis.imshow(grid, cmap=colours, vmin=-0.5, vmax=slots + 0.5, interpolation="nearest")
+        padded = int((grid < slots).sum())
+        axis.set_title(f"{name}: {grid.shape[0]}x{grid.shape[1]} tokens, {padded} padded", fontsize=9)
+        axis.set_xlabel("token column")
+        axis.set_ylabel("token row")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axis.yaxis.set_major_locator(MaxNLocator(integer=True))
+    figure.colorbar(shown, ax=axes.tolist(), label="valid patches", ticks=range(slots + 1))  # whole patches only
+    return figure

@@ -20,9 +20,8 @@ from driftscope.taps.sink import StageSink
 from driftscope.taps.torch_hooks import to_numpy as _np
 
 from ..qwen3_vl import torch as dense
-from .layout import correct_transformers
-from .module_stages import sparse_taps
-from .plan import moe_piece
+from .held import correct_transformers
+from .plan import moe_piece, sparse_taps
 
 MODEL_CLASS = "Qwen3VLMoeForConditionalGeneration"
 CAPABILITIES = TransformersCapabilities(
@@ -83,7 +82,7 @@ def _router_hooks(model: Any, sink: StageSink) -> list:
 
 def capture_text(model: Any, inputs: ModelInputs, sink: StageSink) -> None:
     """Qwen3-VL's prefill and greedy decode, with the sparse MLPs' pieces recorded during the prefill (their
-    norms and outputs declared in ``module_stages``, the router and the experts taken apart here)."""
+    norms and outputs declared in ``plan``, the router and the experts taken apart here)."""
     language = model.model.language_model
     sparse = [index for index, layer in enumerate(language.layers) if hasattr(layer.mlp, "gate")]
     handles = _router_hooks(model, sink)

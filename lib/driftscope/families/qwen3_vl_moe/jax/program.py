@@ -29,8 +29,7 @@ lower, arguments, capture_pieces = dense.lower, dense.arguments, dense.capture_p
 def _text(model: EmittedModel):
     """The decoder's spec, the sparse MLPs' spec and the weights, read from the checkpoint once."""
     from ...qwen3_vl.jax.weights import TextSpec
-    from .moe import MoeSpec
-    from .text import load_weights
+    from .text import MoeSpec, load_weights
 
     if model.text is None:
         config = model.checkpoint.config
