@@ -148,13 +148,9 @@ def audit(runtime: Any) -> dict:
                 f"{runtime.name}: its load was not audited"}  # fmt: skip
     checked, sampled, findings = compare(TensorFiles(runtime.checkpoint.path), layout, runtime.loaded_tensors())
     return {
-        "status": "fail" if findings else "pass",
-        "checked": checked,
-        "sampled": {"tensors": len(sampled), "rows": SAMPLED_ROWS, "over_elements": FULL_ELEMENTS},
+        **_outcome(runtime, checked, len(sampled), findings),
         "corrected": list(runtime.load_corrections),
         "notes": list(layout.notes),
-        "findings": findings,
-        "detail": _detail(runtime, checked, len(sampled), findings),
     }
 
 
@@ -165,26 +161,36 @@ def audit_later_part(runtime: Any, part: str, loaded: dict) -> None:
     from driftscope.model.weightfile import TensorFiles
 
     record = runtime.load_audit
-    layout = runtime.family.load_layout(runtime.name, runtime.checkpoint) if record is not None else None
     if record is None or record.get("status") not in ("pass", "fail") or part in record.get("parts", []):
         return  # not audited at load (quantized, undeclared), or this part already was
+    layout = runtime.family.load_layout(runtime.name, runtime.checkpoint)
     if layout is None or part not in layout.later:
         return
     checked, sampled, findings = compare(TensorFiles(runtime.checkpoint.path), layout.later[part], loaded)
-    checked += record.get("checked", 0)
-    sampled_count = record.get("sampled", {}).get("tensors", 0) + len(sampled)
-    findings = [*record.get("findings", []), *findings]
     record.update(
-        status="fail" if findings else "pass",
-        checked=checked,
-        sampled={"tensors": sampled_count, "rows": SAMPLED_ROWS, "over_elements": FULL_ELEMENTS},
-        notes=[*record.get("notes", []), *layout.later[part].notes],
-        findings=findings,
-        detail=_detail(runtime, checked, sampled_count, findings),
+        _outcome(
+            runtime,
+            record["checked"] + checked,
+            record["sampled"]["tensors"] + len(sampled),
+            [*record["findings"], *findings],
+        ),
+        notes=[*record["notes"], *layout.later[part].notes],
         parts=[*record.get("parts", []), part],
     )
     if runtime.strict_audit:
         refuse_reference(record, runtime)
+
+
+def _outcome(runtime: Any, checked: int, sampled: int, findings: list[str]) -> dict:
+    """The record's verdict fields: status, what was checked (``sampled``: how many tensors on sampled rows), the
+    findings and the detail that says it."""
+    return {
+        "status": "fail" if findings else "pass",
+        "checked": checked,
+        "sampled": {"tensors": sampled, "rows": SAMPLED_ROWS, "over_elements": FULL_ELEMENTS},
+        "findings": findings,
+        "detail": _detail(runtime, checked, sampled, findings),
+    }
 
 
 def _detail(runtime: Any, checked: int, sampled: int, findings: list[str]) -> str:

@@ -101,16 +101,16 @@ Capabilities = TypeVar(
 OPTIONAL = (HooksCapabilities, PrecisionCapabilities, HypothesesCapabilities)
 
 
-def capabilities_of(engine: ModuleType, kind: type[Capabilities]) -> Capabilities:
-    """``engine``'s declared ``CAPABILITIES``, which must be a ``kind`` (of an :data:`OPTIONAL` kind, none declared
+def capabilities_of(module: ModuleType, kind: type[Capabilities]) -> Capabilities:
+    """``module``'s declared ``CAPABILITIES``, which must be a ``kind`` (of an :data:`OPTIONAL` kind, none declared
     is the defaults): a clear error naming the module if not."""
-    declared = vars(engine).get("CAPABILITIES")
+    declared = vars(module).get("CAPABILITIES")
     if declared is None and kind in OPTIONAL:
         return kind()
     if not isinstance(declared, kind):
         raise RuntimeUnavailableError(
-            f"{engine.__name__} declares no {kind.__name__} (its CAPABILITIES is {type(declared).__name__})",
-            f"add `CAPABILITIES = {kind.__name__}(...)` to {engine.__name__} "
+            f"{module.__name__} declares no {kind.__name__} (its CAPABILITIES is {type(declared).__name__})",
+            f"add `CAPABILITIES = {kind.__name__}(...)` to {module.__name__} "
             "(driftscope.families.capabilities lists every capability with its default)",
         )
     return declared
