@@ -11,6 +11,7 @@ step 2 alone. Every expectation is computed again from the stored logits."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from driftscope.families import get_family
 from driftscope.judge.contract import Contract, load_contract
 from driftscope.judge.forced import FORCED, forced_pair
 from driftscope.run.candidates import teacher_force
+from driftscope.run.substitution import substitution
 from driftscope.taps.stages import StagePlan
 
 NAME = "qwen2_5_vl"
@@ -143,6 +145,25 @@ def test_a_near_tie_flip_within_the_policys_band_is_reported_not_failed(answer, 
     assert verdict["verdict"]["per_candidate"][candidate.label] == "pass"
     assert any("near-tie flip" in reason for reason in verdict["verdict"]["reasons"])  # reported
     assert forced_pair(reference, candidate, ALLOWS_IT)["steps_compared"] == STEPS  # teacher forcing carries on
+    # and substitution (two whole teacher-forced text captures) does not run for it: nothing to attribute; under
+    # the strict contract the same flip is confident, and it would (here: no runtimes given, so "unavailable")
+    tapsets = {"ref": reference, "cand": candidate}
+    for contract, expected in ((ALLOWS_IT, "not_needed"), (STRICT, "unavailable")):
+        pair = {"reference": "ref", "candidate": "cand", "forced": forced_pair(reference, candidate, contract)}
+        entry = substitution(pair, {}, inputs, tapsets, contract, text_plan, Path("."))
+        assert entry["status"] == expected, entry
+    assert (
+        "near-tie flips (step 0)"
+        in substitution(
+            {"reference": "ref", "candidate": "cand", "forced": forced_pair(reference, candidate, ALLOWS_IT)},
+            {},
+            inputs,
+            tapsets,
+            ALLOWS_IT,
+            text_plan,
+            Path("."),
+        )["text"]
+    )
 
 
 def test_a_confident_flip_fails_the_verdict(answer, text_plan):
