@@ -381,6 +381,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--one", nargs=3, metavar=("RUNTIME", "KIND", "LENGTH"), help=argparse.SUPPRESS)
     parser.add_argument("--checkpoint", help="a whole checkpoint to use instead of the generated one")
     parser.add_argument(
+        "--contract",
+        help="the investigation's tolerance contract (default: strict where every runtime is float32, the contract "
+        "`driftscope init` advises for a float32 port, else driftscope's default)",
+    )
+    parser.add_argument(
         "--runtimes",
         default=",".join(WHOLE_RUNTIMES),
         help="runtime:policy labels, comma-separated: the three f32 runtimes (reference first) and any of the others",
@@ -466,7 +471,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  {label}: {row}", flush=True)
 
     # the captures above compiled every IREE graph the investigation needs into $DRIFTSCOPE_CACHE: it runs warm
-    whole_yaml = whole_params(path, IMAGE, runtimes, target=args.iree_target)
+    contract = args.contract or ("strict" if all(label.endswith(":f32") for label in runtimes) else None)
+    extra = {"contract": contract} if contract else {}
+    whole_yaml = whole_params(path, IMAGE, runtimes, target=args.iree_target, **extra)
     whole = investigation_samples(whole_yaml, out, "whole", args.investigation_repeats)
     tower = None
     if args.tower_investigation:
@@ -575,10 +582,23 @@ def report(args, checkpoint, inputs, weights_bytes, bf16_path, rows, compile_row
 
 
 def phases(report) -> str:
-    """Where the run's time went: each runtime's load and capture, from its report."""
-    return "loads + captures: " + ", ".join(
-        f"{r['label']} {r['timings'].get('load_s', 0):.1f} + {r['timings'].get('capture_s', 0):.1f}s"
-        for r in report.data["runtimes"]
+    """Where the run's time went: each runtime's load and capture, from its report; the contract and, per
+    candidate, whether its answer's evidence was taken and why (``answer_evidence``)."""
+    runtimes = report.data["runtimes"]
+    evidence = [
+        f"{r['label']} {'taken' if r['answer_evidence'].get('teacher_forcing') else 'not taken'}"
+        + (f" ({'; '.join(r['answer_evidence']['why'])})" if r["answer_evidence"].get("why") else "")
+        for r in runtimes
+        if r.get("answer_evidence")
+    ]
+    return (
+        "loads + captures: "
+        + ", ".join(
+            f"{r['label']} {r['timings'].get('load_s', 0):.1f} + {r['timings'].get('capture_s', 0):.1f}s"
+            for r in runtimes
+        )
+        + f"; contract {report.data.get('contract', {}).get('name', '?')}; answer evidence: "
+        + (", ".join(evidence) or "-")
     )
 
 
