@@ -109,23 +109,3 @@ def test_the_reference_s_wrong_text_read_stops_its_capture(tmp_path, monkeypatch
     with pytest.raises(load_audit.LoadAuditError) as caught:
         _text_capture(runtime, tmp_path)
     assert "layers.1.mlp.up_proj.weight" in caught.value.problem
-
-
-def test_the_text_weights_are_prefetched_once_before_the_text_side_first_reads_them(tmp_path, monkeypatch):
-    """The compiled runtimes ask the kernel for the decoder's weights while the tower runs (``weightfile.prefetch``
-    in a thread), on the first text capture only: later ones hold the weights already."""
-    import time
-
-    from driftscope.model import weightfile
-
-    calls = []
-    monkeypatch.setattr(weightfile, "prefetch", lambda path, patterns: calls.append((path, tuple(patterns))))
-    runtime = _runtime(get_family("qwen2_5_vl").tiny.ensure())
-    assert runtime.model.text is None
-    _text_capture(runtime, tmp_path / "first")
-    _text_capture(runtime, tmp_path / "second")
-    deadline = time.monotonic() + 10
-    while not calls and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert calls == [(runtime.checkpoint.path, get_family("qwen2_5_vl").text_weights)]
-    assert get_family("qwen2_5_vl").text_weights  # the family names its decoder's tensors

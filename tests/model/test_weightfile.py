@@ -7,7 +7,7 @@ import pytest
 import torch
 from driftscope.errors import CheckpointError
 from driftscope.model import weightfile
-from driftscope.model.weightfile import ALIGNMENT, TensorFiles, half_reads, prefetch
+from driftscope.model.weightfile import ALIGNMENT, TensorFiles, half_reads
 from safetensors.torch import save_file
 
 
@@ -68,21 +68,6 @@ def test_a_widened_read_goes_a_chunk_at_a_time_and_equals_torchs_conversion(tmp_
     (tmp_path / "model.safetensors").write_bytes(data[:-30])  # inside the last tensor's third-last chunk
     with pytest.raises(CheckpointError, match="ends inside"):
         TensorFiles(tmp_path).read(max(tensors, key=lambda n: TensorFiles(tmp_path).entries[n].start))
-
-
-def test_prefetch_advises_the_byte_ranges_of_the_matching_tensors_in_every_shard(tmp_path):
-    generator = torch.Generator().manual_seed(2)
-    first = {
-        "model.layers.0.w": torch.randn(64, 32, generator=generator),
-        "visual.w": torch.randn(9, generator=generator),
-    }
-    second = {"model.layers.1.w": torch.randn(16, 8, generator=generator).bfloat16()}
-    save_file(first, tmp_path / "model-00001.safetensors")
-    save_file(second, tmp_path / "model-00002.safetensors")
-    expected = sum(t.numel() * t.element_size() for n, t in {**first, **second}.items() if n.startswith("model."))
-    assert prefetch(tmp_path, ["model.layers.*"]) == expected == 64 * 32 * 4 + 16 * 8 * 2
-    assert prefetch(tmp_path, ["lm_head.*"]) == 0
-    np.testing.assert_array_equal(TensorFiles(tmp_path).read("model.layers.0.w"), first["model.layers.0.w"].numpy())
 
 
 def test_no_weights_is_a_clear_error(tmp_path):

@@ -108,31 +108,6 @@ def matching(names: Iterable[str], patterns: Iterable[str]) -> set[str]:
     return {name for name in names if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)}
 
 
-def prefetch(path: str | Path, patterns: Iterable[str]) -> int:
-    """Ask the kernel to read the tensors of ``path`` matching ``patterns`` into the page cache ahead of their read
-    (``posix_fadvise(WILLNEED)`` on their byte ranges): the pages are the kernel's, reclaimable, never this process's
-    resident memory. Bytes advised (0 where the platform has no such call). Blocks while the kernel queues the
-    reads: call it from a thread of its own."""
-    advise = getattr(os, "posix_fadvise", None)
-    if advise is None:
-        return 0
-    files = TensorFiles(path)
-    ranges: dict[Path, list[tuple[int, int]]] = {}
-    for name in sorted(matching(files.names(), patterns)):
-        entry = files.entries[name]
-        ranges.setdefault(entry.file, []).append((entry.start, entry.nbytes))
-    total = 0
-    for file, spans in ranges.items():
-        handle = os.open(file, os.O_RDONLY)
-        try:
-            for start, nbytes in sorted(spans):
-                advise(handle, start, nbytes, os.POSIX_FADV_WILLNEED)
-                total += nbytes
-        finally:
-            os.close(handle)
-    return total
-
-
 #: (checkpoint directory, the set that records its tensors' names as they are read): ``recording_reads``
 _LEDGERS: list[tuple[Path, set[str]]] = []
 

@@ -151,7 +151,6 @@ class CompiledRuntime(Runtime):
 
     def _capture(self, inputs: ModelInputs, sink: StageSink) -> None:
         restore_tower(self)  # dropped by an earlier capture's text side
-        self._prefetch_text(inputs)
         bucket = self.bucket(inputs)
         self.put_inputs(inputs, sink)
         self.taps.put_host_stages(bucket, sink)
@@ -216,21 +215,6 @@ class CompiledRuntime(Runtime):
         """The family's emitter takes another runtime's merged image embeddings when its program module says
         so (the ``substitutes`` capability: the prefill reads ``TextInputs.image_embeds`` at the image slots)."""
         return self.capabilities.substitutes
-
-    def _prefetch_text(self, inputs: ModelInputs) -> None:
-        """Before a capture whose text side will read the decoder's weights for the first time, have the kernel read
-        them into the page cache while the tower runs (``weightfile.prefetch``, in a thread of its own): on a
-        machine where the previous runtime's copy pushed the checkpoint out of the page cache, the text side's read
-        (11.5 GiB at the 3B shape, 32 s of a cold 79 s capture) then comes from memory, not the disk."""
-        if inputs.text is None or self.model is None or getattr(self.model, "text", None) is not None:
-            return
-        patterns = self.family.text_weights
-        if patterns:
-            import threading
-
-            from driftscope.model.weightfile import prefetch
-
-            threading.Thread(target=prefetch, args=(self.checkpoint.path, patterns), daemon=True).start()
 
     def _capture_text(self, inputs: ModelInputs, sink: StageSink) -> None:
         """The family's JAX text decoder on embeddings merged from this runtime's own tower output; then every
