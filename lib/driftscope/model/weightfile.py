@@ -140,6 +140,26 @@ def half_reads(path: str | Path, patterns: Iterable[str]) -> Iterator[None]:
         _HALVES.remove(entry)
 
 
+def _read_exactly(handle, buffer: np.ndarray, entry: TensorEntry, name: str) -> None:
+    """Fill ``buffer`` from ``handle``'s position; a file that ends first is a checkpoint error naming ``name``."""
+    if handle.readinto(memoryview(buffer).cast("B")) != buffer.nbytes:
+        raise CheckpointError(f"checkpoint file {entry.file} ends inside {name!r}", "re-save the checkpoint")
+
+
+def _widen_into(flat: np.ndarray, entry: TensorEntry, name: str) -> None:
+    """Read ``entry`` into ``flat`` a :data:`CHUNK` of elements at a time, each widened to float32 (and rounded to
+    ``flat``'s float16 where it is one): never the stored bits or a float32 copy of the whole tensor besides
+    ``flat`` (at a 7B vocabulary 1 GiB and 2 GiB, on top of the weights already held)."""
+    stored, widen = DTYPES[entry.dtype]
+    raw = np.empty(min(flat.size, CHUNK), dtype=stored)
+    with open(entry.file, "rb") as handle:
+        handle.seek(entry.start)
+        for at in range(0, flat.size, CHUNK):
+            part = raw[: min(CHUNK, flat.size - at)]
+            _read_exactly(handle, part, entry, name)
+            flat[at : at + part.size] = widen(part)
+
+
 class TensorFiles:
     """Every tensor of a checkpoint directory (one file or a sharded index), read on demand."""
 
@@ -172,39 +192,18 @@ class TensorFiles:
             raise CheckpointError(
                 f"checkpoint tensor {name!r} is stored as {entry.dtype}", f"store it as one of {', '.join(DTYPES)}"
             )
-        stored, widen = DTYPES[entry.dtype]
+        stored, _ = DTYPES[entry.dtype]
         half = any(root == self._root and matching([name], patterns) for root, patterns in _HALVES)
         if stored is np.float32 and not half:
             out = aligned_empty(entry.shape, np.float32)
             out.reshape(-1).view(np.uint8)[::PAGE] = 0  # fault the pages in first: ~5x faster than inside readinto
             with open(entry.file, "rb") as handle:
                 handle.seek(entry.start)
-                if handle.readinto(memoryview(out.reshape(-1)).cast("B")) != entry.nbytes:
-                    raise CheckpointError(
-                        f"checkpoint file {entry.file} ends inside {name!r}", "re-save the checkpoint"
-                    )
+                _read_exactly(handle, out.reshape(-1), entry, name)
             return out
         out = aligned_empty(entry.shape, np.float16 if half else np.float32)
-        self._widen_into(out.reshape(-1), entry, stored, widen, name)
+        _widen_into(out.reshape(-1), entry, name)
         return out
-
-    @staticmethod
-    def _widen_into(flat: np.ndarray, entry: TensorEntry, stored, widen, name: str) -> None:
-        """Read ``entry`` into ``flat`` a :data:`CHUNK` of elements at a time, each widened to float32 (and rounded
-        to ``flat``'s float16 where it is one): never the stored bits or a float32 copy of the whole tensor besides
-        ``flat`` (at a 7B vocabulary 1 GiB and 2 GiB, on top of the weights already held)."""
-        size = flat.size
-        raw = np.empty(min(size, CHUNK), dtype=stored)
-        with open(entry.file, "rb") as handle:
-            handle.seek(entry.start)
-            for at in range(0, size, CHUNK):
-                count = min(CHUNK, size - at)
-                part = raw[:count]
-                if handle.readinto(memoryview(part).cast("B")) != part.nbytes:
-                    raise CheckpointError(
-                        f"checkpoint file {entry.file} ends inside {name!r}", "re-save the checkpoint"
-                    )
-                flat[at : at + count] = widen(part)
 
     def read_checked(self, name: str, shape: tuple[int, ...] | None, note: str = "") -> np.ndarray:
         """:meth:`read`, a tensor the config implies: one missing (``note`` follows the name in the message) or of
