@@ -22,6 +22,9 @@ IMAGE = ROOT / "fixtures" / "images" / "shapes_448.png"
 AGREE = ("qwen2_vl", "smolvlm", "idefics3", "lfm2_vl")
 #: the model types transformers 5.24 has no torchvision-free processor for: their inputs come from mlx-vlm's
 MLX_VLM_PROCESSOR = ("mistral3", "lfm2_vl")
+#: the model types whose unpatched mlx-vlm prefill reads outside a table: its logits differ on every run and may be
+#: NaN (Idefics2's position id -2 of a one-row table on the tester's one-patch grid; docs/families.md)
+READS_OUTSIDE = ("idefics2",)
 
 
 def test_fifteen_model_types_have_a_tester_config():
@@ -149,7 +152,8 @@ def test_both_libraries_load_and_run_the_prefill(model_type, tmp_path):
     row = probe(model_type, tmp_path / model_type, [IMAGE])
     assert row.error == "", row.error
     assert (row.transformers_load, row.mlx_load, row.transformers_run, row.mlx_run) == ("ok",) * 4
-    assert row.built and sum(row.image_tokens) > 0 and np.isfinite(row.max_abs) and row.logits_max > 0.5
+    assert row.built and sum(row.image_tokens) > 0 and row.logits_max > 0.5
+    assert np.isfinite(row.max_abs) or model_type in READS_OUTSIDE
     library = "mlx-vlm" if model_type in MLX_VLM_PROCESSOR else "transformers"
     assert row.processor.startswith(library)
     if model_type in AGREE:
