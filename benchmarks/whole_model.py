@@ -527,6 +527,11 @@ def report(args, checkpoint, inputs, weights_bytes, bf16_path, rows, compile_row
             + ")"
         )
     print("   each runtime's load in this process: " + ", ".join(f"{k} {r['load_s']:.1f}s" for k, r in rows.items()))
+    loaded = forwards + sum(r["load_s"] for r in rows.values())
+    print(  # the run loads every runtime it captures; the plain forwards above leave their loads out
+        f"   with each runtime's load counted on both sides ({loaded:.1f}s: plain forwards + loads): "
+        + ", ".join(f"{s['seconds'] / loaded:.2f}x" for s in whole.get("samples") or [warm])
+    )
     largest = max(r["peak_rss"] for r in rows.values())
     print(
         f"2. peak RSS of the run process: {gib(warm['hwm'])} GiB (its VmHWM; sampled {gib(warm['sampled_peak'])}; "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import pytest
 from chromium import HEIGHT, chromium, needs_chromium, open_page
 from conftest import TINY
 from driftscope.run.report import Report
@@ -169,3 +170,26 @@ def test_the_headline_says_where_an_answer_differs_its_label_and_why(tmp_path):
     assert "**differs at step 0** (confident: the reference's margin 2 is beyond the 0.01" in confident
     assert "because substitution says the tower's output explains it" in confident
     assert "**same answer** (8 tokens; every teacher-forced step within the contract)" in same
+
+
+def test_a_first_divergence_in_no_block_drills_into_no_block(rendered):
+    """A first divergence outside every block (a text layer, the merger) chooses no block: the page says so and
+    captures no tower block's substages, which would say nothing about it (and cost two loads of each model)."""
+    import driftscope.views.drill as drill
+    from driftscope.errors import ParameterError
+
+    _, out = rendered
+    report = Report.load(out)
+    outside = next(
+        r.stage for r in report.rows if r.pair == "mlx:bf16" and not r.integer and drill.block_of(r.stage) is None
+    )
+    report.data["first_divergence"] = {"mlx:bf16": {**report.data["first_divergence"]["mlx:bf16"], "stage": outside}}
+    pair, layers, stage = drill.choose(report, None, None, None)
+    assert (pair, layers, stage) == ("mlx:bf16", [], outside)
+    assert f"**block(s)** none (`{outside}` is in no block)" in drill.focus_markdown(report, pair, layers, stage)
+    said = drill.substages(report, pair, layers)
+    assert isinstance(said, str) and said.startswith("No block is chosen")
+    assert "set `layers` to a block" in drill.recapture_hint(pair, layers)
+    with pytest.raises(ParameterError, match="no block is chosen"):
+        drill.recapture(report, pair, layers, "driftscope.hypotheses:scale_block_output")
+    assert drill.choose(report, None, [3], None)[1] == [3]  # asked for: kept

@@ -30,7 +30,8 @@ def default_focus(report: Report) -> tuple[str | None, str | None]:
 
 def choose(report: Report, pair: str | None, layers: list[int] | None, stage: str | None):
     """``(pair, layers, stage)``: what was asked, else the first divergent pair, its first divergent stage and
-    that stage's block (else the first block output)."""
+    that stage's block (else the first block output). A stage in no block (a text layer, the merger, the patch
+    embedding) chooses no block: a tower block's substages would say nothing about it."""
     focus_pair, focus_stage = default_focus(report)
     pair = pair or focus_pair
     first_block = next((s["id"] for s in report.data.get("stage_plan", []) if s["id"] in block_outputs(report)), None)
@@ -40,7 +41,7 @@ def choose(report: Report, pair: str | None, layers: list[int] | None, stage: st
         focus_stage = failing[0] if failing else None
     stage = stage or focus_stage or first_block
     if layers is None:
-        layers = [block_of(stage)] if block_of(stage) is not None else [0]
+        layers = [block_of(stage)] if block_of(stage) is not None else []
     return pair, list(layers), stage
 
 
@@ -58,9 +59,9 @@ def focus_markdown(report: Report, pair: str, layers: list[int], stage: str | No
         introduced = f"the first stage that introduces error is {code(replay['first_introduced'])}"
     else:
         introduced = "no replayed stage introduces error beyond the contract (every one is clean, or inherits it)"
-    blocks = ", ".join(str(block) for block in layers)
+    blocks = text(", ".join(str(block) for block in layers)) if layers else f"none ({_no_block(stage)})"
     return (
-        f"**Runtime pair** {code(report.pair_title(pair))}; **block(s)** {text(blocks)}; **stage for the maps** "
+        f"**Runtime pair** {code(report.pair_title(pair))}; **block(s)** {blocks}; **stage for the maps** "
         f"{code(stage or 'none')}. Replay: {introduced}."
     )
 
@@ -72,6 +73,11 @@ def substages(report: Report, pair: str, layers: list[int]):
 
     from driftscope.judge.rows import share_of_tolerance
 
+    if not layers:
+        return (
+            "No block is chosen, so there are no substages to show: the stage for the maps is in no block, and the "
+            "run compares it at its output. Set `layers` to a block to see its substages."
+        )
     rows = [
         r
         for r in report.rows
@@ -173,8 +179,11 @@ def recapture_hint(pair: str, layers: list[int], report: Report | None = None) -
     hint = (
         f'Set `patch` in the parameters cell (e.g. `patch = "driftscope.hypotheses:NAME"`, '
         f'`"my_fix.py:function"`, or a dictionary of its `callable` and `kwargs`) and run this cell again: it '
-        f"captures block {text(layers[0] if layers else 0)} of {code(pair)} with the patch applied (only that "
+        f"captures block {text(layers[0])} of {code(pair)} with the patch applied (only that "
         "runtime loads; the reference's capture is the run's) and compares it stage by stage with the run."
+        if layers
+        else "No block is chosen (the stage for the maps is in no block): set `layers` to a block and `patch` in "
+        "the parameters cell to capture that block again with a fix."
     )
     conclusion = ((report.data.get("conclusions") or {}) if report else {}).get(pair) or {}
     patches = conclusion.get("ready_patches") or []
@@ -196,12 +205,20 @@ def recapture(report: Report, pair: str, layers: list[int], patch) -> list:
     ``layers[0]`` of ``pair`` captured again with it (``run.patch_trial``), in words and stage by stage."""
     from IPython.display import Markdown
 
+    from driftscope.errors import ParameterError
     from driftscope.run.patch_trial import recapture_block
 
     if patch is None:
         return [Markdown(recapture_hint(pair, layers, report))]
+    if not layers:
+        raise ParameterError("a patch is tried on a block, and no block is chosen", "set `layers`, e.g. [5]")
     trial = recapture_block(report, pair, layers[0], patch)
     return [Markdown(trial.markdown()), table(trial.frame(), highlight="patched: status")]
+
+
+def _no_block(stage: str | None) -> str:
+    """Why no block is chosen, in a few words."""
+    return f"{code(stage)} is in no block" if stage else "no stage diverges"
 
 
 def block_of(stage: str | None) -> int | None:
