@@ -36,6 +36,12 @@ def test_truncated_file_is_named(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(data[:-100])
     with pytest.raises(CheckpointError, match="ends inside 'w'"):
         TensorFiles(tmp_path).read("w")
+    files = TensorFiles(tmp_path)
+    np.testing.assert_array_equal(files.read_rows("w", [3, 0]), np.ones((2, 64), dtype=np.float32))  # whole rows
+    with pytest.raises(CheckpointError, match="ends inside 'w'"):
+        files.read_rows("w", [0, 63])  # the last row is cut
+    with pytest.raises(CheckpointError, match="'w' has 64 rows: no row 64"):
+        files.read_rows("w", [64])
 
 
 def test_a_widened_read_goes_a_chunk_at_a_time_and_equals_torchs_conversion(tmp_path, monkeypatch):

@@ -226,11 +226,15 @@ class TensorFiles:
         entry = self.entries[name]
         stored, widen = DTYPES[entry.dtype]
         rows = [int(row) for row in rows]
+        outside = [row for row in rows if not 0 <= row < entry.shape[0]]
+        if outside:
+            raise CheckpointError(
+                f"{name!r} has {entry.shape[0]} rows: no row {outside[0]}", "ask for rows of the tensor's first axis"
+            )
         per_row = entry.nbytes // max(entry.shape[0], 1)
         raw = np.empty((len(rows), *entry.shape[1:]), dtype=stored)
-        view = memoryview(raw.reshape(-1)).cast("B")
         with open(entry.file, "rb") as handle:
             for at, row in enumerate(rows):
                 handle.seek(entry.start + row * per_row)
-                handle.readinto(view[at * per_row : (at + 1) * per_row])
+                _read_exactly(handle, raw[at : at + 1], entry, name)
         return raw if stored is np.float32 else widen(raw).astype(np.float32)
