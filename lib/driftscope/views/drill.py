@@ -30,7 +30,7 @@ def default_focus(report: Report) -> tuple[str | None, str | None]:
 
 def choose(report: Report, pair: str | None, layers: list[int] | None, stage: str | None):
     """``(pair, layers, stage)``: what was asked, else the first divergent pair, its first divergent stage and
-    that stage's block (else the first block output). A stage in no block (a text layer, the merger, the patch
+    that stage's block (else the first block output). A stage in no block (a text layer, the projector, the patch
     embedding) chooses no block: a tower block's substages would say nothing about it."""
     focus_pair, focus_stage = default_focus(report)
     pair = pair or focus_pair
