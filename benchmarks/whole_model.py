@@ -374,7 +374,10 @@ def main(argv: list[str] | None = None) -> None:
         "--skip-tapped", action="store_true", help="plain whole forwards only (no tapped capture beside each)"
     )
     parser.add_argument(
-        "--plain-only", action="store_true", help="only each runtime's load and plain forwards (the baselines)"
+        "--plain-only",
+        action="store_true",
+        help="only each runtime's load, first and plain forwards (the baselines; implies --skip-tapped "
+        "--skip-substages, no --forced, no text compile timing)",
     )
     parser.add_argument("--forced-repeats", type=int, help="pairs per kind for --forced (default: --repeats)")
     parser.add_argument(
@@ -394,6 +397,9 @@ def main(argv: list[str] | None = None) -> None:
         help="runtime:policy labels, comma-separated: the three f32 runtimes (reference first) and any of the others",
     )
     args = parser.parse_args(argv)
+    if args.plain_only:
+        args.skip_tapped = args.skip_substages = True
+        args.forced = False
     runtimes = tuple(args.runtimes.split(","))
     if runtimes[0] != WHOLE_RUNTIMES[0] or not set(F32) <= set(runtimes) <= set(WHOLE_RUNTIMES):
         parser.error(f"--runtimes: {', '.join(F32)} (the reference first), then any of {', '.join(WHOLE_RUNTIMES[3:])}")
@@ -463,7 +469,7 @@ def main(argv: list[str] | None = None) -> None:
             row["substages_ratio"] = statistics.median(t / p for p, t in tower)
         if args.forced and label in F32:  # issue 33: teacher-forced decoding with all taps vs plain greedy
             row["forced"] = forced_cost(runtime, inputs, plan, out, args.forced_repeats or args.repeats)
-        if label == "iree:f32":
+        if label == "iree:f32" and not args.plain_only:
             compile_row = text_compile(runtime, inputs, out / "compile-cache")
         row["peak_rss"] = rss.peak
         runtime.release()
@@ -497,10 +503,14 @@ def one_off_line(rows: dict, samples: list[dict]) -> str:
     """The investigation's samples against one-off plain runs: each runtime's load and its first forward (the
     run reads every runtime's weights once, transformers and IREE partly at the first forward; a warm forward
     leaves that out)."""
-    one_off = sum(r["load_s"] + (r["first_s"] or r["plain_s"]) for r in rows.values())
+
+    def first(row: dict) -> float:  # MLX bf16 runs one forward, no warm-up: that one is its first
+        return row["plain_s"] if row["first_s"] is None else row["first_s"]
+
+    one_off = sum(r["load_s"] + first(r) for r in rows.values())
     return (
         f"   one-off plain runs {one_off:.1f}s (each runtime's load + first forward: "
-        + ", ".join(f"{k} {r['load_s']:.1f} + {r['first_s'] or r['plain_s']:.1f}s" for k, r in rows.items())
+        + ", ".join(f"{k} {r['load_s']:.1f} + {first(r):.1f}s" for k, r in rows.items())
         + ")"
         + (": the samples " + ", ".join(f"{s['seconds'] / one_off:.2f}x" for s in samples) if samples else "")
     )

@@ -189,7 +189,14 @@ def test_a_first_divergence_in_no_block_drills_into_no_block(rendered):
     assert f"**block(s)** none (`{outside}` is in no block)" in drill.focus_markdown(report, pair, layers, stage)
     said = drill.substages(report, pair, layers)
     assert isinstance(said, str) and said.startswith("No block is chosen")
-    assert "set `layers` to a block" in drill.recapture_hint(pair, layers)
-    with pytest.raises(ParameterError, match="no block is chosen"):
+    assert "set `layers` to a block and" in drill.recapture_hint(pair, layers)
+    with pytest.raises(ParameterError, match="no block is chosen") as refused:
         drill.recapture(report, pair, layers, "driftscope.hypotheses:scale_block_output")
+    assert "`layers = [0]`" in refused.value.fix
+    # where the replay names an operator in a block, the hint and the refusal name that block
+    report.data["conclusions"] = {pair: {"stage": "vision.block.2.attn.qkv", "kind": "operator"}}
+    assert "`layers = [2]`" in drill.recapture_hint(pair, layers, report)
+    with pytest.raises(ParameterError, match="no block is chosen") as refused:
+        drill.recapture(report, pair, layers, "driftscope.hypotheses:scale_block_output")
+    assert "`layers = [2]`" in refused.value.fix
     assert drill.choose(report, None, [3], None)[1] == [3]  # asked for: kept

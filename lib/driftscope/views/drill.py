@@ -68,7 +68,7 @@ def focus_markdown(report: Report, pair: str, layers: list[int], stage: str | No
 
 def substages(report: Report, pair: str, layers: list[int]):
     """The chosen blocks' substages as the run compared them (with the replay's label where it replayed them),
-    or a plain sentence saying the run did not capture them."""
+    or a plain sentence saying the run did not capture them (or that no block is chosen)."""
     import pandas as pd
 
     from driftscope.judge.rows import share_of_tolerance
@@ -176,16 +176,21 @@ def where_markdown(difference: StageDifference, share: float, collapsed: int) ->
 def recapture_hint(pair: str, layers: list[int], report: Report | None = None) -> str:
     """How to try a fix on the chosen block without running everything again; with ``report``, the family's
     ready patch for the operator that introduces the pair's error, where one exists."""
-    hint = (
-        f'Set `patch` in the parameters cell (e.g. `patch = "driftscope.hypotheses:NAME"`, '
-        f'`"my_fix.py:function"`, or a dictionary of its `callable` and `kwargs`) and run this cell again: it '
-        f"captures block {text(layers[0])} of {code(pair)} with the patch applied (only that "
-        "runtime loads; the reference's capture is the run's) and compares it stage by stage with the run."
-        if layers
-        else "No block is chosen (the stage for the maps is in no block): set `layers` to a block and `patch` in "
-        "the parameters cell to capture that block again with a fix."
-    )
     conclusion = ((report.data.get("conclusions") or {}) if report else {}).get(pair) or {}
+    if layers:
+        hint = (
+            f'Set `patch` in the parameters cell (e.g. `patch = "driftscope.hypotheses:NAME"`, '
+            f'`"my_fix.py:function"`, or a dictionary of its `callable` and `kwargs`) and run this cell again: it '
+            f"captures block {text(layers[0])} of {code(pair)} with the patch applied (only that "
+            "runtime loads; the reference's capture is the run's) and compares it stage by stage with the run."
+        )
+    else:
+        block = _block_of_conclusion(conclusion)
+        named = "" if block is None else f" (`layers = [{block}]`: the block of the operator that introduces it)"
+        hint = (
+            f"No block is chosen (the stage for the maps is in no block): set `layers` to a block{named} and "
+            "`patch` in the parameters cell to capture that block again with a fix."
+        )
     patches = conclusion.get("ready_patches") or []
     if not patches:
         return hint
@@ -211,14 +216,23 @@ def recapture(report: Report, pair: str, layers: list[int], patch) -> list:
     if patch is None:
         return [Markdown(recapture_hint(pair, layers, report))]
     if not layers:
-        raise ParameterError("a patch is tried on a block, and no block is chosen", "set `layers`, e.g. [5]")
+        block = _block_of_conclusion(((report.data.get("conclusions") or {}).get(pair)) or {})
+        raise ParameterError(
+            "a patch is tried on a block, and no block is chosen",
+            f"set `layers = [{block if block is not None else 0}]` (a block of the tower) and run the cell again",
+        )
     trial = recapture_block(report, pair, layers[0], patch)
     return [Markdown(trial.markdown()), table(trial.frame(), highlight="patched: status")]
 
 
+def _block_of_conclusion(conclusion: dict) -> int | None:
+    """The block of the operator the pair's conclusion names (None: none, or in no block)."""
+    return block_of(conclusion.get("stage"))
+
+
 def _no_block(stage: str | None) -> str:
     """Why no block is chosen, in a few words."""
-    return f"{code(stage)} is in no block" if stage else "no stage diverges"
+    return f"{code(stage)} is in no block" if stage else "no stage to drill into"
 
 
 def block_of(stage: str | None) -> int | None:
