@@ -7,7 +7,9 @@ fixture that quits it itself; ``open_page()`` opens a page and waits until it is
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -23,9 +25,18 @@ WIDTH, HEIGHT = 1400, 900
 def start(width: int = WIDTH, height: int = HEIGHT, *, window: bool = False, console_log: bool = False):
     """A headless Chromium driver whose viewport is ``width`` x ``height`` (set through the DevTools protocol, so
     the page itself has that room); ``window=True`` sizes the window instead (what a screenshot or the lab sees,
-    frame included). ``console_log`` keeps the page's console for ``driver.get_log("browser")``."""
+    frame included). ``console_log`` keeps the page's console for ``driver.get_log("browser")``. Chromium's
+    scratch files (its singleton socket's folder, which it leaves in the temporary folder when the driver stops it)
+    go to a folder of its own, removed when the driver quits."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
+
+    class Chrome(webdriver.Chrome):
+        def quit(self) -> None:
+            try:
+                super().quit()
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
 
     options = webdriver.ChromeOptions()
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
@@ -35,7 +46,12 @@ def start(width: int = WIDTH, height: int = HEIGHT, *, window: bool = False, con
     options.binary_location = BROWSER
     if console_log:
         options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
+    scratch = tempfile.mkdtemp(prefix="driftscope-chromium-")
+    try:
+        driver = Chrome(service=Service(DRIVER, env={**os.environ, "TMPDIR": scratch}), options=options)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
     if not window:
         try:
             driver.execute_cdp_cmd(
