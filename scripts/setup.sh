@@ -43,8 +43,11 @@ fi
 # again (only what changed is compiled; an edited module is recompiled when imported, as always).
 "$VENV/bin/python" -m compileall -q lib >/dev/null
 
-# The notebook kernel papermill runs (inside the venv, so it sees the same packages).
-"$VENV/bin/python" -m ipykernel install --sys-prefix --name driftscope --display-name "driftscope (.venv)" >/dev/null
+# The notebook kernel papermill runs (inside the venv, so it sees the same packages). ipykernel stages the spec in
+# a temporary folder and leaves that folder's parent behind: it goes to one of ours, removed after.
+staging="$(mktemp -d)"
+TMPDIR="$staging" "$VENV/bin/python" -m ipykernel install --sys-prefix --name driftscope --display-name "driftscope (.venv)" >/dev/null
+rm -rf "$staging"
 
 # Fixtures: every script is deterministic and skips work that is already done.
 "$VENV/bin/python" fixtures/make_shapes.py >/dev/null

@@ -49,11 +49,15 @@ def test_a_render_process_that_dies_is_an_error_not_a_pass(tmp_path):
     with run_lock(out), result_lock(out):
         params = ROOT / "parameters" / "demo_shapes.yaml"
         process = RenderProcess.start(["01_stage_parity"], out, params, ROOT, logged.append)
-        time.sleep(1.0)
+        deadline = time.monotonic() + 120
+        while not list(process.scratch.glob("*.json")) and time.monotonic() < deadline:
+            time.sleep(0.2)  # the kernel's connection file: the process's temporary files are in its scratch
+        assert list(process.scratch.glob("*.json")), "the kernel wrote no connection file in the scratch folder"
         process.process.send_signal(signal.SIGKILL)
         errors = process.wait()
     assert errors == {"notebooks": "the render process exited with code -9 before its notebooks were rendered"}
     assert logged == [f"the notebooks could not render: {errors['notebooks']}"]
+    assert not process.scratch.exists()  # the killed process could not remove its kernel's connection file
 
 
 STACK_CHECK = """
@@ -90,7 +94,7 @@ from driftscope.views.render_process import RenderProcess
 out = Path(sys.argv[1])
 with run_lock(out), result_lock(out):
     process = RenderProcess.start(["01_stage_parity"], out, Path(sys.argv[2]), Path.cwd(), print)
-    print(process.process.pid, flush=True)
+    print(process.process.pid, process.scratch, flush=True)
     time.sleep(float(sys.argv[3]))
     os._exit(9)  # killed: no handler runs, the locks go with the process
 """
@@ -116,10 +120,11 @@ def test_a_killed_run_leaves_no_render_process_to_run_it_again(tmp_path):
         cwd=ROOT,
         timeout=120,
     )
-    pid = int(done.stdout.split()[0])
+    pid, scratch = int(done.stdout.split()[0]), Path(done.stdout.split()[1])
     deadline = time.monotonic() + 60
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _alive(pid)
     time.sleep(2)
     assert not (out / "report.json").exists()  # nobody ran the investigation
+    assert not scratch.exists()  # the render process removed its temporary files on its way out

@@ -18,8 +18,10 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -30,10 +32,14 @@ NICE = 10
 
 
 class RenderProcess:
-    """The parent's handle: :meth:`start` it, then :meth:`wait` for ``{notebook: error}``."""
+    """The parent's handle: :meth:`start` it, then :meth:`wait` for ``{notebook: error}``.
 
-    def __init__(self, process: subprocess.Popen, log):
-        self.process, self.log = process, log
+    The process and its kernels write their temporary files (a kernel's connection file among them) in
+    ``scratch``, which this handle removes once the process has ended: a render process that is killed leaves
+    nothing in the machine's temporary folder."""
+
+    def __init__(self, process: subprocess.Popen, log, scratch: Path):
+        self.process, self.log, self.scratch = process, log, scratch
         self.errors: dict[str, str] | None = None
         self._reader = threading.Thread(target=self._read, name="driftscope-render-reader", daemon=True)
         self._reader.start()
@@ -47,14 +53,21 @@ class RenderProcess:
             "cwd": str(cwd),
             "verbose": verbose,
         }
-        process = subprocess.Popen(
-            [sys.executable, "-m", "driftscope.views.render_process", json.dumps(spec)],
-            stdout=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            cwd=str(cwd),
-        )
-        return cls(process, log)
+        scratch = Path(tempfile.mkdtemp(prefix="driftscope-render-"))
+        spec["scratch"] = str(scratch)  # the process removes it on its way out; this handle, if it was killed
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "driftscope.views.render_process", json.dumps(spec)],
+                stdout=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                cwd=str(cwd),
+                env={**os.environ, "TMPDIR": str(scratch)},
+            )
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+        return cls(process, log, scratch)
 
     def _read(self) -> None:
         for line in self.process.stdout:
@@ -71,6 +84,7 @@ class RenderProcess:
         """``{notebook: error}`` once the process has ended; a process that ended without saying is an error."""
         code = self.process.wait()
         self._reader.join()
+        shutil.rmtree(self.scratch, ignore_errors=True)
         if self.errors is None:
             error = f"the render process exited with code {code} before its notebooks were rendered"
             self.log(f"the notebooks could not render: {error}")
@@ -85,7 +99,9 @@ class RenderProcess:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+                self.process.wait()
         self._reader.join(timeout=5)
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def investigate_and_render(params, params_path: Path, out_dir: Path, reuse: bool, cwd: Path, log) -> dict[str, str]:
@@ -254,6 +270,9 @@ def main(argv: list[str]) -> int:
     except Exception as err:  # noqa: BLE001 - the parent reports it: the run must not pass without its pages
         errors = {"notebooks": f"{type(err).__name__}: {err}"}
         emit(f"the notebooks could not render: {errors['notebooks']}")
+    finally:  # its kernels are shut down: their connection files are gone; a run killed first leaves no handle
+        if spec.get("scratch"):
+            shutil.rmtree(spec["scratch"], ignore_errors=True)
     channel.write(json.dumps({"errors": errors}) + "\n")
     channel.flush()
     return 0
