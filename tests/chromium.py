@@ -31,6 +31,8 @@ def start(width: int = WIDTH, height: int = HEIGHT, *, window: bool = False, con
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
+    scratch = tempfile.mkdtemp(prefix="driftscope-chromium-")
+
     class Chrome(webdriver.Chrome):
         def quit(self) -> None:
             try:
@@ -46,7 +48,6 @@ def start(width: int = WIDTH, height: int = HEIGHT, *, window: bool = False, con
     options.binary_location = BROWSER
     if console_log:
         options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    scratch = tempfile.mkdtemp(prefix="driftscope-chromium-")
     try:
         driver = Chrome(service=Service(DRIVER, env={**os.environ, "TMPDIR": scratch}), options=options)
     except BaseException:

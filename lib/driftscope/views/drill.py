@@ -185,7 +185,7 @@ def recapture_hint(pair: str, layers: list[int], report: Report | None = None) -
             "runtime loads; the reference's capture is the run's) and compares it stage by stage with the run."
         )
     else:
-        block = _block_of_conclusion(conclusion)
+        block = block_of(conclusion.get("stage"))  # the operator the conclusion blames
         named = "" if block is None else f" (`layers = [{block}]`: the block of the operator that introduces it)"
         hint = (
             f"No block is chosen (the stage for the maps is in no block): set `layers` to a block{named} and "
@@ -216,18 +216,13 @@ def recapture(report: Report, pair: str, layers: list[int], patch) -> list:
     if patch is None:
         return [Markdown(recapture_hint(pair, layers, report))]
     if not layers:
-        block = _block_of_conclusion(((report.data.get("conclusions") or {}).get(pair)) or {})
+        block = block_of(((report.data.get("conclusions") or {}).get(pair) or {}).get("stage"))
         raise ParameterError(
             "a patch is tried on a block, and no block is chosen",
             f"set `layers = [{block if block is not None else 0}]` (a block of the tower) and run the cell again",
         )
     trial = recapture_block(report, pair, layers[0], patch)
     return [Markdown(trial.markdown()), table(trial.frame(), highlight="patched: status")]
-
-
-def _block_of_conclusion(conclusion: dict) -> int | None:
-    """The block of the operator the pair's conclusion names (None: none, or in no block)."""
-    return block_of(conclusion.get("stage"))
 
 
 def _no_block(stage: str | None) -> str:
