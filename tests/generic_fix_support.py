@@ -29,7 +29,7 @@ def first_divergence(report) -> str | None:
 
 
 def conclusion(report) -> dict:
-    return (report.data.get("conclusions") or {}).get("mlx:f32") or {}
+    return report.conclusion("mlx:f32")
 
 
 def rows(report) -> dict[str, dict]:

@@ -68,7 +68,7 @@ def try_ready_patches(report: Report, log: Callable[[str], None], budget_s: floa
     verdicts = (report.data.get("verdict") or {}).get("per_candidate") or {}
     spent = 0.0
     for key in report.pair_keys():
-        conclusion = (report.data.get("conclusions") or {}).get(key) or {}
+        conclusion = report.conclusion(key)
         patches = conclusion.get("ready_patches") or []
         if not patches or verdicts.get(key) == "pass":
             continue

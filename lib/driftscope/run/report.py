@@ -185,6 +185,10 @@ class Report:
         reference = self.data.get("reference")
         return [r["label"] for r in self.data.get("runtimes", []) if r["label"] != reference]
 
+    def conclusion(self, key: str) -> dict:
+        """The judge's one conclusion for runtime pair ``key`` (empty where the run has none yet)."""
+        return (self.data.get("conclusions") or {}).get(key) or {}
+
     def pair_title(self, key: str) -> str:
         for pair in self.data.get("pairs", []):
             if pair["key"] == key:

@@ -44,7 +44,7 @@ def _vision(report: Report, key: str) -> str | None:
 
 
 def _because(report: Report, key: str, pair: dict, flip: dict | None) -> str:
-    conclusion = (report.data.get("conclusions") or {}).get(key) or {}
+    conclusion = report.conclusion(key)
     if conclusion.get("kind") == "decode":
         return text(conclusion.get("text", ""))
     verdict = (pair.get("substitution") or {}).get("verdict")

@@ -79,7 +79,7 @@ def introduced_groups(report: Report, key: str) -> list[dict]:
     that introduce error too; ``patches``: the family's ready patches for it, less the one the candidate runs)."""
     labels = ((report.data.get("replay") or {}).get(key) or {}).get("labels") or []
     stages = [label["stage"] for label in labels if label.get("label") == "introduced"]
-    conclusion = (report.data.get("conclusions") or {}).get(key) or {}
+    conclusion = report.conclusion(key)
     sites = conclusion.get("sites") or []
     if sites:
         return _with_patches(report, key, conclusion, _site_groups(sites))
@@ -135,7 +135,7 @@ def _plural(count: int, word: str) -> str:
 def cause_text(report: Report, key: str) -> str:
     """The pair's suspected cause in a few words: where its error is introduced (each operator once), or that it
     accumulates and from where, or that its first divergence is data; "" for a pair that passes."""
-    conclusion = (report.data.get("conclusions") or {}).get(key) or {}
+    conclusion = report.conclusion(key)
     kind = conclusion.get("kind")
     if kind in (None, "agreement"):
         return ""
@@ -171,7 +171,7 @@ def patch_text(report: Report, key: str) -> str:
     """The ready patch(es) for the pair's introduced operators, each once, and where to try the first; "none
     declared" for a failing pair whose introduced operators have none; for a first divergence at a data stage,
     the patches declared for it; "" otherwise."""
-    conclusion = (report.data.get("conclusions") or {}).get(key) or {}
+    conclusion = report.conclusion(key)
     trial = (report.data.get("patch_trials") or {}).get(key) or {}
     if trial.get("status") == "tried":  # the run tried it: say what it found there
         where = f"block {trial['block']}" if trial.get("block") is not None else ", ".join(trial.get("stages") or [])

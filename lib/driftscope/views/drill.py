@@ -50,7 +50,7 @@ def focus_markdown(report: Report, pair: str, layers: list[int], stage: str | No
     from .finding import where_markdown
 
     replay = (report.data.get("replay") or {}).get(pair)
-    sites = ((report.data.get("conclusions") or {}).get(pair) or {}).get("sites") or []
+    sites = report.conclusion(pair).get("sites") or []
     if replay is None:
         introduced = "no replay of this pair (its candidate cannot replay single stages, or `replay` left it out)"
     elif len(sites) > 1:
@@ -176,7 +176,7 @@ def where_markdown(difference: StageDifference, share: float, collapsed: int) ->
 def recapture_hint(pair: str, layers: list[int], report: Report | None = None) -> str:
     """How to try a fix on the chosen block without running everything again; with ``report``, the family's
     ready patch for the operator that introduces the pair's error, where one exists."""
-    conclusion = ((report.data.get("conclusions") or {}) if report else {}).get(pair) or {}
+    conclusion = report.conclusion(pair) if report else {}
     if layers:
         hint = (
             f'Set `patch` in the parameters cell (e.g. `patch = "driftscope.hypotheses:NAME"`, '
@@ -216,7 +216,7 @@ def recapture(report: Report, pair: str, layers: list[int], patch) -> list:
     if patch is None:
         return [Markdown(recapture_hint(pair, layers, report))]
     if not layers:
-        block = block_of(((report.data.get("conclusions") or {}).get(pair) or {}).get("stage"))
+        block = block_of(report.conclusion(pair).get("stage"))
         raise ParameterError(
             "a patch is tried on a block, and no block is chosen",
             f"set `layers = [{block if block is not None else 0}]` (a block of the tower) and run the cell again",

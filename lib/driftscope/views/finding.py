@@ -26,7 +26,7 @@ def known_defect(report: Report, key: str) -> tuple[str | None, dict]:
     """The ready patch the finding speaks of (the one the run tried, else the first the family declares for the
     introduced operator) and what the family knows of its defect (``Family.defect_of``)."""
     trial = (report.data.get("patch_trials") or {}).get(key) or {}
-    conclusion = (report.data.get("conclusions") or {}).get(key) or {}
+    conclusion = report.conclusion(key)
     patches = [trial["patch"]] if trial.get("patch") else list(conclusion.get("ready_patches") or [])
     if not patches and conclusion.get("kind") == "introduced":
         patches = [p for group in introduced_groups(report, key) for p in group["patches"]]
@@ -42,7 +42,7 @@ def where_markdown(report: Report, key: str) -> str:
     """Where the error is introduced, each operator once with the blocks it recurs in (Markdown), e.g.
     ``vision.block.*.mlp.act`` (blocks 0-4; replayed whole, blocks 0-24 introduce error too); for a pair whose
     error is not introduced by an operator, its suspected cause in words."""
-    conclusion = (report.data.get("conclusions") or {}).get(key) or {}
+    conclusion = report.conclusion(key)
     if conclusion.get("kind") != "introduced":
         return text(cause_text(report, key))
     parts = []
@@ -79,7 +79,7 @@ def trial_line(report: Report, key: str, named: bool = False) -> str:
         return f"Ready patch {patch}: {text(trial['status'])} ({text(trial.get('why', ''))})."
     where = f"block {trial['block']}" if trial.get("block") is not None else ", ".join(map(code, trial["stages"]))
     rows = trial.get("rows") or []
-    stage = ((report.data.get("conclusions") or {}).get(key) or {}).get("stage")
+    stage = report.conclusion(key).get("stage")
     shown = next((row for row in rows if row["stage"] == stage), None)  # where the error is introduced
     shown = shown or max(rows, key=lambda row: row.get("before_used") or 0.0, default=None)
     change = ""
@@ -120,7 +120,7 @@ def quantized_mechanism(report: Report, key: str) -> str:
     one answer for that module (Markdown): what introduces it (the fused kernel, the activation dtype), the module and
     every stage it computes (q, k and v of a fused qkv are one), and how many other quantized linears do the same."""
     linear = (report.data.get("linear_replay") or {}).get(key)
-    stage = ((report.data.get("conclusions") or {}).get(key) or {}).get("stage")
+    stage = report.conclusion(key).get("stage")
     if not linear or not stage:
         return ""
     from driftscope.capture.linear_controls import CAUSES
@@ -170,7 +170,7 @@ def finding_markdown(report: Report, key: str) -> str:
     """One pair's banner (Markdown): the mechanism, the patch tried, the quantized attribution; "" for a pair that
     passes or has no conclusion."""
     verdict = ((report.data.get("verdict") or {}).get("per_candidate") or {}).get(key)
-    conclusion = (report.data.get("conclusions") or {}).get(key) or {}
+    conclusion = report.conclusion(key)
     yardstick = key in ((report.data.get("verdict") or {}).get("yardsticks") or {})
     if verdict in (None, "pass") or yardstick or conclusion.get("kind") in (None, "agreement"):
         return ""

@@ -17,10 +17,10 @@ def conclusion_markdown(report: Report, pair: str) -> str:
     """The pair's conclusion in words, and where its first divergence's worst token row sits (Markdown)."""
     from driftscope.core.markup import code, text
 
-    conclusion = (report.data.get("conclusions") or {}).get(pair)
+    conclusion = report.conclusion(pair)
     lineage = (report.data.get("lineage") or {}).get(pair)
     said = conclusion["text"] if conclusion else ""
-    sites = (conclusion or {}).get("sites") or []
+    sites = conclusion.get("sites") or []
     if len(sites) > SHOWN_SITES:  # the first site's sentence, then every site grouped by operator, not 25 sentences
         from .finding import where_markdown
 
