@@ -4,6 +4,7 @@ that dies is an error of the run, never a pass."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -41,7 +42,7 @@ def test_a_render_process_that_dies_is_an_error_not_a_pass(tmp_path):
     """Killed while its kernel waits for the report: the run gets the error (issue 30 item 8: a notebook thread
     died with a traceback and the run exited 0 with no notebook rendered)."""
     from driftscope.run.runlock import result_lock, run_lock
-    from driftscope.views.render_process import RenderProcess
+    from driftscope.views.render_process import KERNEL_PIDS, RenderProcess
 
     out = tmp_path / "out"
     out.mkdir()
@@ -49,15 +50,26 @@ def test_a_render_process_that_dies_is_an_error_not_a_pass(tmp_path):
     with run_lock(out), result_lock(out):
         params = ROOT / "parameters" / "demo_shapes.yaml"
         process = RenderProcess.start(["01_stage_parity"], out, params, ROOT, logged.append)
+        pids = process.scratch / KERNEL_PIDS
         deadline = time.monotonic() + 120
-        while not list(process.scratch.glob("*.json")) and time.monotonic() < deadline:
-            time.sleep(0.2)  # the kernel's connection file: the process's temporary files are in its scratch
+        while not (pids.exists() and pids.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.2)  # the kernel it started, recorded after its connection file was written
         assert list(process.scratch.glob("*.json")), "the kernel wrote no connection file in the scratch folder"
+        kernel = int(pids.read_text().split()[0])
+        assert os.getpgid(kernel) == kernel  # a session of its own: SIGKILL to the render process does not reach it
         process.process.send_signal(signal.SIGKILL)
         errors = process.wait()
     assert errors == {"notebooks": "the render process exited with code -9 before its notebooks were rendered"}
     assert logged == [f"the notebooks could not render: {errors['notebooks']}"]
+    # the orphaned kernel is ended (still starting, it would write its connection file into the folder again)
+    assert not _running(kernel)
     assert not process.scratch.exists()  # the killed process could not remove its kernel's connection file
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (not a zombie), read with ``ps``: independent of the module's own check."""
+    state = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
+    return bool(state) and not state.startswith("Z")
 
 
 STACK_CHECK = """

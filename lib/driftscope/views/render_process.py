@@ -84,7 +84,7 @@ class RenderProcess:
         """``{notebook: error}`` once the process has ended; a process that ended without saying is an error."""
         code = self.process.wait()
         self._reader.join()
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        self._remove_scratch()
         if self.errors is None:
             error = f"the render process exited with code {code} before its notebooks were rendered"
             self.log(f"the notebooks could not render: {error}")
@@ -101,7 +101,60 @@ class RenderProcess:
                 self.process.kill()
                 self.process.wait()
         self._reader.join(timeout=5)
+        self._remove_scratch()
+
+    def _remove_scratch(self) -> None:
+        """Remove the scratch folder once the process has ended. A process that was killed could not shut its
+        kernels down: a kernel still starting would write its connection file into the folder again (ipykernel
+        recreates the folder) and run on until it noticed, so the kernels it recorded are ended first."""
+        if self.process.returncode != 0:  # one that ended on its own shut its kernels down itself
+            end_kernels(self.scratch / KERNEL_PIDS)
         shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+#: The file in the scratch folder where the render process records each kernel it starts (one pid a line).
+KERNEL_PIDS = "kernels.pid"
+
+
+def record_kernel(pids: Path, pid: int | None) -> None:
+    """Add ``pid`` (a kernel this process started) to ``pids``, flushed before the kernel is used."""
+    if pid is not None:
+        with pids.open("a", encoding="utf-8") as file:
+            file.write(f"{pid}\n")
+
+
+def end_kernels(pids: Path, wait: float = 10.0) -> None:
+    """Kill the kernels recorded in ``pids`` that still run (each leads a session of its own, as jupyter_client
+    starts it, so its process group goes with it) and wait until they are gone."""
+    import signal
+    import time
+
+    try:
+        recorded = [int(line) for line in pids.read_text(encoding="utf-8").split()]
+    except (OSError, ValueError):
+        return
+    for pid in recorded:
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+    deadline = time.monotonic() + wait
+    for pid in recorded:
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie, killed and waiting for a reaper that may never come, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):  # no /proc (macOS): it runs
+        return True
+    return state not in ("Z", "X")
 
 
 def investigate_and_render(params, params_path: Path, out_dir: Path, reuse: bool, cwd: Path, log) -> dict[str, str]:
@@ -144,8 +197,8 @@ class KernelQueue:
     path the background thread uses has run once, imports included), each next one when the notebook before it
     is taken; :meth:`take` waits for a notebook's kernel (None: it could not start, papermill starts one)."""
 
-    def __init__(self, names, cwd: Path):
-        self.names, self.cwd = list(names), cwd
+    def __init__(self, names, cwd: Path, pids: Path | None = None):
+        self.names, self.cwd, self.pids = list(names), cwd, pids
         self._kernels: dict[str, object] = {}
         self._taken = 0
         self._closed = False
@@ -168,10 +221,16 @@ class KernelQueue:
         from .warm import WarmKernel
 
         try:
-            self._kernels[name] = WarmKernel(notebook_path(name), kernel_name(), self.cwd, kernel_config())
+            self._kernels[name] = WarmKernel(
+                notebook_path(name), kernel_name(), self.cwd, kernel_config(), self._record
+            )
         except Exception:  # noqa: BLE001 - no warm kernel: papermill starts one the usual way and reports why
             self._kernels[name] = None
         self._ready[name].set()
+
+    def _record(self, pid: int | None) -> None:
+        if self.pids is not None:
+            record_kernel(self.pids, pid)
 
     def _warm_rest(self) -> None:
         for index, name in enumerate(self.names[1:], start=1):
@@ -212,7 +271,7 @@ def serve(spec: dict, emit) -> dict[str, str]:
     names = list(spec["notebooks"])
     out, params_path, cwd = Path(spec["out_dir"]), Path(spec["params_path"]), Path(spec["cwd"])
     prepare_notebook_stack(names)
-    kernels = KernelQueue(names, cwd)
+    kernels = KernelQueue(names, cwd, Path(spec["scratch"]) / KERNEL_PIDS if spec.get("scratch") else None)
     try:
         exporters = Exporters(TEMPLATES)
         exporters.warm()

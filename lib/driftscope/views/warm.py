@@ -143,13 +143,15 @@ class WarmKernel:
     """A notebook's kernel, started in ``cwd`` with the warm-up sent: :meth:`ready` waits for it and hands
     the kernel manager to papermill; :meth:`shutdown` stops it (papermill does not own it, so it never does)."""
 
-    def __init__(self, notebook: Path, kernel_name: str, cwd: Path, config):
+    def __init__(self, notebook: Path, kernel_name: str, cwd: Path, config, started=None):
         from jupyter_client.manager import AsyncKernelManager
         from jupyter_core.utils import run_sync
 
         self.notebook = notebook
         self.km = AsyncKernelManager(kernel_name=kernel_name, config=config)
         run_sync(self.km.start_kernel)(cwd=str(cwd))
+        if started is not None:  # told the kernel's pid before anything waits on it (a kill may come at any time)
+            started(getattr(self.km.provisioner, "pid", None))
         self._client = self.km.client()
         self._client.start_channels()
         self._msg_id = self._client.execute(warm_up_code(notebook), silent=True, store_history=False)
