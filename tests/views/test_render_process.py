@@ -62,14 +62,8 @@ def test_a_render_process_that_dies_is_an_error_not_a_pass(tmp_path):
     assert errors == {"notebooks": "the render process exited with code -9 before its notebooks were rendered"}
     assert logged == [f"the notebooks could not render: {errors['notebooks']}"]
     # the orphaned kernel is ended (still starting, it would write its connection file into the folder again)
-    assert not _running(kernel)
+    assert not _alive(kernel)
     assert not process.scratch.exists()  # the killed process could not remove its kernel's connection file
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` runs (not a zombie), read with ``ps``: independent of the module's own check."""
-    state = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
-    return bool(state) and not state.startswith("Z")
 
 
 STACK_CHECK = """

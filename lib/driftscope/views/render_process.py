@@ -116,18 +116,13 @@ class RenderProcess:
 KERNEL_PIDS = "kernels.pid"
 
 
-def record_kernel(pids: Path, pid: int | None) -> None:
-    """Add ``pid`` (a kernel this process started) to ``pids``, flushed before the kernel is used."""
-    if pid is not None:
-        with pids.open("a", encoding="utf-8") as file:
-            file.write(f"{pid}\n")
-
-
 def end_kernels(pids: Path, wait: float = 10.0) -> None:
     """Kill the kernels recorded in ``pids`` that still run (each leads a session of its own, as jupyter_client
     starts it, so its process group goes with it) and wait until they are gone."""
     import signal
     import time
+
+    from driftscope.run.report import process_alive
 
     try:
         recorded = [int(line) for line in pids.read_text(encoding="utf-8").split()]
@@ -138,23 +133,8 @@ def end_kernels(pids: Path, wait: float = 10.0) -> None:
             os.killpg(pid, signal.SIGKILL)
     deadline = time.monotonic() + wait
     for pid in recorded:
-        while _alive(pid) and time.monotonic() < deadline:
+        while process_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` still runs (a zombie, killed and waiting for a reaper that may never come, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):  # no /proc (macOS): it runs
-        return True
-    return state not in ("Z", "X")
 
 
 def investigate_and_render(params, params_path: Path, out_dir: Path, reuse: bool, cwd: Path, log) -> dict[str, str]:
@@ -229,8 +209,10 @@ class KernelQueue:
         self._ready[name].set()
 
     def _record(self, pid: int | None) -> None:
-        if self.pids is not None:
-            record_kernel(self.pids, pid)
+        """Add a kernel this process started to :data:`KERNEL_PIDS` (closed, so written, before it is used)."""
+        if self.pids is not None and pid is not None:
+            with self.pids.open("a", encoding="utf-8") as file:
+                file.write(f"{pid}\n")
 
     def _warm_rest(self) -> None:
         for index, name in enumerate(self.names[1:], start=1):
